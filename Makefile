@@ -1,0 +1,52 @@
+# Session projector — `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PY      := .venv/bin/python
+VENV_OK := .venv/.installed
+
+.PHONY: help setup run test test-fast lint typecheck check services-up services-down services-status bench clean
+
+help: ## List the targets with what they do
+	@awk 'BEGIN {FS = ":.*?## "} /^[a-zA-Z_-]+:.*?## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(VENV_OK): pyproject.toml
+	@python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (python3 is " + sys.version.split()[0] + ")")'
+	python3 -m venv .venv
+	.venv/bin/pip install -q --upgrade pip
+	.venv/bin/pip install -q -e '.[dev]'
+	@touch $@
+
+setup: $(VENV_OK) ## Create .venv and install the project with its dev tools
+
+services-up: setup ## Install (first time) and start Kafka, Redis and Cassandra on 127.0.0.1, create schema and topics
+	bash scripts/services.sh up
+
+services-down: ## Stop the local Kafka, Redis and Cassandra
+	bash scripts/services.sh down
+
+services-status: ## Show which local servers are running
+	bash scripts/services.sh status
+
+run: services-up ## Set up, start the servers and run the main job (worker fed by the simulator)
+	bash scripts/run.sh
+
+test: services-up ## Set up, start the servers and run the whole test suite
+	$(PY) -m pytest -q
+
+test-fast: setup ## Run the unit, property and contract tests only (no servers)
+	$(PY) -m pytest -q -m "not integration"
+
+lint: setup ## ruff + import rules (the domain core stays pure)
+	.venv/bin/ruff check app agents tables tests bench
+	.venv/bin/lint-imports
+
+typecheck: setup ## mypy --strict on the code
+	.venv/bin/mypy
+
+check: lint typecheck test ## What CI runs, plus lint and types
+
+bench: setup ## Benchmarks, reported as ratios against baselines run side by side
+	bash bench/run.sh
+
+clean: ## Remove build and test caches (not the servers' data)
+	rm -rf .mypy_cache .ruff_cache .pytest_cache .hypothesis build *.egg-info
