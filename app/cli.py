@@ -7,28 +7,32 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-# subcommand -> (module, help). Each module exposes `add_arguments(parser)` and `run(args) -> int`;
-# modules are imported lazily so that `projector replay` never pays for faust or the drivers.
+# subcommand -> (module, help). Each module exposes `add_arguments(parser)` and `run(args) -> int`.
+# Only the chosen subcommand's module is imported, so `projector replay` never pays for faust or
+# the database drivers, and one broken optional module cannot take the others down.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("app.replay_cli", "Run mailbox entries from a file through the core; write projections"),
     "bootstrap": ("app.bootstrap", "Create the Cassandra schema and the Kafka topics (idempotent)"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="projector", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = next((arg for arg in argv if arg in SUBCOMMANDS), None)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(sub_parser)
-        runner: Callable[[argparse.Namespace], int] = module.run
-        sub_parser.set_defaults(runner=runner)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub_parser)
+            runner: Callable[[argparse.Namespace], int] = module.run
+            sub_parser.set_defaults(runner=runner)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(arguments).parse_args(arguments)
     runner: Callable[[argparse.Namespace], int] = args.runner
     try:
         return runner(args)

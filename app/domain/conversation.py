@@ -1,0 +1,314 @@
+"""Per-(user, conversation) state and its transitions, one per entry type (DESIGN §2, §3)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pyroaring import BitMap64
+
+from app.domain.entries import (
+    ArchiveEntry,
+    ClearHistoryEntry,
+    DeleteConversationEntry,
+    DeleteMessageEntry,
+    Entry,
+    JoinEntry,
+    LeaveEntry,
+    MailboxDirtyEntry,
+    MessageEntry,
+    MuteEntry,
+    PinEntry,
+    ReadEntry,
+    RecallEntry,
+    UnarchiveEntry,
+    UnmuteEntry,
+    UnpinEntry,
+)
+from app.domain.ports import MessageStore
+from app.domain.unread import derive_from_hand, recompute, settle
+
+# Entry types that move a conversation between zones or change membership: they invalidate
+# the paging snapshot's revision (DESIGN §5).
+STRUCTURAL_TYPES = frozenset(
+    {"pin", "unpin", "archive", "unarchive", "leave", "delete_conversation"}
+)
+
+
+class ConversationState:
+    """Everything the projector keeps for one (user, conversation)."""
+
+    __slots__ = (
+        "archived",
+        "conversation_id",
+        "counting",
+        "deleted_before",
+        "floor",
+        "head_activity_id",
+        "head_message_id",
+        "head_seq",
+        "hidden_before",
+        "joined_at",
+        "left_at",
+        "membership",
+        "mention_count",
+        "mention_first",
+        "mentioning",
+        "muted",
+        "pin_rank",
+        "read_seq",
+        "recalled",
+        "received",
+        "role",
+        "unread_count",
+        "unread_exact",
+        "user_id",
+    )
+
+    def __init__(self, user_id: int, conversation_id: str) -> None:
+        self.user_id = user_id
+        self.conversation_id = conversation_id
+        self.membership = "active"
+        self.role = "member"
+        self.joined_at = 0
+        self.left_at: int | None = None
+        self.read_seq = 0
+        self.hidden_before = 0
+        self.deleted_before = 0
+        self.pin_rank: int | None = None
+        self.archived = False
+        self.muted = False
+        self.head_seq: int | None = None
+        self.head_message_id: str | None = None
+        self.head_activity_id: str | None = None
+        self.received = BitMap64()  # every message seq this user received here
+        self.counting = BitMap64()  # hand: received/known seqs that count as unread
+        self.mentioning = BitMap64()  # hand: counting seqs that mention the user
+        self.recalled = BitMap64()  # hand: recalled or deleted targets
+        self.floor = 0  # the hand is complete for every seq above floor
+        self.unread_count = 0
+        self.unread_exact = True
+        self.mention_count = 0
+        self.mention_first: int | None = None
+
+    # -- derived values ---------------------------------------------------------------------
+
+    @property
+    def base(self) -> int:
+        return max(self.read_seq, self.hidden_before, self.joined_at, self.deleted_before)
+
+    @property
+    def latest(self) -> int:
+        return self.head_seq or 0
+
+    @property
+    def active(self) -> bool:
+        return self.membership == "active"
+
+    @property
+    def listed(self) -> bool:
+        return not (self.deleted_before > 0 and self.deleted_before >= self.latest)
+
+    def visible(self, seq: int) -> bool:
+        return self.membership == "active" or (self.left_at is not None and seq <= self.left_at)
+
+    # -- transitions ------------------------------------------------------------------------
+
+    def apply(self, entry: Entry, store: MessageStore, limit: int) -> None:
+        """Apply one entry (already gated, de-duplicated and in mailbox_seq order)."""
+        _HANDLERS[type(entry)](self, entry, store, limit)
+
+    def _on_message(self, entry: MessageEntry, store: MessageStore, limit: int) -> None:
+        seq = entry.conversation_seq
+        self.received.add(seq)
+        if self.visible(seq) and seq > self.latest:
+            self.head_seq = seq
+            self.head_message_id = entry.message_id
+            self.head_activity_id = entry.activity_id
+        if (
+            entry.sender_id != self.user_id
+            and entry.counts_unread
+            and seq > self.base
+            and seq not in self.recalled
+        ):
+            self.counting.add(seq)
+            if entry.mention:
+                self.mentioning.add(seq)
+        if self.unread_exact:  # an inexact row shows the limit until the base moves
+            self._refresh(store, limit)
+
+    def _on_recall(self, entry: RecallEntry | DeleteMessageEntry, store: MessageStore, limit: int) -> None:
+        # The target stops counting. Own messages and non-counting ones were never in the hand,
+        # a target at or below the base is outside the count, and a second recall finds nothing
+        # to remove: rule 5's conditions hold by construction. A recall that arrives before its
+        # message stays in `recalled`, so the message never counts.
+        seq = entry.target_conversation_seq
+        if seq > self.base:
+            self.recalled.add(seq)
+            self.counting.discard(seq)
+            self.mentioning.discard(seq)
+        if self.unread_exact:
+            self._refresh(store, limit)
+
+    def _on_read(self, entry: ReadEntry, store: MessageStore, limit: int) -> None:
+        old_base = self.base
+        self.read_seq = max(self.read_seq, entry.read_conversation_seq)
+        if self.base != old_base:
+            settle(self, store, limit)
+
+    def _on_join(self, entry: JoinEntry, store: MessageStore, limit: int) -> None:
+        old_base, old_latest = self.base, self.latest
+        self.membership = "active"
+        self.role = entry.role
+        self.joined_at = entry.joined_at_conversation_seq
+        self.left_at = None
+        self._reset_head(store)
+        self._after_move(old_base, old_latest, store, limit)
+
+    def _on_leave(self, entry: LeaveEntry, store: MessageStore, limit: int) -> None:
+        old_base, old_latest = self.base, self.latest
+        self.membership = entry.reason
+        self.left_at = entry.left_at_conversation_seq
+        self._reset_head(store)
+        self._after_move(old_base, old_latest, store, limit)
+
+    def _on_pin(self, entry: PinEntry, store: MessageStore, limit: int) -> None:
+        self.pin_rank = entry.pin_rank
+
+    def _on_unpin(self, entry: Entry, store: MessageStore, limit: int) -> None:
+        self.pin_rank = None
+
+    def _on_archive(self, entry: Entry, store: MessageStore, limit: int) -> None:
+        self.archived = True
+
+    def _on_unarchive(self, entry: Entry, store: MessageStore, limit: int) -> None:
+        self.archived = False
+
+    def _on_mute(self, entry: Entry, store: MessageStore, limit: int) -> None:
+        self.muted = True
+
+    def _on_unmute(self, entry: Entry, store: MessageStore, limit: int) -> None:
+        self.muted = False
+
+    def _on_clear_history(self, entry: ClearHistoryEntry, store: MessageStore, limit: int) -> None:
+        old_base = self.base
+        self.hidden_before = max(self.hidden_before, entry.hidden_before_conversation_seq)
+        if self.base != old_base:
+            settle(self, store, limit)
+
+    def _on_delete_conversation(
+        self, entry: DeleteConversationEntry, store: MessageStore, limit: int
+    ) -> None:
+        old_base = self.base
+        self.deleted_before = max(self.deleted_before, entry.deleted_before_conversation_seq)
+        if self.base != old_base:
+            settle(self, store, limit)
+
+    def _on_mailbox_dirty(self, entry: Entry, store: MessageStore, limit: int) -> None:
+        self.reconcile(store, limit)
+
+    def reconcile(self, store: MessageStore, limit: int) -> None:
+        """Recompute the counts from the MessageStore (MAILBOX_DIRTY, audits, rebuilds)."""
+        recompute(self, store, limit)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _refresh(self, store: MessageStore, limit: int) -> None:
+        """Keep an exact row exact after a message or a recall."""
+        if self.floor <= self.base:
+            derive_from_hand(self)
+        else:
+            settle(self, store, limit)
+
+    def _after_move(self, old_base: int, old_latest: int, store: MessageStore, limit: int) -> None:
+        base, latest = self.base, self.latest
+        if base != old_base or latest < old_latest or (self.unread_exact and latest != old_latest):
+            settle(self, store, limit)
+
+    def _reset_head(self, store: MessageStore) -> None:
+        """Head = the highest visible received message (membership decides what is visible)."""
+        received = self.received
+        if not received:
+            return
+        if self.membership == "active" or self.left_at is None:
+            top: int | None = received.max()
+        else:
+            rank = received.rank(self.left_at)  # how many received seqs are <= left_at
+            top = received[rank - 1] if rank else None
+        if top == self.head_seq:
+            return
+        if top is None:
+            self.head_seq = self.head_message_id = self.head_activity_id = None
+            return
+        stored = store.get(self.conversation_id, top)
+        self.head_seq = top
+        self.head_message_id = stored.message_id if stored else None
+        self.head_activity_id = stored.activity_id if stored else None
+
+    # -- output -----------------------------------------------------------------------------
+
+    def as_row(self, projection_mailbox_seq: int) -> dict[str, Any]:
+        """The projection row of DESIGN §4, at the given projection version."""
+        return {
+            "user_id": self.user_id,
+            "conversation_id": self.conversation_id,
+            "listed": self.listed,
+            "membership": self.membership,
+            "pinned": self.pin_rank is not None,
+            "pin_rank": self.pin_rank,
+            "archived": self.archived,
+            "muted": self.muted,
+            "last_activity_id": self.head_activity_id,
+            "latest_conversation_seq": self.head_seq,
+            "last_message_id": self.head_message_id,
+            "unread_count": self.unread_count,
+            "unread_exact": self.unread_exact,
+            "mention_count": self.mention_count,
+            "mention_first_conversation_seq": self.mention_first,
+            "read_conversation_seq": self.read_seq,
+            "hidden_before_conversation_seq": self.hidden_before,
+            "deleted_before_conversation_seq": self.deleted_before,
+            "joined_at_conversation_seq": self.joined_at,
+            "left_at_conversation_seq": self.left_at,
+            "projection_mailbox_seq": projection_mailbox_seq,
+        }
+
+    # -- persistence (what a changelog table holds) --------------------------------------------
+
+    def dump(self) -> dict[str, Any]:
+        state: dict[str, Any] = {name: getattr(self, name) for name in _PLAIN_FIELDS}
+        for name in _BITMAP_FIELDS:
+            state[name] = getattr(self, name).serialize()
+        return state
+
+    @classmethod
+    def load(cls, state: dict[str, Any]) -> ConversationState:
+        row = cls.__new__(cls)
+        for name in _PLAIN_FIELDS:
+            setattr(row, name, state[name])
+        for name in _BITMAP_FIELDS:
+            setattr(row, name, BitMap64.deserialize(state[name]))
+        return row
+
+
+_BITMAP_FIELDS = ("received", "counting", "mentioning", "recalled")
+_PLAIN_FIELDS = tuple(name for name in ConversationState.__slots__ if name not in _BITMAP_FIELDS)
+
+# Dispatch on the decoded struct's class: one dict lookup on the hot path.
+_HANDLERS: dict[type, Callable[[ConversationState, Any, MessageStore, int], None]] = {
+    MessageEntry: ConversationState._on_message,
+    ReadEntry: ConversationState._on_read,
+    RecallEntry: ConversationState._on_recall,
+    DeleteMessageEntry: ConversationState._on_recall,
+    JoinEntry: ConversationState._on_join,
+    LeaveEntry: ConversationState._on_leave,
+    PinEntry: ConversationState._on_pin,
+    UnpinEntry: ConversationState._on_unpin,
+    ArchiveEntry: ConversationState._on_archive,
+    UnarchiveEntry: ConversationState._on_unarchive,
+    MuteEntry: ConversationState._on_mute,
+    UnmuteEntry: ConversationState._on_unmute,
+    ClearHistoryEntry: ConversationState._on_clear_history,
+    DeleteConversationEntry: ConversationState._on_delete_conversation,
+    MailboxDirtyEntry: ConversationState._on_mailbox_dirty,
+}

@@ -1,0 +1,200 @@
+"""The projector: applies gated entries per user, keeps badges, and produces flush batches.
+
+Replay and the worker drive this same object; it does no I/O of its own (the MessageStore port
+is the only thing it reads, for bounded recomputes) and takes time as an argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from app.domain.badge import ZERO, Badge, contribution, full_recompute
+from app.domain.conversation import STRUCTURAL_TYPES, ConversationState
+from app.domain.entries import Entry, MailboxDirtyEntry
+from app.domain.flush import DirtySet, FlushPolicy, UserFlush
+from app.domain.ports import MessageStore
+from app.domain.unread import UNREAD_PRECISE_LIMIT
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectorConfig:
+    window_ms: int = 5000
+    max_dirty_rows: int = 100_000
+    include_muted: bool = False
+    unread_precise_limit: int = UNREAD_PRECISE_LIMIT
+
+
+class Applied(Enum):
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"
+
+
+class UserState:
+    """Per-user state: rows, version, badge."""
+
+    __slots__ = (
+        "badge",
+        "driving_event_id",
+        "flushed_seq",
+        "projection_mailbox_seq",
+        "rows",
+        "structure_version",
+        "user_id",
+    )
+
+    def __init__(self, user_id: int) -> None:
+        self.user_id = user_id
+        self.rows: dict[str, ConversationState] = {}
+        self.projection_mailbox_seq = 0  # highest applied mailbox_seq: the version source
+        self.flushed_seq = 0  # version of the last flushed batch (prev_projection_mailbox_seq)
+        self.driving_event_id = ""
+        self.badge = ZERO
+        self.structure_version = 0  # bumped by pin/unpin/archive/unarchive/leave/delete
+
+    def dump(self) -> dict[str, Any]:
+        return {
+            "user_id": self.user_id,
+            "projection_mailbox_seq": self.projection_mailbox_seq,
+            "flushed_seq": self.flushed_seq,
+            "driving_event_id": self.driving_event_id,
+            "badge": list(self.badge),
+            "structure_version": self.structure_version,
+        }
+
+    @classmethod
+    def load(cls, state: dict[str, Any], rows: Iterable[ConversationState]) -> UserState:
+        user = cls(int(state["user_id"]))
+        user.projection_mailbox_seq = int(state["projection_mailbox_seq"])
+        user.flushed_seq = int(state["flushed_seq"])
+        user.driving_event_id = str(state["driving_event_id"])
+        user.badge = Badge(*state["badge"])
+        user.structure_version = int(state["structure_version"])
+        user.rows = {row.conversation_id: row for row in rows}
+        return user
+
+
+class Projector:
+    """All users of one or more partitions."""
+
+    def __init__(self, config: ProjectorConfig, store: MessageStore) -> None:
+        self.config = config
+        self.store = store
+        self.users: dict[int, UserState] = {}
+        self.policy = FlushPolicy(config.window_ms, config.max_dirty_rows)
+        self.dirty = DirtySet()
+
+    # -- applying -------------------------------------------------------------------------------
+
+    def is_duplicate(self, entry: Entry) -> bool:
+        user = self.users.get(entry.user_id)
+        return user is not None and entry.mailbox_seq <= user.projection_mailbox_seq
+
+    def apply(self, entry: Entry, now_ms: int) -> Applied:
+        """Apply one entry released by the watermark gate (in mailbox_seq order per user)."""
+        user = self.users.get(entry.user_id)
+        if user is None:
+            user = self.users[entry.user_id] = UserState(entry.user_id)
+        elif entry.mailbox_seq <= user.projection_mailbox_seq:
+            return Applied.DUPLICATE
+        conversation_id = entry.conversation_id
+        row = user.rows.get(conversation_id)
+        if row is None:
+            row = user.rows[conversation_id] = ConversationState(entry.user_id, conversation_id)
+        include_muted = self.config.include_muted
+        before = contribution(row, include_muted)
+        row.apply(entry, self.store, self.config.unread_precise_limit)
+        if isinstance(entry, MailboxDirtyEntry):
+            # After any reconcile the badge is recomputed in full, cancelling accumulated drift.
+            user.badge = full_recompute(user.rows.values(), include_muted)
+        else:
+            after = contribution(row, include_muted)
+            if after != before:
+                user.badge = user.badge.plus(after, before)
+        user.projection_mailbox_seq = entry.mailbox_seq
+        user.driving_event_id = entry.event_id
+        if entry.__struct_config__.tag in STRUCTURAL_TYPES:
+            user.structure_version += 1
+        self.dirty.mark(entry.user_id, conversation_id)
+        self.policy.on_applied(now_ms)
+        return Applied.APPLIED
+
+    # -- flushing -------------------------------------------------------------------------------
+
+    def flush_due(self, now_ms: int) -> bool:
+        return self.policy.due(now_ms, self.dirty.row_count)
+
+    def flush(self) -> list[UserFlush]:
+        """One batch per dirty user (ascending user_id), rows sorted by conversation_id."""
+        batches = list(self._batches())
+        self.dirty.clear()
+        self.policy.flushed()
+        return batches
+
+    def _batches(self) -> Iterator[UserFlush]:
+        for user_id in self.dirty.users:
+            user = self.users[user_id]
+            yield self._batch(user, sorted(self.dirty.rows[user_id]))
+
+    def _batch(self, user: UserState, conversation_ids: list[str]) -> UserFlush:
+        version = user.projection_mailbox_seq
+        rows = [user.rows[cid].as_row(version) for cid in conversation_ids]
+        batch = UserFlush(
+            user_id=user.user_id,
+            rows=rows,
+            badge=user.badge,
+            projection_mailbox_seq=version,
+            prev_projection_mailbox_seq=user.flushed_seq,
+            structure_version=user.structure_version,
+            driving_event_id=user.driving_event_id,
+            driving_mailbox_seq=version,
+        )
+        user.flushed_seq = version
+        return batch
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def badge_of(self, user_id: int) -> Badge:
+        user = self.users.get(user_id)
+        return user.badge if user else ZERO
+
+    def recompute_badge(self, user_id: int) -> Badge:
+        """Full recompute entry point (reconcile, audits)."""
+        user = self.users[user_id]
+        user.badge = full_recompute(user.rows.values(), self.config.include_muted)
+        return user.badge
+
+    # -- persistence ----------------------------------------------------------------------------
+
+    def dump(self) -> dict[str, Any]:
+        """What the changelog tables hold: rows and per-user state (never the dirty set)."""
+        return {
+            "users": [user.dump() for user in self.users.values()],
+            "rows": [row.dump() for user in self.users.values() for row in user.rows.values()],
+        }
+
+    @classmethod
+    def restore(cls, config: ProjectorConfig, store: MessageStore, state: dict[str, Any]) -> Projector:
+        projector = cls(config, store)
+        rows_by_user: dict[int, list[ConversationState]] = {}
+        for row_state in state["rows"]:
+            row = ConversationState.load(row_state)
+            rows_by_user.setdefault(row.user_id, []).append(row)
+        for user_state in state["users"]:
+            user_id = int(user_state["user_id"])
+            projector.users[user_id] = UserState.load(user_state, rows_by_user.get(user_id, []))
+        projector.lose_dirty_set()
+        return projector
+
+    def lose_dirty_set(self) -> None:
+        """What a restart does to the dirty set: it is gone, so every row of every user is dirty.
+
+        Re-flushing unchanged rows is harmless: rows are absolute and the store refuses versions
+        that are not newer.
+        """
+        self.dirty = DirtySet(lost=True)
+        for user_id, user in self.users.items():
+            for conversation_id in user.rows:
+                self.dirty.mark(user_id, conversation_id)

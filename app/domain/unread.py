@@ -1,0 +1,126 @@
+"""Unread and mention counts: the authority definition kept exact by a per-row hand.
+
+unread(u, c) = |{m : base < m.seq <= latest, m.sender != u, m.counts_unread, not recalled/deleted}|
+base = max(read_seq, hidden_before, joined_at, deleted_before)           (DESIGN §3.4)
+
+The hand is three compact bitmaps of conversation_seqs: messages that count, those of them that
+mention the user, and recalled/deleted targets. Bitmaps make every update idempotent, so a message
+delivered twice, a recall before its message, or a recompute that already saw a message can never
+count anything twice. The hand is complete for every seq above `floor`; everything at or below the
+base is pruned (it can no longer count), so the hand stays bounded by the unread window itself.
+
+When the base moves, the seed's three states apply: (a) the hand covers (old, new] → exact from
+the hand; (b) the base reached latest → zero; (c) otherwise one bounded MessageStore range read:
+exact when latest - base <= limit, else `unread_count = limit, unread_exact = false`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from app.domain.ports import MessageStore, StoredMessage
+
+if TYPE_CHECKING:
+    from app.domain.conversation import ConversationState
+
+UNREAD_PRECISE_LIMIT = 200
+
+
+def derive_from_hand(row: ConversationState) -> None:
+    """Counts over (base, latest] from the hand; valid only when `row.floor <= base`."""
+    base = row.base
+    latest = row.latest
+    if latest <= base:
+        row.unread_count = 0
+        row.mention_count = 0
+        row.mention_first = None
+    else:
+        row.unread_count = row.counting.range_cardinality(base + 1, latest + 1)
+        mentions = row.mentioning
+        row.mention_count = mentions.range_cardinality(base + 1, latest + 1)
+        row.mention_first = _first_in(mentions, base, latest) if row.mention_count else None
+    row.unread_exact = True
+
+
+def _first_in(bitmap: object, after: int, upto: int) -> int | None:
+    """The lowest member of `bitmap` in (after, upto], or None."""
+    rank: int = bitmap.rank(after)  # type: ignore[attr-defined]  # pyroaring ships no stubs
+    if rank >= len(bitmap):  # type: ignore[arg-type]
+        return None
+    candidate: int = bitmap[rank]  # type: ignore[index]
+    return candidate if candidate <= upto else None
+
+
+def prune_to_base(row: ConversationState) -> None:
+    """Drop hand entries at or below the base: they can no longer count."""
+    base = row.base
+    if row.floor < base:
+        row.counting.remove_range(0, base + 1)
+        row.mentioning.remove_range(0, base + 1)
+        row.recalled.remove_range(0, base + 1)
+        row.floor = base
+
+
+def settle(row: ConversationState, store: MessageStore, limit: int) -> None:
+    """Re-establish the counts after the base or the head moved (the three-state rule)."""
+    base = row.base
+    if row.floor <= base:  # (a) every seq above the base is in hand
+        prune_to_base(row)
+        derive_from_hand(row)
+    elif row.latest <= base:  # (b) the base reached the head: nothing can count
+        row.unread_count = 0
+        row.mention_count = 0
+        row.mention_first = None
+        row.unread_exact = True
+    else:  # (c) the hand does not reach down to the base
+        recompute(row, store, limit)
+
+
+def recompute(row: ConversationState, store: MessageStore, limit: int) -> None:
+    """Bounded recompute from the MessageStore (one single-partition range read)."""
+    base = row.base
+    latest = row.latest
+    if latest <= base:
+        if row.floor <= base:
+            prune_to_base(row)
+        derive_from_hand(row)
+        return
+    if latest - base <= limit:
+        merge_stored(row, store.range(row.conversation_id, base, latest))
+        if row.floor <= latest:
+            # The read covered (base, latest] and the hand already covered (floor, ∞).
+            row.floor = min(row.floor, base)
+            prune_to_base(row)
+        derive_over(row, base, latest)
+        return
+    # Too wide to read exactly: the row shows `limit` (the client's 99+) until the base moves.
+    merge_stored(row, store.range(row.conversation_id, latest - limit, latest))
+    row.unread_count = limit
+    row.unread_exact = False
+    low = max(base, latest - limit)
+    row.mention_count = row.mentioning.range_cardinality(low + 1, latest + 1)
+    row.mention_first = _first_in(row.mentioning, low, latest) if row.mention_count else None
+
+
+def derive_over(row: ConversationState, base: int, latest: int) -> None:
+    """Counts over (base, latest] from a hand known to be complete there."""
+    row.unread_count = row.counting.range_cardinality(base + 1, latest + 1)
+    row.mention_count = row.mentioning.range_cardinality(base + 1, latest + 1)
+    row.mention_first = _first_in(row.mentioning, base, latest) if row.mention_count else None
+    row.unread_exact = True
+
+
+def merge_stored(row: ConversationState, messages: Sequence[StoredMessage]) -> None:
+    """Fold MessageStore facts into the hand (idempotent: bitmaps)."""
+    user = row.user_id
+    for message in messages:
+        seq = message.conversation_seq
+        if message.recalled or seq in row.recalled:
+            row.recalled.add(seq)
+            row.counting.discard(seq)
+            row.mentioning.discard(seq)
+        elif message.sender_id != user and message.counts_unread:
+            row.counting.add(seq)
+            if user in message.mentions:
+                row.mentioning.add(seq)

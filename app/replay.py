@@ -1,0 +1,210 @@
+"""Replay mode (DESIGN §7): mailbox entries from a file through exactly the worker's core.
+
+The clock is the `ts` of the entry being applied; the MessageStore is in memory, fed by the
+`message`, `recall` and `delete_message` entries replay applies (for any user).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.domain.entries import (
+    DeadLetter,
+    DeleteMessageEntry,
+    Entry,
+    MessageEntry,
+    RecallEntry,
+    WatermarkMarker,
+    decode_record,
+)
+from app.domain.flush import UserFlush
+from app.domain.memory_store import InMemoryMessageStore
+from app.domain.projector import Applied, Projector, ProjectorConfig
+from app.domain.watermark import Offer, WatermarkGate
+
+Frame = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    lanes: int = 1
+    window_ms: int = 5000
+    max_dirty_rows: int = 100_000
+    include_muted: bool = False
+
+    def __post_init__(self) -> None:
+        if self.lanes < 1:
+            raise ValueError("--lanes must be at least 1")
+        if self.window_ms < 0:
+            raise ValueError("--window-ms must be >= 0")
+        if self.max_dirty_rows < 0:
+            raise ValueError("--max-dirty-rows must be >= 0")
+
+
+@dataclass(slots=True)
+class ReplayStats:
+    entries: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    dead_letters: int = 0
+    pending: int = 0
+    flushes: int = 0
+    projection_writes: int = 0
+    max_writes_per_user_conversation: int = 0
+    applied_messages: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        ratio = self.applied_messages / self.projection_writes if self.projection_writes else 0.0
+        return {
+            "entries": self.entries,
+            "applied": self.applied,
+            "duplicates": self.duplicates,
+            "dead_letters": self.dead_letters,
+            "pending": self.pending,
+            "flushes": self.flushes,
+            "projection_writes": self.projection_writes,
+            "max_writes_per_user_conversation": self.max_writes_per_user_conversation,
+            "compression_ratio": round(ratio, 6),
+        }
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    projections: list[dict[str, Any]]
+    badges: list[dict[str, Any]]
+    frames: list[Frame]
+    stats: dict[str, Any]
+    dead_letter_reasons: list[str] = field(default_factory=list)
+
+
+class Replayer:
+    """Drives the gate and the projector over a stream of raw lines."""
+
+    def __init__(self, options: ReplayOptions, on_frame: Callable[[Frame], None]) -> None:
+        self.options = options
+        self.store = InMemoryMessageStore()
+        self.projector = Projector(
+            ProjectorConfig(
+                window_ms=options.window_ms,
+                max_dirty_rows=options.max_dirty_rows,
+                include_muted=options.include_muted,
+            ),
+            self.store,
+        )
+        self.gate = WatermarkGate(options.lanes)
+        self.stats = ReplayStats()
+        self.on_frame = on_frame
+        self.final_rows: dict[tuple[int, str], dict[str, Any]] = {}
+        self.writes: dict[tuple[int, str], int] = {}
+        self.dead_letter_reasons: list[str] = []
+
+    def feed(self, raw: bytes) -> None:
+        if not raw.strip():
+            return
+        record = decode_record(raw, self.options.lanes)
+        if isinstance(record, WatermarkMarker):
+            for entry in self.gate.mark(record):
+                self._apply(entry)
+            return
+        self.stats.entries += 1
+        if isinstance(record, DeadLetter):
+            self.stats.dead_letters += 1
+            if len(self.dead_letter_reasons) < 1000:
+                self.dead_letter_reasons.append(record.reason)
+            return
+        offer = self.gate.offer(record)
+        if offer is Offer.READY:
+            self._apply(record)
+        elif offer is Offer.DUPLICATE:
+            self.stats.duplicates += 1
+
+    def _apply(self, entry: Entry) -> None:
+        projector = self.projector
+        if projector.is_duplicate(entry):
+            self.stats.duplicates += 1
+            return
+        self._feed_store(entry)
+        if projector.apply(entry, entry.ts) is Applied.DUPLICATE:  # pragma: no cover - checked above
+            self.stats.duplicates += 1
+            return
+        self.stats.applied += 1
+        if isinstance(entry, MessageEntry):
+            self.stats.applied_messages += 1
+        if projector.flush_due(entry.ts):
+            self._flush()
+
+    def _feed_store(self, entry: Entry) -> None:
+        if isinstance(entry, MessageEntry):
+            self.store.record_message(
+                entry.conversation_id,
+                entry.conversation_seq,
+                message_id=entry.message_id,
+                activity_id=entry.activity_id,
+                sender_id=entry.sender_id,
+                counts_unread=entry.counts_unread,
+                mentioned_user=entry.user_id if entry.mention else None,
+            )
+        elif isinstance(entry, RecallEntry | DeleteMessageEntry):
+            self.store.record_recall(entry.conversation_id, entry.target_conversation_seq)
+
+    def _flush(self) -> None:
+        batches = self.projector.flush()
+        if not batches:
+            return
+        self.stats.flushes += 1
+        for batch in batches:
+            self._record(batch)
+
+    def _record(self, batch: UserFlush) -> None:
+        writes = self.writes
+        for row in batch.rows:
+            key = (batch.user_id, row["conversation_id"])
+            self.final_rows[key] = row
+            count = writes[key] = writes.get(key, 0) + 1
+            if count > self.stats.max_writes_per_user_conversation:
+                self.stats.max_writes_per_user_conversation = count
+        self.stats.projection_writes += len(batch.rows)
+        self.on_frame(batch.session_delta())
+        self.on_frame(batch.badge_update())
+
+    def finish(self) -> ReplayResult:
+        """End of input flushes everything; entries still above the watermark stay pending."""
+        self._flush()
+        self.stats.pending = self.gate.pending_count
+        projections = [self.final_rows[key] for key in sorted(self.final_rows)]
+        badges = []
+        for user_id in sorted(self.projector.users):
+            user = self.projector.users[user_id]
+            badges.append(
+                {
+                    "user_id": user_id,
+                    "total_unread": user.badge.total_unread,
+                    "total_mention": user.badge.total_mention,
+                    "muted_unread": user.badge.muted_unread,
+                    "projection_mailbox_seq": user.projection_mailbox_seq,
+                }
+            )
+        return ReplayResult(
+            projections=projections,
+            badges=badges,
+            frames=[],
+            stats=self.stats.as_dict(),
+            dead_letter_reasons=self.dead_letter_reasons,
+        )
+
+
+def run_replay(
+    lines: Iterable[bytes | str],
+    options: ReplayOptions | None = None,
+    on_frame: Callable[[Frame], None] | None = None,
+) -> ReplayResult:
+    """Replay `lines`; frames go to `on_frame` when given, else into `result.frames`."""
+    collected: list[Frame] = []
+    replayer = Replayer(options or ReplayOptions(), on_frame or collected.append)
+    for line in lines:
+        replayer.feed(line.encode() if isinstance(line, str) else line)
+    result = replayer.finish()
+    result.frames = collected
+    return result
