@@ -1,0 +1,228 @@
+"""The one settings object: built once from the environment, frozen, passed down.
+
+Nothing else in the code base reads ``os.environ``: every knob is a field here, set by the
+environment variable ``PROJECTOR_<FIELD NAME IN UPPER CASE>`` (``PROJECTOR_KAFKA_BOOTSTRAP``,
+``PROJECTOR_TOPIC_PARTITIONS``, ...). Defaults match the local servers that ``make services-up``
+starts, and ``docker/compose.yaml`` (a unit test keeps the two in step).
+
+Value syntax: ints in decimal; booleans ``true/false/1/0/yes/no/on/off``; lists (contact points)
+comma-separated. An unknown ``PROJECTOR_*`` variable is an error, so a typo cannot silently fall
+back to a default. All problems are reported together in one :class:`SettingsError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+ENV_PREFIX = "PROJECTOR_"
+
+_LOG_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"})
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+# Kafka's legal topic characters; the length bound leaves room for faust's changelog suffixes.
+_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
+# An unquoted CQL identifier (Cassandra caps keyspace names at 48 characters).
+_KEYSPACE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,47}")
+_HOST_PORT_RE = re.compile(r"(?P<host>[^\s:,]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
+
+
+class SettingsError(ValueError):
+    """The environment does not describe a valid configuration; the message lists every problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid settings:\n  - " + "\n  - ".join(self.problems))
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    # --- servers -------------------------------------------------------------------------------
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    cassandra_contact_points: tuple[str, ...] = ("127.0.0.1",)
+    cassandra_port: int = 9042
+    cassandra_keyspace: str = "session_projector"
+    # SimpleStrategy replication factor used when bootstrap creates the keyspace (1 = one node).
+    cassandra_replication_factor: int = 1
+
+    # --- topics (names become changelog/consumer identities: never rename casually) -------------
+    topic_mailbox_tail: str = "mailbox-tail"
+    topic_session_delta: str = "session-delta"
+    topic_badge: str = "badge"
+    topic_dead_letter: str = "mailbox-dead-letter"
+    # Every topic bootstrap creates gets this many partitions, so a table's changelog and its
+    # source topic always agree (faust's co-partitioning requirement).
+    topic_partitions: int = 4
+    topic_replication_factor: int = 1
+
+    # --- processing (DESIGN.md §2-§3) ----------------------------------------------------------
+    lanes: int = 1
+    projection_compaction_window_ms: int = 5000
+    max_dirty_rows: int = 100_000
+    include_muted: bool = False
+    # Users written to the projection store per pipelined round trip during one flush.
+    flush_batch_size: int = 512
+    # Beyond this distance between base and latest, unread becomes inexact (shown as 99+).
+    unread_precise_limit: int = 200
+
+    # --- processes -----------------------------------------------------------------------------
+    app_id: str = "session-projector"
+    # The worker's local state (faust's RocksDB stores); rebuilt from changelogs when lost.
+    data_dir: str = ".local/worker"
+    worker_web_host: str = "127.0.0.1"
+    worker_web_port: int = 6066
+    api_host: str = "127.0.0.1"
+    api_port: int = 8080
+    log_level: str = "INFO"
+
+    env_prefix: ClassVar[str] = ENV_PREFIX
+
+    def __post_init__(self) -> None:
+        problems = self._problems()
+        if problems:
+            raise SettingsError(problems)
+
+    # ------------------------------------------------------------------------------------------
+    @classmethod
+    def env_names(cls) -> dict[str, str]:
+        """``{"PROJECTOR_KAFKA_BOOTSTRAP": "kafka_bootstrap", ...}`` for every field."""
+        return {ENV_PREFIX + f.name.upper(): f.name for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Build the settings from ``environ`` (default: the process environment)."""
+        env = os.environ if environ is None else environ
+        names = cls.env_names()
+        hints = typing.get_type_hints(cls)
+        problems: list[str] = []
+        values: dict[str, Any] = {}
+        for key in sorted(env):
+            if not key.startswith(ENV_PREFIX):
+                continue
+            name = names.get(key)
+            if name is None:
+                problems.append(f"{key}: unknown setting (known: {', '.join(sorted(names))})")
+                continue
+            try:
+                values[name] = _parse(hints[name], env[key])
+                if name == "log_level":  # `info` is as clear as `INFO`
+                    values[name] = values[name].upper()
+            except ValueError as exc:
+                problems.append(f"{key}={env[key]!r}: {exc}")
+        if problems:
+            raise SettingsError(problems)
+        return cls(**values)
+
+    def as_env(self) -> dict[str, str]:
+        """The environment that reproduces these settings (for subprocesses and containers)."""
+        out: dict[str, str] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, tuple):
+                text = ",".join(value)
+            else:
+                text = str(value)
+            out[ENV_PREFIX + f.name.upper()] = text
+        return out
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        """Every topic the product owns (bootstrap creates them all)."""
+        return (
+            self.topic_mailbox_tail,
+            self.topic_session_delta,
+            self.topic_badge,
+            self.topic_dead_letter,
+        )
+
+    # ------------------------------------------------------------------------------------------
+    def _problems(self) -> list[str]:
+        p: list[str] = []
+        if not self.kafka_bootstrap.strip():
+            p.append("kafka_bootstrap: empty")
+        for part in self.kafka_bootstrap.split(","):
+            m = _HOST_PORT_RE.fullmatch(part.strip())
+            if m is None or not 0 < int(m["port"]) < 65536:
+                p.append(f"kafka_bootstrap: {part.strip()!r} is not HOST:PORT")
+        if not re.fullmatch(r"(rediss?|unix)://\S+", self.redis_url):
+            p.append(
+                f"redis_url: {self.redis_url!r} must start with redis://, rediss:// or unix://"
+            )
+        if not self.cassandra_contact_points or any(
+            not h or h != h.strip() or "," in h for h in self.cassandra_contact_points
+        ):
+            p.append(
+                f"cassandra_contact_points: {self.cassandra_contact_points!r} needs host names"
+            )
+        if not _KEYSPACE_RE.fullmatch(self.cassandra_keyspace):
+            p.append(
+                f"cassandra_keyspace: {self.cassandra_keyspace!r} is not a CQL identifier "
+                "(letter, then letters/digits/_; at most 48)"
+            )
+        for name in ("cassandra_port", "worker_web_port", "api_port"):
+            port = getattr(self, name)
+            if not 0 < port < 65536:
+                p.append(f"{name}: {port} is not a TCP port (1..65535)")
+        topics = self.topics
+        for name, topic in zip(
+            ("topic_mailbox_tail", "topic_session_delta", "topic_badge", "topic_dead_letter"),
+            topics,
+            strict=True,
+        ):
+            if not _TOPIC_RE.fullmatch(topic):
+                p.append(f"{name}: {topic!r} is not a Kafka topic name ([A-Za-z0-9._-], 1..200)")
+        if len(set(topics)) != len(topics):
+            p.append(f"topic names must be distinct: {topics}")
+        for name, low in (
+            ("cassandra_replication_factor", 1),
+            ("topic_partitions", 1),
+            ("topic_replication_factor", 1),
+            ("lanes", 1),
+            ("projection_compaction_window_ms", 1),
+            ("max_dirty_rows", 1),
+            ("flush_batch_size", 1),
+            ("unread_precise_limit", 1),
+        ):
+            if getattr(self, name) < low:
+                p.append(f"{name}: {getattr(self, name)} must be >= {low}")
+        if not self.app_id or not _TOPIC_RE.fullmatch(self.app_id):
+            # faust derives topic names (changelogs) from the app id.
+            p.append(f"app_id: {self.app_id!r} must be usable in a topic name ([A-Za-z0-9._-])")
+        if not self.data_dir.strip():
+            p.append("data_dir: empty")
+        for name in ("worker_web_host", "api_host"):
+            if not getattr(self, name).strip():
+                p.append(f"{name}: empty")
+        if self.log_level not in _LOG_LEVELS:
+            levels = ", ".join(sorted(_LOG_LEVELS))
+            p.append(f"log_level: {self.log_level!r} is not one of {levels}")
+        return p
+
+
+def _parse(hint: Any, text: str) -> Any:
+    """Turn one environment string into the field's type (ValueError with a reason otherwise)."""
+    if hint is bool:
+        low = text.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError("expected a boolean (true/false, 1/0, yes/no, on/off)")
+    if hint is int:
+        try:
+            return int(text.strip(), 10)
+        except ValueError:
+            raise ValueError("expected a decimal integer") from None
+    if typing.get_origin(hint) is tuple:
+        return tuple(part.strip() for part in text.split(",") if part.strip())
+    if hint is str:
+        return text.strip()
+    raise TypeError(f"unsupported settings type {hint!r}")  # a new field needs a parser here

@@ -1,0 +1,113 @@
+"""Settings: defaults, parsing from the environment, validation with clear messages."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from app.settings import Settings, SettingsError
+
+
+def test_defaults_match_the_local_servers_and_the_design() -> None:
+    s = Settings.from_env({})
+    assert s.kafka_bootstrap == "127.0.0.1:9092"
+    assert s.redis_url == "redis://127.0.0.1:6379/0"
+    assert s.cassandra_contact_points == ("127.0.0.1",)
+    assert s.cassandra_port == 9042
+    assert s.cassandra_keyspace == "session_projector"
+    assert s.topics == ("mailbox-tail", "session-delta", "badge", "mailbox-dead-letter")
+    assert s.topic_partitions == 4
+    assert s.lanes == 1
+    assert s.projection_compaction_window_ms == 5000
+    assert s.max_dirty_rows == 100_000
+    assert s.include_muted is False
+    assert s.unread_precise_limit == 200
+    assert s.log_level == "INFO"
+
+
+def test_unrelated_environment_is_ignored() -> None:
+    assert Settings.from_env({"PATH": "/bin", "HOME": "/root"}) == Settings()
+
+
+def test_every_field_has_a_prefixed_env_name() -> None:
+    names = Settings.env_names()
+    assert len(names) == len(dataclasses.fields(Settings))
+    assert names["PROJECTOR_KAFKA_BOOTSTRAP"] == "kafka_bootstrap"
+    assert all(key.startswith("PROJECTOR_") and key.isupper() for key in names)
+
+
+def test_values_are_parsed_by_type() -> None:
+    s = Settings.from_env(
+        {
+            "PROJECTOR_KAFKA_BOOTSTRAP": "k1:9092,k2:9093",
+            "PROJECTOR_CASSANDRA_CONTACT_POINTS": " c1, c2 ,",
+            "PROJECTOR_TOPIC_PARTITIONS": " 12 ",
+            "PROJECTOR_INCLUDE_MUTED": "Yes",
+            "PROJECTOR_LOG_LEVEL": "debug",
+        }
+    )
+    assert s.kafka_bootstrap == "k1:9092,k2:9093"
+    assert s.cassandra_contact_points == ("c1", "c2")
+    assert s.topic_partitions == 12
+    assert s.include_muted is True
+    assert s.log_level == "DEBUG"
+
+
+@pytest.mark.parametrize("text", ["0", "false", "no", "off", "FALSE"])
+def test_false_spellings(text: str) -> None:
+    assert Settings.from_env({"PROJECTOR_INCLUDE_MUTED": text}).include_muted is False
+
+
+def test_as_env_round_trips() -> None:
+    s = Settings(include_muted=True, cassandra_contact_points=("a", "b"), lanes=3)
+    assert Settings.from_env(s.as_env()) == s
+    assert set(s.as_env()) == set(Settings.env_names())
+
+
+def test_settings_are_frozen() -> None:
+    s = Settings()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.lanes = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"PROJECTOR_LANES": "two"}, "PROJECTOR_LANES='two': expected a decimal integer"),
+        ({"PROJECTOR_INCLUDE_MUTED": "maybe"}, "expected a boolean"),
+        ({"PROJECTOR_LANES": "0"}, "lanes: 0 must be >= 1"),
+        ({"PROJECTOR_TOPIC_PARTITIONS": "-1"}, "topic_partitions: -1 must be >= 1"),
+        ({"PROJECTOR_CASSANDRA_PORT": "70000"}, "cassandra_port: 70000 is not a TCP port"),
+        ({"PROJECTOR_KAFKA_BOOTSTRAP": "localhost"}, "'localhost' is not HOST:PORT"),
+        ({"PROJECTOR_REDIS_URL": "http://x"}, "redis_url"),
+        ({"PROJECTOR_CASSANDRA_KEYSPACE": "1bad-name"}, "not a CQL identifier"),
+        ({"PROJECTOR_TOPIC_BADGE": "bad topic"}, "topic_badge"),
+        ({"PROJECTOR_TOPIC_BADGE": "mailbox-tail"}, "topic names must be distinct"),
+        ({"PROJECTOR_LOG_LEVEL": "loud"}, "log_level: 'LOUD'"),
+        ({"PROJECTOR_CASSANDRA_CONTACT_POINTS": " , "}, "cassandra_contact_points"),
+        ({"PROJECTOR_TYPO_LANES": "2"}, "PROJECTOR_TYPO_LANES: unknown setting"),
+    ],
+)
+def test_invalid_values_give_clear_errors(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env(env)
+    assert fragment in str(err.value)
+
+
+def test_all_problems_are_reported_together() -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env({"PROJECTOR_LANES": "0", "PROJECTOR_MAX_DIRTY_ROWS": "0"})
+    assert len(err.value.problems) == 2
+
+
+def test_direct_construction_is_validated_too() -> None:
+    with pytest.raises(SettingsError):
+        Settings(unread_precise_limit=0)
+    with pytest.raises(SettingsError):
+        dataclasses.replace(Settings(), api_port=0)
+
+
+def test_process_environment_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROJECTOR_LANES", "5")
+    assert Settings.from_env().lanes == 5
