@@ -1,0 +1,305 @@
+"""Reference model of the processing core: the definitions of DESIGN §2-§4/§7, evaluated directly.
+
+Deliberately naive and written without looking at `app/`: it validates every line, runs the
+watermark gate literally (one partition), keeps the list of entries applied per user, and then
+evaluates the definitions for each (user, conversation) from those entries, with no incremental
+state at all. Where DESIGN.md is silent it follows docs/contract-notes.md.
+
+What it does NOT model: flush timing, frames, and unread_exact (the model is always exact; the
+tests check the core's inexact rows against the 200 rule instead).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+U64 = 1 << 64
+U32 = 1 << 32
+UNREAD_PRECISE_LIMIT = 200
+
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_ACTIVITY = re.compile(r"[0-9a-f]{32}")
+
+Check = Callable[[Any], bool]
+
+
+def _int(lo: int, hi: int | None = None) -> Check:
+    # JSON integers only: bool is a subclass of int in Python and floats are not ints.
+    return lambda v: type(v) is int and v >= lo and (hi is None or v < hi)
+
+
+def _str(v: Any) -> bool:
+    return type(v) is str
+
+
+def _bool(v: Any) -> bool:
+    return type(v) is bool
+
+
+def _one_of(*values: str) -> Check:
+    return lambda v: type(v) is str and v in values
+
+
+SEQ1, SEQ0, U64_ID = _int(1), _int(0), _int(0, U64)
+
+COMMON: dict[str, Check] = {
+    "mailbox_seq": SEQ1,
+    "lane": SEQ0,  # range against --lanes checked separately
+    "ts": SEQ0,
+    "event_id": _str,
+    "user_id": U64_ID,
+    "conversation_id": lambda v: type(v) is str and _UUID.fullmatch(v) is not None,
+}
+_TARGET: dict[str, Check] = {
+    "target_conversation_seq": SEQ1,
+    "target_sender_id": U64_ID,
+    "target_counts_unread": _bool,
+    "target_mention": _bool,
+}
+TYPES: dict[str, dict[str, Check]] = {
+    "message": {
+        "conversation_seq": SEQ1,
+        "message_id": _str,
+        "activity_id": lambda v: type(v) is str and _ACTIVITY.fullmatch(v) is not None,
+        "sender_id": U64_ID,
+        "created_at": SEQ0,
+        "counts_unread": _bool,
+        "mention": _bool,
+    },
+    "read": {"read_conversation_seq": SEQ0},
+    "recall": _TARGET,
+    "delete_message": _TARGET,
+    "join": {"joined_at_conversation_seq": SEQ0},
+    "leave": {"left_at_conversation_seq": SEQ0, "reason": _one_of("left", "removed")},
+    "pin": {"pin_rank": _int(0, U32)},
+    "unpin": {},
+    "archive": {},
+    "unarchive": {},
+    "mute": {},
+    "unmute": {},
+    "clear_history": {"hidden_before_conversation_seq": SEQ0},
+    "delete_conversation": {"deleted_before_conversation_seq": SEQ0},
+    "mailbox_dirty": {},
+}
+OPTIONAL: dict[str, dict[str, Check]] = {"join": {"role": _one_of("owner", "admin", "member")}}
+MARKER: dict[str, Check] = {"lane": SEQ0, "watermark": SEQ0, "ts": SEQ0}
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"not JSON: {name}")  # NaN / Infinity are not JSON
+
+
+def parse_line(line: bytes, lanes: int) -> tuple[str, Any]:
+    """-> ("blank", None) | ("bad", reason) | ("marker", (lane, W)) | ("entry", dict)."""
+    if not line.strip():
+        return "blank", None
+    try:
+        obj = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError):
+        return "bad", "malformed"
+    if not isinstance(obj, dict):
+        return "bad", "not an object"
+    kind = obj.get("type")
+    if kind == "watermark":
+        for name, ok in MARKER.items():
+            if name not in obj or not ok(obj[name]):
+                return "bad", f"marker field {name}"
+        if obj["lane"] >= lanes:
+            return "bad", "lane out of range"
+        return "marker", (obj["lane"], obj["watermark"])
+    if type(kind) is not str or kind not in TYPES:
+        return "bad", "unknown type"
+    for name, ok in {**COMMON, **TYPES[kind]}.items():
+        if name not in obj or not ok(obj[name]):
+            return "bad", f"field {name}"
+    for name, ok in OPTIONAL.get(kind, {}).items():
+        if name in obj and not ok(obj[name]):
+            return "bad", f"field {name}"
+    if obj["lane"] >= lanes:
+        return "bad", "lane out of range"
+    entry = dict(obj)
+    entry["conversation_id"] = obj["conversation_id"].lower()
+    return "entry", entry
+
+
+@dataclass
+class ModelResult:
+    rows: dict[tuple[int, str], dict[str, Any]]  # (user, conversation) -> row (no projection seq)
+    badges: dict[int, dict[str, Any]]
+    stats: dict[str, int]
+    applied: list[dict[str, Any]]  # every applied entry, in apply order
+    pending: list[dict[str, Any]]  # entries still waiting at the end
+    received: dict[tuple[int, str], set[int]] = field(default_factory=dict)
+
+    def pending_pairs(self) -> set[tuple[int, str]]:
+        return {(e["user_id"], e["conversation_id"]) for e in self.pending}
+
+
+def run_model(lines: Iterable[bytes], lanes: int = 1, include_muted: bool = False) -> ModelResult:
+    stats = dict.fromkeys(("entries", "applied", "duplicates", "dead_letters", "pending"), 0)
+    marks: dict[int, int] = {}  # lane -> highest marker seen
+    waiting: list[tuple[int, int, dict[str, Any]]] = []  # (mailbox_seq, arrival, entry)
+    waiting_keys: set[tuple[int, int]] = set()  # (user, mailbox_seq) waiting
+    version: dict[int, int] = defaultdict(int)  # user -> projection_mailbox_seq
+    applied: list[dict[str, Any]] = []
+
+    def hi() -> int:
+        return min(marks.values()) if len(marks) == lanes else 0
+
+    def apply(e: dict[str, Any]) -> None:
+        if e["mailbox_seq"] <= version[e["user_id"]]:
+            stats["duplicates"] += 1
+            return
+        version[e["user_id"]] = e["mailbox_seq"]
+        applied.append(e)
+
+    for arrival, line in enumerate(lines):
+        kind, value = parse_line(line, lanes)
+        if kind == "blank":
+            continue
+        if kind == "marker":
+            lane, w = value
+            marks[lane] = max(marks.get(lane, w), w)
+            h = hi()
+            ready = sorted((x for x in waiting if x[0] <= h), key=lambda x: (x[0], x[1]))
+            waiting = [x for x in waiting if x[0] > h]
+            for _, _, e in ready:
+                waiting_keys.discard((e["user_id"], e["mailbox_seq"]))
+                apply(e)
+            continue
+        stats["entries"] += 1
+        if kind == "bad":
+            stats["dead_letters"] += 1
+            continue
+        e, seq = value, value["mailbox_seq"]
+        if (e["user_id"], seq) in waiting_keys:
+            stats["duplicates"] += 1
+        elif seq <= hi():
+            apply(e)
+        else:
+            waiting.append((seq, arrival, e))
+            waiting_keys.add((e["user_id"], seq))
+
+    stats["applied"] = len(applied)
+    stats["pending"] = len(waiting)
+
+    per_pair: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    for e in applied:
+        per_pair[(e["user_id"], e["conversation_id"])].append(e)
+    rows = {pair: evaluate_row(pair, es) for pair, es in per_pair.items()}
+    received = {
+        pair: {e["conversation_seq"] for e in es if e["type"] == "message"}
+        for pair, es in per_pair.items()
+    }
+    users = sorted({u for u, _ in per_pair})
+    badges = {
+        u: badge_of(u, [r for (ru, _), r in rows.items() if ru == u], version[u], include_muted)
+        for u in users
+    }
+    return ModelResult(rows, badges, stats, applied, [x[2] for x in waiting], received)
+
+
+def evaluate_row(pair: tuple[int, str], entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The definitions (DESIGN §3.4, §3.7, §4), evaluated over one row's applied entries."""
+    user, conversation = pair
+    membership, joined_at, left_at = "active", 0, None
+    read = hidden = deleted = 0
+    pin_rank, archived, muted = None, False, False
+    received: dict[int, dict[str, Any]] = {}  # conversation_seq -> first message entry
+    mentioned: set[int] = set()
+    recalled: set[int] = set()
+    for e in entries:
+        t = e["type"]
+        if t == "message":
+            received.setdefault(e["conversation_seq"], e)
+            if e["mention"]:
+                mentioned.add(e["conversation_seq"])
+        elif t in ("recall", "delete_message"):
+            recalled.add(e["target_conversation_seq"])
+        elif t == "read":
+            read = max(read, e["read_conversation_seq"])
+        elif t == "clear_history":
+            hidden = max(hidden, e["hidden_before_conversation_seq"])
+        elif t == "delete_conversation":
+            deleted = max(deleted, e["deleted_before_conversation_seq"])
+        elif t == "join":
+            membership, joined_at, left_at = "active", e["joined_at_conversation_seq"], None
+        elif t == "leave":
+            membership, left_at = e["reason"], e["left_at_conversation_seq"]
+        elif t == "pin":
+            pin_rank = e["pin_rank"]
+        elif t == "unpin":
+            pin_rank = None
+        elif t in ("archive", "unarchive"):
+            archived = t == "archive"
+        elif t in ("mute", "unmute"):
+            muted = t == "mute"
+
+    visible = [s for s in received if membership == "active" or s <= left_at]
+    latest = max(visible, default=None)
+    head = received[latest] if latest is not None else None
+    base = max(read, hidden, joined_at, deleted)
+    counted = sorted(
+        s
+        for s, m in received.items()
+        if base < s <= (latest or 0)
+        and m["sender_id"] != user
+        and m["counts_unread"]
+        and s not in recalled
+    )
+    mentions = [s for s in counted if s in mentioned]
+    return {
+        "user_id": user,
+        "conversation_id": conversation,
+        "listed": not (deleted > 0 and deleted >= (latest or 0)),
+        "membership": membership,
+        "pinned": pin_rank is not None,
+        "pin_rank": pin_rank,
+        "archived": archived,
+        "muted": muted,
+        "last_activity_id": head["activity_id"] if head else None,
+        "latest_conversation_seq": latest,
+        "last_message_id": head["message_id"] if head else None,
+        "unread_count": len(counted),
+        "unread_exact": True,
+        "mention_count": len(mentions),
+        "mention_first_conversation_seq": mentions[0] if mentions else None,
+        "read_conversation_seq": read,
+        "hidden_before_conversation_seq": hidden,
+        "deleted_before_conversation_seq": deleted,
+        "joined_at_conversation_seq": joined_at,
+        "left_at_conversation_seq": left_at,
+    }
+
+
+def base_of(row: dict[str, Any]) -> int:
+    return max(
+        row["read_conversation_seq"],
+        row["hidden_before_conversation_seq"],
+        row["joined_at_conversation_seq"],
+        row["deleted_before_conversation_seq"],
+    )
+
+
+def badge_of(
+    user: int, rows: Iterable[dict[str, Any]], version: int, include_muted: bool
+) -> dict[str, Any]:
+    """DESIGN §3.8 over a user's rows (whatever their unread_count is: model's or core's)."""
+    rows = list(rows)
+    active = [r for r in rows if r["membership"] == "active"]
+    return {
+        "user_id": user,
+        "total_unread": sum(
+            r["unread_count"]
+            for r in active
+            if not r["archived"] and (not r["muted"] or include_muted)
+        ),
+        "total_mention": sum(r["mention_count"] for r in active),
+        "muted_unread": sum(r["unread_count"] for r in rows if r["muted"]),
+        "projection_mailbox_seq": version,
+    }
