@@ -25,15 +25,46 @@ class Badge(NamedTuple):
 ZERO = Badge()
 
 
-def contribution(row: ConversationState, include_muted: bool) -> Badge:
-    """What one row adds to its user's badge."""
-    active = row.membership == "active"
-    unread = row.unread_count
-    counted = active and not row.archived and (include_muted or not row.muted)
+def moved(
+    badge: Badge,
+    row: ConversationState,
+    before: tuple[int, int, str, bool, bool],
+    include_muted: bool,
+) -> Badge:
+    """The badge after one row changed from `before` = (unread, mention, membership, archived,
+    muted) to its current values: delta maintenance, never a re-sum."""
+    unread, mention, membership, archived, muted = before
+    if row.membership == membership and row.archived == archived and row.muted == muted:
+        # Same zone: only the counts moved (the hot path: messages and reads).
+        d_unread = row.unread_count - unread
+        d_mention = row.mention_count - mention
+        active = membership == "active"
+        return Badge(
+            badge.total_unread
+            + (d_unread if active and not archived and (include_muted or not muted) else 0),
+            badge.total_mention + (d_mention if active else 0),
+            badge.muted_unread + (d_unread if muted else 0),
+        )
+    old = _contribution(unread, mention, membership, archived, muted, include_muted)
+    return badge.plus(contribution(row, include_muted), old)
+
+
+def _contribution(
+    unread: int, mention: int, membership: str, archived: bool, muted: bool, include_muted: bool
+) -> Badge:
+    active = membership == "active"
+    counted = active and not archived and (include_muted or not muted)
     return Badge(
         unread if counted else 0,
-        row.mention_count if active else 0,  # muting only silences notifications
-        unread if row.muted else 0,
+        mention if active else 0,  # muting only silences notifications
+        unread if muted else 0,
+    )
+
+
+def contribution(row: ConversationState, include_muted: bool) -> Badge:
+    """What one row adds to its user's badge."""
+    return _contribution(
+        row.unread_count, row.mention_count, row.membership, row.archived, row.muted, include_muted
     )
 
 

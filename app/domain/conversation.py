@@ -28,11 +28,6 @@ from app.domain.entries import (
 from app.domain.ports import MessageStore
 from app.domain.unread import derive_from_hand, recompute, settle
 
-# Entry types that move a conversation between zones or change membership: they invalidate
-# the paging snapshot's revision (DESIGN §5).
-STRUCTURAL_TYPES = frozenset(
-    {"pin", "unpin", "archive", "unarchive", "leave", "delete_conversation"}
-)
 
 
 class ConversationState:
@@ -40,6 +35,7 @@ class ConversationState:
 
     __slots__ = (
         "archived",
+        "base",
         "conversation_id",
         "counting",
         "deleted_before",
@@ -75,6 +71,7 @@ class ConversationState:
         self.read_seq = 0
         self.hidden_before = 0
         self.deleted_before = 0
+        self.base = 0  # max(read_seq, hidden_before, joined_at, deleted_before), kept by _rebase
         self.pin_rank: int | None = None
         self.archived = False
         self.muted = False
@@ -93,9 +90,13 @@ class ConversationState:
 
     # -- derived values ---------------------------------------------------------------------
 
-    @property
-    def base(self) -> int:
-        return max(self.read_seq, self.hidden_before, self.joined_at, self.deleted_before)
+    def _rebase(self) -> bool:
+        """Recompute the unread base; True when it moved."""
+        base = max(self.read_seq, self.hidden_before, self.joined_at, self.deleted_before)
+        if base == self.base:
+            return False
+        self.base = base
+        return True
 
     @property
     def latest(self) -> int:
@@ -121,21 +122,44 @@ class ConversationState:
     def _on_message(self, entry: MessageEntry, store: MessageStore, limit: int) -> None:
         seq = entry.conversation_seq
         self.received.add(seq)
-        if self.visible(seq) and seq > self.latest:
-            self.head_seq = seq
+        head = self.head_seq
+        if (head is None or seq > head) and (
+            self.membership == "active" or (self.left_at is not None and seq <= self.left_at)
+        ):
+            self.head_seq = head = seq
             self.head_message_id = entry.message_id
             self.head_activity_id = entry.activity_id
+        base = self.base
         if (
-            entry.sender_id != self.user_id
-            and entry.counts_unread
-            and seq > self.base
-            and seq not in self.recalled
+            entry.sender_id == self.user_id
+            or not entry.counts_unread
+            or seq <= base
+            or seq in self.recalled
         ):
-            self.counting.add(seq)
-            if entry.mention:
-                self.mentioning.add(seq)
-        if self.unread_exact:  # an inexact row shows the limit until the base moves
-            self._refresh(store, limit)
+            return
+        counting = self.counting
+        newly_counted = seq not in counting
+        if newly_counted:
+            counting.add(seq)
+        newly_mentioned = entry.mention and seq not in self.mentioning
+        if newly_mentioned:
+            self.mentioning.add(seq)
+        if not self.unread_exact:
+            return  # an inexact row shows the limit until the base moves
+        if self.floor > base:
+            settle(self, store, limit)
+            return
+        # Incremental is exact here: the hand is complete above the base, and no counted seq
+        # lies between the old head and a new one (anything received there would have been
+        # visible, hence the head already).
+        if head is not None and seq <= head:
+            if newly_counted:
+                self.unread_count += 1
+            if newly_mentioned:
+                self.mention_count += 1
+                first = self.mention_first
+                if first is None or seq < first:
+                    self.mention_first = seq
 
     def _on_recall(self, entry: RecallEntry | DeleteMessageEntry, store: MessageStore, limit: int) -> None:
         # The target stops counting. Own messages and non-counting ones were never in the hand,
@@ -151,10 +175,10 @@ class ConversationState:
             self._refresh(store, limit)
 
     def _on_read(self, entry: ReadEntry, store: MessageStore, limit: int) -> None:
-        old_base = self.base
-        self.read_seq = max(self.read_seq, entry.read_conversation_seq)
-        if self.base != old_base:
-            settle(self, store, limit)
+        if entry.read_conversation_seq > self.read_seq:
+            self.read_seq = entry.read_conversation_seq
+            if self._rebase():
+                settle(self, store, limit)
 
     def _on_join(self, entry: JoinEntry, store: MessageStore, limit: int) -> None:
         old_base, old_latest = self.base, self.latest
@@ -162,6 +186,7 @@ class ConversationState:
         self.role = entry.role
         self.joined_at = entry.joined_at_conversation_seq
         self.left_at = None
+        self._rebase()
         self._reset_head(store)
         self._after_move(old_base, old_latest, store, limit)
 
@@ -191,17 +216,15 @@ class ConversationState:
         self.muted = False
 
     def _on_clear_history(self, entry: ClearHistoryEntry, store: MessageStore, limit: int) -> None:
-        old_base = self.base
         self.hidden_before = max(self.hidden_before, entry.hidden_before_conversation_seq)
-        if self.base != old_base:
+        if self._rebase():
             settle(self, store, limit)
 
     def _on_delete_conversation(
         self, entry: DeleteConversationEntry, store: MessageStore, limit: int
     ) -> None:
-        old_base = self.base
         self.deleted_before = max(self.deleted_before, entry.deleted_before_conversation_seq)
-        if self.base != old_base:
+        if self._rebase():
             settle(self, store, limit)
 
     def _on_mailbox_dirty(self, entry: Entry, store: MessageStore, limit: int) -> None:
@@ -290,6 +313,12 @@ class ConversationState:
             setattr(row, name, BitMap64.deserialize(state[name]))
         return row
 
+
+# Entry types that move a conversation between zones or change membership: they invalidate
+# the paging snapshot's revision (DESIGN §5).
+STRUCTURAL_ENTRIES: frozenset[type] = frozenset(
+    {PinEntry, UnpinEntry, ArchiveEntry, UnarchiveEntry, LeaveEntry, DeleteConversationEntry}
+)
 
 _BITMAP_FIELDS = ("received", "counting", "mentioning", "recalled")
 _PLAIN_FIELDS = tuple(name for name in ConversationState.__slots__ if name not in _BITMAP_FIELDS)

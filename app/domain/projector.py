@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from app.domain.badge import ZERO, Badge, contribution, full_recompute
-from app.domain.conversation import STRUCTURAL_TYPES, ConversationState
+from app.domain.badge import ZERO, Badge, full_recompute, moved
+from app.domain.conversation import STRUCTURAL_ENTRIES, ConversationState
 from app.domain.entries import Entry, MailboxDirtyEntry
 from app.domain.flush import DirtySet, FlushPolicy, UserFlush
 from app.domain.ports import MessageStore
@@ -94,31 +94,31 @@ class Projector:
 
     def apply(self, entry: Entry, now_ms: int) -> Applied:
         """Apply one entry released by the watermark gate (in mailbox_seq order per user)."""
-        user = self.users.get(entry.user_id)
+        user_id = entry.user_id
+        user = self.users.get(user_id)
         if user is None:
-            user = self.users[entry.user_id] = UserState(entry.user_id)
+            user = self.users[user_id] = UserState(user_id)
         elif entry.mailbox_seq <= user.projection_mailbox_seq:
             return Applied.DUPLICATE
         conversation_id = entry.conversation_id
         row = user.rows.get(conversation_id)
         if row is None:
-            row = user.rows[conversation_id] = ConversationState(entry.user_id, conversation_id)
-        include_muted = self.config.include_muted
-        before = contribution(row, include_muted)
+            row = user.rows[conversation_id] = ConversationState(user_id, conversation_id)
+        before = (row.unread_count, row.mention_count, row.membership, row.archived, row.muted)
         row.apply(entry, self.store, self.config.unread_precise_limit)
-        if isinstance(entry, MailboxDirtyEntry):
+        kind = type(entry)
+        if kind is MailboxDirtyEntry:
             # After any reconcile the badge is recomputed in full, cancelling accumulated drift.
-            user.badge = full_recompute(user.rows.values(), include_muted)
-        else:
-            after = contribution(row, include_muted)
-            if after != before:
-                user.badge = user.badge.plus(after, before)
+            user.badge = full_recompute(user.rows.values(), self.config.include_muted)
+        elif before != (row.unread_count, row.mention_count, row.membership, row.archived, row.muted):
+            user.badge = moved(user.badge, row, before, self.config.include_muted)
         user.projection_mailbox_seq = entry.mailbox_seq
         user.driving_event_id = entry.event_id
-        if entry.__struct_config__.tag in STRUCTURAL_TYPES:
+        if kind in STRUCTURAL_ENTRIES:
             user.structure_version += 1
-        self.dirty.mark(entry.user_id, conversation_id)
-        self.policy.on_applied(now_ms)
+        self.dirty.mark(user_id, conversation_id)
+        if self.policy.window_start is None:
+            self.policy.window_start = now_ms
         return Applied.APPLIED
 
     # -- flushing -------------------------------------------------------------------------------
