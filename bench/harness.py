@@ -4,7 +4,11 @@ Each repetition runs the three commands one after the other, in an order that ro
 repetition to the next, so machine noise (other jobs, frequency changes) hits all of them alike;
 ratios are taken within a repetition and their median is reported. Each command is timed as a
 whole process (wall clock) and its peak resident memory and CPU times come from the kernel's own
-accounting of the finished child (os.wait4), as /usr/bin/time -v would report them.
+accounting of the finished process. They are read through /usr/bin/time when it is installed:
+Linux starts a child's peak-RSS figure at its parent's resident size at the fork, so a command
+forked straight from this (larger) Python process would report at least the harness's own size;
+forked from the small `time` process it reports its own. Without /usr/bin/time the harness reads
+os.wait4 and says so in the notes.
 
 Reports entries/s for each command (entries = mailbox entries in the stream, markers excluded),
 peak RSS, the write ratio (naive writes / replay projection_writes), the speed ratios, and the J-1
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -44,9 +49,17 @@ class Run:
     stderr_tail: str
 
 
+TIME = Path("/usr/bin/time")
+
+
 def timed(name: str, rep: int, argv: list[str], timeout_s: float, log_dir: Path) -> Run:
     out_path = log_dir / f"{name}.{rep}.out"
     err_path = log_dir / f"{name}.{rep}.err"
+    usage_path = log_dir / f"{name}.{rep}.usage"
+    via_time = TIME.exists()
+    if via_time:
+        # user s, sys s, peak RSS KiB, exit status of the command
+        argv = [str(TIME), "-o", str(usage_path), "-f", "%U %S %M %x", *argv]
     with out_path.open("wb") as out, err_path.open("wb") as err:
         start = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=ROOT)
@@ -59,14 +72,21 @@ def timed(name: str, rep: int, argv: list[str], timeout_s: float, log_dir: Path)
         wall = time.perf_counter() - start
     exit_code = os.waitstatus_to_exitcode(status)
     proc.returncode = exit_code  # reaped here, so Popen must not wait for it again
+    user_s, sys_s, peak_kib = usage.ru_utime, usage.ru_stime, usage.ru_maxrss
+    if via_time:
+        fields = usage_path.read_text().split()
+        # `time` writes "Command exited with non-zero status N" first when the command fails.
+        if len(fields) >= 4:
+            user_s, sys_s = float(fields[-4]), float(fields[-3])
+            peak_kib, exit_code = int(fields[-2]), int(fields[-1])
     stderr = err_path.read_text(errors="replace")
     return Run(
         command=name,
         rep=rep,
         wall_s=wall,
-        user_s=usage.ru_utime,
-        sys_s=usage.ru_stime,
-        peak_rss_kib=usage.ru_maxrss,
+        user_s=user_s,
+        sys_s=sys_s,
+        peak_rss_kib=peak_kib,
         exit_code=exit_code,
         stdout=out_path.read_text(errors="replace"),
         stderr_tail=stderr[-2000:],
@@ -159,8 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     names = list(commands)
     # Warm the page cache so the first command measured does not pay for the disk.
     with args.input.open("rb") as fp:
-        while fp.read(1 << 24):
+        while fp.read(1 << 20):
             pass
+    if not TIME.exists():
+        notes.append(
+            f"{TIME} not found: peak RSS read with os.wait4 includes the harness's own size "
+            f"({resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MiB) as a floor"
+        )
     runs: list[Run] = []
     for rep in range(args.reps):
         order = names[rep % len(names) :] + names[: rep % len(names)]
