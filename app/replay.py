@@ -127,10 +127,9 @@ class Replayer:
                 if len(self.dead_letter_reasons) < 1000:
                     self.dead_letter_reasons.append(record.reason)  # type: ignore[union-attr]
                 continue
-            entry: Entry = record  # type: ignore[assignment]  # neither marker nor dead letter
-            offer = gate.offer(entry)
+            offer = gate.offer(record)  # type: ignore[arg-type]  # neither marker nor dead letter
             if offer is Offer.READY:
-                apply(entry)
+                apply(record)  # type: ignore[arg-type]
             elif offer is Offer.DUPLICATE:
                 stats.duplicates += 1
         return count

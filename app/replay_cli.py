@@ -13,7 +13,7 @@ from typing import IO, Any
 
 import orjson
 
-from app.replay import Frame, ReplayOptions, Replayer
+from app.replay import Frame, Replayer, ReplayOptions
 
 
 def _non_negative(text: str) -> int:
@@ -36,20 +36,30 @@ def _positive(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", required=True, metavar="FILE|-", help="JSON-lines entries; - for stdin")
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
-    parser.add_argument("--lanes", type=_positive, default=1, metavar="N", help="mailbox write lanes (default 1)")
     parser.add_argument(
-        "--window-ms", type=_non_negative, default=5000, metavar="MS",
+        "--lanes", type=_positive, default=1, metavar="N", help="mailbox write lanes (default 1)"
+    )
+    parser.add_argument(
+        "--window-ms",
+        type=_non_negative,
+        default=5000,
+        metavar="MS",
         help="projection_compaction_window on entry ts (default 5000)",
     )
     parser.add_argument(
-        "--max-dirty-rows", type=_non_negative, default=100_000, metavar="N",
+        "--max-dirty-rows",
+        type=_non_negative,
+        default=100_000,
+        metavar="N",
         help="flush early when more dirty rows are held (default 100000)",
     )
     parser.add_argument(
         "--include-muted", action="store_true", help="count muted conversations in total_unread"
     )
     parser.add_argument(
-        "--progress", choices=("auto", "always", "never"), default="auto",
+        "--progress",
+        choices=("auto", "always", "never"),
+        default="auto",
         help="progress on stderr (auto: only when stderr is a terminal)",
     )
 
@@ -127,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     progress = _Progress(total, show)
     try:
         with source, open(out / "deltas.jsonl", "wb") as deltas:
+
             def write_frame(frame: Frame) -> None:
                 deltas.write(orjson.dumps(frame, option=orjson.OPT_APPEND_NEWLINE))
 

@@ -29,7 +29,6 @@ from app.domain.ports import MessageStore
 from app.domain.unread import derive_from_hand, recompute, settle
 
 
-
 class ConversationState:
     """Everything the projector keeps for one (user, conversation)."""
 
@@ -130,12 +129,7 @@ class ConversationState:
             self.head_message_id = entry.message_id
             self.head_activity_id = entry.activity_id
         base = self.base
-        if (
-            entry.sender_id == self.user_id
-            or not entry.counts_unread
-            or seq <= base
-            or seq in self.recalled
-        ):
+        if entry.sender_id == self.user_id or not entry.counts_unread or seq <= base or seq in self.recalled:
             return
         counting = self.counting
         newly_counted = seq not in counting

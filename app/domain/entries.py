@@ -27,7 +27,6 @@ Membership = Literal["active", "left", "removed"]
 Role = Literal["owner", "admin", "member"]
 
 
-
 class _Entry(msgspec.Struct, frozen=True, tag_field="type", kw_only=True, gc=False):
     """Fields every mailbox entry carries."""
 
@@ -113,9 +112,7 @@ class MailboxDirtyEntry(_Entry, frozen=True, tag="mailbox_dirty"):
     pass
 
 
-class WatermarkMarker(
-    msgspec.Struct, frozen=True, tag_field="type", tag="watermark", kw_only=True, gc=False
-):
+class WatermarkMarker(msgspec.Struct, frozen=True, tag_field="type", tag="watermark", kw_only=True, gc=False):
     """In-band control record: lane `lane` has written every entry with mailbox_seq <= watermark."""
 
     lane: NonNegative
@@ -143,8 +140,21 @@ Entry = (
 Record = Entry | WatermarkMarker
 
 ENTRY_TYPES: tuple[str, ...] = (
-    "message", "read", "recall", "delete_message", "join", "leave", "pin", "unpin", "archive",
-    "unarchive", "mute", "unmute", "clear_history", "delete_conversation", "mailbox_dirty",
+    "message",
+    "read",
+    "recall",
+    "delete_message",
+    "join",
+    "leave",
+    "pin",
+    "unpin",
+    "archive",
+    "unarchive",
+    "mute",
+    "unmute",
+    "clear_history",
+    "delete_conversation",
+    "mailbox_dirty",
 )
 
 
@@ -179,9 +189,7 @@ def decode_record(raw: bytes, lanes: int) -> Record | DeadLetter:
     conversation_id = entry.conversation_id
     if conversation_id not in _known_conversations:
         if not _is_uuid(conversation_id):
-            return DeadLetter(
-                reason=f"conversation_id is not a UUID: {conversation_id[:64]!r}", raw=raw
-            )
+            return DeadLetter(reason=f"conversation_id is not a UUID: {conversation_id[:64]!r}", raw=raw)
         if conversation_id != conversation_id.lower():
             # Canonical form is lowercase: one conversation must have one key.
             return msgspec.structs.replace(entry, conversation_id=conversation_id.lower())
