@@ -1,0 +1,85 @@
+"""docker/compose.yaml agrees with app/settings.py: every PROJECTOR_* variable is a real setting,
+the values validate, and ports/topic names match the Settings defaults (and the local servers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+from app.settings import Settings
+
+COMPOSE = Path(__file__).resolve().parents[2] / "docker" / "compose.yaml"
+PROJECTOR_SERVICES = ("bootstrap", "worker", "api")
+DEFAULTS = Settings()
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return data
+
+
+def _env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):  # the `- KEY=value` form
+        env = dict(item.split("=", 1) for item in env)
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def test_the_stack_has_every_role(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert {"kafka", "redis", "cassandra", *PROJECTOR_SERVICES} <= set(services)
+    for role in PROJECTOR_SERVICES:
+        assert services[role]["command"] == [role]  # the image's entrypoint is `projector`
+    assert "cassandra:5.0" in services["cassandra"]["image"]
+
+
+@pytest.mark.parametrize("role", PROJECTOR_SERVICES)
+def test_every_projector_variable_is_a_known_setting_and_valid(
+    compose: dict[str, Any], role: str
+) -> None:
+    env = _env(compose["services"][role])
+    known = Settings.env_names()
+    ours = {k: v for k, v in env.items() if k.startswith("PROJECTOR_")}
+    assert ours, f"{role} sets no PROJECTOR_* variable"
+    unknown = sorted(set(ours) - set(known))
+    assert not unknown, f"{role}: not Settings fields: {unknown}"
+    Settings.from_env(ours)  # raises SettingsError with every problem
+
+
+@pytest.mark.parametrize("role", PROJECTOR_SERVICES)
+def test_ports_and_topics_agree_with_settings_defaults(compose: dict[str, Any], role: str) -> None:
+    s = Settings.from_env(_env(compose["services"][role]))
+    # Same topic names and partitioning as the local stack: changelogs and consumers depend on them.
+    assert s.topics == DEFAULTS.topics
+    assert s.topic_partitions == DEFAULTS.topic_partitions
+    assert s.cassandra_keyspace == DEFAULTS.cassandra_keyspace
+    # Same ports; only the host names differ (compose service names).
+    assert int(s.kafka_bootstrap.rpartition(":")[2]) == int(DEFAULTS.kafka_bootstrap.rpartition(":")[2])
+    assert s.kafka_bootstrap.rpartition(":")[0] == "kafka"
+    assert urlparse(s.redis_url).port == urlparse(DEFAULTS.redis_url).port
+    assert urlparse(s.redis_url).hostname == "redis"
+    assert s.cassandra_port == DEFAULTS.cassandra_port
+    assert s.cassandra_contact_points == ("cassandra",)
+    assert s.api_port == DEFAULTS.api_port
+    assert s.worker_web_port == DEFAULTS.worker_web_port
+
+
+def test_kafka_listens_where_settings_point_and_never_auto_creates(compose: dict[str, Any]) -> None:
+    env = _env(compose["services"]["kafka"])
+    assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    assert env["KAFKA_ADVERTISED_LISTENERS"] == "PLAINTEXT://kafka:9092"
+
+
+def test_published_ports_are_loopback_only_and_match_the_api(compose: dict[str, Any]) -> None:
+    published = {
+        name: service.get("ports", []) for name, service in compose["services"].items()
+    }
+    for name, ports in published.items():
+        for spec in ports:
+            assert str(spec).startswith("127.0.0.1:"), f"{name} publishes {spec} beyond loopback"
+    assert published["api"] == [f"127.0.0.1:{DEFAULTS.api_port}:{DEFAULTS.api_port}"]
