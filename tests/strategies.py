@@ -71,9 +71,7 @@ class Builder:
         self.lines: list[bytes] = []
         self.entries: list[dict[str, Any]] = []
 
-    def add(
-        self, type_: str, user: int, conv: str, *, lane: int = 0, **fields: Any
-    ) -> dict[str, Any]:
+    def add(self, type_: str, user: int, conv: str, *, lane: int = 0, **fields: Any) -> dict[str, Any]:
         self.seq += 1
         self.ts += 10
         e = {
@@ -337,9 +335,7 @@ def scenarios(
     w = _World(users, convs, lanes, rnd, per_user, ts_step)
 
     for conv in w.convs:
-        members = draw(
-            st.lists(st.sampled_from(users), min_size=1, max_size=len(users), unique=True)
-        )
+        members = draw(st.lists(st.sampled_from(users), min_size=1, max_size=len(users), unique=True))
         with_joins = draw(st.booleans())
         for k, u in enumerate(members):
             conv.members[u] = "owner" if k == 0 else None
@@ -360,34 +356,13 @@ def scenarios(
             el = w.eligible()
             w.materialize(el[draw(st.integers(0, len(el) - 1))])
 
-    bursts = 1 if big else 0
     steps = draw(st.integers(min_steps, max_steps))
-    for step in range(steps + bursts):
-        if step >= steps:  # the burst: > 200 messages from one sender, light noise
-            conv = w.convs[0]
-            if not conv.members:
-                conv.members[users[0]] = None
-                w.queue(users[0], conv, {"type": "join", "joined_at_conversation_seq": conv.seq})
-            sender = pick(sorted(conv.members))
-            for _ in range(draw(st.integers(201, 320))):
-                w.send(conv, sender, rnd.random() < 0.9, lambda u: rnd.random() < 0.03)
-                if rnd.random() < 0.05:  # a read somewhere in the middle of what was seen
-                    u = rnd.choice(sorted(conv.members))
-                    seen = w.seen.get((u, conv.cid), 0)
-                    w.queue(
-                        u, conv, {"type": "read", "read_conversation_seq": rnd.randint(0, seen)}
-                    )
-                if rnd.random() < 0.02:
-                    target = conv.messages[rnd.randint(1, conv.seq)]
-                    for u, mention in target.mentions.items():
-                        w.queue(u, conv, recall_payload("recall", target, mention))
-                if rnd.random() < 0.5:
-                    el = w.eligible()
-                    for _ in range(rnd.randint(1, 3)):
-                        if w.pool:
-                            w.materialize(rnd.choice(w.eligible()) if rnd.random() < 0.3 else el[0])
-                            el = w.eligible()
-            continue
+    burst_at = draw(st.integers(0, steps)) if big else -1
+    for step in range(steps + 1):
+        if step == burst_at:
+            _burst(w, draw(st.integers(201, 320)))
+        if step == steps:
+            break
         action = draw(st.sampled_from(ACTIONS))
         conv = pick_conv()
         members = sorted(conv.members)
@@ -430,9 +405,7 @@ def scenarios(
         elif action == "leave" and u in conv.members:
             del conv.members[u]
             reason = draw(st.sampled_from(("left", "removed")))
-            w.queue(
-                u, conv, {"type": "leave", "left_at_conversation_seq": conv.seq, "reason": reason}
-            )
+            w.queue(u, conv, {"type": "leave", "left_at_conversation_seq": conv.seq, "reason": reason})
         elif action in ("clear", "delete"):
             value = conv.seq if draw(st.integers(0, 4)) == 4 else seen
             if action == "clear":
@@ -459,6 +432,42 @@ def scenarios(
     while w.pool:
         materialize_some(len(w.pool))
     return Scenario(lanes, w.entries, [render(e, rnd) for e in w.entries], per_user)
+
+
+def _burst(w: _World, n: int) -> None:
+    """More than 200 messages in conversation 0 from one sender, with light noise: reads, clears
+    and mailbox_dirty into the middle of what a member has seen, recalls, and disorder."""
+    rnd, conv = w.rnd, w.convs[0]
+    if not conv.members:
+        u = w.users[0]
+        conv.members[u] = None
+        w.queue(u, conv, {"type": "join", "joined_at_conversation_seq": conv.seq})
+    sender = rnd.choice(sorted(conv.members))
+    for _ in range(n):
+        w.send(conv, sender, rnd.random() < 0.9, lambda u: rnd.random() < 0.03)
+        u = rnd.choice(sorted(conv.members))
+        seen = w.seen.get((u, conv.cid), 0)
+        x = rnd.random()
+        if x < 0.01:
+            w.queue(u, conv, {"type": "read", "read_conversation_seq": rnd.randint(0, seen)})
+        elif x < 0.015:
+            w.queue(
+                u, conv, {"type": "clear_history", "hidden_before_conversation_seq": rnd.randint(0, seen)}
+            )
+        elif x < 0.035:
+            w.queue(u, conv, {"type": "mailbox_dirty"})
+        elif x < 0.055:
+            target = conv.messages[rnd.randint(1, conv.seq)]
+            for r, mention in target.mentions.items():
+                w.queue(r, conv, recall_payload("recall", target, mention))
+        if rnd.random() < 0.5:
+            for _ in range(rnd.randint(1, 3)):
+                if w.pool:
+                    el = w.eligible()
+                    w.materialize(rnd.choice(el) if rnd.random() < 0.3 else el[0])
+    for u in sorted(conv.members):  # a reconcile after the burst: the recompute sees > 200
+        if rnd.random() < 0.5:
+            w.queue(u, conv, {"type": "mailbox_dirty"})
 
 
 def recall_payload(kind: str, m: Message, mention: bool) -> dict[str, Any]:
@@ -530,10 +539,7 @@ def deliver(
     rnd = random.Random(seed)
     n = len(sc.entries)
     spread = rnd.choice((0, 1, 3, 8))
-    keys = [
-        i + rnd.uniform(0, spread) + (rnd.uniform(0, n) if rnd.random() < 0.03 else 0)
-        for i in range(n)
-    ]
+    keys = [i + rnd.uniform(0, spread) + (rnd.uniform(0, n) if rnd.random() < 0.03 else 0) for i in range(n)]
     order = sorted(range(n), key=lambda i: (keys[i], i))
 
     # Per lane, the undelivered seqs (lazy min-heap): a marker may not pass the lowest of them.
@@ -556,9 +562,7 @@ def deliver(
         while rnd.random() < marker_rate:
             lane = rnd.randrange(sc.lanes)
             b = bound(lane)
-            items.append(
-                ("marker", lane, b if rnd.random() < 0.8 else max(0, b - rnd.randint(1, 5)))
-            )
+            items.append(("marker", lane, b if rnd.random() < 0.8 else max(0, b - rnd.randint(1, 5))))
     lanes = list(range(sc.lanes))
     rnd.shuffle(lanes)
     short = set() if full else set(rnd.sample(lanes, rnd.randint(1, len(lanes))))
@@ -597,7 +601,7 @@ def streams(
 ) -> Stream:
     sc = draw(scenario if scenario is not None else scenarios())
     seed = draw(st.integers(0, 2**32 - 1))
-    full_ = draw(st.integers(0, 5)) > 0 if full is None else full  # mostly full
+    full_ = draw(st.integers(0, 5)) < 5 if full is None else full  # mostly full
     return deliver(
         sc,
         seed,

@@ -1,0 +1,126 @@
+"""The processing core (run_replay) against the reference model, on generated streams.
+
+`deadline=None` everywhere: one example runs a whole simulated history through both the core and
+the model (tens to hundreds of entries, a thousand for the big rows), and the first examples pay
+for imports and warm-up; the example counts keep the suite well under a minute per test.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app.replay import ReplayOptions, run_replay
+from tests.property import invariants as inv
+from tests.property.model import run_model
+from tests.strategies import Stream, deliver, scenarios, streams
+
+SETTINGS = settings(
+    max_examples=200,
+    deadline=None,  # see the module doc
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+options = st.fixed_dictionaries(
+    {
+        "window_ms": st.sampled_from((5000, 1, 20, 100)),
+        "max_dirty_rows": st.sampled_from((100_000, 1, 3)),
+        "include_muted": st.booleans(),
+    }
+)
+
+
+def replay(lines: list[bytes], lanes: int, **opts: Any) -> Any:
+    return run_replay(lines, ReplayOptions(lanes=lanes, **opts))
+
+
+def check_stream(stream: Stream, opts: dict[str, Any]) -> tuple[Any, Any]:
+    lines = stream.lines()
+    res = replay(lines, stream.lanes, **opts)
+    model = run_model(lines, stream.lanes, opts["include_muted"])
+    inv.check_all(res, model, opts["include_muted"])
+    return res, model
+
+
+@SETTINGS
+@given(stream=streams(), opts=options)
+def test_core_matches_model(stream: Stream, opts: dict[str, Any]) -> None:
+    check_stream(stream, opts)
+
+
+@settings(SETTINGS, max_examples=25)
+@given(stream=streams(scenarios(big=True, max_steps=10), dups=False), opts=options)
+def test_big_rows_match_model_or_are_inexact_beyond_200(stream: Stream, opts: dict[str, Any]) -> None:
+    check_stream(stream, opts)
+
+
+@SETTINGS
+@given(stream=streams(full=True), opts=options)
+def test_bad_lines_never_change_the_output_of_good_ones(stream: Stream, opts: dict[str, Any]) -> None:
+    with_bad = replay(stream.lines(), stream.lanes, **opts)
+    without = replay(stream.lines(bad=False), stream.lanes, **opts)
+    assert with_bad.projections == without.projections
+    assert with_bad.badges == without.badges
+    assert with_bad.frames == without.frames  # bad lines are never applied: no clock, no dirt
+    n_bad = sum(item[0] == "bad" for item in stream.items)
+    assert with_bad.stats["dead_letters"] == without.stats["dead_letters"] + n_bad
+    assert with_bad.stats["entries"] == without.stats["entries"] + n_bad
+    for f in ("applied", "duplicates", "pending", "flushes", "projection_writes"):
+        assert with_bad.stats[f] == without.stats[f], f
+
+
+@SETTINGS
+@given(stream=streams(full=True, bad=False), opts=options)
+def test_duplicating_valid_entries_changes_nothing_but_the_duplicate_count(
+    stream: Stream, opts: dict[str, Any]
+) -> None:
+    with_dups = replay(stream.lines(), stream.lanes, **opts)
+    without = replay(stream.lines(dups=False), stream.lanes, **opts)
+    n_dups = sum(item[0] == "dup" for item in stream.items)
+    assert with_dups.projections == without.projections
+    assert with_dups.badges == without.badges
+    assert with_dups.frames == without.frames  # duplicates are dropped, never applied
+    assert with_dups.stats == {
+        **without.stats,
+        "duplicates": without.stats["duplicates"] + n_dups,
+        "entries": without.stats["entries"] + n_dups,
+    }
+
+
+def _without_version(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "projection_mailbox_seq"} for r in rows]
+
+
+@SETTINGS
+@given(
+    sc=scenarios(),
+    seeds=st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)),
+    opts=options,
+)
+def test_permuting_deliveries_across_lanes_keeps_rows_and_badges(
+    sc: Any, seeds: tuple[int, int], opts: dict[str, Any]
+) -> None:
+    a = replay(deliver(sc, seeds[0], dup_rate=0.05).lines(), sc.lanes, **opts)
+    b = replay(deliver(sc, seeds[1], bad_rate=0.05).lines(), sc.lanes, **opts)
+    assert _without_version(a.projections) == _without_version(b.projections)
+    assert a.badges == b.badges
+    assert a.stats["applied"] == b.stats["applied"] == len(sc.entries)
+
+
+@settings(SETTINGS, max_examples=150)
+@given(
+    stream=streams(scenarios(ts_step=(1, 40)), full=True),
+    window_ms=st.sampled_from((1, 7, 30, 100, 5000)),
+    include_muted=st.booleans(),
+)
+def test_writes_bounded_by_window(stream: Stream, window_ms: int, include_muted: bool) -> None:
+    """With ts strictly increasing in mailbox order and no early (memory-bound) flush."""
+    lines = stream.lines()
+    res = replay(lines, stream.lanes, window_ms=window_ms, include_muted=include_muted)
+    model = run_model(lines, stream.lanes, include_muted)
+    applied_ts = [e["ts"] for e in sorted(model.applied, key=lambda e: e["mailbox_seq"])]
+    if not stream.scenario.per_user_seq:
+        assert applied_ts == sorted(set(applied_ts)), "precondition: strictly increasing ts"
+        inv.writes_bounded_by_window(res, model, window_ms)
