@@ -193,8 +193,7 @@ def run_model(lines: Iterable[bytes], lanes: int = 1, include_muted: bool = Fals
         per_pair[(e["user_id"], e["conversation_id"])].append(e)
     rows = {pair: evaluate_row(pair, es) for pair, es in per_pair.items()}
     received = {
-        pair: {e["conversation_seq"] for e in es if e["type"] == "message"}
-        for pair, es in per_pair.items()
+        pair: {e["conversation_seq"] for e in es if e["type"] == "message"} for pair, es in per_pair.items()
     }
     users = sorted({u for u, _ in per_pair})
     badges = {
@@ -247,10 +246,7 @@ def evaluate_row(pair: tuple[int, str], entries: list[dict[str, Any]]) -> dict[s
     counted = sorted(
         s
         for s, m in received.items()
-        if base < s <= (latest or 0)
-        and m["sender_id"] != user
-        and m["counts_unread"]
-        and s not in recalled
+        if base < s <= (latest or 0) and m["sender_id"] != user and m["counts_unread"] and s not in recalled
     )
     mentions = [s for s in counted if s in mentioned]
     return {
@@ -286,18 +282,14 @@ def base_of(row: dict[str, Any]) -> int:
     )
 
 
-def badge_of(
-    user: int, rows: Iterable[dict[str, Any]], version: int, include_muted: bool
-) -> dict[str, Any]:
+def badge_of(user: int, rows: Iterable[dict[str, Any]], version: int, include_muted: bool) -> dict[str, Any]:
     """DESIGN §3.8 over a user's rows (whatever their unread_count is: model's or core's)."""
     rows = list(rows)
     active = [r for r in rows if r["membership"] == "active"]
     return {
         "user_id": user,
         "total_unread": sum(
-            r["unread_count"]
-            for r in active
-            if not r["archived"] and (not r["muted"] or include_muted)
+            r["unread_count"] for r in active if not r["archived"] and (not r["muted"] or include_muted)
         ),
         "total_mention": sum(r["mention_count"] for r in active),
         "muted_unread": sum(r["unread_count"] for r in rows if r["muted"]),

@@ -83,9 +83,7 @@ def test_cleared_and_deleted_are_distinguishable() -> None:
         deleted["deleted_before_conversation_seq"],
     ) == (0, 2)
     assert cleared["unread_count"] == deleted["unread_count"] == 0
-    assert (
-        cleared["latest_conversation_seq"] == deleted["latest_conversation_seq"] == 2
-    )  # base, not head
+    assert cleared["latest_conversation_seq"] == deleted["latest_conversation_seq"] == 2  # base, not head
     # a newer message revives the deleted one, showing only what is after deleted_before
     b.message(ME, D, 3, OTHER)
     revived = run_model(b.finish()).rows[(ME, D)]
@@ -320,9 +318,7 @@ def test_generated_streams_are_consistent(stream) -> None:  # type: ignore[no-un
     markers nothing is pending and everything is applied in mailbox order."""
     res = run_model(stream.lines(), lanes=stream.lanes)
     st_ = res.stats
-    assert (
-        st_["entries"] == st_["applied"] + st_["duplicates"] + st_["dead_letters"] + st_["pending"]
-    )
+    assert st_["entries"] == st_["applied"] + st_["duplicates"] + st_["dead_letters"] + st_["pending"]
     clean = run_model(stream.lines(bad=False, dups=False), lanes=stream.lanes)
     assert clean.stats["duplicates"] == 0 and clean.stats["dead_letters"] == 0
     assert clean.stats["applied"] + clean.stats["pending"] == len(stream.scenario.entries)
