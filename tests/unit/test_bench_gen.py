@@ -5,10 +5,12 @@ from __future__ import annotations
 import io
 import math
 from collections import Counter
+from pathlib import Path
 
 import orjson
 import pytest
 
+from bench import ceiling, naive_projector
 from bench.gen_j1 import CONVERSATION_ID, Params, generate, write
 
 SMALL = Params(members=20, messages=30, lanes=4)
@@ -107,3 +109,19 @@ def test_write_emits_json_lines_matching_generate() -> None:
     assert written.entries == SMALL.members * SMALL.messages
     assert written.entries + written.markers == len(lines)
     assert written.bytes == len(buffer.getvalue())
+
+
+def test_baselines_count_what_they_read(tmp_path: Path) -> None:
+    path = tmp_path / "j1.jsonl"
+    with path.open("wb") as fp:
+        written = write(SMALL, fp)
+    naive = naive_projector.run(path)
+    assert naive["entries"] == naive["applied"] == written.entries
+    assert naive["markers"] == written.markers
+    # The baseline writes the row on every entry: one write per entry, `messages` per row.
+    assert naive["projection_writes"] == written.entries
+    assert naive["max_writes_per_user_conversation"] == SMALL.messages
+    assert naive["rows"] == SMALL.members
+    ceiling_counts = ceiling.run(path)
+    assert ceiling_counts["lines"] == written.entries + written.markers
+    assert ceiling_counts["keys"] == SMALL.members + 1  # the markers' (None, None) key
