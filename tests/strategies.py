@@ -199,30 +199,12 @@ class Scenario:
         return max((e["mailbox_seq"] for e in self.entries), default=0)
 
 
-ACTIONS = [
-    "send",
-    "send",
-    "send",
-    "send",
-    "send",
-    "send",
-    "send",
-    "read",
-    "read",
-    "recall",
-    "join",
-    "leave",
-    "clear",
-    "delete",
-    "pin",
-    "unpin",
-    "mute",
-    "unmute",
-    "archive",
-    "unarchive",
-    "dirty",
-    "redeliver",
-]
+ACTIONS = (
+    ["send"] * 7
+    + ["read"] * 2
+    + ["recall", "join", "leave", "clear", "delete", "pin", "unpin", "mute", "unmute"]
+    + ["archive", "unarchive", "dirty", "dirty", "redeliver", "churn", "churn"]
+)
 
 
 class _World:
@@ -423,6 +405,16 @@ def scenarios(
             w.queue(u, conv, {"type": action})
         elif action == "dirty":
             w.queue(u, conv, {"type": "mailbox_dirty"})
+        elif action == "churn" and u in conv.members and len(conv.members) > 1:
+            # leave, miss a message, rejoin, get one: all queued at once, so the later message
+            # can overtake the leave in u's mailbox (the leave then moves the head down)
+            others = [m for m in members if m != u]
+            del conv.members[u]
+            w.queue(u, conv, {"type": "leave", "left_at_conversation_seq": conv.seq, "reason": "left"})
+            w.send(conv, pick(others), True, lambda r: False)
+            conv.members[u] = None
+            w.queue(u, conv, {"type": "join", "joined_at_conversation_seq": conv.seq})
+            w.send(conv, pick(others), True, lambda r: False)
         elif action == "redeliver" and conv.messages:
             # the same message again under a new mailbox_seq (a retried fan-out), not a duplicate
             m = conv.messages[pick(sorted(conv.messages))]
