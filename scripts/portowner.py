@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
             if any(os.readlink(f"/proc/{pid}/fd/{fd}") in targets for fd in fds):
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-                print(pid, cmd[:300])
+                print(pid, cmd if len(cmd) <= 120 else cmd[:117] + "...")
                 return 0
         except OSError:
             continue
