@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from app.domain.entries import (
     DeadLetter,
     DeleteMessageEntry,
@@ -179,6 +181,41 @@ class Replayer:
         self.stats.projection_writes += len(batch.rows)
         self.on_frame(batch.session_delta())
         self.on_frame(batch.badge_update())
+
+    # -- crash and restart ---------------------------------------------------------------------
+
+    def checkpoint(self) -> bytes:
+        """What survives a crash: the changelog tables' content (rows, users, the gate and its
+        waiting entries), serialized. Not the dirty set and not the flush window."""
+        state = {
+            "projector": self.projector.dump(),
+            "gate": self.gate.dump(),
+            "waiting": [msgspec.json.encode(entry) for entry in self.gate.waiting()],
+        }
+        return msgspec.msgpack.encode(state)
+
+    @classmethod
+    def restart(
+        cls,
+        options: ReplayOptions,
+        on_frame: Callable[[Frame], None],
+        checkpoint: bytes,
+        crashed: Replayer,
+    ) -> Replayer:
+        """A replayer restarted from a checkpoint. The MessageStore and the projection store
+        outlive the process (Cassandra and Redis in the worker): they are taken from `crashed`."""
+        replayer = cls(options, on_frame)
+        state = msgspec.msgpack.decode(checkpoint)
+        store = replayer.store = crashed.store
+        replayer.final_rows = crashed.final_rows
+        replayer.projector = Projector.restore(replayer.projector.config, store, state["projector"])
+        waiting = [decode_record(raw, options.lanes) for raw in state["waiting"]]
+        replayer.gate = WatermarkGate.load(
+            options.lanes,
+            state["gate"],
+            [entry for entry in waiting if not isinstance(entry, DeadLetter | WatermarkMarker)],
+        )
+        return replayer
 
     def finish(self) -> ReplayResult:
         """End of input flushes everything; entries still above the watermark stay pending."""

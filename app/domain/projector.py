@@ -189,12 +189,15 @@ class Projector:
         return projector
 
     def lose_dirty_set(self) -> None:
-        """What a restart does to the dirty set: it is gone, so every row of every user is dirty.
+        """What a restart does to the dirty set: it is gone, so every row of every user with
+        anything not yet flushed is dirty again.
 
         Re-flushing unchanged rows is harmless: rows are absolute and the store refuses versions
-        that are not newer.
+        that are not newer. A user whose version was flushed is complete in the store and in the
+        frames already; a frame for it could only repeat its version, which breaks the chain.
         """
         self.dirty = DirtySet(lost=True)
         for user_id, user in self.users.items():
-            for conversation_id in user.rows:
-                self.dirty.mark(user_id, conversation_id)
+            if user.projection_mailbox_seq > user.flushed_seq:
+                for conversation_id in user.rows:
+                    self.dirty.mark(user_id, conversation_id)
