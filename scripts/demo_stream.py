@@ -12,6 +12,7 @@ globally increasing; after each fan-out batch every lane writes its in-band wate
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import sys
@@ -36,9 +37,7 @@ def main(argv: list[str]) -> int:
     rng = random.Random(args.seed)
     users = list(range(1001, 1001 + args.users))
     group = conv_id("group")
-    dms = {
-        conv_id(f"dm-{a}-{b}"): [a, b] for a, b in zip(users, users[1:], strict=False)
-    }
+    dms = {conv_id(f"dm-{a}-{b}"): [a, b] for a, b in itertools.pairwise(users)}
     members = {group: users, **dms}
     conv_seq = dict.fromkeys(members, 0)
     lines: list[dict[str, Any]] = []

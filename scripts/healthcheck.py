@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Wait until a local server answers a real request: `healthcheck.py kafka|cassandra|redis HOST:PORT [--wait S]`.
+"""Wait until a local server answers a real request.
+
+    healthcheck.py kafka|cassandra|redis HOST:PORT [--wait S] [--pid PID] [--quiet]
 
 A TCP connect alone is not health: Kafka accepts connections before its controller has elected
 itself, Cassandra opens 9042 a moment before its system keyspaces answer. So each check makes one
