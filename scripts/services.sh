@@ -379,9 +379,21 @@ cmd_status() {
     return "$rc"
 }
 
+# One `up`/`down` at a time on this machine (ports are machine-wide, so the lock is too, shared by
+# every checkout): two concurrent `make test` would otherwise both start a server, and the loser's
+# pid file would point at a process that died on "address in use".
+lock() {
+    command -v flock >/dev/null 2>&1 || return 0
+    exec 9>"${TMPDIR:-/tmp}/session-projector-services.lock"
+    if ! flock -n 9; then
+        echo "services.sh: another services.sh up/down is running; waiting for it (up to 10 min)..."
+        flock -w 600 9 || { echo "services.sh: gave up waiting for the lock" >&2; exit 1; }
+    fi
+}
+
 case "${1:-}" in
-    up) cmd_up ;;
-    down) cmd_down ;;
+    up) lock && cmd_up ;;
+    down) lock && cmd_down ;;
     status) cmd_status ;;
     *)
         echo "usage: $0 up|down|status" >&2
