@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.domain.client import SessionView
-from app.replay import Frame, ReplayOptions, Replayer, run_replay
+from app.replay import Frame, Replayer, ReplayOptions, run_replay
 from tests.strategies import Stream, streams
 
 
