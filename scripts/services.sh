@@ -392,8 +392,14 @@ lock() {
 }
 
 case "${1:-}" in
-    up) lock && cmd_up ;;
-    down) lock && cmd_down ;;
+    up)
+        lock
+        cmd_up
+        ;;
+    down)
+        lock
+        cmd_down
+        ;;
     status) cmd_status ;;
     *)
         echo "usage: $0 up|down|status" >&2
