@@ -7,7 +7,10 @@ suite runs against every implementation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    from app.domain.flush import UserFlush
 
 
 class StoredMessage(NamedTuple):
@@ -34,4 +37,37 @@ class MessageStore(Protocol):
 
     def get(self, conversation_id: str, conversation_seq: int) -> StoredMessage | None:
         """One message, or None when the store does not hold it."""
+        ...
+
+
+class StoredProjection(NamedTuple):
+    """One user's projection as the projection store holds it."""
+
+    user_id: int
+    rows: dict[str, dict[str, object]]  # conversation_id -> row (DESIGN §4)
+    total_unread: int
+    total_mention: int
+    muted_unread: int
+    projection_mailbox_seq: int  # the version of the last batch written (0: nothing stored)
+    structure_version: int  # moves on pin/unpin/archive/unarchive/leave/delete
+
+
+class ProjectionStore(Protocol):
+    """The serving copy of the projection (Redis in production)."""
+
+    async def write(self, batches: Sequence[UserFlush]) -> list[int | None]:
+        """Write each user's batch atomically: changed rows, badge, version and structure
+        version together, refused when the stored version is not older than the batch's.
+
+        Many users go in one round trip. Returns, per batch, the version stored before it
+        (written) or None (refused: a replay after a crash re-sends what is already there).
+        """
+        ...
+
+    async def versions(self, user_ids: Sequence[int]) -> list[int]:
+        """The stored version per user (0 when nothing is stored)."""
+        ...
+
+    async def load(self, user_id: int) -> StoredProjection:
+        """Everything stored for one user, in one read."""
         ...
