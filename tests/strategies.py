@@ -564,7 +564,7 @@ def deliver(
         elif rnd.random() < 0.5:
             items.append(("marker", lane, max(0, sc.max_seq - rnd.randint(1, 12))))
 
-    for _ in range(_count(rnd, dup_rate, n)):
+    for _ in range(_count(rnd, dup_rate, n) if n else 0):
         i = rnd.randrange(n)
         at = items.index(("entry", i))
         items.insert(rnd.randint(at + 1, len(items)), ("dup", i))

@@ -20,7 +20,13 @@ import math
 from collections import Counter, defaultdict
 from typing import Any
 
-from tests.property.model import UNREAD_PRECISE_LIMIT, ModelResult, badge_of, base_of
+from tests.property.model import (
+    UNREAD_PRECISE_LIMIT,
+    ModelResult,
+    badge_of,
+    base_of,
+    flush_schedule,
+)
 
 ROW_FIELDS = [
     "user_id",
@@ -261,7 +267,37 @@ def writes_bounded_by_window(res: Any, model: ModelResult, window_ms: int) -> No
         assert n <= bound, f"{k}: {n} writes > ceil({span}/{window_ms})+1 = {bound}"
 
 
-def check_all(res: Any, model: ModelResult, include_muted: bool) -> None:
+def flushes_follow_policy(res: Any, model: ModelResult, window_ms: int, max_dirty_rows: int) -> None:
+    """Which rows each flush writes, and in which frames (contract-notes "Flush"): after each
+    applied entry, flush when dirty rows > max_dirty_rows or ts - window_start >= window; end of
+    input flushes the rest; users ascending, SESSION_DELTA (rows by conversation_id) then
+    BADGE_UPDATE; driving ids are the user's last applied entry's."""
+    schedule = flush_schedule(model.applied, window_ms, max_dirty_rows)
+    want: list[tuple[Any, ...]] = []
+    for flush in schedule:
+        for user, version, event_id, convs in flush:
+            want.append(("SESSION_DELTA", user, version, event_id, convs))
+            want.append(("BADGE_UPDATE", user, version))
+    got: list[tuple[Any, ...]] = []
+    for f in res.frames:
+        if f["type"] == "SESSION_DELTA":
+            convs = [r["conversation_id"] for r in f["conversations"]]
+            got.append((f["type"], f["user_id"], f["projection_mailbox_seq"], f["driving_event_id"], convs))
+        else:
+            got.append((f["type"], f["user_id"], f["projection_mailbox_seq"]))
+    for i, (g, w) in enumerate(zip(got, want, strict=False)):
+        assert g == w, f"frame {i} (core, policy): {g} != {w}"
+    assert len(got) == len(want), f"{len(got)} frames, the policy gives {len(want)}"
+    assert res.stats["flushes"] == len(schedule), (res.stats["flushes"], len(schedule))
+
+
+def check_all(
+    res: Any,
+    model: ModelResult,
+    include_muted: bool,
+    window_ms: int | None = None,
+    max_dirty_rows: int | None = None,
+) -> None:
     rows_equal_model(res, model)
     inexact_only_beyond_200(res.projections)
     inexact_only_beyond_200(
@@ -273,3 +309,5 @@ def check_all(res: Any, model: ModelResult, include_muted: bool) -> None:
     stats_equal_model(res, model)
     frames_reproduce_rows(res)
     frame_versions_chain(res, model)
+    if window_ms is not None and max_dirty_rows is not None:
+        flushes_follow_policy(res, model, window_ms, max_dirty_rows)

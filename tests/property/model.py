@@ -45,7 +45,9 @@ def _one_of(*values: str) -> Check:
     return lambda v: type(v) is str and v in values
 
 
-SEQ1, SEQ0, U64_ID = _int(1), _int(0), _int(0, U64)
+# Seqs, ts and created_at have no upper bound in the contract; we read them as u64 like the ids
+# (a JSON integer >= 2^64 is not a u64 anywhere in this system).
+SEQ1, SEQ0, U64_ID = _int(1, U64), _int(0, U64), _int(0, U64)
 
 COMMON: dict[str, Check] = {
     "mailbox_seq": SEQ1,
@@ -295,3 +297,36 @@ def badge_of(user: int, rows: Iterable[dict[str, Any]], version: int, include_mu
         "muted_unread": sum(r["unread_count"] for r in rows if r["muted"]),
         "projection_mailbox_seq": version,
     }
+
+
+def flush_schedule(
+    applied: list[dict[str, Any]], window_ms: int, max_dirty_rows: int
+) -> list[list[tuple[int, int, str, list[str]]]]:
+    """The flush policy of contract-notes, replayed over the applied entries (in apply order):
+    -> flushes, each [(user, version, driving_event_id, sorted conversation ids)] by user."""
+    flushes: list[list[tuple[int, int, str, list[str]]]] = []
+    dirty: set[tuple[int, str]] = set()
+    last: dict[int, dict[str, Any]] = {}  # user -> last applied entry
+    window_start: int | None = None
+
+    def flush() -> None:
+        users = sorted({u for u, _ in dirty})
+        flushes.append(
+            [
+                (u, last[u]["mailbox_seq"], last[u]["event_id"], sorted(c for v, c in dirty if v == u))
+                for u in users
+            ]
+        )
+        dirty.clear()
+
+    for e in applied:
+        if window_start is None:
+            window_start = e["ts"]
+        dirty.add((e["user_id"], e["conversation_id"]))
+        last[e["user_id"]] = e
+        if len(dirty) > max_dirty_rows or e["ts"] - window_start >= window_ms:
+            flush()
+            window_start = None
+    if dirty:
+        flush()
+    return flushes

@@ -17,10 +17,10 @@ A, B, S = 1, 2, 3  # two readers and a sender
 
 
 def check(lines: list[bytes], lanes: int = 1, **opts: Any) -> tuple[Any, Any]:
-    include_muted = opts.get("include_muted", False)
-    res = run_replay(lines, ReplayOptions(lanes=lanes, **opts))
-    model = run_model(lines, lanes, include_muted)
-    inv.check_all(res, model, include_muted)
+    o = ReplayOptions(lanes=lanes, **opts)
+    res = run_replay(lines, o)
+    model = run_model(lines, lanes, o.include_muted)
+    inv.check_all(res, model, o.include_muted, o.window_ms, o.max_dirty_rows)
     return res, model
 
 

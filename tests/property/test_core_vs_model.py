@@ -49,7 +49,7 @@ def check_stream(stream: Stream, opts: dict[str, Any]) -> tuple[Any, Any]:
     lines = stream.lines()
     res = replay(lines, stream.lanes, **opts)
     model = run_model(lines, stream.lanes, opts["include_muted"])
-    inv.check_all(res, model, opts["include_muted"])
+    inv.check_all(res, model, opts["include_muted"], opts["window_ms"], opts["max_dirty_rows"])
     return res, model
 
 
