@@ -133,3 +133,15 @@ def test_writes_bounded_by_window(stream: Stream, window_ms: int, include_muted:
     if not stream.scenario.per_user_seq:
         assert applied_ts == sorted(set(applied_ts)), "precondition: strictly increasing ts"
         inv.writes_bounded_by_window(res, model, window_ms)
+
+
+@settings(SETTINGS, max_examples=n(60))
+@given(stream=streams(), opts=options)
+def test_a_lane_that_never_reports_holds_everything_back(stream: Stream, opts: dict[str, Any]) -> None:
+    """--lanes one more than the writers: hi stays 0, every valid entry is pending."""
+    lines = stream.lines()
+    lanes = stream.lanes + 1
+    res = replay(lines, lanes, **opts)
+    model = run_model(lines, lanes, opts["include_muted"])
+    inv.check_all(res, model, opts["include_muted"], opts["window_ms"], opts["max_dirty_rows"])
+    assert res.stats["applied"] == 0 and res.frames == [] and res.projections == []
