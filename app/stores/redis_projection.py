@@ -1,0 +1,310 @@
+"""Redis projection store: the serving copy of every user's conversation list (DESIGN §3.9, §5).
+
+Layout (``ns`` = the namespace, default ``proj``; ``{42}`` is a literal Redis Cluster hash tag, so
+all of one user's keys land on one slot and one Lua script may touch them together)::
+
+    {ns}:rows:{<user_id>}    hash  conversation_id -> row JSON (orjson bytes, the §4 row as the
+                                   flush produced it; stored whatever `listed` says, so serving
+                                   can tell "deleted" from "never known")
+    {ns}:meta:{<user_id>}    hash  version            the user's projection_mailbox_seq (decimal)
+                                   structure_version  moves on pin/unpin/archive/unarchive/leave/delete
+                                   total_unread, total_mention, muted_unread   the badge
+    {ns}:writes:{<user_id>}  hash  conversation_id -> persistent writes so far (only when the
+                                   store counts writes: a test/audit hook for J-1)
+
+A rebuild (issue #7) writes a fresh namespace and swaps readers over afterwards; the namespace
+is therefore restricted to ``[A-Za-z0-9._-]`` (no ``:`` and no glob characters), which makes
+``{ns}:*`` match this namespace's keys and nobody else's.
+
+Writes: one Lua script per user batch compares the stored version with the batch's and, only if
+the stored one is older, writes the rows, the badge, the version and the structure version —
+atomically, so a reader never sees rows of one flush with the badge of another, and re-sending
+a batch after a crash is refused (idempotent). Many users share one pipelined round trip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import redis.asyncio as redis
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from app.domain.ports import StoredProjection
+from app.stores.memory_projection import EncodedBatch, decode_rows, encode_batches
+
+if TYPE_CHECKING:
+    from app.domain.flush import UserFlush
+
+_T = TypeVar("_T")
+
+_NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+META_FIELDS = ("version", "structure_version", "total_unread", "total_mention", "muted_unread")
+
+# How many fixed ARGV precede the (conversation_id, row) pairs in the write script.
+_FIXED_ARGS = 6
+
+# KEYS: rows, meta, writes. ARGV: version, structure_version, total_unread, total_mention,
+# muted_unread, count_writes ('1'/'0'), then conversation_id, row JSON, ...
+#
+# Versions are compared as canonical decimal strings (length, then bytes), not with tonumber():
+# Lua numbers are doubles, and a mailbox_seq above 2^53 would compare wrongly and could let an
+# older batch overwrite a newer one. Python always sends str(int), so the strings are canonical.
+#
+# HSET gets the rows in slices: unpack() of thousands of values overflows Lua's C stack
+# ("too many results to unpack"), and a heavy user has 5,000 conversations (10,000 values).
+# The first HSET fails on a wrong-typed key before anything is written, so an error cannot
+# leave half a batch behind; the meta (version last) is written only after every row.
+WRITE_SCRIPT = """
+local stored = redis.call('HGET', KEYS[2], 'version')
+local incoming = ARGV[1]
+if stored then
+  if #incoming < #stored or (#incoming == #stored and incoming <= stored) then
+    return false
+  end
+else
+  stored = '0'
+end
+local first = 7
+local last = #ARGV
+local slice = 1000
+for i = first, last, slice do
+  redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + slice - 1, last)))
+end
+if ARGV[6] == '1' then
+  for i = first, last, 2 do
+    redis.call('HINCRBY', KEYS[3], ARGV[i], 1)
+  end
+end
+redis.call('HSET', KEYS[2], 'structure_version', ARGV[2], 'total_unread', ARGV[3],
+  'total_mention', ARGV[4], 'muted_unread', ARGV[5], 'version', incoming)
+return stored
+"""
+
+_WRITE_SHA = hashlib.sha1(WRITE_SCRIPT.encode(), usedforsecurity=False).hexdigest()
+
+
+class ProjectionStoreError(RuntimeError):
+    """The projection store could not do what was asked (server down, timeout, bad data)."""
+
+
+def _text(value: object) -> str:
+    """Redis replies are bytes unless the client decodes them; accept both."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisProjectionStore:
+    """`ProjectionStore` on Redis (see the module docstring for the layout).
+
+    `max_users_per_trip` and `max_fields_per_trip` bound one pipelined round trip: Redis runs a
+    pipeline's scripts back to back, and a multi-field HSET costs ~1 ms per 512 fields here, so
+    the field budget keeps one trip from blocking the server (and other readers) for long. A user
+    is never split across trips: a user bigger than the budget goes alone.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        namespace: str = "proj",
+        count_writes: bool = False,
+        *,
+        max_users_per_trip: int = 256,
+        max_fields_per_trip: int = 4096,
+    ) -> None:
+        if not _NAMESPACE_RE.fullmatch(namespace):
+            raise ValueError(
+                f"namespace {namespace!r} must be 1-64 of [A-Za-z0-9._-] (no ':' or glob characters)"
+            )
+        if max_users_per_trip < 1 or max_fields_per_trip < 1:
+            raise ValueError("max_users_per_trip and max_fields_per_trip must be >= 1")
+        self.client = client
+        self.namespace = namespace
+        self.count_writes = count_writes
+        self.max_users_per_trip = max_users_per_trip
+        self.max_fields_per_trip = max_fields_per_trip
+        self._sha = _WRITE_SHA
+        # Only keys of exactly this layout are ever deleted by delete_all.
+        self._own_key = re.compile(rf"{re.escape(namespace)}:(rows|meta|writes):\{{(\d+)\}}")
+
+    # -- keys -----------------------------------------------------------------------------------
+
+    def rows_key(self, user_id: int) -> str:
+        return f"{self.namespace}:rows:{{{user_id}}}"
+
+    def meta_key(self, user_id: int) -> str:
+        return f"{self.namespace}:meta:{{{user_id}}}"
+
+    def writes_key(self, user_id: int) -> str:
+        return f"{self.namespace}:writes:{{{user_id}}}"
+
+    # -- the port -------------------------------------------------------------------------------
+
+    async def write(self, batches: Sequence[UserFlush]) -> list[int | None]:
+        encoded = encode_batches(batches)  # ValueError/TypeError before any I/O
+        results: list[int | None] = []
+        # Trips run one after another, in call order: if a user appears twice in one call, the
+        # earlier batch is compared and written first, as in the in-memory store.
+        for trip in self._trips(encoded):
+            results.extend(await self._guard("write", self._write_trip(trip)))
+        return results
+
+    async def versions(self, user_ids: Sequence[int]) -> list[int]:
+        out: list[int] = []
+        step = max(self.max_fields_per_trip, 1)
+        for start in range(0, len(user_ids), step):
+            chunk = user_ids[start : start + step]
+            pipe = self.client.pipeline(transaction=False)
+            for user_id in chunk:
+                pipe.hget(self.meta_key(user_id), "version")
+            replies = await self._guard("versions", pipe.execute())
+            out.extend(0 if reply is None else int(_text(reply)) for reply in replies)
+        return out
+
+    async def load(self, user_id: int) -> StoredProjection:
+        # MULTI: rows and meta from the same instant (a flush between the two reads would
+        # otherwise pair old rows with a new badge). Same slot, so this also works on a cluster.
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hgetall(self.rows_key(user_id))
+        pipe.hmget(self.meta_key(user_id), list(META_FIELDS))
+        raw_rows, meta = await self._guard("load", pipe.execute())
+        values = [0 if value is None else int(_text(value)) for value in meta]
+        version, structure_version, total_unread, total_mention, muted_unread = values
+        try:
+            rows = decode_rows({_text(k): v for k, v in raw_rows.items()})
+        except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
+            raise ProjectionStoreError(
+                f"projection store: user {user_id} has an unreadable row in {self.rows_key(user_id)}: {exc}"
+            ) from None
+        return StoredProjection(
+            user_id=user_id,
+            rows=rows,
+            total_unread=total_unread,
+            total_mention=total_mention,
+            muted_unread=muted_unread,
+            projection_mailbox_seq=version,
+            structure_version=structure_version,
+        )
+
+    # -- rebuild / test helpers -----------------------------------------------------------------
+
+    async def write_counts(self, user_id: int) -> dict[str, int]:
+        """Persistent writes per conversation of this user (empty unless `count_writes`)."""
+        raw = await self._guard("write_counts", self.client.hgetall(self.writes_key(user_id)))
+        return {_text(k): int(_text(v)) for k, v in raw.items()}
+
+    async def user_ids(self) -> list[int]:
+        """Every user with a stored projection in this namespace, ascending (SCAN: no blocking)."""
+
+        async def scan() -> list[int]:
+            found: set[int] = set()  # SCAN may return a key more than once
+            async for key in self.client.scan_iter(match=f"{self.namespace}:meta:*", count=1000):
+                m = self._own_key.fullmatch(_text(key))
+                if m is not None and m[1] == "meta":
+                    found.add(int(m[2]))
+            return sorted(found)
+
+        return await self._guard("user_ids", scan())
+
+    async def delete_all(self) -> int:
+        """Delete this namespace (SCAN + UNLINK in batches); returns how many users it held."""
+
+        async def run() -> int:
+            users = 0
+            doomed: list[str] = []
+            async for key in self.client.scan_iter(match=f"{self.namespace}:*", count=1000):
+                name = _text(key)
+                m = self._own_key.fullmatch(name)
+                if m is None:
+                    continue  # someone else's key that happens to share the prefix: keep it
+                users += m[1] == "meta"
+                doomed.append(name)
+                if len(doomed) >= 1000:
+                    await self.client.unlink(*doomed)
+                    doomed.clear()
+            if doomed:
+                await self.client.unlink(*doomed)
+            return users
+
+        return await self._guard("delete_all", run())
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _trips(self, batches: list[EncodedBatch]) -> list[list[EncodedBatch]]:
+        """Split into round trips by user count and field budget, keeping the order."""
+        trips: list[list[EncodedBatch]] = []
+        current: list[EncodedBatch] = []
+        fields = 0
+        for batch in batches:
+            size = len(batch.rows) + len(META_FIELDS)
+            if current and (
+                len(current) >= self.max_users_per_trip or fields + size > self.max_fields_per_trip
+            ):
+                trips.append(current)
+                current, fields = [], 0
+            current.append(batch)
+            fields += size
+        if current:
+            trips.append(current)
+        return trips
+
+    def _script_call(self, batch: EncodedBatch) -> tuple[list[str], list[str | bytes]]:
+        keys = [self.rows_key(batch.user_id), self.meta_key(batch.user_id), self.writes_key(batch.user_id)]
+        args: list[str | bytes] = [
+            str(batch.version),
+            str(batch.structure_version),
+            str(batch.total_unread),
+            str(batch.total_mention),
+            str(batch.muted_unread),
+            "1" if self.count_writes else "0",
+        ]
+        for conversation_id, row in batch.rows:
+            args.append(conversation_id)
+            args.append(row)
+        return keys, args
+
+    async def _write_trip(self, trip: list[EncodedBatch]) -> list[int | None]:
+        # (keys, args) per user, in order
+        calls = [self._script_call(batch) for batch in trip]
+        replies = await self._run_scripts(calls)
+        if any(isinstance(reply, NoScriptError) for reply in replies):
+            # The server lost the script (restart, SCRIPT FLUSH, failover). A NOSCRIPT reply
+            # means that call did not run, so loading the script and re-sending exactly those
+            # calls is safe (and the version check would refuse a repeat anyway).
+            self._sha = _text(await self.client.script_load(WRITE_SCRIPT))
+            retry = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+            again = await self._run_scripts([calls[i] for i in retry])
+            for i, reply in zip(retry, again, strict=True):
+                replies[i] = reply
+        results: list[int | None] = []
+        for batch, reply in zip(trip, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise ProjectionStoreError(
+                    f"projection store: writing user {batch.user_id} "
+                    f"(version {batch.version}) failed: {reply}"
+                )
+            results.append(None if reply is None else int(_text(reply)))
+        return results
+
+    async def _run_scripts(self, calls: list[tuple[list[str], list[str | bytes]]]) -> list[Any]:
+        # transaction=False: each script is atomic on its own; MULTI around many users would
+        # only add a server-side queue, not safety. Errors come back in place (raise_on_error
+        # False) so one bad user cannot hide which others were written.
+        pipe = self.client.pipeline(transaction=False)
+        for keys, args in calls:
+            pipe.evalsha(self._sha, len(keys), *keys, *args)
+        return list(await pipe.execute(raise_on_error=False))
+
+    async def _guard(self, what: str, call: Awaitable[_T]) -> _T:
+        """Translate Redis failures at the boundary into ProjectionStoreError."""
+        try:
+            return await call
+        except ProjectionStoreError:
+            raise
+        except (RedisError, OSError) as exc:
+            kind = "unreachable" if not isinstance(exc, ResponseError) else "refused the command"
+            raise ProjectionStoreError(
+                f"projection store ({self.namespace}) {kind} during {what}: {type(exc).__name__}: {exc}"
+            ) from None
