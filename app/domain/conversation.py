@@ -58,6 +58,7 @@ class ConversationState:
         "unread_count",
         "unread_exact",
         "user_id",
+        "version",
     )
 
     def __init__(self, user_id: int, conversation_id: str) -> None:
@@ -86,6 +87,7 @@ class ConversationState:
         self.unread_exact = True
         self.mention_count = 0
         self.mention_first: int | None = None
+        self.version = 0  # mailbox_seq of the last entry applied to this row
 
     # -- derived values ---------------------------------------------------------------------
 
@@ -117,6 +119,7 @@ class ConversationState:
     def apply(self, entry: Entry, store: MessageStore, limit: int) -> None:
         """Apply one entry (already gated, de-duplicated and in mailbox_seq order)."""
         _HANDLERS[type(entry)](self, entry, store, limit)
+        self.version = entry.mailbox_seq
 
     def _on_message(self, entry: MessageEntry, store: MessageStore, limit: int) -> None:
         seq = entry.conversation_seq
@@ -264,8 +267,13 @@ class ConversationState:
 
     # -- output -----------------------------------------------------------------------------
 
-    def as_row(self, projection_mailbox_seq: int) -> dict[str, Any]:
-        """The projection row of DESIGN §4, at the given projection version."""
+    def as_row(self) -> dict[str, Any]:
+        """The projection row of DESIGN §4.
+
+        Its projection_mailbox_seq is the mailbox_seq of the last entry applied to this row: a
+        row is then a pure function of the entries, identical whatever the flush timing (a
+        rebuild by replay must reproduce it field by field). The frame that carries it has the
+        user's version, which is >= it."""
         return {
             "user_id": self.user_id,
             "conversation_id": self.conversation_id,
@@ -287,7 +295,7 @@ class ConversationState:
             "deleted_before_conversation_seq": self.deleted_before,
             "joined_at_conversation_seq": self.joined_at,
             "left_at_conversation_seq": self.left_at,
-            "projection_mailbox_seq": projection_mailbox_seq,
+            "projection_mailbox_seq": self.version,
         }
 
     # -- persistence (what a changelog table holds) --------------------------------------------

@@ -140,7 +140,7 @@ class Projector:
 
     def _batch(self, user: UserState, conversation_ids: list[str]) -> UserFlush:
         version = user.projection_mailbox_seq
-        rows = [user.rows[cid].as_row(version) for cid in conversation_ids]
+        rows = [user.rows[cid].as_row() for cid in conversation_ids]
         batch = UserFlush(
             user_id=user.user_id,
             rows=rows,
