@@ -1,0 +1,439 @@
+"""The `ProjectionStore` contract (DESIGN §3.9): one suite, run against the in-memory store and
+the Redis store on the real server.
+
+What every implementation must do: per user, one atomic write of rows + badge + version +
+structure version, refused when the stored version is not older (so a replay after a crash is
+idempotent and rows and badge never tear); many users per call; u64 ids; write counts on demand.
+The Redis-only tests at the end cover what only Redis can get wrong (scripts lost by the server,
+pipelining, errors at the boundary, key layout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis.asyncio as redis
+
+from app.domain.badge import Badge
+from app.domain.flush import UserFlush
+from app.domain.ports import ProjectionStore, StoredProjection
+from app.stores.memory_projection import InMemoryProjectionStore
+from app.stores.redis_projection import ProjectionStoreError, RedisProjectionStore
+from tests.contract.conftest import MakeRedisStore, MakeStore, ProjectionStoreUnderTest
+
+pytestmark = pytest.mark.timeout(120)
+
+U64_MAX = (1 << 64) - 1
+DEFAULT_BADGE = Badge(3, 1, 0)
+
+
+def conv(n: int) -> str:
+    return f"{n:08x}-0000-4000-8000-{n:012x}"
+
+
+def row(user_id: int, conversation_id: str, version: int, **changes: Any) -> dict[str, Any]:
+    """A full DESIGN §4 row (nulls, bools, ints and strings: all of them must round-trip)."""
+    base: dict[str, Any] = {
+        "user_id": user_id,
+        "conversation_id": conversation_id,
+        "listed": True,
+        "membership": "active",
+        "pinned": False,
+        "pin_rank": None,
+        "archived": False,
+        "muted": False,
+        "last_activity_id": f"{version:032x}",
+        "latest_conversation_seq": version,
+        "last_message_id": f"m-{version}",
+        "unread_count": 3,
+        "unread_exact": True,
+        "mention_count": 1,
+        "mention_first_conversation_seq": 2,
+        "read_conversation_seq": 0,
+        "hidden_before_conversation_seq": 0,
+        "deleted_before_conversation_seq": 0,
+        "joined_at_conversation_seq": 0,
+        "left_at_conversation_seq": None,
+        "projection_mailbox_seq": version,
+    }
+    base.update(changes)
+    return base
+
+
+def flush(
+    user_id: int,
+    version: int,
+    conversations: list[str],
+    badge: Badge = DEFAULT_BADGE,
+    structure_version: int = 0,
+    prev: int = 0,
+    **changes: Any,
+) -> UserFlush:
+    return UserFlush(
+        user_id=user_id,
+        rows=[row(user_id, c, version, **changes) for c in conversations],
+        badge=badge,
+        projection_mailbox_seq=version,
+        prev_projection_mailbox_seq=prev,
+        structure_version=structure_version,
+        driving_event_id=f"ev-{version}",
+        driving_mailbox_seq=version,
+    )
+
+
+def expected(batches: list[UserFlush]) -> dict[int, StoredProjection]:
+    """What the store must hold after writing `batches` (each newer than the last per user)."""
+    out: dict[int, StoredProjection] = {}
+    for b in batches:
+        before = out.get(b.user_id)
+        rows = dict(before.rows) if before else {}
+        rows.update({r["conversation_id"]: r for r in b.rows})
+        out[b.user_id] = StoredProjection(
+            b.user_id, rows, *b.badge, b.projection_mailbox_seq, b.structure_version
+        )
+    return out
+
+
+async def assert_holds(store: ProjectionStoreUnderTest, want: dict[int, StoredProjection]) -> None:
+    for user_id, projection in want.items():
+        got = await store.load(user_id)
+        assert got.rows.keys() == projection.rows.keys(), user_id
+        for cid, want_row in projection.rows.items():
+            for field, value in want_row.items():  # field by field: a mismatch names the field
+                assert got.rows[cid][field] == value, (user_id, cid, field)
+            assert got.rows[cid] == want_row
+        assert got == projection
+
+
+def test_both_stores_satisfy_the_port() -> None:
+    # Structural check for mypy (`mypy tests/contract`): both classes are ProjectionStores.
+    stores: list[ProjectionStore] = [InMemoryProjectionStore(), RedisProjectionStore(redis.Redis())]
+    assert stores
+
+
+# -- the contract ----------------------------------------------------------------------------------
+
+
+async def test_write_then_load_round_trips_rows_badge_version_and_structure_version(
+    store: ProjectionStoreUnderTest,
+) -> None:
+    batches = [
+        flush(7, 12, [conv(1), conv(2), conv(3)], Badge(9, 2, 4), structure_version=3),
+        flush(8, 5, [conv(1)], Badge(0, 0, 0), pin_rank=4, pinned=True, muted=True, listed=False),
+    ]
+    assert await store.write(batches) == [0, 0]  # nothing was stored before
+    await assert_holds(store, expected(batches))
+    got = await store.load(7)
+    assert (got.total_unread, got.total_mention, got.muted_unread) == (9, 2, 4)
+    assert (got.projection_mailbox_seq, got.structure_version) == (12, 3)
+    assert (await store.load(8)).rows[conv(1)]["listed"] is False  # stored whatever `listed` says
+
+
+async def test_load_of_an_unknown_user_is_empty_at_version_zero(store: ProjectionStoreUnderTest) -> None:
+    assert await store.load(123) == StoredProjection(123, {}, 0, 0, 0, 0, 0)
+    assert await store.versions([123]) == [0]
+
+
+async def test_equal_and_older_versions_are_refused_and_change_nothing(
+    store: ProjectionStoreUnderTest,
+) -> None:
+    first = flush(7, 10, [conv(1), conv(2)], Badge(5, 1, 0), structure_version=2)
+    assert await store.write([first]) == [0]
+    before = await store.load(7)
+    # Same version, other content (a different flush must never share a version, but if one
+    # did, the stored one wins whole); then an older one, touching a new conversation too.
+    same = flush(7, 10, [conv(1)], Badge(0, 0, 0), structure_version=9, unread_count=0)
+    older = flush(7, 9, [conv(1), conv(3)], Badge(1, 1, 1), structure_version=1, unread_count=99)
+    assert await store.write([same]) == [None]
+    assert await store.write([older]) == [None]
+    assert await store.load(7) == before  # rows, badge and versions: not one field moved
+    assert await store.versions([7]) == [10]
+
+
+async def test_a_newer_batch_overwrites_only_the_rows_it_carries(store: ProjectionStoreUnderTest) -> None:
+    v1 = flush(7, 4, [conv(1), conv(2), conv(3)], Badge(9, 3, 0))
+    v2 = flush(7, 8, [conv(2)], Badge(7, 3, 0), structure_version=1, unread_count=1, archived=True)
+    assert await store.write([v1]) == [0]
+    assert await store.write([v2]) == [4]  # the version stored before it
+    await assert_holds(store, expected([v1, v2]))
+    got = await store.load(7)
+    assert got.rows[conv(1)]["projection_mailbox_seq"] == 4  # untouched rows keep their version
+    assert got.rows[conv(2)]["projection_mailbox_seq"] == 8
+    assert got.rows[conv(2)]["archived"] is True
+    assert (got.total_unread, got.structure_version, got.projection_mailbox_seq) == (7, 1, 8)
+
+
+async def test_a_batch_without_rows_still_moves_badge_and_version(store: ProjectionStoreUnderTest) -> None:
+    assert await store.write([flush(7, 4, [conv(1)], Badge(2, 0, 0))]) == [0]
+    assert await store.write([flush(7, 6, [], Badge(0, 0, 0))]) == [4]
+    got = await store.load(7)
+    assert (got.projection_mailbox_seq, got.total_unread, list(got.rows)) == (6, 0, [conv(1)])
+
+
+async def test_versions_per_user_in_the_order_asked(store: ProjectionStoreUnderTest) -> None:
+    await store.write([flush(1, 5, [conv(1)]), flush(2, 9, [conv(1)]), flush(3, 1, [conv(1)])])
+    assert await store.versions([3, 404, 1, 2, 1]) == [1, 0, 5, 9, 5]
+    assert await store.versions([]) == []
+
+
+async def test_the_same_user_twice_in_one_call_is_applied_in_call_order(
+    store: ProjectionStoreUnderTest,
+) -> None:
+    assert await store.write([flush(7, 5, [conv(1)]), flush(7, 7, [conv(2)])]) == [0, 5]
+    assert await store.write([flush(7, 9, [conv(1)]), flush(7, 8, [conv(3)])]) == [7, None]
+    got = await store.load(7)
+    assert sorted(got.rows) == [conv(1), conv(2)]
+    assert got.projection_mailbox_seq == 9
+
+
+async def test_many_users_in_one_call_are_all_written(store: ProjectionStoreUnderTest) -> None:
+    users = range(1_000, 3_000)  # 2,000 users x 3 rows: several pipelined trips on Redis
+    batches = [
+        flush(u, u + 1, [conv(u), conv(u + 1), conv(u + 2)], Badge(u % 7, u % 3, u % 2)) for u in users
+    ]
+    assert await store.write(batches) == [0] * len(batches)
+    assert await store.versions(list(users)) == [u + 1 for u in users]
+    assert await store.user_ids() == list(users)
+    want = expected(batches)
+    await assert_holds(store, {u: want[u] for u in (1_000, 1_999, 2_500, 2_999)})
+
+
+async def test_a_heavy_user_with_5000_rows_is_one_atomic_write(store: ProjectionStoreUnderTest) -> None:
+    # 5,000 conversations = 10,000 script arguments: more than Lua can unpack() at once.
+    batch = flush(7, 3, [conv(n) for n in range(5_000)], Badge(5_000, 0, 0))
+    assert await store.write([batch]) == [0]
+    got = await store.load(7)
+    assert len(got.rows) == 5_000
+    assert got.rows[conv(4_999)] == batch.rows[-1]
+
+
+async def test_replaying_batches_after_a_crash_is_idempotent(store: ProjectionStoreUnderTest) -> None:
+    # Three flushes of three users; the worker crashes after writing the first two and, restarted
+    # from an earlier checkpoint, re-sends all three.
+    rounds = [
+        [flush(u, 10 * r + u, [conv(r), conv(u)], Badge(r, u, 0), structure_version=r) for u in (1, 2, 3)]
+        for r in (1, 2, 3)
+    ]
+    for batches in rounds[:2]:
+        assert all(v is not None for v in await store.write(batches))
+    after_two = {u: await store.load(u) for u in (1, 2, 3)}
+    # Re-delivery: the already written rounds are refused and change nothing ...
+    for batches in rounds[:2]:
+        assert await store.write(batches) == [None, None, None]
+    assert {u: await store.load(u) for u in (1, 2, 3)} == after_two
+    # ... the round the crash lost is written, and then it too is refused on replay.
+    assert await store.write(rounds[2]) == [21, 22, 23]
+    assert await store.write(rounds[2]) == [None, None, None]
+    await assert_holds(store, expected([b for batches in rounds for b in batches]))
+
+
+async def test_rows_and_badge_never_tear_under_concurrent_reads(store: ProjectionStoreUnderTest) -> None:
+    # Every batch rewrites all rows with its version and sets the badge to it: any load that
+    # mixes two flushes shows rows (or a badge) at a version other than the stored one.
+    conversations = [conv(n) for n in range(200)]
+    done = asyncio.Event()
+    seen: list[StoredProjection] = []
+
+    async def writer() -> None:
+        for version in range(1, 41):
+            await store.write([flush(7, version, conversations, Badge(version, version, 0))])
+        done.set()
+
+    async def reader() -> None:
+        while not done.is_set():
+            seen.append(await store.load(7))
+            await asyncio.sleep(0)
+
+    await asyncio.gather(writer(), reader(), reader())
+    seen.append(await store.load(7))
+    for snapshot in seen:
+        version = snapshot.projection_mailbox_seq
+        if version == 0:
+            assert snapshot.rows == {}
+            continue
+        assert snapshot.total_unread == snapshot.total_mention == version
+        assert {r["projection_mailbox_seq"] for r in snapshot.rows.values()} == {version}
+        assert len(snapshot.rows) == len(conversations)
+    assert seen[-1].projection_mailbox_seq == 40
+
+
+async def test_write_counts_count_persistent_writes_per_conversation(make_store: MakeStore) -> None:
+    counting = make_store(count_writes=True)
+    await counting.write([flush(7, 1, [conv(1), conv(2)])])
+    await counting.write([flush(7, 2, [conv(1)])])
+    await counting.write([flush(7, 2, [conv(1), conv(3)])])  # refused: counts nothing
+    await counting.write([flush(7, 3, [conv(1)]), flush(8, 3, [conv(1)])])
+    assert await counting.write_counts(7) == {conv(1): 3, conv(2): 1}
+    assert await counting.write_counts(8) == {conv(1): 1}
+    assert await counting.write_counts(9) == {}
+    plain = make_store()
+    await plain.write([flush(7, 1, [conv(1)])])
+    assert await plain.write_counts(7) == {}  # off unless asked for
+
+
+async def test_u64_user_ids_and_versions_beyond_2_pow_53(store: ProjectionStoreUnderTest) -> None:
+    big = [U64_MAX, U64_MAX - 1, 0]
+    assert await store.write([flush(u, 1 << 53, [conv(1)]) for u in big]) == [0, 0, 0]
+    # 2^53 + 1 is not a double: a store comparing versions as Lua numbers would see it equal to
+    # 2^53 and refuse it.
+    assert await store.write([flush(U64_MAX, (1 << 53) + 1, [conv(2)])]) == [1 << 53]
+    assert await store.write([flush(U64_MAX, 1 << 53, [conv(3)])]) == [None]
+    assert await store.write([flush(U64_MAX - 1, U64_MAX, [conv(2)])]) == [1 << 53]
+    assert await store.write([flush(U64_MAX - 1, U64_MAX - 1, [conv(3)])]) == [None]
+    assert await store.versions(big) == [(1 << 53) + 1, U64_MAX, 1 << 53]
+    assert await store.user_ids() == sorted(big)
+    got = await store.load(U64_MAX)
+    assert got.rows[conv(2)]["user_id"] == U64_MAX
+    assert sorted(got.rows) == [conv(1), conv(2)]
+
+
+async def test_delete_all_empties_the_store(make_store: MakeStore) -> None:
+    store = make_store(count_writes=True)
+    await store.write([flush(u, 2, [conv(1), conv(2)]) for u in (1, 2, 3)])
+    assert await store.delete_all() == 3
+    assert await store.user_ids() == []
+    assert await store.versions([1, 2, 3]) == [0, 0, 0]
+    assert await store.load(1) == StoredProjection(1, {}, 0, 0, 0, 0, 0)
+    assert await store.write_counts(1) == {}
+    # After a delete, a rebuild writes from scratch: the first batch is accepted again.
+    assert await store.write([flush(1, 2, [conv(1)])]) == [0]
+    assert await store.delete_all() == 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        flush(-1, 5, [conv(1)]),
+        flush(1 << 64, 5, [conv(1)]),
+        flush(7, 0, [conv(1)]),
+        flush(7, 5, [conv(1)], structure_version=-1),
+        UserFlush(7, [{"unread_count": 1}], Badge(), 5, 0, 0, "ev", 5),
+    ],
+    ids=["negative-user", "user-beyond-u64", "version-0", "negative-structure", "row-without-id"],
+)
+async def test_a_malformed_batch_fails_the_call_before_anything_is_written(
+    store: ProjectionStoreUnderTest, bad: UserFlush
+) -> None:
+    with pytest.raises(ValueError):
+        await store.write([flush(1, 5, [conv(1)]), bad])
+    assert await store.versions([1]) == [0]
+    assert await store.user_ids() == []
+
+
+# -- Redis only ------------------------------------------------------------------------------------
+
+redis_only = pytest.mark.integration
+
+
+@pytest.fixture
+def redis_store(make_redis_store: MakeRedisStore) -> RedisProjectionStore:
+    return make_redis_store()
+
+
+@redis_only
+async def test_redis_layout_uses_namespaced_hash_tagged_keys(
+    redis_client: redis.Redis, make_redis_store: MakeRedisStore
+) -> None:
+    store = make_redis_store(count_writes=True)
+    await store.write([flush(42, 3, [conv(1)], Badge(1, 2, 3), structure_version=4)])
+    ns = store.namespace
+    keys = sorted([k.decode() async for k in redis_client.scan_iter(match=f"{ns}:*")])
+    # {42} is a hash tag: one cluster slot per user, so the per-user script may touch all three.
+    assert keys == [f"{ns}:meta:{{42}}", f"{ns}:rows:{{42}}", f"{ns}:writes:{{42}}"]
+    assert await redis_client.hgetall(f"{ns}:meta:{{42}}") == {
+        b"version": b"3",
+        b"structure_version": b"4",
+        b"total_unread": b"1",
+        b"total_mention": b"2",
+        b"muted_unread": b"3",
+    }
+
+
+@redis_only
+async def test_redis_falls_back_when_the_server_lost_the_script(redis_store: RedisProjectionStore) -> None:
+    # As after a restart or SCRIPT FLUSH: the digest the store holds is unknown to the server.
+    # (A bogus digest instead of SCRIPT FLUSH, which would disturb other tests on the server.)
+    redis_store._sha = "0" * 40
+    assert await redis_store.write([flush(7, 2, [conv(1)]), flush(8, 2, [conv(1)])]) == [0, 0]
+    assert await redis_store.versions([7, 8]) == [2, 2]
+    assert redis_store._sha != "0" * 40  # reloaded: the next write goes by digest again
+
+
+@redis_only
+async def test_redis_pipelines_many_users_per_round_trip(
+    redis_store: RedisProjectionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trips = 0
+    real_pipeline = redis_store.client.pipeline
+
+    def counting_pipeline(*args: Any, **kwargs: Any) -> Any:
+        nonlocal trips
+        trips += 1
+        return real_pipeline(*args, **kwargs)
+
+    monkeypatch.setattr(redis_store.client, "pipeline", counting_pipeline)
+    await redis_store.write([flush(u, 1, [conv(1), conv(2), conv(3)]) for u in range(2_000)])
+    # 256 users per trip (3 rows + 5 meta fields each stays under the 4,096-field budget).
+    assert trips == 8
+
+
+@redis_only
+async def test_redis_splits_trips_by_field_budget_without_splitting_a_user(
+    make_redis_store: MakeRedisStore,
+) -> None:
+    store = make_redis_store(max_fields_per_trip=20)
+    batches = [flush(1, 1, [conv(n) for n in range(50)]), flush(2, 1, [conv(1)]), flush(3, 1, [conv(1)])]
+    assert [len(t) for t in store._trips([*map(_encoded, batches)])] == [1, 2]
+    assert await store.write(batches) == [0, 0, 0]
+
+
+def _encoded(batch: UserFlush) -> Any:
+    from app.stores.memory_projection import encode_batches
+
+    return encode_batches([batch])[0]
+
+
+@redis_only
+async def test_redis_errors_become_projection_store_errors(
+    redis_client: redis.Redis, redis_store: RedisProjectionStore
+) -> None:
+    # A wrong-typed rows key: the script fails before writing anything, meta included.
+    await redis_client.set(redis_store.rows_key(7), b"not a hash")
+    with pytest.raises(ProjectionStoreError, match="writing user 7"):
+        await redis_store.write([flush(7, 2, [conv(1)])])
+    assert await redis_store.versions([7]) == [0]
+    await redis_client.delete(redis_store.rows_key(7))
+    # An unreachable server: a clear error, not a redis-py exception from deep inside.
+    down = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1)
+    try:
+        with pytest.raises(ProjectionStoreError, match="unreachable during write"):
+            await RedisProjectionStore(down, "x").write([flush(7, 2, [conv(1)])])
+    finally:
+        await down.aclose()
+
+
+@redis_only
+async def test_redis_delete_all_keeps_other_keys_and_namespaces(
+    redis_client: redis.Redis, redis_store: RedisProjectionStore, make_redis_store: MakeRedisStore
+) -> None:
+    ns = redis_store.namespace
+    neighbour = make_redis_store()  # e.g. a rebuild's fresh namespace
+    await redis_store.write([flush(1, 1, [conv(1)])])
+    await neighbour.write([flush(1, 1, [conv(1)])])
+    foreign = f"{ns}:something-else"
+    await redis_client.set(foreign, b"1")
+    try:
+        assert await redis_store.delete_all() == 1
+        assert await redis_client.get(foreign) == b"1"
+        assert await neighbour.versions([1]) == [1]
+    finally:
+        await redis_client.delete(foreign)
+
+
+def test_redis_namespace_must_be_plain() -> None:
+    client = redis.Redis()  # never connects: constructors do no I/O
+    for bad in ("", "a:b", "proj*", "p{1}", "x" * 65):
+        with pytest.raises(ValueError, match="namespace"):
+            RedisProjectionStore(client, bad)
