@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
 import sys
 import time
@@ -30,6 +31,7 @@ from typing import Any
 
 import orjson
 import redis.asyncio as redis
+from redis.typing import EncodableT, FieldT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
@@ -71,7 +73,7 @@ def make_flush(user_id: int, version: int, rows: int) -> UserFlush:
     return UserFlush(user_id, out, Badge(rows, 0, 0), version, version - 1, 0, f"ev-{version}", version)
 
 
-def meta_mapping(batch: UserFlush) -> dict[str, int]:
+def meta_mapping(batch: UserFlush) -> dict[FieldT, EncodableT]:
     return {
         "version": batch.projection_mailbox_seq,
         "structure_version": batch.structure_version,
@@ -128,9 +130,9 @@ async def main(argv: list[str] | None = None) -> int:
             # Each repetition is the next flush: a newer version, so the store writes, not refuses.
             batches = [make_flush(u, rep + 1, args.rows) for u in range(args.users)]
             writers: list[tuple[str, Callable[[], Awaitable[object]]]] = [
-                ("store", lambda b=batches: store.write(b)),
-                ("naive", lambda b=batches: write_naive(client, naive_ns, b)),
-                ("pipelined", lambda b=batches: write_pipelined(client, pipelined_ns, b, 256)),
+                ("store", functools.partial(store.write, batches)),
+                ("naive", functools.partial(write_naive, client, naive_ns, batches)),
+                ("pipelined", functools.partial(write_pipelined, client, pipelined_ns, batches, 256)),
             ]
             shift = rep % len(writers)
             for name, call in writers[shift:] + writers[:shift]:
