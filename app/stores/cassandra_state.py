@@ -1,0 +1,275 @@
+"""UserConversationState and the group member directory in Cassandra (app/stores/schema.py).
+
+``user_conversation_state`` is the authority for *which* conversations a user has (DESIGN §5)
+and the rebuild fallback when the mailbox log is past retention (§6); ``group_members`` backs the
+member directory (§8). The worker keeps the live state in its changelog tables and mirrors it
+here after each batch, so the writer is built for that rhythm:
+
+* ``stage``/``stage_member`` only accumulate in memory (last write per key wins within a batch,
+  field by field); ``flush`` writes everything staged at once: one statement per row, rows of
+  one partition folded into a single-partition UNLOGGED batch, bounded concurrency. Never one
+  round trip per entry.
+* A field not staged is *left alone* in Cassandra (bound as UNSET: no cell, no tombstone); a
+  field staged as ``None`` is cleared (``left_at`` on rejoin, ``pin_rank`` on unpin).
+* Rows are written with INSERT, not UPDATE: an INSERT also writes the row marker, so a known
+  conversation stays listed in the authority even when all its staged values are null.
+* ``first_seen_mailbox_seq`` / ``first_seen_ts`` are written once per row, ever: the first stage
+  of a batch that carries them wins within the batch, and in Cassandra they go through a
+  lightweight transaction ``IF first_seen_mailbox_seq = null``. That costs one Paxos round, but
+  only for a row's first appearance (callers stage them then, and a replay after a crash or a
+  rebuild from a truncated log cannot move them). Everything else is a plain idempotent upsert:
+  re-flushing the same batch writes the same values.
+* A failed flush puts its rows back (under anything staged since), raises
+  :class:`~app.stores.cassandra_exec.StoreError`, and can simply be retried.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from app.stores.cassandra_exec import (
+    CONCURRENCY,
+    StoreError,
+    Write,
+    checked_keyspace,
+    execute_all,
+    execute_all_async,
+    group_by_partition,
+)
+from app.stores.schema import GROUP_MEMBERS, USER_CONVERSATION_STATE, check_user_id
+
+FIRST_SEEN_FIELDS = ("first_seen_mailbox_seq", "first_seen_ts")
+# Every non-key column but the write-once ones, in schema order.
+STATE_FIELDS: tuple[str, ...] = tuple(
+    name
+    for name, _ in USER_CONVERSATION_STATE.columns
+    if name not in USER_CONVERSATION_STATE.key_columns and name not in FIRST_SEEN_FIELDS
+)
+MEMBER_FIELDS: tuple[str, ...] = tuple(
+    name for name, _ in GROUP_MEMBERS.columns if name not in GROUP_MEMBERS.key_columns
+)
+_KNOWN_FIELDS = frozenset(STATE_FIELDS) | frozenset(FIRST_SEEN_FIELDS)
+_MEMBERSHIPS = frozenset({"active", "left", "removed"})
+_ROLES = frozenset({"owner", "admin", "member"})
+
+StateKey = tuple[int, str]  # (user_id, conversation_id)
+MemberKey = tuple[str, int]  # (conversation_id, user_id)
+
+
+class UserConversationStateWriter:
+    """Stages per-(user, conversation) state and member rows; writes them in one flush."""
+
+    def __init__(self, session: Any, keyspace: str, *, concurrency: int = CONCURRENCY) -> None:
+        from cassandra import ConsistencyLevel
+
+        self.session = session
+        self.keyspace = ks = checked_keyspace(keyspace)
+        self.concurrency = concurrency
+        self._state: dict[StateKey, dict[str, Any]] = {}
+        self._members: dict[MemberKey, dict[str, Any]] = {}
+
+        def prepare(template: str, **parts: str) -> Any:
+            # Only the keyspace (an identifier, checked) and column lists taken from schema.py are
+            # spliced into the text; every value is a bind marker.
+            cql = template.replace("{ks}", ks)
+            for name, text in parts.items():
+                cql = cql.replace("{" + name + "}", text)
+            try:
+                statement = session.prepare(cql)
+            except Exception as exc:  # InvalidRequest: keyspace or table missing
+                raise StoreError(
+                    f"cannot prepare state statements in keyspace {ks!r} ({exc}); "
+                    "has `projector bootstrap` run?"
+                ) from None
+            statement.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+            return statement
+
+        state_columns = ", ".join(("user_id", "conversation_id", *STATE_FIELDS))
+        marks = ", ".join("?" * (2 + len(STATE_FIELDS)))
+        self._upsert_state = prepare(
+            "INSERT INTO {ks}.user_conversation_state ({columns}) VALUES ({marks})",
+            columns=state_columns,
+            marks=marks,
+        )
+        self._first_seen = prepare(
+            "UPDATE {ks}.user_conversation_state SET first_seen_mailbox_seq = ?, first_seen_ts = ?"
+            " WHERE user_id = ? AND conversation_id = ? IF first_seen_mailbox_seq = null"
+        )
+        # LOCAL_SERIAL: the Paxos round stays in the local data center.
+        self._first_seen.serial_consistency_level = ConsistencyLevel.LOCAL_SERIAL
+        member_columns = ", ".join(("conversation_id", "user_id", *MEMBER_FIELDS))
+        member_marks = ", ".join("?" * (2 + len(MEMBER_FIELDS)))
+        self._upsert_member = prepare(
+            "INSERT INTO {ks}.group_members ({columns}) VALUES ({marks})",
+            columns=member_columns,
+            marks=member_marks,
+        )
+        self._load_user = prepare("SELECT * FROM {ks}.user_conversation_state WHERE user_id = ?")
+        self._load_members = prepare("SELECT * FROM {ks}.group_members WHERE conversation_id = ?")
+
+    # -- staging ---------------------------------------------------------------------------------
+
+    def stage(self, user_id: int, conversation_id: str, fields: Mapping[str, Any]) -> None:
+        """Stage state fields for (user, conversation); later stages of a field win, except the
+        write-once ``first_seen_*`` (the first staged value wins)."""
+        unknown = fields.keys() - _KNOWN_FIELDS
+        if unknown:
+            raise ValueError(f"unknown user_conversation_state fields: {sorted(unknown)}")
+        _check_choice("membership", fields.get("membership"), _MEMBERSHIPS)
+        _check_choice("role", fields.get("role"), _ROLES)
+        key = (check_user_id(user_id), _canonical(conversation_id))
+        staged = self._state.get(key)
+        if staged is None:
+            staged = self._state[key] = {}
+        for name, value in fields.items():
+            if name in FIRST_SEEN_FIELDS:
+                staged.setdefault(name, value)
+            else:
+                staged[name] = value
+
+    def stage_member(
+        self,
+        conversation_id: str,
+        user_id: int,
+        role: str | None,
+        state: str,
+        joined_at: int | None,
+        left_at: int | None,
+    ) -> None:
+        """Stage a member directory row from a join or leave (the whole row: last one wins)."""
+        _check_choice("role", role, _ROLES)
+        _check_choice("state", state, _MEMBERSHIPS)
+        key = (_canonical(conversation_id), check_user_id(user_id))
+        row = {
+            "role": role,
+            "state": state,
+            "joined_at_conversation_seq": joined_at,
+            "left_at_conversation_seq": left_at,
+        }
+        self._members[key] = row
+
+    @property
+    def staged(self) -> int:
+        """Rows waiting for the next flush (state rows + member rows)."""
+        return len(self._state) + len(self._members)
+
+    # -- flushing --------------------------------------------------------------------------------
+
+    async def flush(self) -> int:
+        """Write everything staged; returns the number of rows written (state + members).
+        Does not block the event loop."""
+        state, members = self._take()
+        statements = self._statements(state, members)
+        try:
+            await execute_all_async(
+                self.session, statements, what="state flush", concurrency=self.concurrency
+            )
+        except StoreError:
+            self._restore(state, members)
+            raise
+        return len(state) + len(members)
+
+    def flush_sync(self) -> int:
+        """:meth:`flush` for callers without an event loop (rebuild tools, scripts)."""
+        state, members = self._take()
+        statements = self._statements(state, members)
+        try:
+            execute_all(self.session, statements, what="state flush", concurrency=self.concurrency)
+        except StoreError:
+            self._restore(state, members)
+            raise
+        return len(state) + len(members)
+
+    def _take(self) -> tuple[dict[StateKey, dict[str, Any]], dict[MemberKey, dict[str, Any]]]:
+        # Swap the staging dicts out first: stages made while the flush is in flight go to the
+        # next one instead of being half-written by this one.
+        state, members = self._state, self._members
+        self._state, self._members = {}, {}
+        return state, members
+
+    def _restore(
+        self, state: dict[StateKey, dict[str, Any]], members: dict[MemberKey, dict[str, Any]]
+    ) -> None:
+        for key, fields in state.items():
+            newer = self._state.get(key)
+            if newer is not None:
+                for name in FIRST_SEEN_FIELDS:  # write-once: the older value is the first
+                    if name in fields:
+                        newer[name] = fields[name]
+                fields = {**fields, **{k: v for k, v in newer.items() if k not in FIRST_SEEN_FIELDS}}
+            self._state[key] = fields
+        for member_key, row in members.items():
+            self._members.setdefault(member_key, row)
+
+    def _statements(
+        self, state: dict[StateKey, dict[str, Any]], members: dict[MemberKey, dict[str, Any]]
+    ) -> list[tuple[Any, Any]]:
+        from cassandra.query import UNSET_VALUE
+
+        writes: list[Write] = []
+        first_seen: list[tuple[Any, Any]] = []
+        for (user_id, conversation_id), fields in state.items():
+            cid = uuid.UUID(conversation_id)
+            if any(name in fields for name in STATE_FIELDS):
+                params = (user_id, cid, *(fields.get(name, UNSET_VALUE) for name in STATE_FIELDS))
+                writes.append((user_id, self._upsert_state, params))
+            elif not any(name in fields for name in FIRST_SEEN_FIELDS):
+                # Staged with no fields: still "known", so the row (marker) must exist.
+                params = (user_id, cid, *(UNSET_VALUE for _ in STATE_FIELDS))
+                writes.append((user_id, self._upsert_state, params))
+            if any(name in fields for name in FIRST_SEEN_FIELDS):
+                # A conditional write cannot share a batch with plain ones: it goes alone.
+                first_seen.append(
+                    (
+                        self._first_seen,
+                        (
+                            fields.get("first_seen_mailbox_seq", UNSET_VALUE),
+                            fields.get("first_seen_ts", UNSET_VALUE),
+                            user_id,
+                            cid,
+                        ),
+                    )
+                )
+        for (conversation_id, user_id), row in members.items():
+            cid = uuid.UUID(conversation_id)
+            params = (cid, user_id, *(row[name] for name in MEMBER_FIELDS))
+            writes.append((cid, self._upsert_member, params))
+        return group_by_partition(writes) + first_seen
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def load_user(self, user_id: int) -> list[dict[str, Any]]:
+        """Every state row of one user (one single-partition query), ordered by conversation_id
+        as stored; ``conversation_id`` as the canonical string, unset columns as None."""
+        rows = self._read(self._load_user, (check_user_id(user_id),), "load_user")
+        return [_row_dict(row) for row in rows]
+
+    def load_members(self, conversation_id: str) -> list[dict[str, Any]]:
+        """Every member row of one conversation, ascending user_id (tests, small groups; the
+        member API pages with its own keyset query)."""
+        rows = self._read(self._load_members, (uuid.UUID(conversation_id),), "load_members")
+        return [_row_dict(row) for row in rows]
+
+    def _read(self, statement: Any, params: tuple[Any, ...], what: str) -> list[Any]:
+        try:
+            return list(self.session.execute(statement, params))  # pages are fetched as needed
+        except Exception as exc:  # driver errors have no common base worth naming
+            raise StoreError(f"cassandra {what} failed: {type(exc).__name__}: {exc}") from None
+
+
+def _canonical(conversation_id: str) -> str:
+    # One key per conversation however the caller spells it (ValueError when not a UUID).
+    return str(uuid.UUID(conversation_id))
+
+
+def _check_choice(name: str, value: Any, allowed: frozenset[str]) -> None:
+    if value is not None and value not in allowed:
+        raise ValueError(f"{name} must be one of {sorted(allowed)}, got {value!r}")
+
+
+def _row_dict(row: Any) -> dict[str, Any]:
+    out: dict[str, Any] = row._asdict()
+    out["conversation_id"] = str(out["conversation_id"])
+    return out
