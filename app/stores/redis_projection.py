@@ -37,6 +37,7 @@ from app.stores.memory_projection import EncodedBatch, decode_rows, encode_batch
 
 if TYPE_CHECKING:
     from app.domain.flush import UserFlush
+    from app.settings import Settings
 
 _T = TypeVar("_T")
 
@@ -126,8 +127,25 @@ class RedisProjectionStore:
         self.max_users_per_trip = max_users_per_trip
         self.max_fields_per_trip = max_fields_per_trip
         self._sha = _WRITE_SHA
+        self._owns_client = False
         # Only keys of exactly this layout are ever deleted by delete_all.
         self._own_key = re.compile(rf"{re.escape(namespace)}:(rows|meta|writes):\{{(\d+)\}}")
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, namespace: str = "proj", count_writes: bool = False
+    ) -> RedisProjectionStore:
+        """A store on its own client for `settings.redis_url`, `flush_batch_size` users per
+        round trip; `aclose()` closes that client. No I/O until the first call."""
+        client = redis.Redis.from_url(settings.redis_url)
+        store = cls(client, namespace, count_writes, max_users_per_trip=settings.flush_batch_size)
+        store._owns_client = True
+        return store
+
+    async def aclose(self) -> None:
+        """Close the client if this store created it (a client passed in belongs to the caller)."""
+        if self._owns_client:
+            await self.client.aclose()
 
     # -- keys -----------------------------------------------------------------------------------
 

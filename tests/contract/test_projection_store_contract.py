@@ -11,6 +11,7 @@ pipelining, errors at the boundary, key layout).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ import redis.asyncio as redis
 from app.domain.badge import Badge
 from app.domain.flush import UserFlush
 from app.domain.ports import ProjectionStore, StoredProjection
+from app.settings import Settings
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.redis_projection import ProjectionStoreError, RedisProjectionStore
 from tests.contract.conftest import MakeRedisStore, MakeStore, ProjectionStoreUnderTest
@@ -170,6 +172,11 @@ async def test_a_batch_without_rows_still_moves_badge_and_version(store: Project
     assert await store.write([flush(7, 6, [], Badge(0, 0, 0))]) == [4]
     got = await store.load(7)
     assert (got.projection_mailbox_seq, got.total_unread, list(got.rows)) == (6, 0, [conv(1)])
+
+
+async def test_an_empty_call_writes_nothing(store: ProjectionStoreUnderTest) -> None:
+    assert await store.write([]) == []
+    assert await store.user_ids() == []
 
 
 async def test_versions_per_user_in_the_order_asked(store: ProjectionStoreUnderTest) -> None:
@@ -432,8 +439,26 @@ async def test_redis_delete_all_keeps_other_keys_and_namespaces(
         await redis_client.delete(foreign)
 
 
-def test_redis_namespace_must_be_plain() -> None:
+def test_redis_namespace_and_trip_bounds_are_checked() -> None:
     client = redis.Redis()  # never connects: constructors do no I/O
     for bad in ("", "a:b", "proj*", "p{1}", "x" * 65):
         with pytest.raises(ValueError, match="namespace"):
             RedisProjectionStore(client, bad)
+    with pytest.raises(ValueError, match="per_trip"):
+        RedisProjectionStore(client, max_users_per_trip=0)
+    with pytest.raises(ValueError, match="per_trip"):
+        RedisProjectionStore(client, max_fields_per_trip=0)
+
+
+@redis_only
+async def test_redis_store_from_settings_owns_and_closes_its_client(
+    settings: Settings, unique_name: Callable[..., str]
+) -> None:
+    store = RedisProjectionStore.from_settings(settings, unique_name("proj"), count_writes=True)
+    assert store.max_users_per_trip == settings.flush_batch_size
+    try:
+        assert await store.write([flush(7, 1, [conv(1)])]) == [0]
+        assert await store.write_counts(7) == {conv(1): 1}
+    finally:
+        await store.delete_all()
+        await store.aclose()
