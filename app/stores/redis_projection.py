@@ -171,7 +171,7 @@ class RedisProjectionStore:
 
     async def versions(self, user_ids: Sequence[int]) -> list[int]:
         out: list[int] = []
-        step = max(self.max_fields_per_trip, 1)
+        step = self.max_fields_per_trip  # one HGET reads one field
         for start in range(0, len(user_ids), step):
             chunk = user_ids[start : start + step]
             pipe = self.client.pipeline(transaction=False)
@@ -188,14 +188,15 @@ class RedisProjectionStore:
         pipe.hgetall(self.rows_key(user_id))
         pipe.hmget(self.meta_key(user_id), list(META_FIELDS))
         raw_rows, meta = await self._guard("load", pipe.execute())
-        values = [0 if value is None else int(_text(value)) for value in meta]
-        version, structure_version, total_unread, total_mention, muted_unread = values
         try:
+            values = [0 if value is None else int(_text(value)) for value in meta]
             rows = decode_rows({_text(k): v for k, v in raw_rows.items()})
-        except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
+        except ValueError as exc:  # a bad int or bad JSON (orjson.JSONDecodeError is a ValueError)
             raise ProjectionStoreError(
-                f"projection store: user {user_id} has an unreadable row in {self.rows_key(user_id)}: {exc}"
+                f"projection store: user {user_id} has unreadable data under "
+                f"{self.namespace}:*:{{{user_id}}}: {exc}"
             ) from None
+        version, structure_version, total_unread, total_mention, muted_unread = values
         return StoredProjection(
             user_id=user_id,
             rows=rows,

@@ -412,6 +412,11 @@ async def test_redis_errors_become_projection_store_errors(
         await redis_store.write([flush(7, 2, [conv(1)])])
     assert await redis_store.versions([7]) == [0]
     await redis_client.delete(redis_store.rows_key(7))
+    # Data no writer of ours produced: reported, not a bare ValueError from deep inside.
+    await redis_client.hset(redis_store.rows_key(8), "c", b"{not json")
+    with pytest.raises(ProjectionStoreError, match="user 8 has unreadable data"):
+        await redis_store.load(8)
+    await redis_client.delete(redis_store.rows_key(8))
     # An unreachable server: a clear error, not a redis-py exception from deep inside.
     down = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1)
     try:
