@@ -168,6 +168,16 @@ class CassandraMessageStore:
         statement = self._delete if deleted else self._recall
         self._execute(statement, (uuid.UUID(conversation_id), conversation_seq), "mark_recalled")
 
+    def mark_recalled_many(self, targets: Iterable[tuple[str, int, bool]]) -> int:
+        """Several ``(conversation_id, conversation_seq, deleted)`` at once, batched like
+        :meth:`put_messages`. Returns how many."""
+        writes: list[Write] = []
+        for conversation_id, seq, deleted in targets:
+            cid = uuid.UUID(conversation_id)
+            writes.append((cid, self._delete if deleted else self._recall, (cid, seq)))
+        execute_all(self.session, group_by_partition(writes), what="mark_recalled")
+        return len(writes)
+
     def add_mentions(self, conversation_id: str, conversation_seq: int, user_ids: Iterable[int]) -> None:
         users = {check_user_id(u) for u in user_ids}
         if users:

@@ -32,6 +32,7 @@ class Writer(Protocol):
     def given(self, messages: Iterable[NewMessage]) -> None: ...
     def recall(self, conversation_id: str, seq: int, deleted: bool = False) -> None: ...
     def mention(self, conversation_id: str, seq: int, users: Iterable[int]) -> None: ...
+    def recall_many(self, targets: Iterable[tuple[str, int, bool]]) -> None: ...
 
 
 class MemoryWriter:
@@ -57,6 +58,10 @@ class MemoryWriter:
 
     def recall(self, conversation_id: str, seq: int, deleted: bool = False) -> None:
         self.memory.record_recall(conversation_id, seq)  # recall and delete are one flag there
+
+    def recall_many(self, targets: Iterable[tuple[str, int, bool]]) -> None:
+        for conversation_id, seq, deleted in targets:
+            self.recall(conversation_id, seq, deleted)
 
     def mention(self, conversation_id: str, seq: int, users: Iterable[int]) -> None:
         message = self.memory.get(conversation_id, seq)
@@ -85,6 +90,9 @@ class CassandraWriter:
 
     def recall(self, conversation_id: str, seq: int, deleted: bool = False) -> None:
         self.cassandra.mark_recalled(conversation_id, seq, deleted=deleted)
+
+    def recall_many(self, targets: Iterable[tuple[str, int, bool]]) -> None:
+        self.cassandra.mark_recalled_many(targets)
 
     def mention(self, conversation_id: str, seq: int, users: Iterable[int]) -> None:
         self.cassandra.add_mentions(conversation_id, seq, users)
@@ -292,3 +300,14 @@ def test_range_reads_a_wide_window(writer: Writer, conv: Callable[[], str]) -> N
     c = conv()
     writer.given(message(c, s) for s in range(1, 451))
     assert seqs(writer.store.range(c, 250, 450)) == list(range(251, 451))
+
+
+def test_many_recalls_at_once(writer: Writer, conv: Callable[[], str]) -> None:
+    """The batched form the simulator uses: several conversations, recalls and deletes mixed,
+    one of them ahead of its message."""
+    a, b = conv(), conv()
+    writer.given([message(a, s) for s in range(1, 4)] + [message(b, s) for s in range(1, 4)])
+    writer.recall_many([(a, 1, False), (a, 3, True), (b, 2, True), (b, 9, False)])
+    assert [m.recalled for m in writer.store.range(a, 0, 9)] == [True, False, True]
+    assert [m.recalled for m in writer.store.range(b, 0, 9)] == [False, True, False]
+    assert writer.store.get(b, 9) is None
