@@ -138,7 +138,11 @@ class Replayer:
 
     def _apply(self, entry: Entry) -> None:
         stats = self.stats
-        if self.projector.apply(entry, entry.ts) is Applied.DUPLICATE:
+        projector = self.projector
+        policy = projector.policy
+        if policy.window_elapsed(entry.ts) and not projector.is_duplicate(entry):
+            self._flush()  # the window is over: it closes before this entry opens the next
+        if projector.apply(entry, entry.ts) is Applied.DUPLICATE:
             stats.duplicates += 1
             return
         stats.applied += 1
@@ -159,7 +163,7 @@ class Replayer:
         elif kind is RecallEntry or kind is DeleteMessageEntry:
             target: RecallEntry = entry  # type: ignore[assignment]
             self.store.record_recall(target.conversation_id, target.target_conversation_seq)
-        if self.projector.policy.due(entry.ts, self.projector.dirty.row_count):
+        if policy.over_memory_bound(projector.dirty.row_count):
             self._flush()
 
     def _flush(self) -> None:

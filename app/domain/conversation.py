@@ -26,7 +26,7 @@ from app.domain.entries import (
     UnpinEntry,
 )
 from app.domain.ports import MessageStore
-from app.domain.unread import derive_from_hand, recompute, settle
+from app.domain.unread import derive_from_hand, prune_to_base, recompute, settle
 
 
 class ConversationState:
@@ -228,7 +228,18 @@ class ConversationState:
         self.reconcile(store, limit)
 
     def reconcile(self, store: MessageStore, limit: int) -> None:
-        """Recompute the counts from the MessageStore (MAILBOX_DIRTY, audits, rebuilds)."""
+        """Recompute the counts (MAILBOX_DIRTY). The hand is the definition evaluated over the
+        user's own applied entries; where it covers (base, latest] the recompute runs from it,
+        so a reconcile never changes the definition's value (DESIGN §2). Where it does not reach
+        down to the base, one bounded MessageStore read fills the gap."""
+        if self.floor <= self.base:
+            prune_to_base(self)
+            derive_from_hand(self)
+        else:
+            recompute(self, store, limit)
+
+    def audit(self, store: MessageStore, limit: int) -> None:
+        """Recompute from the MessageStore alone (audits, rebuilds from state)."""
         recompute(self, store, limit)
 
     # -- helpers ----------------------------------------------------------------------------

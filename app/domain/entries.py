@@ -7,17 +7,24 @@ no exception leaves `decode_record`.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import operator
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, get_args, get_type_hints
 
 import msgspec
 
 U64_MAX = 2**64 - 1
 U32_MAX = 2**32 - 1
 
-U64 = Annotated[int, msgspec.Meta(ge=0)]  # upper bound: msgspec refuses ints past u64
+# msgspec cannot express bounds past int64, and the contract bounds no seq or time below u64:
+# the upper bounds are checked after decoding (`_too_big`), with one cheap max() on the way.
+U64 = Annotated[int, msgspec.Meta(ge=0)]
 U32 = Annotated[int, msgspec.Meta(ge=0, le=U32_MAX)]
-Positive = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
-NonNegative = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+# Conversation seqs index RoaringBitmap64 ranges (seq + 1 must fit in u64).
+SEQ_MAX = U64_MAX - 1
+INT64_MAX = 2**63 - 1
 # conversation_id and activity_id are checked after decoding (see `_id_problem`): a regex in
 # the decoder costs more than the rest of the decode, and conversation ids repeat (cached).
 ConversationId = str
@@ -178,14 +185,17 @@ def decode_record(raw: bytes, lanes: int) -> Record | DeadLetter:
         return DeadLetter(reason=f"lane {record.lane} out of range [0, {lanes})", raw=raw)
     kind = type(record)
     if kind is WatermarkMarker:
-        return record
+        marker: WatermarkMarker = record  # type: ignore[assignment]
+        if marker.watermark > U64_MAX or marker.ts > U64_MAX:
+            field = "watermark" if marker.watermark > U64_MAX else "ts"
+            return DeadLetter(reason=f"Expected `int` <= {U64_MAX} - at `$.{field}`", raw=raw)
+        return marker
     entry: Entry = record  # type: ignore[assignment]  # narrowed by the `is` check above
-    if (
-        entry.user_id > U64_MAX
-        or (kind is MessageEntry and entry.sender_id > U64_MAX)  # type: ignore[union-attr]
-        or (kind in _RECALL_KINDS and entry.target_sender_id > U64_MAX)  # type: ignore[union-attr]
-    ):
-        return DeadLetter(reason=f"Expected `int` <= {U64_MAX} - at {_u64_field(entry)}", raw=raw)
+    getter, bounds = _INT_FIELDS[kind]
+    if max(getter(entry)) > INT64_MAX:  # rare: only then look at each field's own bound
+        for name, high in bounds:
+            if getattr(entry, name) > high:
+                return DeadLetter(reason=f"Expected `int` <= {high} - at `$.{name}`", raw=raw)
     conversation_id = entry.conversation_id
     if conversation_id not in _known_conversations:
         if not _is_uuid(conversation_id):
@@ -220,16 +230,24 @@ def _is_uuid(text: str) -> bool:
     return not text.replace("-", "").strip(_ANY_HEX) and text.count("-") == 4
 
 
-_RECALL_KINDS = (RecallEntry, DeleteMessageEntry)
+def _int_fields(kind: type) -> tuple[Callable[[Any], tuple[int, ...]], tuple[tuple[str, int], ...]]:
+    """Per entry class: a getter of all its int fields, and each field's upper bound."""
+    bounds = []
+    for name, annotation in get_type_hints(kind, include_extras=True).items():
+        if name == "lane" or name == "pin_rank":
+            continue  # lane is checked against --lanes, pin_rank is u32 in the decoder
+        if annotation in (U64, Positive, NonNegative):
+            is_seq = name.endswith("conversation_seq")
+            bounds.append((name, SEQ_MAX if is_seq else U64_MAX))
+    names = [name for name, _ in bounds]
+    getter = operator.attrgetter(*names)
+    if len(names) == 1:
+        single = getter
+        return (lambda entry: (single(entry),)), tuple(bounds)
+    return getter, tuple(bounds)
 
 
-def _u64_field(entry: Entry) -> str:
-    """Which u64 field is above 2^64-1 (msgspec's bounds stop at int64)."""
-    if entry.user_id > U64_MAX:
-        return "`$.user_id`"
-    if isinstance(entry, MessageEntry):
-        return "`$.sender_id`"
-    return "`$.target_sender_id`"
+_INT_FIELDS = {kind: _int_fields(kind) for kind in get_args(Entry)}
 
 
 def _reason(exc: msgspec.DecodeError, raw: bytes) -> str:

@@ -11,9 +11,15 @@ from app.domain.badge import Badge
 
 
 class FlushPolicy:
-    """Flush when the window has elapsed since the first entry applied after the last flush,
-    or early when more than `max_dirty_rows` rows are held dirty (a memory bound, not a trigger
-    per read batch: the seed's `batch.len() >= 512`, read literally, would make J-1 impossible).
+    """When to flush (DESIGN §3.9).
+
+    The window starts at the first entry applied after a flush. An entry arriving when the
+    window has elapsed (`ts - window_start >= window`) first flushes what the window holds and
+    then opens the next window: a row is written at most once per window, so its writes stay
+    <= ceil(span / window) + 1 even when entries share a timestamp across the boundary.
+    Independently, more than `max_dirty_rows` held dirty rows flush at once: a memory bound,
+    not a trigger per read batch (the seed's `batch.len() >= 512`, read literally, would make
+    J-1 impossible).
 
     Time is an argument: entry `ts` in replay, the wall clock in the worker.
     """
@@ -25,16 +31,17 @@ class FlushPolicy:
         self.max_dirty_rows = max_dirty_rows
         self.window_start: int | None = None
 
-    def on_applied(self, now_ms: int) -> None:
-        if self.window_start is None:
-            self.window_start = now_ms
+    def window_elapsed(self, now_ms: int) -> bool:
+        """True when the open window is over: flush before applying anything at `now_ms`."""
+        start = self.window_start
+        return start is not None and now_ms - start >= self.window_ms
+
+    def over_memory_bound(self, dirty_rows: int) -> bool:
+        return dirty_rows > self.max_dirty_rows
 
     def due(self, now_ms: int, dirty_rows: int) -> bool:
-        if dirty_rows == 0:
-            return False
-        if dirty_rows > self.max_dirty_rows:
-            return True
-        return self.window_start is not None and now_ms - self.window_start >= self.window_ms
+        """Either trigger (the worker's timer asks this; no entry is being applied)."""
+        return dirty_rows > 0 and (self.window_elapsed(now_ms) or self.over_memory_bound(dirty_rows))
 
     def flushed(self) -> None:
         self.window_start = None

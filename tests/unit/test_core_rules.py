@@ -141,18 +141,32 @@ def test_badge_rules_archived_muted_and_left() -> None:
     assert muted["total_unread"] == 2
 
 
-def test_more_than_200_unread_reconciled_becomes_inexact_200_then_exact_after_a_read() -> None:
+def test_reconcile_recomputes_from_the_hand_when_it_covers_the_base() -> None:
     s = Stream()
     for seq in range(1, 302):
         s.message(ME, seq)
     s.entry("mailbox_dirty", ME, CONV_A)
     rows, _ = final(s)
     row = rows[(ME, CONV_A)]
+    assert (row["unread_count"], row["unread_exact"]) == (301, True)  # the definition's value
+
+
+def test_more_than_200_unread_beyond_the_hand_becomes_inexact_200_then_exact_after_a_read() -> None:
+    s = Stream()
+    s.entry("join", ME, CONV_A, joined_at_conversation_seq=300)
+    for seq in range(1, 302):
+        s.message(ME, seq)
+        s.message(OTHER, seq)
+    # joined_at moves down: the hand (pruned at the old base) no longer reaches the base, and
+    # latest - base = 301 > 200: one bounded read cannot be exact.
+    s.entry("join", ME, CONV_A, joined_at_conversation_seq=0)
+    rows, _ = final(s)
+    row = rows[(ME, CONV_A)]
     assert (row["unread_count"], row["unread_exact"]) == (200, False)
     s.message(ME, 302)  # new messages do not move an inexact row
     rows, _ = final(s)
     assert (rows[(ME, CONV_A)]["unread_count"], rows[(ME, CONV_A)]["unread_exact"]) == (200, False)
-    s.read(ME, 250)
+    s.read(ME, 250)  # latest - base = 52: one bounded MessageStore read is exact again
     rows, _ = final(s)
     row = rows[(ME, CONV_A)]
     assert (row["unread_count"], row["unread_exact"]) == (52, True)
