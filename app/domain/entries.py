@@ -240,10 +240,7 @@ def _int_fields(kind: type) -> tuple[Callable[[Any], tuple[int, ...]], tuple[tup
             is_seq = name.endswith("conversation_seq")
             bounds.append((name, SEQ_MAX if is_seq else U64_MAX))
     names = [name for name, _ in bounds]
-    getter = operator.attrgetter(*names)
-    if len(names) == 1:
-        single = getter
-        return (lambda entry: (single(entry),)), tuple(bounds)
+    getter: Callable[[Any], tuple[int, ...]] = operator.attrgetter(*names)  # >= 3 fields: a tuple
     return getter, tuple(bounds)
 
 

@@ -1,0 +1,5 @@
+"""The worker's orchestration around the pure core: records in, state tables, flushes out.
+
+Nothing here imports faust: `agents/` and `tables/` adapt faust to the Protocols in
+`app.worker.ports`, so this logic runs the same under unit tests with dict-backed tables.
+"""

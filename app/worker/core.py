@@ -1,0 +1,357 @@
+"""WorkerCore: decode once, gate per partition, apply in order, persist per batch, flush.
+
+Per batch of records (faust's `take_events`):
+  (partition, [record]) → decode → dead letters out | markers → gate | entries → gate
+  → released entries applied to the partition's Projector (wall-clock time)
+  → every row/user/gate/pending change of the batch written ONCE to the changelog tables
+  → UserConversationState changes staged and written in one batched call.
+Only then does the agent return and faust ack the batch, so a committed offset never lies past
+work that is not in a changelog table.
+
+Flushes (window on the wall clock, or early past max_dirty_rows) write each dirty user's batch
+to the projection store atomically, then emit one SESSION_DELTA and one BADGE_UPDATE per user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import orjson
+
+from app.domain.conversation import ConversationState
+from app.domain.entries import (
+    DeadLetter,
+    Entry,
+    MessageEntry,
+    WatermarkMarker,
+    decode_record,
+)
+from app.domain.ports import MessageStore, ProjectionStore
+from app.domain.projector import Applied, Projector, ProjectorConfig, UserState
+from app.domain.watermark import Offer, WatermarkGate
+from app.worker.ports import Outbox, RawRecord, StateTables, StateWriter
+
+log = logging.getLogger("projector.worker")
+
+# Fields of a row that UserConversationState keeps (what a rebuild from Cassandra needs).
+_STATE_FIELDS = (
+    "membership",
+    "role",
+    "joined_at",
+    "left_at",
+    "read_seq",
+    "hidden_before",
+    "deleted_before",
+    "pin_rank",
+    "archived",
+    "muted",
+)
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    records: int = 0
+    entries: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    dead_letters: int = 0
+    markers: int = 0
+    flushes: int = 0
+    projection_writes: int = 0
+    refused_writes: int = 0
+    frames: int = 0
+    state_writes: int = 0
+    last_flush_ms: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(slots=True)
+class _Touched:
+    """What one batch changed in one partition: written to the tables once, at the end."""
+
+    rows: set[tuple[int, str]] = field(default_factory=set)
+    users: set[int] = field(default_factory=set)
+    gate: bool = False
+    pending_added: list[tuple[int, int, bytes]] = field(default_factory=list)
+    pending_released: list[tuple[int, int]] = field(default_factory=list)
+
+
+class PartitionState:
+    """The core for one partition: its watermark gate and its users' projector."""
+
+    def __init__(self, partition: int, gate: WatermarkGate, projector: Projector) -> None:
+        self.partition = partition
+        self.gate = gate
+        self.projector = projector
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    lanes: int
+    window_ms: int
+    max_dirty_rows: int
+    include_muted: bool
+    unread_precise_limit: int
+
+    def projector_config(self) -> ProjectorConfig:
+        return ProjectorConfig(
+            window_ms=self.window_ms,
+            max_dirty_rows=self.max_dirty_rows,
+            include_muted=self.include_muted,
+            unread_precise_limit=self.unread_precise_limit,
+        )
+
+
+class WorkerCore:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        message_store: MessageStore,
+        projection_store: ProjectionStore,
+        tables: StateTables,
+        outbox: Outbox,
+        state_writer: StateWriter | None = None,
+        clock: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.config = config
+        self.message_store = message_store
+        self.projection_store = projection_store
+        self.tables = tables
+        self.outbox = outbox
+        self.state_writer = state_writer
+        self.clock = clock
+        self.partitions: dict[int, PartitionState] = {}
+        self.stats = WorkerStats()
+        self._flush_lock = asyncio.Lock()
+
+    # -- partitions ---------------------------------------------------------------------------
+
+    def partition(self, partition: int) -> PartitionState:
+        """The partition's core, restored from the changelog tables on first use."""
+        state = self.partitions.get(partition)
+        if state is None:
+            state = self.partitions[partition] = self._restore(partition)
+        return state
+
+    def _restore(self, partition: int) -> PartitionState:
+        snapshot = self.tables.snapshot(partition)
+        config = self.config.projector_config()
+        lanes = self.config.lanes
+        rows = [ConversationState.load(msgspec.msgpack.decode(blob)) for blob in snapshot.rows]
+        users = {"users": [msgspec.msgpack.decode(blob) for blob in snapshot.users], "rows": []}
+        projector = Projector.restore(config, self.message_store, users)
+        for row in rows:
+            user = projector.users.get(row.user_id)
+            if user is None:  # a row written in a batch whose user record was lost: keep the row
+                user = projector.users[row.user_id] = UserState(row.user_id)
+            user.rows[row.conversation_id] = row
+        projector.lose_dirty_set()  # the dirty set is never checkpointed
+        if projector.dirty.row_count:
+            # Unflushed work survived in the changelog: flush it within one window from now.
+            projector.policy.window_start = self.clock()
+        waiting: list[Entry] = []
+        for raw in snapshot.pending:
+            record = decode_record(raw, lanes)
+            if not isinstance(record, DeadLetter | WatermarkMarker):
+                waiting.append(record)
+        gate_state = msgspec.msgpack.decode(snapshot.gate) if snapshot.gate else {"marks": [], "hi": 0}
+        gate = WatermarkGate.load(lanes, gate_state, waiting)
+        if projector.users or waiting:
+            log.info(
+                "restored partition %d: %d users, %d rows, %d waiting, hi=%d",
+                partition,
+                len(projector.users),
+                len(rows),
+                len(waiting),
+                gate.hi,
+            )
+        return PartitionState(partition, gate, projector)
+
+    def restore_assigned(self, partitions: Sequence[int]) -> None:
+        """After a rebalance (tables recovered): bring every assigned partition back now, so work
+        that was applied but never flushed is flushed even if no new record arrives."""
+        for partition in partitions:
+            self.partition(partition)
+
+    def revoke(self, partitions: Sequence[int]) -> None:
+        """Partitions handed to another worker: their state lives on in the changelog."""
+        for partition in partitions:
+            self.partitions.pop(partition, None)
+
+    # -- records ------------------------------------------------------------------------------
+
+    async def on_records(self, records: Sequence[RawRecord]) -> None:
+        """Process one batch; returns once its effects are in the changelog tables."""
+        now = self.clock()
+        by_partition: dict[int, list[RawRecord]] = {}
+        for record in records:
+            by_partition.setdefault(record.partition, []).append(record)
+        letters: list[tuple[bytes | None, bytes]] = []
+        for partition, batch in by_partition.items():
+            touched = self._process(self.partition(partition), batch, now, letters)
+            self._persist(partition, touched)
+        if letters:
+            await self.outbox.dead_letters(letters)
+        if self.state_writer is not None:
+            self.stats.state_writes += await self.state_writer.flush()
+        await self.flush_due(self.clock(), only_memory_bound=True)
+
+    def _process(
+        self,
+        state: PartitionState,
+        batch: list[RawRecord],
+        now: int,
+        letters: list[tuple[bytes | None, bytes]],
+    ) -> _Touched:
+        stats = self.stats
+        lanes = self.config.lanes
+        gate = state.gate
+        touched = _Touched()
+        for record in batch:
+            stats.records += 1
+            decoded = decode_record(record.value, lanes)
+            if isinstance(decoded, WatermarkMarker):
+                stats.markers += 1
+                released = gate.mark(decoded)
+                touched.gate = True
+                for entry in released:
+                    touched.pending_released.append((entry.user_id, entry.mailbox_seq))
+                    self._apply(state, entry, now, touched)
+                continue
+            stats.entries += 1
+            if isinstance(decoded, DeadLetter):
+                stats.dead_letters += 1
+                letters.append((record.key, dead_letter_envelope(record, decoded.reason)))
+                log.warning(
+                    "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, decoded.reason
+                )
+                continue
+            offer = gate.offer(decoded)
+            if offer is Offer.READY:
+                self._apply(state, decoded, now, touched)
+            elif offer is Offer.PENDING:
+                touched.pending_added.append((decoded.user_id, decoded.mailbox_seq, record.value))
+            else:
+                stats.duplicates += 1
+        return touched
+
+    def _apply(self, state: PartitionState, entry: Entry, now: int, touched: _Touched) -> None:
+        projector = state.projector
+        user = projector.users.get(entry.user_id)
+        is_new_row = user is None or entry.conversation_id not in user.rows
+        if projector.apply(entry, now) is Applied.DUPLICATE:
+            self.stats.duplicates += 1
+            return
+        self.stats.applied += 1
+        key = (entry.user_id, entry.conversation_id)
+        touched.rows.add(key)
+        touched.users.add(entry.user_id)
+        if self.state_writer is not None and (is_new_row or not isinstance(entry, MessageEntry)):
+            row = projector.users[entry.user_id].rows[entry.conversation_id]
+            fields: dict[str, object] = {name: getattr(row, name) for name in _STATE_FIELDS}
+            fields["updated_mailbox_seq"] = entry.mailbox_seq
+            if is_new_row:
+                fields["first_seen_mailbox_seq"] = entry.mailbox_seq
+                fields["first_seen_ts"] = entry.ts
+            self.state_writer.stage(entry.user_id, entry.conversation_id, fields)
+
+    def _persist(self, partition: int, touched: _Touched) -> None:
+        """Write the batch's changes to the changelog tables: once per row, not per entry."""
+        state = self.partitions[partition]
+        tables = self.tables
+        users = state.projector.users
+        with tables.writing(partition):
+            for user_id, mailbox_seq, raw in touched.pending_added:
+                tables.put_pending(partition, user_id, mailbox_seq, raw)
+            for user_id, mailbox_seq in touched.pending_released:
+                tables.delete_pending(partition, user_id, mailbox_seq)
+            for user_id, conversation_id in touched.rows:
+                row = users[user_id].rows[conversation_id]
+                tables.put_row(partition, user_id, conversation_id, msgspec.msgpack.encode(row.dump()))
+            for user_id in touched.users:
+                tables.put_user(partition, user_id, msgspec.msgpack.encode(users[user_id].dump()))
+            if touched.gate:
+                tables.put_gate(partition, msgspec.msgpack.encode(state.gate.dump()))
+
+    # -- flushing -----------------------------------------------------------------------------
+
+    async def flush_due(self, now: int, *, only_memory_bound: bool = False) -> int:
+        """Flush every partition whose window elapsed (or that holds too many dirty rows)."""
+        flushed = 0
+        for state in list(self.partitions.values()):
+            projector = state.projector
+            if only_memory_bound:
+                due = projector.dirty.row_count > projector.policy.max_dirty_rows
+            else:
+                due = projector.flush_due(now)
+            if due:
+                flushed += await self.flush_partition(state)
+        return flushed
+
+    async def flush_all(self) -> int:
+        return sum([await self.flush_partition(state) for state in list(self.partitions.values())])
+
+    async def flush_partition(self, state: PartitionState) -> int:
+        """One flush: atomic per-user writes to the projection store, then the frames."""
+        async with self._flush_lock:  # one flush at a time keeps each user's versions in order
+            batches = state.projector.flush()
+            if not batches:
+                return 0
+            started = time.perf_counter()
+            previous = await self.projection_store.write(batches)
+            deltas: list[tuple[bytes, bytes]] = []
+            badges: list[tuple[bytes, bytes]] = []
+            for batch, stored_before in zip(batches, previous, strict=True):
+                if stored_before is None:
+                    # The store already holds this version (a replay after a crash): the frames
+                    # went out with the first write, or clients detect the gap and re-pull.
+                    self.stats.refused_writes += 1
+                    continue
+                self.stats.projection_writes += len(batch.rows)
+                # prev = what the store held, i.e. the last version any client can have seen.
+                published = dataclasses.replace(batch, prev_projection_mailbox_seq=stored_before)
+                key = str(batch.user_id).encode()
+                deltas.append((key, orjson.dumps(published.session_delta())))
+                badges.append((key, orjson.dumps(published.badge_update())))
+            if deltas:
+                await self.outbox.frames(deltas, badges)
+            self.stats.flushes += 1
+            self.stats.frames += len(deltas) + len(badges)
+            self.stats.last_flush_ms = (time.perf_counter() - started) * 1000
+            return len(batches)
+
+
+def dead_letter_envelope(record: RawRecord, reason: str) -> bytes:
+    """What goes to the dead-letter topic: why, and exactly where the record came from."""
+    try:
+        value: str = record.value.decode("utf-8")
+        encoding = "utf-8"
+    except UnicodeDecodeError:
+        value = base64.b64encode(record.value).decode("ascii")
+        encoding = "base64"
+    return orjson.dumps(
+        {
+            "reason": reason,
+            "topic": record.topic,
+            "partition": record.partition,
+            "offset": record.offset,
+            "key": record.key.decode("utf-8", "replace") if record.key is not None else None,
+            "value": value,
+            "value_encoding": encoding,
+        }
+    )

@@ -1,0 +1,67 @@
+"""What the worker core needs from faust and Kafka, as Protocols."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import NamedTuple, Protocol
+
+
+class RawRecord(NamedTuple):
+    """One Kafka record of the mailbox-tail topic, undecoded."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+
+
+class PartitionSnapshot(NamedTuple):
+    """What the changelog tables hold for one partition."""
+
+    rows: list[bytes]
+    users: list[bytes]
+    gate: bytes | None
+    pending: list[bytes]
+
+
+class StateTables(Protocol):
+    """The changelog-backed tables (RocksDB + Kafka changelog in production).
+
+    Writes happen inside `writing(partition)`: faust routes a table write to the changelog
+    partition of the event being processed, so the adapter makes an event of that partition
+    current for the duration.
+    """
+
+    def writing(self, partition: int) -> AbstractContextManager[None]: ...
+
+    def put_row(self, partition: int, user_id: int, conversation_id: str, blob: bytes) -> None: ...
+
+    def put_user(self, partition: int, user_id: int, blob: bytes) -> None: ...
+
+    def put_gate(self, partition: int, blob: bytes) -> None: ...
+
+    def put_pending(self, partition: int, user_id: int, mailbox_seq: int, raw: bytes) -> None: ...
+
+    def delete_pending(self, partition: int, user_id: int, mailbox_seq: int) -> None: ...
+
+    def snapshot(self, partition: int) -> PartitionSnapshot: ...
+
+
+class Outbox(Protocol):
+    """Records the worker produces: frames and dead letters."""
+
+    async def dead_letters(self, letters: Sequence[tuple[bytes | None, bytes]]) -> None: ...
+
+    async def frames(
+        self, session_deltas: Sequence[tuple[bytes, bytes]], badges: Sequence[tuple[bytes, bytes]]
+    ) -> None: ...
+
+
+class StateWriter(Protocol):
+    """Batched UserConversationState / group_members persistence (Cassandra)."""
+
+    def stage(self, user_id: int, conversation_id: str, fields: dict[str, object]) -> None: ...
+
+    async def flush(self) -> int: ...
