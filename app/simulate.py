@@ -39,6 +39,7 @@ from typing import IO, Any, Protocol
 
 import orjson
 
+from app.stores.cassandra_exec import StoreError
 from app.stores.cassandra_messages import ConversationHead, NewMessage
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: the default event-time origin of tests
@@ -817,7 +818,9 @@ async def simulate(
             stop=stop,
             progress=progress,
         )
-    except _kafka_errors() as exc:
+    except StoreError as exc:  # Cassandra failed mid-run (unreachable, timed out)
+        raise SimulateError(f"cassandra: {exc}") from None
+    except _kafka_errors() as exc:  # a send or an acknowledgement failed mid-run
         raise SimulateError(f"kafka: {type(exc).__name__}: {exc}") from None
     finally:
         if producer is not None:
@@ -834,7 +837,6 @@ def _kafka_errors() -> tuple[type[BaseException], ...]:
 
 
 def _open_store(settings: Any, connect_timeout_s: float) -> tuple[MessageSink, Any]:
-    from app.stores.cassandra_exec import StoreError
     from app.stores.cassandra_messages import CassandraMessageStore
     from app.stores.cassandra_session import CassandraUnavailable, open_cluster
 
