@@ -50,7 +50,16 @@ STATE_FIELDS: tuple[str, ...] = tuple(
 MEMBER_FIELDS: tuple[str, ...] = tuple(
     name for name, _ in GROUP_MEMBERS.columns if name not in GROUP_MEMBERS.key_columns
 )
-_KNOWN_FIELDS = frozenset(STATE_FIELDS) | frozenset(FIRST_SEEN_FIELDS)
+# The core's ConversationState attribute names, accepted as they are (the worker stages
+# `{name: getattr(row, name)}`); every other field goes by its column name.
+ALIASES: dict[str, str] = {
+    "joined_at": "joined_at_conversation_seq",
+    "left_at": "left_at_conversation_seq",
+    "read_seq": "read_conversation_seq",
+    "hidden_before": "hidden_before_conversation_seq",
+    "deleted_before": "deleted_before_conversation_seq",
+}
+_KNOWN_FIELDS = frozenset(STATE_FIELDS) | frozenset(FIRST_SEEN_FIELDS) | frozenset(ALIASES)
 _MEMBERSHIPS = frozenset({"active", "left", "removed"})
 _ROLES = frozenset({"owner", "admin", "member"})
 
@@ -113,7 +122,8 @@ class UserConversationStateWriter:
 
     def stage(self, user_id: int, conversation_id: str, fields: Mapping[str, Any]) -> None:
         """Stage state fields for (user, conversation); later stages of a field win, except the
-        write-once ``first_seen_*`` (the first staged value wins)."""
+        write-once ``first_seen_*`` (the first staged value wins). Fields are column names or
+        the core's short names (:data:`ALIASES`: ``read_seq``, ``joined_at``, ...)."""
         unknown = fields.keys() - _KNOWN_FIELDS
         if unknown:
             raise ValueError(f"unknown user_conversation_state fields: {sorted(unknown)}")
@@ -124,6 +134,7 @@ class UserConversationStateWriter:
         if staged is None:
             staged = self._state[key] = {}
         for name, value in fields.items():
+            name = ALIASES.get(name, name)
             if name in FIRST_SEEN_FIELDS:
                 staged.setdefault(name, value)
             else:

@@ -249,3 +249,42 @@ def test_bad_fields_are_refused(writer: UserConversationStateWriter) -> None:
 class FailingSession:
     def execute_async(self, *args: Any, **kwargs: Any) -> Any:
         raise OSError("connection refused")
+
+
+async def test_the_cores_field_names_are_accepted(writer: UserConversationStateWriter) -> None:
+    """The worker stages `{name: getattr(row, name)}` with ConversationState's own names."""
+    c = conv(10)
+    writer.stage(
+        13,
+        c,
+        {
+            "membership": "left",
+            "role": "admin",
+            "joined_at": 2,
+            "left_at": 9,
+            "read_seq": 7,
+            "hidden_before": 3,
+            "deleted_before": 0,
+            "pin_rank": None,
+            "archived": False,
+            "muted": True,
+            "updated_mailbox_seq": 55,
+        },
+    )
+    writer.stage(13, c, {"read_conversation_seq": 8})  # the column name and the alias are one field
+    await writer.flush()
+    (row,) = writer.load_user(13)
+    assert (
+        row["joined_at_conversation_seq"],
+        row["left_at_conversation_seq"],
+        row["read_conversation_seq"],
+        row["hidden_before_conversation_seq"],
+        row["deleted_before_conversation_seq"],
+    ) == (2, 9, 8, 3, 0)
+    assert (row["membership"], row["role"], row["muted"], row["updated_mailbox_seq"]) == (
+        "left",
+        "admin",
+        True,
+        55,
+    )
+
