@@ -13,12 +13,19 @@ here after each batch, so the writer is built for that rhythm:
   field staged as ``None`` is cleared (``left_at`` on rejoin, ``pin_rank`` on unpin).
 * Rows are written with INSERT, not UPDATE: an INSERT also writes the row marker, so a known
   conversation stays listed in the authority even when all its staged values are null.
-* ``first_seen_mailbox_seq`` / ``first_seen_ts`` are written once per row, ever: the first stage
-  of a batch that carries them wins within the batch, and in Cassandra they go through a
-  lightweight transaction ``IF first_seen_mailbox_seq = null``. That costs one Paxos round, but
-  only for a row's first appearance (callers stage them then, and a replay after a crash or a
-  rebuild from a truncated log cannot move them). Everything else is a plain idempotent upsert:
-  re-flushing the same batch writes the same values.
+* ``first_seen_mailbox_seq`` / ``first_seen_ts`` keep the *first* appearance, i.e. the lowest
+  ``first_seen_mailbox_seq``: within a batch the stage with the lowest one wins, and in Cassandra the lowest
+  ``first_seen_mailbox_seq`` ever written wins, without a read and without LWT: they are written
+  ``USING TIMESTAMP 2^50 - first_seen_mailbox_seq``, so a lower seq has the newer cell timestamp
+  and last-write-wins keeps it (a replay after a crash, or a rebuild from a truncated log that
+  restages a later "first" appearance, cannot move it). An LWT ``IF first_seen_mailbox_seq =
+  null`` did the same at ~15x the cost of the whole flush (measured: 5,000 new rows, 7.3 s vs
+  0.45 s on one node), and a new 1,000-member group makes 1,000 new rows at once. The ceiling
+  2^50 µs (year 2005) is below any wall-clock timestamp, so an ordinary DELETE of a row still
+  removes these cells; the price is that a row re-created after such a DELETE cannot get its
+  first_seen back until the tombstone is purged (the product never deletes these rows).
+  Everything else is a plain idempotent upsert: re-flushing the same batch writes the same
+  values.
 * A failed flush puts its rows back (under anything staged since), raises
   :class:`~app.stores.cassandra_exec.StoreError`, and can simply be retried.
 """
@@ -41,6 +48,8 @@ from app.stores.cassandra_exec import (
 from app.stores.schema import GROUP_MEMBERS, USER_CONVERSATION_STATE, check_user_id
 
 FIRST_SEEN_FIELDS = ("first_seen_mailbox_seq", "first_seen_ts")
+# first_seen cells are stamped FIRST_SEEN_CEILING - first_seen_mailbox_seq (see the docstring).
+FIRST_SEEN_CEILING = 2**50
 # Every non-key column but the write-once ones, in schema order.
 STATE_FIELDS: tuple[str, ...] = tuple(
     name
@@ -103,11 +112,10 @@ class UserConversationStateWriter:
             marks=marks,
         )
         self._first_seen = prepare(
-            "UPDATE {ks}.user_conversation_state SET first_seen_mailbox_seq = ?, first_seen_ts = ?"
-            " WHERE user_id = ? AND conversation_id = ? IF first_seen_mailbox_seq = null"
+            "UPDATE {ks}.user_conversation_state USING TIMESTAMP ?"
+            " SET first_seen_mailbox_seq = ?, first_seen_ts = ?"
+            " WHERE user_id = ? AND conversation_id = ?"
         )
-        # LOCAL_SERIAL: the Paxos round stays in the local data center.
-        self._first_seen.serial_consistency_level = ConsistencyLevel.LOCAL_SERIAL
         member_columns = ", ".join(("conversation_id", "user_id", *MEMBER_FIELDS))
         member_marks = ", ".join("?" * (2 + len(MEMBER_FIELDS)))
         self._upsert_member = prepare(
@@ -121,24 +129,31 @@ class UserConversationStateWriter:
     # -- staging ---------------------------------------------------------------------------------
 
     def stage(self, user_id: int, conversation_id: str, fields: Mapping[str, Any]) -> None:
-        """Stage state fields for (user, conversation); later stages of a field win, except the
-        write-once ``first_seen_*`` (the first staged value wins). Fields are column names or
-        the core's short names (:data:`ALIASES`: ``read_seq``, ``joined_at``, ...)."""
+        """Stage state fields for (user, conversation); later stages of a field win, except
+        ``first_seen_*`` (the pair with the lowest ``first_seen_mailbox_seq`` wins). Fields are
+        column names or the core's short names (:data:`ALIASES`: ``read_seq``, ``joined_at``)."""
         unknown = fields.keys() - _KNOWN_FIELDS
         if unknown:
             raise ValueError(f"unknown user_conversation_state fields: {sorted(unknown)}")
         _check_choice("membership", fields.get("membership"), _MEMBERSHIPS)
         _check_choice("role", fields.get("role"), _ROLES)
+        if "first_seen_ts" in fields or "first_seen_mailbox_seq" in fields:
+            seq = fields.get("first_seen_mailbox_seq")
+            # The seq is the cell timestamp's source: it must come with the ts, as a real seq.
+            if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < FIRST_SEEN_CEILING:
+                raise ValueError(
+                    f"first_seen_* needs first_seen_mailbox_seq as an int in [0, 2^50), got {seq!r}"
+                )
         key = (check_user_id(user_id), _canonical(conversation_id))
         staged = self._state.get(key)
         if staged is None:
             staged = self._state[key] = {}
         for name, value in fields.items():
             name = ALIASES.get(name, name)
-            if name in FIRST_SEEN_FIELDS:
-                staged.setdefault(name, value)
-            else:
+            if name not in FIRST_SEEN_FIELDS:
                 staged[name] = value
+        if "first_seen_mailbox_seq" in fields:
+            _merge_first_seen(staged, fields)
 
     def stage_member(
         self,
@@ -206,10 +221,11 @@ class UserConversationStateWriter:
         for key, fields in state.items():
             newer = self._state.get(key)
             if newer is not None:
-                for name in FIRST_SEEN_FIELDS:  # write-once: the older value is the first
-                    if name in fields:
-                        newer[name] = fields[name]
-                fields = {**fields, **{k: v for k, v in newer.items() if k not in FIRST_SEEN_FIELDS}}
+                merged = {**fields, **{k: v for k, v in newer.items() if k not in FIRST_SEEN_FIELDS}}
+                for source in (fields, newer):
+                    if "first_seen_mailbox_seq" in source:
+                        _merge_first_seen(merged, source)
+                fields = merged
             self._state[key] = fields
         for member_key, row in members.items():
             self._members.setdefault(member_key, row)
@@ -220,34 +236,29 @@ class UserConversationStateWriter:
         from cassandra.query import UNSET_VALUE
 
         writes: list[Write] = []
-        first_seen: list[tuple[Any, Any]] = []
         for (user_id, conversation_id), fields in state.items():
             cid = uuid.UUID(conversation_id)
-            if any(name in fields for name in STATE_FIELDS):
+            first_seen = fields.get("first_seen_mailbox_seq")
+            if first_seen is None or any(name in fields for name in STATE_FIELDS):
+                # An INSERT even with nothing else staged: the row is known, its marker must exist.
                 params = (user_id, cid, *(fields.get(name, UNSET_VALUE) for name in STATE_FIELDS))
                 writes.append((user_id, self._upsert_state, params))
-            elif not any(name in fields for name in FIRST_SEEN_FIELDS):
-                # Staged with no fields: still "known", so the row (marker) must exist.
-                params = (user_id, cid, *(UNSET_VALUE for _ in STATE_FIELDS))
-                writes.append((user_id, self._upsert_state, params))
-            if any(name in fields for name in FIRST_SEEN_FIELDS):
-                # A conditional write cannot share a batch with plain ones: it goes alone.
-                first_seen.append(
-                    (
-                        self._first_seen,
-                        (
-                            fields.get("first_seen_mailbox_seq", UNSET_VALUE),
-                            fields.get("first_seen_ts", UNSET_VALUE),
-                            user_id,
-                            cid,
-                        ),
-                    )
+            if first_seen is not None:
+                # Same partition, so it joins the row's batch; its own timestamp (allowed in a
+                # batch that sets none) makes the lowest seq win.
+                params = (
+                    FIRST_SEEN_CEILING - first_seen,
+                    first_seen,
+                    fields.get("first_seen_ts", UNSET_VALUE),
+                    user_id,
+                    cid,
                 )
+                writes.append((user_id, self._first_seen, params))
         for (conversation_id, user_id), row in members.items():
             cid = uuid.UUID(conversation_id)
             params = (cid, user_id, *(row[name] for name in MEMBER_FIELDS))
             writes.append((cid, self._upsert_member, params))
-        return group_by_partition(writes) + first_seen
+        return group_by_partition(writes)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -268,6 +279,17 @@ class UserConversationStateWriter:
             return list(self.session.execute(statement, params))  # pages are fetched as needed
         except Exception as exc:  # driver errors have no common base worth naming
             raise StoreError(f"cassandra {what} failed: {type(exc).__name__}: {exc}") from None
+
+
+def _merge_first_seen(staged: dict[str, Any], fields: Mapping[str, Any]) -> None:
+    """The first appearance is the lowest mailbox_seq: keep the pair with the lower seq."""
+    seq = fields["first_seen_mailbox_seq"]
+    if staged.get("first_seen_mailbox_seq") is None or seq < staged["first_seen_mailbox_seq"]:
+        staged["first_seen_mailbox_seq"] = seq
+        if "first_seen_ts" in fields:
+            staged["first_seen_ts"] = fields["first_seen_ts"]
+        else:
+            staged.pop("first_seen_ts", None)
 
 
 def _canonical(conversation_id: str) -> str:

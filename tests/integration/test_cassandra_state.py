@@ -141,17 +141,35 @@ async def test_a_row_with_no_values_still_exists(writer: UserConversationStateWr
     assert [row["conversation_id"] for row in writer.load_user(9)] == [conv(3)]
 
 
-async def test_first_seen_is_written_once(writer: UserConversationStateWriter) -> None:
+async def test_first_seen_keeps_the_first_appearance(writer: UserConversationStateWriter) -> None:
     c = conv(4)
     writer.stage(10, c, {"first_seen_mailbox_seq": 100, "first_seen_ts": 5000, "membership": "active"})
     writer.stage(10, c, {"first_seen_mailbox_seq": 120, "first_seen_ts": 6000, "read_conversation_seq": 1})
     await writer.flush()
-    # A replay from a truncated log, or any later stage, cannot move it.
-    writer.stage(10, c, {"first_seen_mailbox_seq": 90, "first_seen_ts": 4000})
+    # A replay after a crash, or a rebuild from a truncated log, restages a later "first"
+    # appearance: it cannot move the stored one.
+    writer.stage(10, c, {"first_seen_mailbox_seq": 130, "first_seen_ts": 7000})
     await writer.flush()
     (row,) = writer.load_user(10)
     assert (row["first_seen_mailbox_seq"], row["first_seen_ts"]) == (100, 5000)
     assert row["read_conversation_seq"] == 1
+    # An earlier appearance (a lower seq) is the truth, whenever it is learnt.
+    writer.stage(10, c, {"first_seen_mailbox_seq": 90, "first_seen_ts": 4000})
+    await writer.flush()
+    (row,) = writer.load_user(10)
+    assert (row["first_seen_mailbox_seq"], row["first_seen_ts"]) == (90, 4000)
+    # And first_seen cells never hide an ordinary delete (their timestamps are below wall time).
+    writer.session.execute(
+        f"DELETE FROM {writer.keyspace}.user_conversation_state WHERE user_id = 10 AND conversation_id = {c}"
+    )
+    assert writer.load_user(10) == []
+
+
+def test_first_seen_needs_its_seq(writer: UserConversationStateWriter) -> None:
+    with pytest.raises(ValueError, match="first_seen_mailbox_seq"):
+        writer.stage(10, conv(4), {"first_seen_ts": 5})
+    with pytest.raises(ValueError, match="first_seen_mailbox_seq"):
+        writer.stage(10, conv(4), {"first_seen_mailbox_seq": None})
 
 
 async def test_u64_user_ids(writer: UserConversationStateWriter) -> None:
@@ -225,7 +243,7 @@ async def test_failed_flush_keeps_the_rows_for_a_retry(
     counting.session = FailingSession()
     with pytest.raises(StoreError):
         await writer.flush()
-    # Staged while the failed flush was out: newer values win, the first first_seen stays.
+    # Staged while the failed flush was out: newer values win, the lowest first_seen stays.
     writer.stage(12, conv(9), {"muted": True, "first_seen_mailbox_seq": 6})
     assert writer.staged == 1
     counting.session = real
@@ -287,4 +305,3 @@ async def test_the_cores_field_names_are_accepted(writer: UserConversationStateW
         True,
         55,
     )
-
