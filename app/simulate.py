@@ -962,7 +962,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_count,
         default=None,
         metavar="MS",
-        help="event time (ts) of the first batch; default now. Fix it for byte-identical --out files",
+        help="event time (ts) of the first batch; default now (fixed + --no-kafka: identical --out per seed)",
     )
     parser.add_argument(
         "--out",
