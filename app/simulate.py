@@ -14,8 +14,10 @@ Two halves, kept apart so the first can be unit tested without servers:
   then produces the entries (key = ``str(user_id)``) and, for each marker of lane L with
   watermark W, waits until the broker has acknowledged every entry of lane L sent so far (all
   of that lane's entries <= W) and only then sends the marker to EVERY partition of the topic
-  (explicit ``partition=``). ``--out`` gets every produced record in produce order (markers
-  once per partition), so ``projector replay`` can run on exactly the stream the workers saw.
+  (explicit ``partition=``). A lane's markers go out in order; one still waiting for acks is
+  superseded by the lane's next (its W covers the same entries), so under load markers thin
+  out instead of lagging. ``--out`` gets every produced record in produce order (markers once
+  per partition), so ``projector replay`` can run on exactly the stream the workers saw.
 
 Watermarks: ``mailbox_seq`` is one global counter, so a lane that has nothing in flight may
 claim the current counter; W for a lane is the counter at the end of the batch after which it
