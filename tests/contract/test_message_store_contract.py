@@ -311,3 +311,38 @@ def test_many_recalls_at_once(writer: Writer, conv: Callable[[], str]) -> None:
     assert [m.recalled for m in writer.store.range(a, 0, 9)] == [True, False, True]
     assert [m.recalled for m in writer.store.range(b, 0, 9)] == [False, True, False]
     assert writer.store.get(b, 9) is None
+
+
+# -- Cassandra-only: conversation heads (no in-memory counterpart) -------------------------------
+
+
+@pytest.fixture
+def cassandra_store(request: pytest.FixtureRequest) -> Any:
+    from app.stores.cassandra_messages import CassandraMessageStore
+
+    session, keyspace = request.getfixturevalue("cassandra_keyspace")
+    return CassandraMessageStore(session, keyspace)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_heads_only_move_forward(cassandra_store: Any, conv: Callable[[], str]) -> None:
+    from app.stores.cassandra_messages import ConversationHead
+
+    a, b, missing = conv(), conv(), conv()
+    cassandra_store.update_head(a, 5, "m5", f"{5:032x}")
+    cassandra_store.update_head(a, 3, "m3", f"{3:032x}")  # late: ignored
+    cassandra_store.update_head(a, 5, "m5", f"{5:032x}")  # again: idempotent
+    # One call, several conversations, out of order: each keeps its highest.
+    cassandra_store.update_heads(
+        [ConversationHead(b, 2, "b2", f"{2:032x}"), ConversationHead(b, 9, "b9", f"{9:032x}"),
+         ConversationHead(b, 4, "b4", f"{4:032x}")]
+    )  # fmt: skip
+    heads = cassandra_store.heads([a, b, missing, a])
+    assert heads == {
+        a: ConversationHead(a, 5, "m5", f"{5:032x}"),
+        b: ConversationHead(b, 9, "b9", f"{9:032x}"),
+    }
+    cassandra_store.update_head(a, 6, "m6", f"{6:032x}")
+    assert cassandra_store.heads([a])[a].last_message_id == "m6"
+    assert cassandra_store.heads([]) == {}
