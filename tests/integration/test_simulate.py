@@ -93,6 +93,25 @@ async def test_simulation_lands_in_kafka_and_cassandra(
     assert len(entries) == report.entries
     assert sum(1 for r in topic_records if r["type"] == "watermark") == report.markers
 
+    # Stronger: each partition holds exactly its share of the file, in the file's order (the
+    # k-th copy of a marker in the file is the one sent to the k-th partition).
+    partition_of_user = {
+        record["user_id"]: partition
+        for partition, records in by_partition.items()
+        for _, record in records
+        if record["type"] != "watermark"
+    }
+    copies: Counter[bytes] = Counter()
+    file_by_partition: dict[int, list[dict[str, Any]]] = {p: [] for p in by_partition}
+    for line, record in zip(lines, file_records, strict=True):
+        if record["type"] == "watermark":
+            partition = sorted(by_partition)[copies[line]]
+            copies[line] += 1
+        else:
+            partition = partition_of_user[record["user_id"]]
+        file_by_partition[partition].append(record)
+    assert file_by_partition == {p: [r for _, r in records] for p, records in by_partition.items()}
+
     last_seq = max(e["mailbox_seq"] for e in entries)
     user_partition: dict[int, int] = {}
     for partition, records in by_partition.items():
