@@ -5,8 +5,9 @@ watermark gate literally (one partition), keeps the list of entries applied per 
 evaluates the definitions for each (user, conversation) from those entries, with no incremental
 state at all. Where DESIGN.md is silent it follows docs/contract-notes.md.
 
-What it does NOT model: flush timing, frames, and unread_exact (the model is always exact; the
-tests check the core's inexact rows against the 200 rule instead).
+What it does NOT model: frame contents (only which rows each flush writes: `flush_schedule`),
+and unread_exact (the model is always exact; the tests check the core's inexact rows against the
+200 rule instead).
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ def _one_of(*values: str) -> Check:
     return lambda v: type(v) is str and v in values
 
 
-# Seqs, ts and created_at have no upper bound in the contract; we read them as u64 like the ids
-# (a JSON integer >= 2^64 is not a u64 anywhere in this system).
+# contract-notes: every int <= 2^64-1 (u64); conversation seqs (`*conversation_seq`) <= 2^64-2.
 SEQ1, SEQ0, U64_ID = _int(1, U64), _int(0, U64), _int(0, U64)
+CSEQ1, CSEQ0 = _int(1, U64 - 1), _int(0, U64 - 1)
 
 COMMON: dict[str, Check] = {
     "mailbox_seq": SEQ1,
@@ -58,14 +59,14 @@ COMMON: dict[str, Check] = {
     "conversation_id": lambda v: type(v) is str and _UUID.fullmatch(v) is not None,
 }
 _TARGET: dict[str, Check] = {
-    "target_conversation_seq": SEQ1,
+    "target_conversation_seq": CSEQ1,
     "target_sender_id": U64_ID,
     "target_counts_unread": _bool,
     "target_mention": _bool,
 }
 TYPES: dict[str, dict[str, Check]] = {
     "message": {
-        "conversation_seq": SEQ1,
+        "conversation_seq": CSEQ1,
         "message_id": _str,
         "activity_id": lambda v: type(v) is str and _ACTIVITY.fullmatch(v) is not None,
         "sender_id": U64_ID,
@@ -73,19 +74,19 @@ TYPES: dict[str, dict[str, Check]] = {
         "counts_unread": _bool,
         "mention": _bool,
     },
-    "read": {"read_conversation_seq": SEQ0},
+    "read": {"read_conversation_seq": CSEQ0},
     "recall": _TARGET,
     "delete_message": _TARGET,
-    "join": {"joined_at_conversation_seq": SEQ0},
-    "leave": {"left_at_conversation_seq": SEQ0, "reason": _one_of("left", "removed")},
+    "join": {"joined_at_conversation_seq": CSEQ0},
+    "leave": {"left_at_conversation_seq": CSEQ0, "reason": _one_of("left", "removed")},
     "pin": {"pin_rank": _int(0, U32)},
     "unpin": {},
     "archive": {},
     "unarchive": {},
     "mute": {},
     "unmute": {},
-    "clear_history": {"hidden_before_conversation_seq": SEQ0},
-    "delete_conversation": {"deleted_before_conversation_seq": SEQ0},
+    "clear_history": {"hidden_before_conversation_seq": CSEQ0},
+    "delete_conversation": {"deleted_before_conversation_seq": CSEQ0},
     "mailbox_dirty": {},
 }
 OPTIONAL: dict[str, dict[str, Check]] = {"join": {"role": _one_of("owner", "admin", "member")}}
@@ -131,7 +132,7 @@ def parse_line(line: bytes, lanes: int) -> tuple[str, Any]:
 
 @dataclass
 class ModelResult:
-    rows: dict[tuple[int, str], dict[str, Any]]  # (user, conversation) -> row (no projection seq)
+    rows: dict[tuple[int, str], dict[str, Any]]  # (user, conversation) -> row
     badges: dict[int, dict[str, Any]]
     stats: dict[str, int]
     applied: list[dict[str, Any]]  # every applied entry, in apply order
@@ -272,6 +273,8 @@ def evaluate_row(pair: tuple[int, str], entries: list[dict[str, Any]]) -> dict[s
         "deleted_before_conversation_seq": deleted,
         "joined_at_conversation_seq": joined_at,
         "left_at_conversation_seq": left_at,
+        # contract-notes: a row's version is the mailbox_seq of the last entry applied to it
+        "projection_mailbox_seq": entries[-1]["mailbox_seq"],
     }
 
 
@@ -320,11 +323,14 @@ def flush_schedule(
         dirty.clear()
 
     for e in applied:
+        if window_start is not None and e["ts"] - window_start >= window_ms:
+            flush()  # the window is over before this entry: it opens the next one
+            window_start = None
         if window_start is None:
             window_start = e["ts"]
         dirty.add((e["user_id"], e["conversation_id"]))
         last[e["user_id"]] = e
-        if len(dirty) > max_dirty_rows or e["ts"] - window_start >= window_ms:
+        if len(dirty) > max_dirty_rows:  # memory bound, after applying
             flush()
             window_start = None
     if dirty:

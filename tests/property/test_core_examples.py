@@ -153,14 +153,31 @@ def _big(b: Builder, n: int = 300, user: int = A) -> None:
         b.message(user, C, s, S, mention=s % 50 == 0)
 
 
+def _inexact(b: Builder) -> None:
+    """A row the core can only recompute from the MessageStore with latest - base = 300: the
+    messages at or below joined_at = 280 are outside the hand, then a (late) join moves joined_at
+    down to 0 below them."""
+    b.add("join", A, C, joined_at_conversation_seq=280)
+    _big(b)
+    b.add("join", A, C, joined_at_conversation_seq=0)
+
+
+def test_reconcile_of_a_big_row_keeps_the_definition() -> None:
+    b = Builder()
+    _big(b)
+    b.add("mailbox_dirty", A, C)  # the hand covers (0, 300]: the value does not change
+    res, _ = check(b.finish())
+    assert counts(core_row(res)) == (300, True, 6, 50)
+
+
 @pytest.mark.parametrize(
     ("after", "want"),
     [
-        # (entry after the reconcile made the row inexact, expected counts)
+        # (entry after the row became inexact, expected counts)
         ({"type": "read", "read_conversation_seq": 250}, (50, True, 1, 300)),
         ({"type": "clear_history", "hidden_before_conversation_seq": 150}, (150, True, 3, 200)),
         ({"type": "leave", "left_at_conversation_seq": 150, "reason": "left"}, (150, True, 3, 50)),
-        # gap 250: stays inexact (200) or becomes exact from the hand; check_all judges exactness
+        # gap 250: stays inexact (200) or becomes exact; check_all judges an exact value
         ({"type": "read", "read_conversation_seq": 50}, None),
         ({"type": "read", "read_conversation_seq": 300}, (0, True, 0, None)),
     ],
@@ -169,8 +186,7 @@ def test_inexact_row_becomes_exact_when_the_gap_closes(
     after: dict[str, Any], want: tuple[Any, ...] | None
 ) -> None:
     b = Builder()
-    _big(b)
-    b.add("mailbox_dirty", A, C)  # (c): latest - base = 300 > 200
+    _inexact(b)
     res, _ = check(b.finish())
     assert counts(core_row(res))[:2] == (200, False)
     fields = {k: v for k, v in after.items() if k != "type"}
@@ -185,8 +201,7 @@ def test_inexact_row_becomes_exact_when_the_gap_closes(
 
 def test_inexact_row_ignores_new_messages_and_recalls() -> None:
     b = Builder()
-    _big(b)
-    b.add("mailbox_dirty", A, C)
+    _inexact(b)
     b.message(A, C, 301, S)
     b.recall(A, C, 299, S)
     res, _ = check(b.finish())

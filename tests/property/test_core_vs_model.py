@@ -59,7 +59,7 @@ def test_core_matches_model(stream: Stream, opts: dict[str, Any]) -> None:
     check_stream(stream, opts)
 
 
-@settings(SETTINGS, max_examples=n(25))
+@settings(SETTINGS, max_examples=n(40))
 @given(stream=streams(scenarios(big=True, max_steps=10), dups=False), opts=options)
 def test_big_rows_match_model_or_are_inexact_beyond_200(stream: Stream, opts: dict[str, Any]) -> None:
     check_stream(stream, opts)
@@ -98,10 +98,6 @@ def test_duplicating_valid_entries_changes_nothing_but_the_duplicate_count(
     }
 
 
-def _without_version(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in r.items() if k != "projection_mailbox_seq"} for r in rows]
-
-
 @SETTINGS
 @given(
     sc=scenarios(),
@@ -113,7 +109,7 @@ def test_permuting_deliveries_across_lanes_keeps_rows_and_badges(
 ) -> None:
     a = replay(deliver(sc, seeds[0], dup_rate=0.05).lines(), sc.lanes, **opts)
     b = replay(deliver(sc, seeds[1], bad_rate=0.05).lines(), sc.lanes, **opts)
-    assert _without_version(a.projections) == _without_version(b.projections)
+    assert a.projections == b.projections  # row versions too: the last entry applied to the row
     assert a.badges == b.badges
     assert a.stats["applied"] == b.stats["applied"] == len(sc.entries)
 
@@ -138,8 +134,9 @@ def test_writes_bounded_by_window(stream: Stream, window_ms: int, include_muted:
 @settings(SETTINGS, max_examples=n(60))
 @given(stream=streams(), opts=options)
 def test_a_lane_that_never_reports_holds_everything_back(stream: Stream, opts: dict[str, Any]) -> None:
-    """--lanes one more than the writers: hi stays 0, every valid entry is pending."""
-    lines = stream.lines()
+    """--lanes one more than the writers: hi stays 0, every valid entry is pending. (No bad
+    lines: a marker with lane out of range for the writers would be valid for the extra lane.)"""
+    lines = stream.lines(bad=False)
     lanes = stream.lanes + 1
     res = replay(lines, lanes, **opts)
     model = run_model(lines, lanes, opts["include_muted"])

@@ -1,7 +1,8 @@
 """Minimal streams for discrepancies found between the core and the contract.
 
 A test marked xfail(strict=True) documents a discrepancy the core still has (the reason says
-which rule it breaks); when the core is fixed it XPASSes and the mark must go."""
+which rule it breaks); when the core is fixed it XPASSes and the mark must go. The tests without
+a mark are discrepancies that were found and fixed (core and contract-notes, 07:56)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from app.replay import ReplayOptions, run_replay
 from tests.property import invariants as inv
 from tests.property.model import run_model
-from tests.strategies import Builder
+from tests.strategies import Builder, dumps
 
 C = "0a0a0a0a-0000-4000-8000-000000000001"
 D = "0b0b0b0b-0000-4000-8000-000000000002"
@@ -25,14 +26,10 @@ def _msg(seq: int, conv: str, cseq: int, ts: int) -> bytes:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract conflict: contract-notes flush AFTER applying the entry that reaches the "
-    "window, so a row with two entries at the same ts on both sides of that flush is written "
-    "twice with span 0, above DESIGN §3.9's ceil(span/window)+1 = 1. Flushing BEFORE applying "
-    "the first entry past the window would keep the bound with equal ts too.",
-)
 def test_two_entries_of_a_row_with_equal_ts_across_a_window_flush() -> None:
+    """Was: flushing AFTER applying the entry that reaches the window wrote a row whose two
+    entries share a ts on both sides of the flush twice (span 0, DESIGN §3.9 allows 1).
+    Now the window closes BEFORE the first entry past it."""
     lines = [
         _msg(1, D, 1, 1000),  # opens the window
         _msg(2, C, 1, 1010),  # reaches it: flush (D, C)
@@ -43,14 +40,9 @@ def test_two_entries_of_a_row_with_equal_ts_across_a_window_flush() -> None:
     inv.writes_bounded_by_window(res, run_model(lines), 10)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the core caps mailbox_seq / ts / watermark at 2^63-1 (int64) and dead-letters "
-    "larger values; the contract bounds none of them (contract-notes: '>= 1' / '>= 0', ids "
-    "are u64), so a u64 value like 2^63 is a valid entry",
-)
 @pytest.mark.parametrize("field", ["mailbox_seq", "ts", "watermark"])
 def test_u64_seqs_above_int64_are_valid(field: str) -> None:
+    """Was: mailbox_seq / ts / watermark capped at 2^63-1 (int64) and dead-lettered above."""
     big = 1 << 63
     seq, ts, w = (big, 5, big) if field == "mailbox_seq" else (1, 5, 1)
     if field == "ts":
@@ -63,15 +55,11 @@ def test_u64_seqs_above_int64_are_valid(field: str) -> None:
     assert res.stats["dead_letters"] == 0 and res.stats["applied"] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DESIGN §2: mailbox_dirty recomputes the row and 'the definition's value does not "
-    "change'. A recall fanned out to the current members only (A had left) reaches the "
-    "MessageStore through B; A's reconcile then drops m1 from A's count (2 -> 1), while without "
-    "the reconcile A keeps 2: the row depends on reconcile timing under either reading of "
-    "'recalled' (per the user's entries, or global).",
-)
 def test_reconcile_does_not_change_the_value_when_a_recall_missed_a_former_member() -> None:
+    """Was: a recall fanned out to the current members only (A had left) reached the
+    MessageStore through B; A's mailbox_dirty then dropped m1 from A's count (2 -> 1) while
+    without it A kept 2 (DESIGN §2: a reconcile does not change the definition's value)."""
+
     def lines(with_dirty: bool) -> list[bytes]:
         b = Builder()
         a, other, sender = 1, 2, 3
@@ -91,3 +79,25 @@ def test_reconcile_does_not_change_the_value_when_a_recall_missed_a_former_membe
     plain = row_of_a(run_replay(lines(False), ReplayOptions()))
     reconciled = row_of_a(run_replay(lines(True), ReplayOptions()))
     assert reconciled["unread_count"] == plain["unread_count"]
+
+
+@pytest.mark.parametrize(
+    ("patch", "valid"),
+    [
+        ({"mailbox_seq": (1 << 64) - 1}, True),
+        ({"mailbox_seq": 1 << 64}, False),
+        ({"conversation_seq": (1 << 64) - 2}, True),
+        ({"conversation_seq": (1 << 64) - 1}, False),
+        ({"created_at": (1 << 64) - 1}, True),
+    ],
+)
+def test_int_upper_bounds(patch: dict[str, int], valid: bool) -> None:
+    b = Builder()
+    e = b.message(1, C, 1, 2)
+    e.update(patch)
+    lines = [dumps(e), b'{"type":"watermark","lane":0,"watermark":%d,"ts":0}' % ((1 << 64) - 1)]
+    res = run_replay(lines, ReplayOptions())
+    model = run_model(lines)
+    assert model.stats["dead_letters"] == (0 if valid else 1)
+    assert res.stats == {**res.stats, **model.stats}
+    inv.check_all(res, model, False, 5000, 100_000)
