@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("app.replay_cli", "Run mailbox entries from a file through the core; write projections"),
     "bootstrap": ("app.bootstrap", "Create the Cassandra schema and the Kafka topics (idempotent)"),
+    "worker": ("app.worker_cli", "Run a projector worker (faust) on mailbox-tail; settings from PROJECTOR_*"),
     "simulate": ("app.simulate", "Generate mailbox traffic: messages stored first, then entries and markers"),
 }
 

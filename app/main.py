@@ -51,12 +51,11 @@ def create_app(settings: Settings) -> tuple[faust.App, dict[str, WorkerCore]]:
         topic_disable_leader=True,
         key_serializer="raw",
         value_serializer="raw",
-        web_enabled=settings.worker_web_port > 0,
+        web_enabled=settings.worker_web_port > 0,  # 0: no web server (several workers per host)
         web_host=settings.worker_web_host,
         web_port=max(settings.worker_web_port, 1),
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,
-        logging_config=None,
     )
     mailbox = app.topic(
         settings.topic_mailbox_tail,
@@ -105,8 +104,6 @@ def create_app(settings: Settings) -> tuple[faust.App, dict[str, WorkerCore]]:
 
 
 def build_core(settings: Settings, tables: FaustStateTables, outbox: KafkaOutbox) -> WorkerCore:
-    import redis.asyncio as aioredis
-
     from app.stores.cassandra_messages import CassandraMessageStore
     from app.stores.cassandra_session import open_cluster
     from app.stores.cassandra_state import UserConversationStateWriter
@@ -123,7 +120,9 @@ def build_core(settings: Settings, tables: FaustStateTables, outbox: KafkaOutbox
     return WorkerCore(
         config,
         message_store=CassandraMessageStore(session, settings.cassandra_keyspace),
-        projection_store=RedisProjectionStore(aioredis.Redis.from_url(settings.redis_url)),
+        projection_store=RedisProjectionStore.from_settings(
+            settings, settings.projection_namespace, count_writes=settings.projection_count_writes
+        ),
         tables=tables,
         outbox=outbox,
         state_writer=UserConversationStateWriter(session, settings.cassandra_keyspace),

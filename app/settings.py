@@ -29,6 +29,7 @@ _FALSE = frozenset({"0", "false", "no", "off"})
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 # An unquoted CQL identifier (Cassandra caps keyspace names at 48 characters).
 _KEYSPACE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,47}")
+_NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _HOST_PORT_RE = re.compile(r"(?P<host>[^\s:,]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
 
 
@@ -71,12 +72,18 @@ class Settings:
     # Beyond this distance between base and latest, unread becomes inexact (shown as 99+).
     unread_precise_limit: int = 200
 
+    # --- projection store (Redis) -----------------------------------------------------------------
+    # Key prefix of the serving projection; a rebuild writes another namespace and swaps.
+    projection_namespace: str = "proj"
+    # Count persistent writes per (user, conversation) in the store (audit of DESIGN §3.9's bound).
+    projection_count_writes: bool = False
+
     # --- processes -----------------------------------------------------------------------------
     app_id: str = "session-projector"
     # The worker's local state (faust's RocksDB stores); rebuilt from changelogs when lost.
     data_dir: str = ".local/worker"
     worker_web_host: str = "127.0.0.1"
-    worker_web_port: int = 6066
+    worker_web_port: int = 6066  # 0 disables the worker's web server (several workers per host)
     api_host: str = "127.0.0.1"
     api_port: int = 8080
     log_level: str = "INFO"
@@ -153,15 +160,11 @@ class Settings:
             if m is None or not 0 < int(m["port"]) < 65536:
                 p.append(f"kafka_bootstrap: {part.strip()!r} is not HOST:PORT")
         if not re.fullmatch(r"(rediss?|unix)://\S+", self.redis_url):
-            p.append(
-                f"redis_url: {self.redis_url!r} must start with redis://, rediss:// or unix://"
-            )
+            p.append(f"redis_url: {self.redis_url!r} must start with redis://, rediss:// or unix://")
         if not self.cassandra_contact_points or any(
             not h or h != h.strip() or "," in h for h in self.cassandra_contact_points
         ):
-            p.append(
-                f"cassandra_contact_points: {self.cassandra_contact_points!r} needs host names"
-            )
+            p.append(f"cassandra_contact_points: {self.cassandra_contact_points!r} needs host names")
         if not _KEYSPACE_RE.fullmatch(self.cassandra_keyspace):
             p.append(
                 f"cassandra_keyspace: {self.cassandra_keyspace!r} is not a CQL identifier "
@@ -169,8 +172,11 @@ class Settings:
             )
         for name in ("cassandra_port", "worker_web_port", "api_port"):
             port = getattr(self, name)
-            if not 0 < port < 65536:
-                p.append(f"{name}: {port} is not a TCP port (1..65535)")
+            lowest = 0 if name == "worker_web_port" else 1
+            if not lowest <= port < 65536:
+                p.append(f"{name}: {port} is not a TCP port ({lowest}..65535)")
+        if not _NAMESPACE_RE.fullmatch(self.projection_namespace):
+            p.append(f"projection_namespace: {self.projection_namespace!r} must match [A-Za-z0-9._-]{{1,64}}")
         topics = self.topics
         for name, topic in zip(
             ("topic_mailbox_tail", "topic_session_delta", "topic_badge", "topic_dead_letter"),

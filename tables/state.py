@@ -25,10 +25,8 @@ def declare_tables(app: faust.App, partitions: int) -> dict[str, Any]:
             name,
             default=None,
             partitions=partitions,
-            key_type=str,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
+            # No key/value types: the app's raw serializers pass bytes through untouched (str keys
+            # are encoded as UTF-8); values are msgpack/JSON bytes made by the worker core.
             help=help_text,
         )
 

@@ -1,0 +1,35 @@
+"""`projector worker`: one worker of the fleet (the same app as `faust -A app.main worker`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        "Every setting comes from PROJECTOR_* environment variables (see README); several "
+        "workers with the same PROJECTOR_APP_ID share the partitions of mailbox-tail."
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.settings import Settings, SettingsError
+
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        print(f"projector worker: {exc}", file=sys.stderr)
+        return 2
+    from app.stores.cassandra_session import CassandraUnavailable
+
+    try:
+        from app.main import app
+    except CassandraUnavailable as exc:
+        print(f"projector worker: {exc}", file=sys.stderr)
+        return 1
+    from faust import Worker
+
+    worker = Worker(app, loglevel=settings.log_level.lower())
+    worker.execute_from_commandline()  # runs until stopped (SIGTERM/SIGINT); exits the process
+    return 0

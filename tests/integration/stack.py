@@ -1,0 +1,185 @@
+"""A private copy of the product's stack for one test: unique topics, keyspace, Redis namespace,
+consumer group and worker data dir on the shared local servers; workers as subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from app.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECTOR = [sys.executable, "-m", "app.cli"]
+
+
+class Stack:
+    def __init__(self, name: str, tmp: Path, partitions: int = 2, lanes: int = 2, **overrides: str) -> None:
+        self.tmp = tmp
+        self.env = {
+            **os.environ,
+            "PROJECTOR_APP_ID": f"{name}-app",
+            "PROJECTOR_TOPIC_MAILBOX_TAIL": f"{name}-mailbox-tail",
+            "PROJECTOR_TOPIC_SESSION_DELTA": f"{name}-session-delta",
+            "PROJECTOR_TOPIC_BADGE": f"{name}-badge",
+            "PROJECTOR_TOPIC_DEAD_LETTER": f"{name}-dead-letter",
+            "PROJECTOR_TOPIC_PARTITIONS": str(partitions),
+            "PROJECTOR_CASSANDRA_KEYSPACE": name.replace("-", "_")[:48],
+            "PROJECTOR_PROJECTION_NAMESPACE": name,
+            "PROJECTOR_LANES": str(lanes),
+            "PROJECTOR_PROJECTION_COMPACTION_WINDOW_MS": "300",
+            "PROJECTOR_WORKER_WEB_PORT": "0",
+            "PROJECTOR_LOG_LEVEL": "INFO",
+            **overrides,
+        }
+        self.settings = Settings.from_env(self.env)
+        self.workers: list[subprocess.Popen[bytes]] = []
+
+    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[bytes]:
+        done = subprocess.run(
+            [*PROJECTOR, *args], cwd=ROOT, env=self.env, capture_output=True, timeout=timeout, check=False
+        )
+        if done.returncode != 0:
+            raise AssertionError(
+                f"projector {' '.join(args)} exited {done.returncode}:\n{done.stderr.decode()[-3000:]}"
+            )
+        return done
+
+    def start_worker(self, index: int = 0) -> subprocess.Popen[bytes]:
+        log = (self.tmp / f"worker-{index}.log").open("ab")
+        env = {**self.env, "PROJECTOR_DATA_DIR": str(self.tmp / f"worker-{index}-data")}
+        proc = subprocess.Popen(
+            [*PROJECTOR, "worker"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        )
+        self.workers.append(proc)
+        return proc
+
+    def log_tail(self, index: int = 0, lines: int = 60) -> str:
+        path = self.tmp / f"worker-{index}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def stop_workers(self, sig: int = signal.SIGTERM) -> None:
+        for proc in self.workers:
+            if proc.poll() is None:
+                proc.send_signal(sig)
+        for proc in self.workers:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    async def projection(self, user_ids: list[int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Rows and badges as the Redis projection store holds them (replay's file layout)."""
+        from app.stores.redis_projection import RedisProjectionStore
+
+        store = RedisProjectionStore.from_settings(self.settings, self.settings.projection_namespace)
+        try:
+            rows: list[dict[str, Any]] = []
+            badges: list[dict[str, Any]] = []
+            for user_id in user_ids:
+                stored = await store.load(user_id)
+                rows += [stored.rows[cid] for cid in sorted(stored.rows)]
+                badges.append(
+                    {
+                        "user_id": user_id,
+                        "total_unread": stored.total_unread,
+                        "total_mention": stored.total_mention,
+                        "muted_unread": stored.muted_unread,
+                        "projection_mailbox_seq": stored.projection_mailbox_seq,
+                    }
+                )
+            return rows, badges
+        finally:
+            await store.aclose()
+
+    async def wait_for_versions(
+        self, expected: dict[int, int], timeout: float, alive: Callable[[], None]
+    ) -> None:
+        """Until every user's stored version reached the expected one (the replay's)."""
+        from app.stores.redis_projection import RedisProjectionStore
+
+        store = RedisProjectionStore.from_settings(self.settings, self.settings.projection_namespace)
+        users = sorted(expected)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                versions = await store.versions(users)
+                behind = [u for u, v in zip(users, versions, strict=True) if v < expected[u]]
+                if not behind:
+                    return
+                alive()
+                if time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"{len(behind)} users still behind after {timeout}s, e.g. {behind[:3]}"
+                    )
+                await asyncio.sleep(0.5)
+        finally:
+            await store.aclose()
+
+    async def consume(
+        self, topic: str, until: Callable[[list[dict[str, Any]]], bool], timeout: float
+    ) -> list[dict[str, Any]]:
+        from aiokafka import AIOKafkaConsumer
+
+        consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=self.settings.kafka_bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            group_id=None,
+        )
+        await consumer.start()
+        out: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        try:
+            while not until(out):
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{topic}: condition not met after {timeout}s ({len(out)} records)")
+                batch = await consumer.getmany(timeout_ms=500)
+                for records in batch.values():
+                    out += [orjson.loads(r.value) for r in records]
+        finally:
+            await consumer.stop()
+        return out
+
+    async def cleanup(self) -> None:
+        self.stop_workers(signal.SIGKILL)
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        from app.stores.redis_projection import RedisProjectionStore
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
+        await admin.start()
+        try:
+            present = set(await admin.list_topics())
+            prefix = self.settings.app_id.removesuffix("-app")
+            doomed = [t for t in present if t.startswith(prefix)]
+            if doomed:
+                await admin.delete_topics(doomed)
+        finally:
+            await admin.close()
+        store = RedisProjectionStore.from_settings(self.settings, self.settings.projection_namespace)
+        try:
+            await store.delete_all()
+        finally:
+            await store.aclose()
+        from app.stores.cassandra_session import open_cluster
+
+        cluster, session = open_cluster(self.settings)
+        try:
+            session.execute(f"DROP KEYSPACE IF EXISTS {self.settings.cassandra_keyspace}", timeout=120)
+        finally:
+            cluster.shutdown()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
