@@ -107,8 +107,7 @@ def ensure_cassandra_schema(
 def _table_columns(session: Any, keyspace: str, table: str) -> set[str] | None:
     """Column names of an existing table, or None when the table does not exist."""
     rows = session.execute(
-        "SELECT column_name FROM system_schema.columns"
-        " WHERE keyspace_name = %s AND table_name = %s",
+        "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s AND table_name = %s",
         (keyspace, table),
     )
     names = {row.column_name for row in rows}
@@ -176,9 +175,7 @@ async def ensure_topics(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--skip-cassandra", action="store_true", help="do not touch the Cassandra schema"
-    )
+    parser.add_argument("--skip-cassandra", action="store_true", help="do not touch the Cassandra schema")
     parser.add_argument("--skip-kafka", action="store_true", help="do not touch the Kafka topics")
     parser.add_argument(
         "--timeout",

@@ -124,9 +124,7 @@ def _versions(frame: Frame) -> tuple[int, int]:
     version = _int(frame, "projection_mailbox_seq")
     prev = _int(frame, "prev_projection_mailbox_seq")
     if prev >= version:
-        raise FrameError(
-            f"prev_projection_mailbox_seq {prev} must be below projection_mailbox_seq {version}"
-        )
+        raise FrameError(f"prev_projection_mailbox_seq {prev} must be below projection_mailbox_seq {version}")
     return version, prev
 
 
@@ -208,9 +206,7 @@ class SessionView:
 
     # -- changing
 
-    def reset(
-        self, rows: Iterable[Row], version: int, *, badge: Badge | None = None
-    ) -> None:
+    def reset(self, rows: Iterable[Row], version: int, *, badge: Badge | None = None) -> None:
         """Load a fresh pull: the whole list as of ``version`` (replaces everything held)."""
         if version < 0:
             raise ValueError(f"version must be >= 0, got {version}")
@@ -366,9 +362,7 @@ class DeltaMerger:
             pending = self._pending[user_id] = _Pending(opened_at_ms=now_ms)
         if segment is None:
             held = pending.badge
-            if held is None or _int(held, "projection_mailbox_seq") < _int(
-                frame, "projection_mailbox_seq"
-            ):
+            if held is None or _int(held, "projection_mailbox_seq") < _int(frame, "projection_mailbox_seq"):
                 pending.badge = frame
         else:
             self._hold(pending, segment)

@@ -42,10 +42,7 @@ class Table:
         cols = ",\n    ".join(f"{name} {cql_type}" for name, cql_type in self.columns)
         pk = "(" + ", ".join(self.partition_key) + ")"
         key = ", ".join([pk, *(c for c, _ in self.clustering)])
-        cql = (
-            f"CREATE TABLE IF NOT EXISTS {keyspace}.{self.name} (\n    {cols},\n"
-            f"    PRIMARY KEY ({key})\n)"
-        )
+        cql = f"CREATE TABLE IF NOT EXISTS {keyspace}.{self.name} (\n    {cols},\n    PRIMARY KEY ({key})\n)"
         options = []
         if self.clustering:
             order = ", ".join(f"{c} {d}" for c, d in self.clustering)
