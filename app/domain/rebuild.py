@@ -1,0 +1,86 @@
+"""Rows from durable state when the mailbox log cannot be replayed (DESIGN §5 fill-in, §6).
+
+UserConversationState (which conversations, flags, read/hidden/deleted watermarks, membership)
+plus the MessageStore (heads, messages) give back every field of a row, with unread by the same
+rules: the hand is empty, so the bounded recompute reads the MessageStore — exact when
+`latest - base <= limit`, else `limit` with `unread_exact = false`.
+
+What state cannot know exactly: the row's own `projection_mailbox_seq` (the last entry applied to
+the row; state keeps `updated_mailbox_seq`, the last *state* change, and message entries do not
+move it), and per-user mention knowledge beyond what the MessageStore's mention sets hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from app.domain.conversation import ConversationState
+from app.domain.ports import MessageStore
+from app.domain.unread import UNREAD_PRECISE_LIMIT, recompute
+
+
+class Head(NamedTuple):
+    conversation_seq: int
+    message_id: str
+    activity_id: str
+
+
+def _int(state: Mapping[str, Any], name: str) -> int:
+    value = state.get(name)
+    return int(value) if value is not None else 0
+
+
+def row_from_state(
+    user_id: int,
+    conversation_id: str,
+    state: Mapping[str, Any],
+    head: Head | None,
+    store: MessageStore,
+    limit: int = UNREAD_PRECISE_LIMIT,
+) -> ConversationState:
+    """One row rebuilt from a UserConversationState row and the conversation's head."""
+    row = ConversationState(user_id, conversation_id)
+    row.membership = str(state.get("membership") or "active")
+    row.role = str(state.get("role") or "member")
+    row.joined_at = _int(state, "joined_at_conversation_seq")
+    left_at = state.get("left_at_conversation_seq")
+    row.left_at = int(left_at) if left_at is not None and row.membership != "active" else None
+    row.read_seq = _int(state, "read_conversation_seq")
+    row.hidden_before = _int(state, "hidden_before_conversation_seq")
+    row.deleted_before = _int(state, "deleted_before_conversation_seq")
+    pin_rank = state.get("pin_rank")
+    row.pin_rank = int(pin_rank) if pin_rank is not None else None
+    row.archived = bool(state.get("archived"))
+    row.muted = bool(state.get("muted"))
+    row.version = _int(state, "updated_mailbox_seq")
+    row._rebase()
+    _set_head(row, head, store, limit)
+    # The hand holds nothing: it is complete only above the head. The recompute fills
+    # (base, latest] from the MessageStore.
+    row.floor = row.latest
+    if row.latest > row.base:
+        recompute(row, store, limit)
+    return row
+
+
+def _set_head(row: ConversationState, head: Head | None, store: MessageStore, limit: int) -> None:
+    """The highest visible message: the conversation head, or for a former member the highest
+    stored message at or below left_at (searched in bounded windows)."""
+    if head is None:
+        return
+    if row.left_at is None or head.conversation_seq <= row.left_at:
+        row.head_seq, row.head_message_id, row.head_activity_id = head
+        row.received.add(head.conversation_seq)
+        return
+    upto = row.left_at
+    while upto > 0:
+        window = store.range(row.conversation_id, max(0, upto - limit), upto)
+        if window:
+            top = window[-1]
+            row.head_seq = top.conversation_seq
+            row.head_message_id = top.message_id
+            row.head_activity_id = top.activity_id
+            row.received.add(top.conversation_seq)
+            return
+        upto -= limit
