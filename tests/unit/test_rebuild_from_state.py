@@ -57,9 +57,9 @@ def test_cleared_deleted_pinned_and_read_rows_come_back() -> None:
 def test_a_former_member_is_frozen_at_left_at() -> None:
     s = Stream()
     for seq in range(1, 6):
-        s.message(ME, seq)
-        s.message(99, seq, sender=ME)  # another member keeps receiving after ME left
+        s.message(ME, seq, sender=5)
+        s.message(99, seq, sender=5)  # another member keeps receiving after ME left
     s.entry("leave", ME, CONV_A, left_at_conversation_seq=3, reason="left")
     for seq in range(6, 9):
-        s.message(99, seq, sender=ME)
+        s.message(99, seq, sender=5)
     rebuilt_equals_replayed(s, {CONV_A: 8})
