@@ -23,6 +23,9 @@ from typing import Any, ClassVar
 ENV_PREFIX = "PROJECTOR_"
 
 _LOG_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"})
+_FILL_MODES = frozenset({"never", "empty", "always"})
+# HMAC-SHA256 keys shorter than this are guessable in practice; 32 chars of token_urlsafe = 192 bits.
+API_SECRET_MIN_CHARS = 32
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 # Kafka's legal topic characters; the length bound leaves room for faust's changelog suffixes.
@@ -87,6 +90,25 @@ class Settings:
     api_host: str = "127.0.0.1"
     api_port: int = 8080
     log_level: str = "INFO"
+
+    # --- query API (DESIGN §5; `projector api`, `projector token`) -----------------------------
+    # HMAC-SHA256 key for bearer tokens and page cursors. Empty = not configured: `projector api`
+    # and `projector token` refuse to start, so no deployment runs on a guessable default.
+    # Generate one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`.
+    api_secret: str = dataclasses.field(default="", repr=False)  # never in logs or tracebacks
+    # Lifetime of a token minted by `projector token` when --ttl is not given.
+    api_token_ttl_s: int = 3600
+    # A snapshot (one user's ordered list) lives this long after its load, then is reloaded.
+    api_snapshot_ttl_ms: int = 300_000
+    # At most this many rows go into one user's snapshot (the seed's max_conversations_per_user).
+    api_snapshot_max_rows: int = 5000
+    # LRU bound on the rows held by all snapshots together (memory: ~1 KB per row).
+    api_snapshot_cache_rows: int = 500_000
+    # When the API fills rows missing from the projection store from Cassandra (DESIGN §5):
+    # "empty" = only when the store holds nothing for the user (projection lost, user not yet
+    # flushed), "always" = join UserConversationState on every snapshot load (also catches
+    # single lost rows; one Cassandra partition read per load), "never".
+    api_fill_from_state: str = "empty"
 
     env_prefix: ClassVar[str] = ENV_PREFIX
 
@@ -207,6 +229,19 @@ class Settings:
         for name in ("worker_web_host", "api_host"):
             if not getattr(self, name).strip():
                 p.append(f"{name}: empty")
+        if self.api_secret and len(self.api_secret) < API_SECRET_MIN_CHARS:
+            p.append(f"api_secret: {len(self.api_secret)} characters; use at least {API_SECRET_MIN_CHARS}")
+        for name in ("api_token_ttl_s", "api_snapshot_ttl_ms", "api_snapshot_max_rows"):
+            if getattr(self, name) < 1:
+                p.append(f"{name}: {getattr(self, name)} must be >= 1")
+        if self.api_snapshot_cache_rows < self.api_snapshot_max_rows:
+            # Otherwise one heavy user's snapshot could never be cached at all.
+            p.append(
+                f"api_snapshot_cache_rows: {self.api_snapshot_cache_rows} must be >= "
+                f"api_snapshot_max_rows ({self.api_snapshot_max_rows})"
+            )
+        if self.api_fill_from_state not in _FILL_MODES:
+            p.append(f"api_fill_from_state: {self.api_fill_from_state!r} is not one of always, empty, never")
         if self.log_level not in _LOG_LEVELS:
             levels = ", ".join(sorted(_LOG_LEVELS))
             p.append(f"log_level: {self.log_level!r} is not one of {levels}")

@@ -3,6 +3,7 @@ the values validate, and ports/topic names match the Settings defaults (and the 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -23,11 +24,19 @@ def compose() -> dict[str, Any]:
     return data
 
 
+# `${NAME:?message}`: compose takes the value from the host environment and refuses to start
+# without it. The tests stand in a valid value, as a host would provide.
+_REQUIRED_FROM_HOST = re.compile(r"\$\{(?P<name>[A-Z_]+):\?[^}]*\}")
+HOST_VALUES = {"PROJECTOR_API_SECRET": "x" * 32}
+
+
 def _env(service: dict[str, Any]) -> dict[str, str]:
     env = service.get("environment", {})
     if isinstance(env, list):  # the `- KEY=value` form
         env = dict(item.split("=", 1) for item in env)
-    return {str(k): str(v) for k, v in env.items()}
+    return {
+        str(k): _REQUIRED_FROM_HOST.sub(lambda m: HOST_VALUES[m["name"]], str(v)) for k, v in env.items()
+    }
 
 
 def test_the_stack_has_every_role(compose: dict[str, Any]) -> None:
@@ -83,3 +92,12 @@ def test_published_ports_are_loopback_only_and_match_the_api(compose: dict[str, 
         for spec in ports:
             assert str(spec).startswith("127.0.0.1:"), f"{name} publishes {spec} beyond loopback"
     assert published["api"] == [f"127.0.0.1:{DEFAULTS.api_port}:{DEFAULTS.api_port}"]
+
+
+def test_the_api_secret_comes_from_the_host_never_from_the_file(compose: dict[str, Any]) -> None:
+    raw = compose["services"]["api"]["environment"]["PROJECTOR_API_SECRET"]
+    assert _REQUIRED_FROM_HOST.fullmatch(raw), raw
+    settings = Settings.from_env(_env(compose["services"]["api"]))
+    assert settings.api_secret == HOST_VALUES["PROJECTOR_API_SECRET"]
+    for role in ("bootstrap", "worker"):  # only the API needs the key
+        assert "PROJECTOR_API_SECRET" not in _env(compose["services"][role])

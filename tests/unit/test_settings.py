@@ -111,3 +111,40 @@ def test_direct_construction_is_validated_too() -> None:
 def test_process_environment_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PROJECTOR_LANES", "5")
     assert Settings.from_env().lanes == 5
+
+
+# --- query API settings (issue 5) ---------------------------------------------------------------
+
+
+def test_api_defaults_follow_the_design() -> None:
+    s = Settings()
+    assert s.api_secret == ""  # not configured: `projector api` / `projector token` refuse to start
+    assert s.api_snapshot_ttl_ms == 300_000  # seed §6.1: snapshot_ttl 5 min
+    assert s.api_snapshot_max_rows == 5000  # max_conversations_per_user
+    assert s.api_snapshot_cache_rows >= s.api_snapshot_max_rows
+    assert s.api_fill_from_state == "empty"
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"PROJECTOR_API_SECRET": "short"}, "api_secret: 5 characters; use at least 32"),
+        ({"PROJECTOR_API_TOKEN_TTL_S": "0"}, "api_token_ttl_s: 0 must be >= 1"),
+        ({"PROJECTOR_API_SNAPSHOT_TTL_MS": "-5"}, "api_snapshot_ttl_ms: -5 must be >= 1"),
+        ({"PROJECTOR_API_SNAPSHOT_MAX_ROWS": "0"}, "api_snapshot_max_rows: 0 must be >= 1"),
+        ({"PROJECTOR_API_SNAPSHOT_CACHE_ROWS": "10"}, "api_snapshot_cache_rows: 10 must be >="),
+        ({"PROJECTOR_API_FILL_FROM_STATE": "sometimes"}, "api_fill_from_state: 'sometimes'"),
+    ],
+)
+def test_invalid_api_values_give_clear_errors(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env(env)
+    assert fragment in str(err.value)
+
+
+def test_the_api_secret_never_shows_in_repr_or_errors() -> None:
+    secret = "s3cr3t-" * 6
+    assert secret not in repr(Settings(api_secret=secret))
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env({"PROJECTOR_API_SECRET": "tiny-secret"})
+    assert "tiny-secret" not in str(err.value)
