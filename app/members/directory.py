@@ -399,6 +399,8 @@ class MemberDirectory:
         for task in list(self._tasks):
             if task is not current:
                 task.cancel()
+        for request in self._inflight.values():
+            request.cancel()  # nobody of the new generation may join it, so nobody needs it
         self._inflight.clear()
         self._traversal = None
 
