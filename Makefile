@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup run test test-fast lint typecheck check services-up services-down services-status bench clean
+.PHONY: help setup run test test-fast lint typecheck check services-up services-down services-status bench clean proto
 
 help: ## List the targets with what they do
 	@awk 'BEGIN {FS = ":.*?## "} /^[a-zA-Z_-]+:.*?## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -50,3 +50,6 @@ bench: setup ## Benchmarks, reported as ratios against baselines run side by sid
 
 clean: ## Remove build and test caches (not the servers' data)
 	rm -rf .mypy_cache .ruff_cache .pytest_cache .hypothesis build *.egg-info
+
+proto: ## Regenerate app/api/cursor_pb2.py(+.pyi) from proto/cursor.proto (protoc from grpcio-tools, own venv)
+	bash proto/generate.sh

@@ -15,6 +15,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bootstrap": ("app.bootstrap", "Create the Cassandra schema and the Kafka topics (idempotent)"),
     "worker": ("app.worker_cli", "Run a projector worker (faust) on mailbox-tail; settings from PROJECTOR_*"),
     "simulate": ("app.simulate", "Generate mailbox traffic: messages stored first, then entries and markers"),
+    "api": ("app.api_cli", "Serve the query API (session list pages, badge) over HTTP"),
+    "token": ("app.api.token_cli", "Mint a bearer token for the query API: token USER_ID [--ttl SECONDS]"),
 }
 
 

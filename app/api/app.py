@@ -1,0 +1,228 @@
+"""``create_app(settings, deps)``: the aiohttp application of the query API.
+
+Routes come from resource modules (:data:`RESOURCES`); each gives its routes with their OpenAPI
+operations, and /openapi.json is built from that same list. Middlewares, outermost first:
+
+1. errors: every failure becomes a JSON body ``{"error": {status, code, message}}``. Bad input
+   is a 4xx raised on purpose (ApiError); a store that is down is 503; anything unexpected is
+   logged and answered 500 without internals.
+2. timing: ``Server-Timing: app;dur=<ms>`` on every response (the bench reads server-side
+   latency from it).
+3. auth: a bearer token (app/api/tokens.py) on every route but the public description.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from aiohttp import web
+
+from app.api import badge, sessions
+from app.api.cursor import CursorCodec
+from app.api.http import (
+    CONTEXT,
+    USER,
+    ApiContext,
+    ApiError,
+    Deps,
+    Handler,
+    Route,
+    error_body,
+)
+from app.api.snapshots import SessionLists, SnapshotCache
+from app.api.tokens import TokenError, TokenSigner
+from app.settings import Settings
+from app.stores.cassandra_exec import StoreError
+from app.stores.redis_projection import ProjectionStoreError
+
+log = logging.getLogger(__name__)
+
+# One entry per resource module; the member directory adds `members.routes` / `members.SCHEMAS`.
+RESOURCES: Final[tuple[tuple[Callable[[ApiContext], list[Route]], dict[str, Any]], ...]] = (
+    (sessions.routes, sessions.SCHEMAS),
+    (badge.routes, badge.SCHEMAS),
+)
+
+OPENAPI_PATH: Final = "/openapi.json"
+
+
+class ApiConfigError(ValueError):
+    """The settings cannot run an API (no secret)."""
+
+
+def create_app(settings: Settings, deps: Deps) -> web.Application:
+    if not settings.api_secret:
+        raise ApiConfigError(
+            "PROJECTOR_API_SECRET is not set: the API signs tokens and cursors with it "
+            "(at least 32 characters; e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    cache = SnapshotCache(settings.api_snapshot_cache_rows, settings.api_snapshot_ttl_ms, deps.clock_ms)
+    lists = SessionLists(
+        deps.projections,
+        cache,
+        max_rows=settings.api_snapshot_max_rows,
+        state=deps.state,
+        fill_mode=settings.api_fill_from_state,
+    )
+    ctx = ApiContext(
+        settings=settings,
+        deps=deps,
+        tokens=TokenSigner(settings.api_secret),
+        cursors=CursorCodec(settings.api_secret),
+        lists=lists,
+    )
+    routes: list[Route] = []
+    schemas: dict[str, Any] = {}
+    for make_routes, resource_schemas in RESOURCES:
+        routes.extend(make_routes(ctx))
+        schemas.update(resource_schemas)
+    description = openapi(routes, schemas)
+
+    async def serve_description(request: web.Request) -> web.Response:
+        return web.json_response(description)
+
+    routes.append(Route("GET", OPENAPI_PATH, serve_description, _OPENAPI_OPERATION, public=True))
+    description["paths"][OPENAPI_PATH] = {"get": dict(_OPENAPI_OPERATION, security=[])}
+
+    public = frozenset(r.path for r in routes if r.public)
+    app = web.Application(middlewares=[_errors, _timing, _auth(ctx, public)])
+    app[CONTEXT] = ctx
+    for route in routes:
+        # No implicit HEAD: every served method is one the description names.
+        if route.method == "GET":
+            app.router.add_get(route.path, route.handler, allow_head=False)
+        else:
+            app.router.add_route(route.method, route.path, route.handler)
+    return app
+
+
+# --------------------------------------------------------------------------------------------
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        headers = {"WWW-Authenticate": 'Bearer error="invalid_token"'} if exc.status == 401 else None
+        return web.json_response(
+            error_body(exc.status, exc.code, exc.message), status=exc.status, headers=headers
+        )
+    except web.HTTPException as exc:  # the router's 404/405, aiohttp's own 4xx
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
+        return web.json_response(
+            error_body(exc.status, code, exc.reason), status=exc.status, headers=_allow(exc)
+        )
+    except (ProjectionStoreError, StoreError) as exc:
+        log.warning("%s %s: store unavailable: %s", request.method, request.path, exc)
+        return web.json_response(
+            error_body(503, "unavailable", "a backing store is unavailable; retry later"), status=503
+        )
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return web.json_response(error_body(500, "internal", "internal error"), status=500)
+
+
+def _allow(exc: web.HTTPException) -> dict[str, str] | None:
+    allow = exc.headers.get("Allow")
+    return {"Allow": allow} if allow else None
+
+
+@web.middleware
+async def _timing(request: web.Request, handler: Handler) -> web.StreamResponse:
+    started = time.perf_counter()
+    response = await handler(request)
+    response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.3f}"
+    return response
+
+
+def _auth(ctx: ApiContext, public: frozenset[str]) -> Any:
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in public:
+            request[USER] = _authenticate(ctx, request.headers.get("Authorization"))
+        return await handler(request)
+
+    return auth
+
+
+def _authenticate(ctx: ApiContext, header: str | None) -> int:
+    if not header:
+        raise ApiError(401, "unauthorized", "missing Authorization: Bearer <token>")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(401, "unauthorized", "Authorization must be 'Bearer <token>'")
+    try:
+        return ctx.tokens.verify(token.strip(), ctx.deps.clock_ms() / 1000)
+    except TokenError as exc:
+        raise ApiError(401, "unauthorized", str(exc)) from None
+
+
+# --------------------------------------------------------------------------------------------
+
+_OPENAPI_OPERATION: Final[dict[str, Any]] = {
+    "operationId": "getOpenApi",
+    "summary": "This description (no token needed)",
+    "responses": {"200": {"description": "OpenAPI 3.1 document", "content": {"application/json": {}}}},
+}
+
+
+def _error_response(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
+
+
+def openapi(routes: Sequence[Route], schemas: dict[str, Any]) -> dict[str, Any]:
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        paths.setdefault(route.path, {})[route.method.lower()] = dict(route.operation)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Session projector query API",
+            "version": "1",
+            "description": (
+                "The caller's conversation list (paged from a per-user snapshot) and badge. Every "
+                "route but this description needs `Authorization: Bearer <token>` "
+                "(`projector token USER_ID` mints one). Errors are JSON: "
+                "{error: {status, code, message}}; bad input is 400, never 500."
+            ),
+        },
+        "security": [{"bearer": []}],
+        "paths": paths,
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                **schemas,
+                "Error": {
+                    "type": "object",
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "properties": {
+                                "status": {"type": "integer"},
+                                "code": {"type": "string"},
+                                "message": {"type": "string"},
+                            },
+                            "required": ["status", "code", "message"],
+                        }
+                    },
+                    "required": ["error"],
+                },
+            },
+            "responses": {
+                "BadRequest": _error_response(
+                    "A parameter or the cursor is invalid (the message says which)"
+                ),
+                "Unauthorized": _error_response("Missing, invalid or expired bearer token"),
+                "Unavailable": _error_response("The projection store (or Cassandra) is unavailable"),
+            },
+        },
+    }

@@ -1,0 +1,59 @@
+"""GET /v1/badge: the caller's app-icon totals from the projection store's meta (DESIGN §3.8)."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from aiohttp import web
+
+from app.api.http import ApiContext, Route, context, current_user, query
+
+
+async def get_badge(request: web.Request) -> web.Response:
+    ctx = context(request)
+    user_id = current_user(request)
+    query(request, frozenset())  # no parameters: an unexpected one is a client bug worth a 400
+    meta = await ctx.deps.projections.meta(user_id)  # one HMGET
+    return web.json_response(
+        {
+            "total_unread": meta.total_unread,
+            "total_mention": meta.total_mention,
+            "muted_unread": meta.muted_unread,
+            "projection_mailbox_seq": meta.version,
+        }
+    )
+
+
+def routes(ctx: ApiContext) -> list[Route]:
+    return [Route("GET", "/v1/badge", get_badge, OPERATION)]
+
+
+OPERATION: Final[dict[str, Any]] = {
+    "operationId": "getBadge",
+    "summary": "The caller's badge totals",
+    "description": "As last flushed to the projection store; BADGE_UPDATE frames carry newer ones.",
+    "responses": {
+        "200": {
+            "description": "The badge",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Badge"}}},
+        },
+        "400": {"$ref": "#/components/responses/BadRequest"},
+        "401": {"$ref": "#/components/responses/Unauthorized"},
+        "503": {"$ref": "#/components/responses/Unavailable"},
+    },
+}
+
+_COUNT = {"type": "integer"}
+
+SCHEMAS: Final[dict[str, Any]] = {
+    "Badge": {
+        "type": "object",
+        "properties": {
+            "total_unread": _COUNT,
+            "total_mention": _COUNT,
+            "muted_unread": _COUNT,
+            "projection_mailbox_seq": {"type": "integer", "minimum": 0},
+        },
+        "required": ["total_unread", "total_mention", "muted_unread", "projection_mailbox_seq"],
+    }
+}

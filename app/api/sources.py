@@ -1,0 +1,134 @@
+"""What the API reads: the projection store (rows, meta) and the Cassandra fallback.
+
+Two small ports with an adapter each, so handlers and the snapshot layer are tested against the
+in-memory store and run against Redis/Cassandra unchanged:
+
+* :class:`ProjectionReader`: ``load`` (rows + meta in one round trip: the snapshot) and
+  ``meta`` (one HMGET: the cheap per-request check of version and structure_version, and the
+  badge);
+* :class:`StateFiller`: rows for conversations UserConversationState knows and the projection
+  store lacks (DESIGN §5), with unread by the core's rules (``row_from_state``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from redis.exceptions import RedisError
+
+from app.domain.ports import StoredProjection
+from app.domain.rebuild import Head, row_from_state
+from app.stores.memory_projection import InMemoryProjectionStore
+from app.stores.redis_projection import META_FIELDS, ProjectionStoreError, RedisProjectionStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreMeta:
+    """A user's meta hash: version (projection_mailbox_seq), structure_version and the badge."""
+
+    version: int
+    structure_version: int
+    total_unread: int
+    total_mention: int
+    muted_unread: int
+
+
+class ProjectionReader(Protocol):
+    async def load(self, user_id: int) -> StoredProjection: ...
+
+    async def meta(self, user_id: int) -> StoreMeta: ...
+
+
+class StateFiller(Protocol):
+    async def rows(self, user_id: int, known: Collection[str]) -> list[dict[str, Any]]:
+        """Listed rows for the user's conversations not in ``known`` (may be empty)."""
+        ...
+
+
+class RedisProjectionReader:
+    """Reads the Redis projection store's layout (app/stores/redis_projection.py)."""
+
+    def __init__(self, store: RedisProjectionStore) -> None:
+        self.store = store
+
+    async def load(self, user_id: int) -> StoredProjection:
+        return await self.store.load(user_id)
+
+    async def meta(self, user_id: int) -> StoreMeta:
+        key = self.store.meta_key(user_id)
+        try:
+            raw = await self.store.client.hmget(key, list(META_FIELDS))
+            values = [0 if v is None else int(v) for v in raw]
+        except ValueError as exc:  # an unreadable int: the store's data, not the request, is bad
+            raise ProjectionStoreError(
+                f"projection store: unreadable meta for user {user_id}: {exc}"
+            ) from None
+        except (RedisError, OSError) as exc:  # the store is down or refused: 503, not the caller's fault
+            raise ProjectionStoreError(
+                f"projection store unreachable during meta: {type(exc).__name__}: {exc}"
+            ) from None
+        return StoreMeta(*_ordered(values))
+
+
+class MemoryProjectionReader:
+    """Unit tests: the in-memory store, same semantics."""
+
+    def __init__(self, store: InMemoryProjectionStore) -> None:
+        self.store = store
+
+    async def load(self, user_id: int) -> StoredProjection:
+        return await self.store.load(user_id)
+
+    async def meta(self, user_id: int) -> StoreMeta:
+        s = await self.store.load(user_id)
+        return StoreMeta(
+            s.projection_mailbox_seq, s.structure_version, s.total_unread, s.total_mention, s.muted_unread
+        )
+
+
+def _ordered(values: list[int]) -> tuple[int, int, int, int, int]:
+    by_name = dict(zip(META_FIELDS, values, strict=True))
+    return (
+        by_name["version"],
+        by_name["structure_version"],
+        by_name["total_unread"],
+        by_name["total_mention"],
+        by_name["muted_unread"],
+    )
+
+
+class CassandraStateFiller:
+    """UserConversationState (one single-partition read) joined with the MessageStore heads of
+    the missing conversations; unread by :func:`app.domain.rebuild.row_from_state` (a bounded
+    MessageStore range read where the row has unread). The driver calls block, so the whole
+    fill runs in a worker thread, never on the event loop."""
+
+    def __init__(self, state: Any, messages: Any, unread_limit: int) -> None:
+        self.state = state  # UserConversationStateWriter (load_user)
+        self.messages = messages  # CassandraMessageStore (heads, range, get)
+        self.unread_limit = unread_limit
+
+    async def rows(self, user_id: int, known: Collection[str]) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self._rows, user_id, frozenset(known))
+
+    def _rows(self, user_id: int, known: frozenset[str]) -> list[dict[str, Any]]:
+        states = [s for s in self.state.load_user(user_id) if s["conversation_id"] not in known]
+        if not states:
+            return []
+        heads = self.messages.heads([s["conversation_id"] for s in states])
+        out: list[dict[str, Any]] = []
+        for state in states:
+            cid = state["conversation_id"]
+            h = heads.get(cid)
+            head = Head(h.latest_conversation_seq, h.last_message_id, h.last_activity_id) if h else None
+            row = row_from_state(user_id, cid, state, head, self.messages, self.unread_limit).as_row()
+            if row["listed"]:
+                out.append(row)
+        log.info("user %d: %d rows filled from UserConversationState", user_id, len(out))
+        return out

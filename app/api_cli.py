@@ -1,0 +1,97 @@
+"""`projector api`: serve the query API (app/api) on PROJECTOR_API_HOST:PROJECTOR_API_PORT.
+
+Reads the Redis projection store (namespace PROJECTOR_PROJECTION_NAMESPACE) and, unless
+PROJECTOR_API_FILL_FROM_STATE=never, Cassandra (UserConversationState + MessageStore) to fill
+rows the store lacks. Needs PROJECTOR_API_SECRET. Stops cleanly on SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+from app.settings import Settings, SettingsError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", help="listen address (default: PROJECTOR_API_HOST)")
+    parser.add_argument(
+        "--port", type=int, help="listen port, 0 = any free one (default: PROJECTOR_API_PORT)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        print(f"projector api: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    host = args.host or settings.api_host
+    port = settings.api_port if args.port is None else args.port
+    try:
+        return asyncio.run(serve(settings, host, port))
+    except Exception as exc:  # start-up failures (no secret, Cassandra down): one clear line
+        print(f"projector api: {exc}", file=sys.stderr)
+        return 1
+
+
+@contextlib.asynccontextmanager
+async def open_deps(settings: Settings) -> AsyncIterator[Any]:
+    """The API's dependencies from the settings; closes what it opened."""
+    from app.api.http import Deps
+    from app.api.sources import CassandraStateFiller, RedisProjectionReader
+    from app.stores.redis_projection import RedisProjectionStore
+
+    store = RedisProjectionStore.from_settings(settings, settings.projection_namespace)
+    cluster = None
+    try:
+        state = None
+        if settings.api_fill_from_state != "never":
+            from app.stores.cassandra_messages import CassandraMessageStore
+            from app.stores.cassandra_session import open_cluster
+            from app.stores.cassandra_state import UserConversationStateWriter
+
+            cluster, session = await asyncio.to_thread(open_cluster, settings)
+            keyspace = settings.cassandra_keyspace
+            state = CassandraStateFiller(
+                UserConversationStateWriter(session, keyspace),
+                CassandraMessageStore(session, keyspace),
+                settings.unread_precise_limit,
+            )
+        yield Deps(projections=RedisProjectionReader(store), state=state)
+    finally:
+        await store.aclose()
+        if cluster is not None:
+            cluster.shutdown()
+
+
+async def serve(settings: Settings, host: str, port: int) -> int:
+    from aiohttp import web
+
+    from app.api import create_app
+
+    async with open_deps(settings) as deps:
+        app = create_app(settings, deps)
+        runner = web.AppRunner(app, access_log=None)  # one log line per page would dominate the cost
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses  # (host, port, ...) per listening socket: port 0 resolved
+        where = ", ".join(f"http://{addr[0]}:{addr[1]}" for addr in bound) or f"http://{host}:{port}"
+        print(f"projector api: listening on {where} (description at /openapi.json)", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+    return 0

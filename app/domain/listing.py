@@ -1,0 +1,184 @@
+"""Which rows a page shows and in what order: zones, folders, keyset positions (DESIGN §5, seed §6).
+
+Pure: stdlib only. The query API (app/api) builds a per-user snapshot with :func:`build_folders`
+and cuts pages with :meth:`Ordered.after`; the client library sorts with
+:func:`app.domain.client.sort_rows`, and a test keeps the two orders identical.
+
+Order, within a folder:
+
+* pinned zone: ``pin_rank ASC, last_activity_id DESC, conversation_id ASC``;
+* then the normal zone: ``last_activity_id DESC, conversation_id ASC``;
+* a null ``last_activity_id`` sorts last within its zone (after every activity).
+
+Every row maps to a :class:`Position`, and a position to a :data:`SortKey`, a tuple whose
+*ascending* order is the list order, so "strictly after the cursor" is one ``bisect_right``.
+DESC on the activity is ascending on its bytes complemented (``255 - b``: 16 fixed-length bytes,
+so the complement reverses the order exactly); activity ids are 32 lowercase hex chars whose
+string order equals their byte order, and canonical UUID strings order like their 16 bytes, so
+this agrees with ``sort_rows`` (string comparisons) row for row.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+Row = Mapping[str, object]
+# (zone, pin_rank, null_activity, complemented activity, conversation id bytes)
+SortKey = tuple[int, int, int, bytes, bytes]
+
+ACTIVITY_BYTES: Final = 16
+CONVERSATION_BYTES: Final = 16
+PIN_RANK_LIMIT: Final = 1 << 32  # pin_rank is a u32 (DESIGN §2)
+_COMPLEMENT: Final = bytes(255 - b for b in range(256))
+
+
+class Zone(enum.IntEnum):
+    # Values are the zone's place in the order (pinned first); the cursor's protobuf enum is
+    # mapped explicitly in app/api/cursor.py, never by value.
+    PINNED = 0
+    NORMAL = 1
+
+
+class Folder(enum.Enum):
+    MAIN = "main"
+    ARCHIVED = "archived"
+
+
+class RowError(ValueError):
+    """A stored row that cannot be placed in the order (missing or ill-typed ordering field)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a row sits in its folder's order: what a page cursor carries."""
+
+    zone: Zone
+    pin_rank: int  # 0 in the normal zone
+    last_activity_id: bytes | None  # 16 bytes, None = no visible message yet
+    conversation_id: bytes  # 16 bytes
+
+    def __post_init__(self) -> None:
+        if self.zone is Zone.NORMAL and self.pin_rank != 0:
+            raise ValueError("a normal-zone position has no pin_rank")
+        if not 0 <= self.pin_rank < PIN_RANK_LIMIT:
+            raise ValueError(f"pin_rank must be a u32, got {self.pin_rank}")
+        if self.last_activity_id is not None and len(self.last_activity_id) != ACTIVITY_BYTES:
+            raise ValueError(f"last_activity_id must be {ACTIVITY_BYTES} bytes")
+        if len(self.conversation_id) != CONVERSATION_BYTES:
+            raise ValueError(f"conversation_id must be {CONVERSATION_BYTES} bytes")
+
+    @property
+    def key(self) -> SortKey:
+        activity = self.last_activity_id
+        if activity is None:
+            return (self.zone, self.pin_rank, 1, b"", self.conversation_id)
+        return (self.zone, self.pin_rank, 0, activity.translate(_COMPLEMENT), self.conversation_id)
+
+
+def is_listed(row: Row) -> bool:
+    """In the list at all: a deleted conversation (not revived) is not (DESIGN §3.7)."""
+    return row.get("listed") is not False
+
+
+def folder_of(row: Row) -> Folder:
+    return Folder.ARCHIVED if row.get("archived") is True else Folder.MAIN
+
+
+def position_of(row: Row) -> Position:
+    """The row's place in the order; RowError when its ordering fields are malformed."""
+    cid = row.get("conversation_id")
+    try:
+        conversation = uuid.UUID(str(cid)).bytes if isinstance(cid, str) else None
+    except ValueError:
+        conversation = None
+    if conversation is None:
+        raise RowError(f"row has no valid conversation_id: {cid!r}")
+    rank = row.get("pin_rank")
+    if rank is None:
+        zone, pin_rank = Zone.NORMAL, 0
+    elif isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < PIN_RANK_LIMIT:
+        zone, pin_rank = Zone.PINNED, rank
+    else:
+        raise RowError(f"row {cid}: pin_rank {rank!r} is not a u32 or null")
+    activity = row.get("last_activity_id")
+    if activity is None:
+        activity_bytes = None
+    else:
+        try:
+            activity_bytes = bytes.fromhex(activity) if isinstance(activity, str) else None
+        except ValueError:
+            activity_bytes = None
+        if activity_bytes is None or len(activity_bytes) != ACTIVITY_BYTES:
+            raise RowError(f"row {cid}: last_activity_id {activity!r} is not 32 hex chars")
+    return Position(zone, pin_rank, activity_bytes, conversation)
+
+
+@dataclass(frozen=True, slots=True)
+class Ordered:
+    """One folder's rows in list order, with their keys (parallel lists)."""
+
+    rows: list[Row]
+    keys: list[SortKey]
+    positions: list[Position]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def after(self, position: Position | None) -> int:
+        """Index of the first row strictly after ``position`` (0 for None: the first page).
+
+        Works for any position, held or not: a cursor from this snapshot names a row in it, but
+        the comparison itself only needs the order.
+        """
+        return 0 if position is None else bisect_right(self.keys, position.key)
+
+
+def order(rows: Iterable[Row]) -> Ordered:
+    """Rows in list order (no filtering; RowError for a malformed row)."""
+    return _ordered([(position_of(row), row) for row in rows])
+
+
+def _ordered(pairs: list[tuple[Position, Row]]) -> Ordered:
+    placed = sorted(pairs, key=lambda pair: pair[0].key)
+    return Ordered(
+        rows=[row for _, row in placed],
+        keys=[position.key for position, _ in placed],
+        positions=[position for position, _ in placed],
+    )
+
+
+def build_folders(
+    rows: Iterable[Row], max_rows: int | None = None
+) -> tuple[dict[Folder, Ordered], int, list[str]]:
+    """Listed rows split by folder, each in list order; unlisted rows are left out.
+
+    ``max_rows`` bounds the rows kept over both folders together (the seed's
+    max_conversations_per_user): the *last* rows in order are dropped, main folder kept first.
+    A row whose ordering fields are malformed is left out rather than failing the whole list.
+    Returns the folders, how many listed rows were dropped, and what was wrong with each
+    malformed row.
+    """
+    by_folder: dict[Folder, list[tuple[Position, Row]]] = {folder: [] for folder in Folder}
+    bad: list[str] = []
+    for row in rows:
+        if is_listed(row):
+            try:
+                by_folder[folder_of(row)].append((position_of(row), row))
+            except RowError as exc:
+                bad.append(str(exc))
+    folders = {folder: _ordered(members) for folder, members in by_folder.items()}
+    dropped = 0
+    if max_rows is not None:
+        budget = max_rows
+        for folder in Folder:  # MAIN first: it is what every client shows
+            held = folders[folder]
+            if len(held) > budget:
+                dropped += len(held) - budget
+                folders[folder] = Ordered(held.rows[:budget], held.keys[:budget], held.positions[:budget])
+            budget -= len(folders[folder])
+    return folders, dropped, bad
