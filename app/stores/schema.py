@@ -136,7 +136,45 @@ GROUP_MEMBERS = Table(
     comment="Member directory: members of a group, keyset-paged by user_id",
 )
 
-TABLES: tuple[Table, ...] = (MESSAGES, CONVERSATION_HEADS, USER_CONVERSATION_STATE, GROUP_MEMBERS)
+MEMBER_STATS = Table(
+    name="member_stats",
+    columns=(
+        ("conversation_id", "uuid"),
+        ("user_id", "varint"),
+        # Absolute values derived by the worker from per-(group, user) seq bitmaps (app/members/
+        # stats.py), never increments: a replayed entry rewrites the same value. Each write is
+        # stamped USING TIMESTAMP <mailbox_seq of the entry that produced it>, so a replay of an
+        # older state can never overwrite a newer one (last-write-wins = highest mailbox_seq).
+        ("record_count", "bigint"),  # the member's messages here, recalled/deleted ones excluded
+        ("mention_count", "bigint"),  # messages mentioning the member (@all included), same rule
+        ("stats_mailbox_seq", "bigint"),
+    ),
+    partition_key=("conversation_id",),
+    # Same partition/clustering as group_members: the presentation call reads the statistics of
+    # its (at most 50) members with one single-partition `user_id IN (...)` query.
+    clustering=(("user_id", "ASC"),),
+    comment="Member statistics (member directory presentation), absolute values from the stream",
+)
+
+CONVERSATIONS_DISABLED = Table(
+    name="conversations_disabled",
+    columns=(
+        ("conversation_id", "uuid"),
+        ("disabled_at", "bigint"),  # ms since epoch
+        ("reason", "text"),
+    ),
+    partition_key=("conversation_id",),
+    comment="A row = the conversation is disabled: member reads answer 2002 (no mailbox entry carries it)",
+)
+
+TABLES: tuple[Table, ...] = (
+    MESSAGES,
+    CONVERSATION_HEADS,
+    USER_CONVERSATION_STATE,
+    GROUP_MEMBERS,
+    MEMBER_STATS,
+    CONVERSATIONS_DISABLED,
+)
 
 
 def create_keyspace_cql(keyspace: str, replication_factor: int) -> str:
