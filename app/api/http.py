@@ -62,7 +62,7 @@ class Route:
 
 
 CONTEXT: Final = web.AppKey("projector_api_context", ApiContext)
-USER: Final = "projector_api_user"  # request key set by the auth middleware
+USER: Final = web.RequestKey("projector_api_user", int)  # set by the auth middleware
 
 
 class ApiError(Exception):
@@ -85,10 +85,10 @@ def context(request: web.Request) -> ApiContext:
 
 def current_user(request: web.Request) -> int:
     """The user the request's bearer token names (set by the auth middleware)."""
-    user = request.get(USER)
-    if not isinstance(user, int):  # a public route asked for a user: a programming error
-        raise RuntimeError("current_user() on a route without authentication")
-    return user
+    try:
+        return request[USER]
+    except KeyError:  # a public route asked for a user: a programming error, not the client's
+        raise RuntimeError("current_user() on a route without authentication") from None
 
 
 def error_body(status: int, code: str, message: str) -> dict[str, Any]:
