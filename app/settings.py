@@ -110,6 +110,11 @@ class Settings:
     # single lost rows; one Cassandra partition read per load), "never".
     api_fill_from_state: str = "empty"
 
+    # --- member directory (DESIGN §8, seed 004) ---------------------------------------------------
+    # Time the presentation call may spend on record_count/mention_count before answering without
+    # them (identities are never held back). The seed's budget is 2 s.
+    members_stats_budget_ms: int = 2000
+
     env_prefix: ClassVar[str] = ENV_PREFIX
 
     def __post_init__(self) -> None:
@@ -242,6 +247,9 @@ class Settings:
             )
         if self.api_fill_from_state not in _FILL_MODES:
             p.append(f"api_fill_from_state: {self.api_fill_from_state!r} is not one of always, empty, never")
+        if not 1 <= self.members_stats_budget_ms <= 60_000:
+            # Above a minute a "budget" would hold HTTP requests open instead of bounding them.
+            p.append(f"members_stats_budget_ms: {self.members_stats_budget_ms} is not in 1..60000")
         if self.log_level not in _LOG_LEVELS:
             levels = ", ".join(sorted(_LOG_LEVELS))
             p.append(f"log_level: {self.log_level!r} is not one of {levels}")

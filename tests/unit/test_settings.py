@@ -148,3 +148,18 @@ def test_the_api_secret_never_shows_in_repr_or_errors() -> None:
     with pytest.raises(SettingsError) as err:
         Settings.from_env({"PROJECTOR_API_SECRET": "tiny-secret"})
     assert "tiny-secret" not in str(err.value)
+
+
+# --- member directory settings (issue 6) ---------------------------------------------------------
+
+
+def test_member_stats_budget_defaults_to_the_seeds_2_seconds() -> None:
+    assert Settings().members_stats_budget_ms == 2000
+    assert Settings.from_env({"PROJECTOR_MEMBERS_STATS_BUDGET_MS": "500"}).members_stats_budget_ms == 500
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "60001"])
+def test_member_stats_budget_is_bounded(value: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env({"PROJECTOR_MEMBERS_STATS_BUDGET_MS": value})
+    assert "members_stats_budget_ms" in str(err.value)

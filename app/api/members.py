@@ -1,0 +1,340 @@
+"""Member directory routes (DESIGN §8, seed 004), same bearer authentication as the rest.
+
+* ``POST /api/v1/chats/members/page`` — one keyset page of a group's roster.
+* ``POST /api/v1/chats/members/by-user-ids`` — 1..50 members (active or not, marked), with
+  statistics on request within a 2 s budget (dropped, never zeroed, when late).
+* ``GET /api/v1/chats/{chat_session_uid}/messages/{conversation_seq}/readers`` — who of the
+  active members has read up to that message.
+
+Access is checked on every call: 403 with code ``"2001"`` (the caller is not, or no longer, an
+active member) or ``"2002"`` (the conversation is disabled). These two codes mean "drop your
+cached roster" to clients and are produced nowhere else. Bad input is 400.
+
+The service comes from ``deps.extra["members"]`` (a :class:`~app.members.server.MemberService`,
+see :func:`build_member_service`); without it the routes answer 503.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any, Final
+
+from aiohttp import web
+
+from app.api.http import ApiContext, ApiError, Route, bad_request, context, current_user, query
+from app.members.model import BY_IDS_MAX, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX, BaseMember, parse_user_id
+from app.members.server import MemberService
+from app.members.source import MemberAccessDenied
+from app.settings import Settings
+
+SERVICE_KEY: Final = "members"
+_PAGE_FIELDS: Final = frozenset({"chat_session_uid", "after_user_id", "limit", "active_only"})
+_BY_IDS_FIELDS: Final = frozenset({"chat_session_uid", "user_ids", "include_stats"})
+_MAX_BODY: Final = 64 * 1024  # 50 ids and a uuid fit many times over
+_SEQ_MAX: Final = 2**64 - 2
+
+
+def build_member_service(settings: Settings, session: Any) -> MemberService:
+    """The production service: Cassandra reads, the configured statistics budget."""
+    from app.stores.cassandra_members import CassandraMemberReader
+
+    return MemberService(
+        CassandraMemberReader(session, settings.cassandra_keyspace),
+        stats_budget_s=settings.members_stats_budget_ms / 1000,
+    )
+
+
+def _service(request: web.Request) -> MemberService:
+    service = context(request).deps.extra.get(SERVICE_KEY)
+    if not isinstance(service, MemberService):
+        raise ApiError(503, "unavailable", "the member directory is not configured on this server")
+    return service
+
+
+def _denied(exc: MemberAccessDenied) -> ApiError:
+    return ApiError(403, str(exc.code), str(exc))
+
+
+async def _body(request: web.Request, allowed: frozenset[str]) -> dict[str, Any]:
+    if request.content_length is not None and request.content_length > _MAX_BODY:
+        raise ApiError(413, "too_large", f"request body over {_MAX_BODY} bytes")
+    raw = await request.content.read(_MAX_BODY + 1)
+    if len(raw) > _MAX_BODY:
+        raise ApiError(413, "too_large", f"request body over {_MAX_BODY} bytes")
+    import orjson
+
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise bad_request("the body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise bad_request("the body must be a JSON object")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise bad_request(f"unknown field(s) {unknown} (known: {sorted(allowed)})")
+    return body
+
+
+def _group(body: Mapping[str, Any]) -> str:
+    value = body.get("chat_session_uid")
+    if not isinstance(value, str):
+        raise bad_request("chat_session_uid (a UUID string) is required")
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise bad_request(f"chat_session_uid is not a UUID: {value[:64]!r}") from None
+
+
+def _bool(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise bad_request(f"{name} must be a boolean")
+    return value
+
+
+def _user_id(value: object, name: str) -> int:
+    try:
+        return parse_user_id(value)
+    except ValueError:
+        raise bad_request(f"{name} must be a user id (an integer in [0, 2^64))") from None
+
+
+def _member_json(member: BaseMember) -> dict[str, Any]:
+    return member.to_wire()
+
+
+async def members_page(request: web.Request) -> web.Response:
+    caller = current_user(request)
+    body = await _body(request, _PAGE_FIELDS)
+    group = _group(body)
+    limit = body.get("limit", PAGE_LIMIT_DEFAULT)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE_LIMIT_MAX:
+        raise bad_request(f"limit must be an integer from 1 to {PAGE_LIMIT_MAX}")
+    after = body.get("after_user_id")
+    after_user_id = None if after is None else _user_id(after, "after_user_id")
+    active_only = _bool(body, "active_only", False)
+    try:
+        page = await _service(request).page(group, caller, after_user_id, limit, active_only)
+    except MemberAccessDenied as exc:
+        raise _denied(exc) from None
+    return web.json_response(
+        {
+            "items": [_member_json(m) for m in page.items],
+            "has_more": page.has_more,
+            "next_user_id": page.next_user_id,
+            "self_role": page.self_role,
+        }
+    )
+
+
+async def members_by_user_ids(request: web.Request) -> web.Response:
+    caller = current_user(request)
+    body = await _body(request, _BY_IDS_FIELDS)
+    group = _group(body)
+    ids = body.get("user_ids")
+    if not isinstance(ids, list) or not 1 <= len(ids) <= BY_IDS_MAX:
+        raise bad_request(f"user_ids must be a list of 1 to {BY_IDS_MAX} user ids")
+    user_ids = [_user_id(u, "user_ids[]") for u in ids]
+    include_stats = _bool(body, "include_stats", False)
+    try:
+        result = await _service(request).present(group, caller, user_ids, include_stats)
+    except MemberAccessDenied as exc:
+        raise _denied(exc) from None
+    items = []
+    for member in result.items:
+        item = _member_json(member)
+        if result.stats is not None:
+            # Both or neither: a response without them means "unknown", never zero.
+            item["record_count"], item["mention_count"] = result.stats.get(member.user_id, (0, 0))
+        items.append(item)
+    return web.json_response(
+        {
+            "items": items,
+            "missing_user_ids": result.missing_user_ids,
+            "stats_included": result.stats is not None,
+            "self_role": result.self_role,
+        }
+    )
+
+
+async def message_readers(request: web.Request) -> web.Response:
+    caller = current_user(request)
+    params = query(request, frozenset({"basic_only"}))
+    basic = params.get("basic_only", "false")
+    if basic not in ("true", "false"):
+        raise bad_request("basic_only must be true or false")
+    group = _group({"chat_session_uid": request.match_info["chat_session_uid"]})
+    seq_text = request.match_info["conversation_seq"]
+    if not seq_text.isascii() or not seq_text.isdigit() or not 1 <= int(seq_text) <= _SEQ_MAX:
+        raise bad_request("conversation_seq must be a positive integer")
+    try:
+        readers = await _service(request).readers(group, caller, int(seq_text))
+    except MemberAccessDenied as exc:
+        raise _denied(exc) from None
+    out: dict[str, Any] = {
+        "conversation_seq": readers.conversation_seq,
+        "sender_id": readers.sender_id,
+        "read_user_ids": [m.user_id for m in readers.read],
+        "unread_user_ids": [m.user_id for m in readers.unread],
+        "read_count": len(readers.read),
+        "unread_count": len(readers.unread),
+        "basic_only": basic == "true",
+        "self_role": readers.self_role,
+    }
+    if basic == "false":
+        # The full projection adds what the server knows of each member (no profiles: those
+        # come from the client's member store, which the UI subscribes to).
+        for name, members in (("read", readers.read), ("unread", readers.unread)):
+            out[name] = [
+                {
+                    "user_id": m.user_id,
+                    "role": m.role,
+                    "read_conversation_seq": readers.read_seqs.get(m.user_id, 0),
+                }
+                for m in members
+            ]
+    return web.json_response(out)
+
+
+def routes(ctx: ApiContext) -> list[Route]:
+    return [
+        Route("POST", "/api/v1/chats/members/page", members_page, PAGE_OPERATION),
+        Route("POST", "/api/v1/chats/members/by-user-ids", members_by_user_ids, BY_IDS_OPERATION),
+        Route(
+            "GET",
+            "/api/v1/chats/{chat_session_uid}/messages/{conversation_seq}/readers",
+            message_readers,
+            READERS_OPERATION,
+        ),
+    ]
+
+
+_ERRORS: Final[dict[str, Any]] = {
+    "400": {"$ref": "#/components/responses/BadRequest"},
+    "401": {"$ref": "#/components/responses/Unauthorized"},
+    "403": {
+        "description": (
+            'Access denied: code "2001" = the caller is not (or no longer) an active member, '
+            '"2002" = the conversation is disabled. Only these two mean "drop the cached roster".'
+        ),
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    },
+    "503": {"$ref": "#/components/responses/Unavailable"},
+}
+_UID: Final = {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": "^[0-9]{1,20}$"}]}
+
+
+def _json_body(ref: str) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": {"$ref": ref}}}}
+
+
+def _ok(ref: str) -> dict[str, Any]:
+    return {"description": "OK", "content": {"application/json": {"schema": {"$ref": ref}}}}
+
+
+PAGE_OPERATION: Final[dict[str, Any]] = {
+    "operationId": "membersPage",
+    "summary": "One keyset page of a group's members, ascending user_id",
+    "description": (
+        "Pass next_user_id as after_user_id for the next page. Every page re-checks access and "
+        "carries the caller's self_role. A traversal is not a snapshot: verify members missing "
+        "from it with by-user-ids."
+    ),
+    "requestBody": _json_body("#/components/schemas/MembersPageRequest"),
+    "responses": {"200": _ok("#/components/schemas/MembersPage"), **_ERRORS},
+}
+BY_IDS_OPERATION: Final[dict[str, Any]] = {
+    "operationId": "membersByUserIds",
+    "summary": "1-50 members by id (active or not), optionally with statistics",
+    "description": (
+        "With include_stats, record_count and mention_count are added when they are ready within "
+        "2 s; otherwise both are absent and stats_included is false (identities always come)."
+    ),
+    "requestBody": _json_body("#/components/schemas/MembersByUserIdsRequest"),
+    "responses": {"200": _ok("#/components/schemas/MembersByUserIds"), **_ERRORS},
+}
+READERS_OPERATION: Final[dict[str, Any]] = {
+    "operationId": "messageReaders",
+    "summary": "Which active members have read up to a message, and which have not",
+    "parameters": [
+        {"name": "chat_session_uid", "in": "path", "required": True, "schema": {"type": "string"}},
+        {"name": "conversation_seq", "in": "path", "required": True, "schema": {"type": "integer"}},
+        {"name": "basic_only", "in": "query", "required": False, "schema": {"type": "boolean"}},
+    ],
+    "responses": {"200": _ok("#/components/schemas/MessageReaders"), **_ERRORS},
+}
+
+_MEMBER: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "user_id": {"type": "integer", "minimum": 0},
+        "role": {"type": "string", "enum": ["owner", "admin", "member"]},
+        "state": {"type": "string", "enum": ["active", "left", "removed"]},
+        "active": {"type": "boolean"},
+        "joined_at_conversation_seq": {"type": ["integer", "null"]},
+        "left_at_conversation_seq": {"type": ["integer", "null"]},
+        "record_count": {"type": "integer", "minimum": 0},
+        "mention_count": {"type": "integer", "minimum": 0},
+    },
+    "required": ["user_id", "role", "state", "active"],
+}
+
+SCHEMAS: Final[dict[str, Any]] = {
+    "Member": _MEMBER,
+    "MembersPageRequest": {
+        "type": "object",
+        "properties": {
+            "chat_session_uid": {"type": "string", "format": "uuid"},
+            "after_user_id": _UID,
+            "limit": {"type": "integer", "minimum": 1, "maximum": PAGE_LIMIT_MAX, "default": 50},
+            "active_only": {"type": "boolean", "default": False},
+        },
+        "required": ["chat_session_uid"],
+        "additionalProperties": False,
+    },
+    "MembersPage": {
+        "type": "object",
+        "properties": {
+            "items": {"type": "array", "items": {"$ref": "#/components/schemas/Member"}},
+            "has_more": {"type": "boolean"},
+            "next_user_id": {"type": ["integer", "null"]},
+            "self_role": {"type": "string"},
+        },
+        "required": ["items", "has_more", "next_user_id", "self_role"],
+    },
+    "MembersByUserIdsRequest": {
+        "type": "object",
+        "properties": {
+            "chat_session_uid": {"type": "string", "format": "uuid"},
+            "user_ids": {"type": "array", "items": _UID, "minItems": 1, "maxItems": BY_IDS_MAX},
+            "include_stats": {"type": "boolean", "default": False},
+        },
+        "required": ["chat_session_uid", "user_ids"],
+        "additionalProperties": False,
+    },
+    "MembersByUserIds": {
+        "type": "object",
+        "properties": {
+            "items": {"type": "array", "items": {"$ref": "#/components/schemas/Member"}},
+            "missing_user_ids": {"type": "array", "items": {"type": "integer"}},
+            "stats_included": {"type": "boolean"},
+            "self_role": {"type": "string"},
+        },
+        "required": ["items", "missing_user_ids", "stats_included", "self_role"],
+    },
+    "MessageReaders": {
+        "type": "object",
+        "properties": {
+            "conversation_seq": {"type": "integer"},
+            "sender_id": {"type": ["integer", "null"]},
+            "read_user_ids": {"type": "array", "items": {"type": "integer"}},
+            "unread_user_ids": {"type": "array", "items": {"type": "integer"}},
+            "read_count": {"type": "integer"},
+            "unread_count": {"type": "integer"},
+            "basic_only": {"type": "boolean"},
+            "self_role": {"type": "string"},
+        },
+        "required": ["conversation_seq", "read_user_ids", "unread_user_ids", "basic_only"],
+    },
+}

@@ -1,0 +1,226 @@
+"""The member directory's reads in Cassandra (tables ``group_members``, ``member_stats``,
+``conversations_disabled``, ``user_conversation_state``, ``messages``: app/stores/schema.py).
+
+Every query names its partition (no ALLOW FILTERING, no scan across partitions):
+
+* a page is ``WHERE conversation_id = ? AND user_id > ? LIMIT ?`` on ``group_members`` (clustered
+  by ``user_id ASC``), asked for ``limit + 1`` rows: the extra row only says ``has_more``.
+  With ``active_only`` the same single-partition range is read without a LIMIT, in driver pages
+  of ``limit + 1`` rows, and departed members are skipped here until ``limit + 1`` active rows
+  are found: filtering on ``state`` inside Cassandra would need ALLOW FILTERING (or a second
+  table kept in step with tombstones on every leave). Departed members are few next to active
+  ones, so the extra rows read stay small.
+* the access check is a point read of the caller's row plus a point read of
+  ``conversations_disabled``; statistics and identities of one presentation batch are one
+  ``user_id IN (...)`` query each (at most 50 keys, one partition);
+* read receipts read ``user_conversation_state`` by primary key (its partition is the user:
+  one point read per member, bounded concurrency).
+
+Calls are asynchronous on the driver's own I/O thread (``execute_async``), so a request that is
+abandoned (the statistics budget, a cancelled HTTP request) costs no thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from app.members.model import BaseMember
+from app.stores.cassandra_exec import StoreError, checked_keyspace
+from app.stores.schema import check_user_id
+
+_MEMBER_COLUMNS = "user_id, role, state, joined_at_conversation_seq, left_at_conversation_seq"
+# Point reads of user_conversation_state in flight per read-receipt request.
+READ_CONCURRENCY = 64
+SCAN_FETCH = 1000
+
+
+class CassandraMemberReader:
+    """:class:`~app.members.server.MemberReader` on Cassandra."""
+
+    def __init__(self, session: Any, keyspace: str, *, read_concurrency: int = READ_CONCURRENCY) -> None:
+        from cassandra import ConsistencyLevel
+
+        self.session = session
+        self.keyspace = ks = checked_keyspace(keyspace)
+        self.read_concurrency = read_concurrency
+
+        def prepare(cql: str) -> Any:
+            # Only the checked keyspace is spliced in; every value is a bind marker.
+            try:
+                statement = session.prepare(cql.replace("{ks}", ks).replace("{cols}", _MEMBER_COLUMNS))
+            except Exception as exc:  # InvalidRequest: keyspace or table missing
+                raise StoreError(
+                    f"cannot prepare member statements in keyspace {ks!r} ({exc}); "
+                    "has `projector bootstrap` run?"
+                ) from None
+            # The worker writes at LOCAL_QUORUM: reading at LOCAL_QUORUM sees its flushed rows.
+            statement.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+            return statement
+
+        self._member = prepare(
+            "SELECT {cols} FROM {ks}.group_members WHERE conversation_id = ? AND user_id = ?"
+        )
+        self._disabled = prepare(
+            "SELECT conversation_id FROM {ks}.conversations_disabled WHERE conversation_id = ?"
+        )
+        self._first = prepare("SELECT {cols} FROM {ks}.group_members WHERE conversation_id = ? LIMIT ?")
+        self._after = prepare(
+            "SELECT {cols} FROM {ks}.group_members WHERE conversation_id = ? AND user_id > ? LIMIT ?"
+        )
+        self._scan_first = prepare("SELECT {cols} FROM {ks}.group_members WHERE conversation_id = ?")
+        self._scan_after = prepare(
+            "SELECT {cols} FROM {ks}.group_members WHERE conversation_id = ? AND user_id > ?"
+        )
+        self._by_ids = prepare(
+            "SELECT {cols} FROM {ks}.group_members WHERE conversation_id = ? AND user_id IN ?"
+        )
+        self._stats = prepare(
+            "SELECT user_id, record_count, mention_count FROM {ks}.member_stats"
+            " WHERE conversation_id = ? AND user_id IN ?"
+        )
+        self._read_seq = prepare(
+            "SELECT read_conversation_seq FROM {ks}.user_conversation_state"
+            " WHERE user_id = ? AND conversation_id = ?"
+        )
+        self._sender = prepare(
+            "SELECT sender_id, message_id FROM {ks}.messages"
+            " WHERE conversation_id = ? AND conversation_seq = ?"
+        )
+        self._disable = prepare(
+            "INSERT INTO {ks}.conversations_disabled (conversation_id, disabled_at, reason) VALUES (?, ?, ?)"
+        )
+        self._enable = prepare("DELETE FROM {ks}.conversations_disabled WHERE conversation_id = ?")
+
+    # -- MemberReader -------------------------------------------------------------------------
+
+    async def membership(self, conversation_id: str, user_id: int) -> BaseMember | None:
+        rows = await self._all(
+            self._member, (uuid.UUID(conversation_id), check_user_id(user_id)), "membership"
+        )
+        return _member(rows[0]) if rows else None
+
+    async def disabled(self, conversation_id: str) -> bool:
+        return bool(await self._all(self._disabled, (uuid.UUID(conversation_id),), "disabled"))
+
+    async def page(
+        self, conversation_id: str, after_user_id: int | None, count: int, active_only: bool
+    ) -> list[BaseMember]:
+        cid = uuid.UUID(conversation_id)
+        if not active_only:
+            if after_user_id is None:
+                rows = await self._all(self._first, (cid, count), "page")
+            else:
+                rows = await self._all(self._after, (cid, check_user_id(after_user_id), count), "page")
+            return [_member(row) for row in rows]
+        statement, params = (
+            (self._scan_first, (cid,))
+            if after_user_id is None
+            else (self._scan_after, (cid, check_user_id(after_user_id)))
+        )
+        out: list[BaseMember] = []
+        async for rows in self._pages(statement, params, fetch_size=count, what="page"):
+            out += [m for m in map(_member, rows) if m.state == "active"]
+            if len(out) >= count:
+                break  # stop fetching: the next driver page is never requested
+        return out[:count]
+
+    async def by_user_ids(self, conversation_id: str, user_ids: Sequence[int]) -> list[BaseMember]:
+        if not user_ids:
+            return []
+        ids = sorted({check_user_id(u) for u in user_ids})
+        rows = await self._all(self._by_ids, (uuid.UUID(conversation_id), ids), "by_user_ids")
+        return [_member(row) for row in rows]
+
+    async def stats(self, conversation_id: str, user_ids: Sequence[int]) -> dict[int, tuple[int, int]]:
+        if not user_ids:
+            return {}
+        ids = sorted({check_user_id(u) for u in user_ids})
+        rows = await self._all(self._stats, (uuid.UUID(conversation_id), ids), "stats")
+        return {int(r.user_id): (int(r.record_count or 0), int(r.mention_count or 0)) for r in rows}
+
+    async def active_members(self, conversation_id: str) -> list[BaseMember]:
+        out: list[BaseMember] = []
+        async for rows in self._pages(
+            self._scan_first, (uuid.UUID(conversation_id),), fetch_size=SCAN_FETCH, what="members"
+        ):
+            out += [m for m in map(_member, rows) if m.state == "active"]
+        return out
+
+    async def read_seqs(self, conversation_id: str, user_ids: Sequence[int]) -> dict[int, int]:
+        cid = uuid.UUID(conversation_id)
+        slots = asyncio.Semaphore(self.read_concurrency)
+
+        async def one(user_id: int) -> tuple[int, int]:
+            async with slots:
+                rows = await self._all(self._read_seq, (check_user_id(user_id), cid), "read_seqs")
+            return user_id, int(rows[0].read_conversation_seq or 0) if rows else 0
+
+        return dict(await asyncio.gather(*(one(u) for u in user_ids)))
+
+    async def message_sender(self, conversation_id: str, conversation_seq: int) -> int | None:
+        rows = await self._all(self._sender, (uuid.UUID(conversation_id), conversation_seq), "sender")
+        # A row without message_id is a recall seen before its message (cassandra_messages.py).
+        if not rows or rows[0].message_id is None or rows[0].sender_id is None:
+            return None
+        return int(rows[0].sender_id)
+
+    # -- administration (no mailbox entry disables a conversation) ----------------------------
+
+    async def set_disabled(self, conversation_id: str, disabled_at_ms: int, reason: str) -> None:
+        await self._all(self._disable, (uuid.UUID(conversation_id), disabled_at_ms, reason), "disable")
+
+    async def clear_disabled(self, conversation_id: str) -> None:
+        await self._all(self._enable, (uuid.UUID(conversation_id),), "enable")
+
+    # -- driver bridging ----------------------------------------------------------------------
+
+    async def _all(self, statement: Any, params: tuple[Any, ...], what: str) -> list[Any]:
+        out: list[Any] = []
+        async for rows in self._pages(statement, params, fetch_size=None, what=what):
+            out += rows
+        return out
+
+    async def _pages(
+        self, statement: Any, params: tuple[Any, ...], *, fetch_size: int | None, what: str
+    ) -> Any:
+        """The query's driver pages as they arrive (one query; the next page is only fetched
+        when the consumer asks for it)."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[list[Any] | None, BaseException | None]] = asyncio.Queue()
+        bound = statement.bind(params)
+        if fetch_size is not None:
+            bound.fetch_size = fetch_size
+        try:
+            future = self.session.execute_async(bound)
+        except Exception as exc:
+            raise StoreError(f"cassandra {what} failed: {type(exc).__name__}: {exc}") from None
+
+        def on_rows(rows: Any) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (list(rows), None))
+
+        def on_error(exc: BaseException) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (None, exc))
+
+        future.add_callbacks(on_rows, on_error)
+        while True:
+            rows, error = await queue.get()
+            if error is not None:
+                raise StoreError(f"cassandra {what} failed: {type(error).__name__}: {error}") from None
+            assert rows is not None
+            yield rows
+            if not future.has_more_pages:
+                return
+            future.start_fetching_next_page()
+
+
+def _member(row: Any) -> BaseMember:
+    return BaseMember(
+        user_id=int(row.user_id),
+        role=row.role or "member",
+        state=row.state or "active",
+        joined_at=row.joined_at_conversation_seq,
+        left_at=row.left_at_conversation_seq,
+    )
