@@ -1,0 +1,130 @@
+"""HTTP client of the query API, with the page walk that restarts when the server says so."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+
+class ClientError(Exception):
+    """The API answered with an error (status, code and message from its JSON body)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class TooManyRestarts(RuntimeError):
+    """The list's structure kept changing during the walk more often than allowed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    items: list[dict[str, Any]]
+    next_cursor: str | None
+    snapshot_revision: int
+    projection_complete: bool
+    projection_mailbox_seq: int
+    filled_from_state: bool
+    restarted: bool  # this page starts the walk over: drop what the walk collected before it
+
+
+@dataclass(slots=True)
+class Walk:
+    """A whole folder, walked page by page within one snapshot revision."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    snapshot_revision: int = 0
+    projection_mailbox_seq: int = 0
+    restarts: int = 0
+    pages: int = 0
+
+
+class SessionsClient:
+    def __init__(self, base_url: str, token: str, *, session: aiohttp.ClientSession | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._session = session
+        self._owns_session = session is None
+
+    async def __aenter__(self) -> SessionsClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _get(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        async with self._session.get(self.base_url + path, params=params, headers=self._headers) as resp:
+            body: dict[str, Any] = await resp.json(content_type=None)
+            if resp.status != 200:
+                error = body.get("error", {}) if isinstance(body, dict) else {}
+                raise ClientError(resp.status, str(error.get("code", "?")), str(error.get("message", body)))
+            return body
+
+    async def page(self, folder: str = "main", limit: int = 50, cursor: str | None = None) -> Page:
+        params = {"folder": folder, "limit": str(limit)}
+        if cursor is not None:
+            params["cursor"] = cursor
+        body = await self._get("/v1/sessions", params)
+        return Page(
+            items=body["items"],
+            next_cursor=body["next_cursor"],
+            snapshot_revision=body["snapshot_revision"],
+            projection_complete=body["projection_complete"],
+            projection_mailbox_seq=body["projection_mailbox_seq"],
+            filled_from_state=body["filled_from_state"],
+            restarted=not body["projection_complete"],
+        )
+
+    async def badge(self) -> dict[str, Any]:
+        return await self._get("/v1/badge", {})
+
+    async def pages(
+        self, folder: str = "main", limit: int = 50, max_restarts: int = 3
+    ) -> AsyncIterator[Page]:
+        """Every page of the folder. When the server answers a cursor with
+        ``projection_complete = false`` (the list's structure changed, or the snapshot expired),
+        that answer is already the first page of a new revision: it is yielded with
+        ``restarted = True`` and the walk goes on from it. More than ``max_restarts`` restarts
+        raise TooManyRestarts (a list being reshuffled faster than it can be read)."""
+        cursor: str | None = None
+        restarts = 0
+        while True:
+            page = await self.page(folder, limit, cursor)
+            if page.restarted:
+                restarts += 1
+                if restarts > max_restarts:
+                    raise TooManyRestarts(
+                        f"the {folder} list changed structure {restarts} times during one walk"
+                    )
+            yield page
+            cursor = page.next_cursor
+            if cursor is None:
+                return
+
+    async def walk(self, folder: str = "main", limit: int = 50, max_restarts: int = 3) -> Walk:
+        walk = Walk()
+        async for page in self.pages(folder, limit, max_restarts):
+            if page.restarted:
+                walk.rows.clear()
+                walk.restarts += 1
+            walk.rows.extend(page.items)
+            walk.snapshot_revision = page.snapshot_revision
+            walk.projection_mailbox_seq = page.projection_mailbox_seq
+            walk.pages += 1
+        return walk

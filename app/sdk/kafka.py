@@ -1,0 +1,83 @@
+"""Follow the frame topics (session-delta, badge) for one user and apply them to a LiveSessionList.
+
+Start-up order matters: the consumer is positioned at the end of every partition *before* the
+list is pulled. The worker writes the projection store before it emits a flush's frames, so
+every frame newer than the pulled snapshot is produced after that position and will be seen;
+older ones are simply stale to the view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from types import TracebackType
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from app.sdk.live import LiveSessionList
+
+
+class SessionDeltaFollower:
+    def __init__(self, live: LiveSessionList, bootstrap_servers: str, topics: Sequence[str]) -> None:
+        self.live = live
+        self.topics = list(topics)
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False
+        )
+        self.applied = 0
+        self.frames = 0
+
+    async def __aenter__(self) -> SessionDeltaFollower:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        await self.consumer.start()
+        try:
+            known = await self.consumer.topics()
+            missing = [t for t in self.topics if t not in known]
+            if missing:
+                raise RuntimeError(f"topics not found: {missing} (has `projector bootstrap` run?)")
+            partitions = [
+                TopicPartition(topic, p)
+                for topic in self.topics
+                for p in sorted(self.consumer.partitions_for_topic(topic) or ())
+            ]
+            self.consumer.assign(partitions)
+            await self.consumer.seek_to_end(*partitions)
+            for tp in partitions:  # resolve the lazy seek now, before the pull
+                await self.consumer.position(tp)
+        except BaseException:
+            await self.consumer.stop()
+            raise
+        await self.live.sync()
+
+    async def stop(self) -> None:
+        await self.consumer.stop()
+
+    async def poll(self, timeout_ms: int = 500) -> int:
+        """Apply the frames that arrived (this user's only); returns how many applied."""
+        batch = await self.consumer.getmany(timeout_ms=timeout_ms)
+        applied = 0
+        for records in batch.values():
+            for record in records:
+                if record.value is None:
+                    continue
+                frame = orjson.loads(record.value)
+                if not isinstance(frame, dict) or frame.get("user_id") != self.live.user_id:
+                    continue
+                self.frames += 1
+                if (await self.live.apply(frame)).applied:
+                    applied += 1
+        self.applied += applied
+        return applied
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.poll()
