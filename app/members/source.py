@@ -120,6 +120,9 @@ def classify_error(status: int, payload: Any) -> MemberSourceError:
     error = payload.get("error") if isinstance(payload, dict) else None
     code = error.get("code") if isinstance(error, dict) else None
     message = str(error.get("message", "")) if isinstance(error, dict) else ""
+    # The API renders codes as strings ("2001"); accept the number too.
+    if isinstance(code, str) and code.isascii() and code.isdigit():
+        code = int(code)
     if isinstance(code, int) and not isinstance(code, bool) and code in ACCESS_CODES:
         return MemberAccessDenied(code, message)
     if status >= 500 or status in (408, 429):

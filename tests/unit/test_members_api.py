@@ -1,0 +1,253 @@
+"""Member routes over HTTP on the in-memory reader: keyset pages, access codes, presentation with
+the statistics budget, read receipts; and the client's HTTP source against the same server."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+import app.api.app as api_app
+from app.api import Deps, create_app
+from app.api import members as member_routes
+from app.api.sources import MemoryProjectionReader
+from app.api.tokens import TokenSigner
+from app.members.cache import CacheKey
+from app.members.directory import MemberDirectory
+from app.members.model import BaseMember
+from app.members.server import InMemoryMemberReader, MemberService
+from app.members.source import HttpMemberSource, MemberAccessDenied, MemberRequestError
+from app.settings import Settings
+from app.stores.memory_projection import InMemoryProjectionStore
+
+SECRET = "k" * 40
+SETTINGS = Settings(api_secret=SECRET, api_fill_from_state="never")
+T0 = 1_800_000_000_000
+G1 = str(uuid.UUID(int=1))
+G2 = str(uuid.UUID(int=2))
+ME = 7
+PAGE = "/api/v1/chats/members/page"
+BY_IDS = "/api/v1/chats/members/by-user-ids"
+
+
+@dataclass
+class Api:
+    client: TestClient[Any, Any]
+    reader: InMemoryMemberReader
+    service: MemberService
+
+    def auth(self, user_id: int = ME) -> dict[str, str]:
+        return {"Authorization": "Bearer " + TokenSigner(SECRET).mint(user_id, T0 // 1000 + 3600)}
+
+    async def post(self, path: str, body: Any, user_id: int = ME) -> tuple[int, dict[str, Any]]:
+        async with self.client.post(path, json=body, headers=self.auth(user_id)) as resp:
+            return resp.status, await resp.json()
+
+    async def get(self, path: str, user_id: int = ME) -> tuple[int, dict[str, Any]]:
+        async with self.client.get(path, headers=self.auth(user_id)) as resp:
+            return resp.status, await resp.json()
+
+
+def roster(reader: InMemoryMemberReader, group: str, n: int, first: int = 1000) -> list[int]:
+    ids = [first + 3 * i for i in range(n)]
+    for user_id in ids:
+        reader.put(group, BaseMember(user_id, "member", "active", 1, None))
+    return ids
+
+
+@pytest.fixture
+async def api(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Api]:
+    if (member_routes.routes, member_routes.SCHEMAS) not in api_app.RESOURCES:
+        # Until app.py lists the member resource itself (see the report), register it here.
+        monkeypatch.setattr(
+            api_app, "RESOURCES", (*api_app.RESOURCES, (member_routes.routes, member_routes.SCHEMAS))
+        )
+    reader = InMemoryMemberReader()
+    reader.put(G1, BaseMember(ME, "admin", "active", 1, None))
+    service = MemberService(reader, stats_budget_s=0.2)
+    deps = Deps(
+        projections=MemoryProjectionReader(InMemoryProjectionStore()),
+        clock_ms=lambda: T0,
+        extra={"members": service},
+    )
+    async with TestClient(TestServer(create_app(SETTINGS, deps))) as client:
+        yield Api(client, reader, service)
+
+
+async def walk(api: Api, group: str, **options: Any) -> list[dict[str, Any]]:
+    pages = []
+    after = None
+    while True:
+        body = {"chat_session_uid": group, **options}
+        if after is not None:
+            body["after_user_id"] = after
+        status, page = await api.post(PAGE, body)
+        assert status == 200, page
+        pages.append(page)
+        if not page["has_more"]:
+            return pages
+        after = page["next_user_id"]
+
+
+async def test_500_members_page_in_10_pages_without_duplicates_or_other_groups(api: Api) -> None:
+    ids = roster(api.reader, G1, 499)
+    roster(api.reader, G2, 300, first=1001)  # interleaved ids in another group
+    pages = await walk(api, G1)
+    assert len(pages) == 10
+    got = [item["user_id"] for page in pages for item in page["items"]]
+    assert got == sorted([*ids, ME]) and len(set(got)) == 500
+    assert all(page["self_role"] == "admin" for page in pages)
+    assert pages[-1]["next_user_id"] is None
+
+
+async def test_active_only_skips_departed_members(api: Api) -> None:
+    ids = roster(api.reader, G1, 120)
+    for user_id in ids[::2]:
+        api.reader.put(G1, BaseMember(user_id, "member", "left", 1, 5))
+    everyone = [i["user_id"] for p in await walk(api, G1, limit=7) for i in p["items"]]
+    active = [i["user_id"] for p in await walk(api, G1, limit=7, active_only=True) for i in p["items"]]
+    assert len(everyone) == 121 and active == sorted([ME, *ids[1::2]])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"chat_session_uid": G1, "limit": 101},
+        {"chat_session_uid": G1, "limit": 0},
+        {"chat_session_uid": G1, "limit": True},
+        {"chat_session_uid": G1, "limit": "50"},
+        {"chat_session_uid": "not-a-uuid"},
+        {"chat_session_uid": G1, "after_user_id": -1},
+        {"chat_session_uid": G1, "after_user_id": 2**64},
+        {"chat_session_uid": G1, "active_only": "yes"},
+        {"chat_session_uid": G1, "cursor": "x"},
+        {},
+        [],
+    ],
+)
+async def test_bad_page_requests_are_400(api: Api, body: Any) -> None:
+    status, answer = await api.post(PAGE, body)
+    assert status == 400, answer
+
+
+async def test_access_is_checked_on_every_page(api: Api) -> None:
+    roster(api.reader, G1, 120)
+    status, first = await api.post(PAGE, {"chat_session_uid": G1})
+    assert status == 200
+    status, body = await api.post(PAGE, {"chat_session_uid": G1}, user_id=99_999)  # never a member
+    assert (status, body["error"]["code"]) == (403, "2001")
+    api.reader.put(G1, BaseMember(ME, "admin", "removed", 1, 9))  # removed between two pages
+    status, body = await api.post(PAGE, {"chat_session_uid": G1, "after_user_id": first["next_user_id"]})
+    assert (status, body["error"]["code"]) == (403, "2001")
+    api.reader.put(G1, BaseMember(ME, "admin", "active", 1, None))
+    api.reader.disabled_ids.add(G1)
+    status, body = await api.post(PAGE, {"chat_session_uid": G1})
+    assert (status, body["error"]["code"]) == (403, "2002")
+
+
+async def test_by_user_ids_marks_inactive_and_missing_and_adds_stats(api: Api) -> None:
+    ids = roster(api.reader, G1, 3)
+    api.reader.put(G1, BaseMember(ids[2], "member", "left", 1, 9))
+    api.reader.stats_by_member[(G1, ids[0])] = (12, 3)
+    body = {"chat_session_uid": G1, "user_ids": [ids[0], ids[2], 424242], "include_stats": True}
+    status, answer = await api.post(BY_IDS, body)
+    assert status == 200, answer
+    items = {item["user_id"]: item for item in answer["items"]}
+    assert answer["missing_user_ids"] == [424242] and answer["stats_included"] is True
+    assert (items[ids[0]]["record_count"], items[ids[0]]["mention_count"]) == (12, 3)
+    assert items[ids[2]]["active"] is False and items[ids[2]]["state"] == "left"
+    assert (items[ids[2]]["record_count"], items[ids[2]]["mention_count"]) == (0, 0)  # known zero
+    status, plain = await api.post(BY_IDS, {"chat_session_uid": G1, "user_ids": [ids[0]]})
+    assert status == 200 and "record_count" not in plain["items"][0] and plain["stats_included"] is False
+
+
+@pytest.mark.parametrize("failure", ["late", "error"])
+async def test_late_or_failed_stats_drop_both_fields_but_keep_identities(api: Api, failure: str) -> None:
+    ids = roster(api.reader, G1, 2)
+    api.reader.stats_by_member[(G1, ids[0])] = (12, 3)
+    if failure == "late":
+        api.reader.stats_delay_s = 1.0  # budget is 0.2 s in this fixture
+    else:
+        api.reader.stats_error = RuntimeError("cassandra timed out")
+    status, answer = await api.post(BY_IDS, {"chat_session_uid": G1, "user_ids": ids, "include_stats": True})
+    assert status == 200 and answer["stats_included"] is False
+    assert [item["user_id"] for item in answer["items"]] == ids
+    assert all("record_count" not in i and "mention_count" not in i for i in answer["items"])
+
+
+async def test_a_cancelled_presentation_is_cancelled_not_a_success() -> None:
+    reader = InMemoryMemberReader(stats_delay_s=5.0)
+    reader.put(G1, BaseMember(ME, "member", "active", 1, None))
+    service = MemberService(reader, stats_budget_s=2.0)
+    task = asyncio.ensure_future(service.present(G1, ME, [ME], True))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+@pytest.mark.parametrize("ids", [[], list(range(51)), "1,2", [True], [-5]])
+async def test_by_user_ids_bounds(api: Api, ids: Any) -> None:
+    status, _ = await api.post(BY_IDS, {"chat_session_uid": G1, "user_ids": ids})
+    assert status == 400
+
+
+async def test_by_user_ids_needs_access(api: Api) -> None:
+    status, body = await api.post(BY_IDS, {"chat_session_uid": G1, "user_ids": [ME]}, user_id=5)
+    assert (status, body["error"]["code"]) == (403, "2001")
+
+
+async def test_readers_split_active_members_by_read_state(api: Api) -> None:
+    a, b, c, late, left = roster(api.reader, G1, 5)
+    api.reader.put(G1, BaseMember(late, "member", "active", 20, None))  # joined after seq 10
+    api.reader.put(G1, BaseMember(left, "member", "left", 1, 9))
+    api.reader.senders[(G1, 10)] = a
+    api.reader.read_by_member.update({(G1, b): 10, (G1, c): 9, (G1, ME): 12})
+    status, basic = await api.get(f"/api/v1/chats/{G1}/messages/10/readers?basic_only=true")
+    assert status == 200, basic
+    assert basic["read_user_ids"] == [ME, b] and basic["unread_user_ids"] == [c]
+    assert basic["sender_id"] == a and basic["basic_only"] is True and "read" not in basic
+    status, full = await api.get(f"/api/v1/chats/{G1}/messages/10/readers")
+    assert status == 200 and full["unread"] == [{"user_id": c, "role": "member", "read_conversation_seq": 9}]
+    status, _ = await api.get(f"/api/v1/chats/{G1}/messages/0/readers")
+    assert status == 400
+    status, _ = await api.get(f"/api/v1/chats/{G1}/messages/10/readers?basic_only=maybe")
+    assert status == 400
+    status, denied = await api.get(f"/api/v1/chats/{G1}/messages/10/readers", user_id=left)
+    assert (status, denied["error"]["code"]) == (403, "2001")
+
+
+async def test_the_openapi_description_names_the_member_routes(api: Api) -> None:
+    async with api.client.get("/openapi.json") as resp:
+        description = await resp.json()
+    assert {PAGE, BY_IDS} <= set(description["paths"])
+    assert "MembersPage" in description["components"]["schemas"]
+
+
+async def test_client_http_source_and_directory_against_the_routes(api: Api) -> None:
+    ids = roster(api.reader, G1, 130)
+    api.reader.stats_by_member[(G1, ids[0])] = (4, 1)
+    base = str(api.client.make_url("")).rstrip("/")
+    token = api.auth()["Authorization"].removeprefix("Bearer ")
+    async with aiohttp.ClientSession() as session:
+        source = HttpMemberSource(base, token, session)
+        page = await source.page(G1, None, 50, True)
+        assert len(page.items) == 50 and page.has_more and page.self_role == "admin"
+        with pytest.raises(MemberRequestError):
+            await source.page(G1, None, 101, True)
+        directory = MemberDirectory(CacheKey("env", str(ME), G1), source)
+        directory.subscribe()
+        await asyncio.wait_for(directory.until(lambda d: d.fresh), 10)
+        assert len(directory.members) == 131
+        assert directory.members[ids[0]].record_count == 4 and directory.members[ids[0]].stats_known
+        stranger = HttpMemberSource(base, TokenSigner(SECRET).mint(5, T0 // 1000 + 3600), session)
+        with pytest.raises(MemberAccessDenied) as denied:
+            await stranger.page(G1, None, 50, True)
+        assert denied.value.code == 2001
+        await directory.aclose()
