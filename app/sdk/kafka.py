@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from app.sdk.live import LiveSessionList
 
@@ -37,19 +37,21 @@ class SessionDeltaFollower:
     ) -> None:
         await self.stop()
 
-    async def start(self) -> None:
+    async def start(self, timeout_s: float = 30.0) -> None:
         await self.consumer.start()
         try:
             known = await self.consumer.topics()
             missing = [t for t in self.topics if t not in known]
             if missing:
                 raise RuntimeError(f"topics not found: {missing} (has `projector bootstrap` run?)")
-            partitions = [
-                TopicPartition(topic, p)
-                for topic in self.topics
-                for p in sorted(self.consumer.partitions_for_topic(topic) or ())
-            ]
-            self.consumer.assign(partitions)
+            # Without a group, a subscription is assigned every partition of its topics.
+            self.consumer.subscribe(self.topics)
+            deadline = asyncio.get_running_loop().time() + timeout_s
+            while {tp.topic for tp in self.consumer.assignment()} != set(self.topics):
+                if asyncio.get_running_loop().time() > deadline:
+                    raise RuntimeError(f"no partitions assigned for {self.topics} after {timeout_s}s")
+                await asyncio.sleep(0.05)
+            partitions = sorted(self.consumer.assignment())
             await self.consumer.seek_to_end(*partitions)
             for tp in partitions:  # resolve the lazy seek now, before the pull
                 await self.consumer.position(tp)
