@@ -199,7 +199,8 @@ class CassandraMemberReader:
             raise StoreError(f"cassandra {what} failed: {type(exc).__name__}: {exc}") from None
 
         def on_rows(rows: Any) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, (list(rows), None))
+            # Writes (INSERT/DELETE) answer with no rows at all: None.
+            loop.call_soon_threadsafe(queue.put_nowait, (list(rows or ()), None))
 
         def on_error(exc: BaseException) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (None, exc))

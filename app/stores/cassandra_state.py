@@ -25,6 +25,10 @@ here after each batch, so the writer is built for that rhythm:
   DELETE cannot get its first_seen back until the tombstone is purged (the product never
   deletes these rows). Everything else is a plain idempotent upsert: re-flushing the same batch
   writes the same values.
+* ``stage_member_stats`` stages the member directory's statistics (app/members/stats.py) as
+  absolute values written ``USING TIMESTAMP <mailbox_seq>`` of the entry that produced them:
+  re-writing is harmless and an older state can never overwrite a newer one (no counters:
+  they are not idempotent).
 * A failed flush puts its rows back (under anything staged since), raises
   :class:`~app.stores.cassandra_exec.StoreError`, and can simply be retried.
 """
@@ -73,6 +77,10 @@ _ROLES = frozenset({"owner", "admin", "member"})
 
 StateKey = tuple[int, str]  # (user_id, conversation_id)
 MemberKey = tuple[str, int]  # (conversation_id, user_id)
+MemberStatsRow = tuple[int, int, int]  # (record_count, mention_count, mailbox_seq)
+_Staged = tuple[
+    dict[StateKey, dict[str, Any]], dict[MemberKey, dict[str, Any]], dict[MemberKey, MemberStatsRow]
+]
 
 
 class UserConversationStateWriter:
@@ -86,6 +94,7 @@ class UserConversationStateWriter:
         self.concurrency = concurrency
         self._state: dict[StateKey, dict[str, Any]] = {}
         self._members: dict[MemberKey, dict[str, Any]] = {}
+        self._member_stats: dict[MemberKey, MemberStatsRow] = {}
 
         def prepare(template: str, **parts: str) -> Any:
             # Only the keyspace (an identifier, checked) and column lists taken from schema.py are
@@ -121,6 +130,11 @@ class UserConversationStateWriter:
             "INSERT INTO {ks}.group_members ({columns}) VALUES ({marks})",
             columns=member_columns,
             marks=member_marks,
+        )
+        self._upsert_member_stats = prepare(
+            "INSERT INTO {ks}.member_stats"
+            " (conversation_id, user_id, record_count, mention_count, stats_mailbox_seq)"
+            " VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ?"
         )
         self._load_user = prepare("SELECT * FROM {ks}.user_conversation_state WHERE user_id = ?")
         self._load_members = prepare("SELECT * FROM {ks}.group_members WHERE conversation_id = ?")
@@ -175,47 +189,67 @@ class UserConversationStateWriter:
         }
         self._members[key] = row
 
+    def stage_member_stats(
+        self, conversation_id: str, user_id: int, record_count: int, mention_count: int, mailbox_seq: int
+    ) -> None:
+        """Stage a member's statistics (absolute values, from the entry ``mailbox_seq``); the
+        highest ``mailbox_seq`` staged for a member wins, here and in Cassandra."""
+        for name, value in (("record_count", record_count), ("mention_count", mention_count)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        if isinstance(mailbox_seq, bool) or not isinstance(mailbox_seq, int) or not 0 < mailbox_seq < 2**63:
+            raise ValueError(
+                f"mailbox_seq must be an int in [1, 2^63) (a write timestamp), got {mailbox_seq!r}"
+            )
+        key = (_canonical(conversation_id), check_user_id(user_id))
+        staged = self._member_stats.get(key)
+        if staged is None or staged[2] <= mailbox_seq:
+            self._member_stats[key] = (record_count, mention_count, mailbox_seq)
+
     @property
     def staged(self) -> int:
-        """Rows waiting for the next flush (state rows + member rows)."""
-        return len(self._state) + len(self._members)
+        """Rows waiting for the next flush (state rows + member rows + member statistics)."""
+        return len(self._state) + len(self._members) + len(self._member_stats)
 
     # -- flushing --------------------------------------------------------------------------------
 
     async def flush(self) -> int:
         """Write everything staged; returns the number of rows written (state + members).
         Does not block the event loop."""
-        state, members = self._take()
-        statements = self._statements(state, members)
+        staged = self._take()
+        statements = self._statements(*staged)
         try:
             await execute_all_async(
                 self.session, statements, what="state flush", concurrency=self.concurrency
             )
         except StoreError:
-            self._restore(state, members)
+            self._restore(*staged)
             raise
-        return len(state) + len(members)
+        return sum(len(part) for part in staged)
 
     def flush_sync(self) -> int:
         """:meth:`flush` for callers without an event loop (rebuild tools, scripts)."""
-        state, members = self._take()
-        statements = self._statements(state, members)
+        staged = self._take()
+        statements = self._statements(*staged)
         try:
             execute_all(self.session, statements, what="state flush", concurrency=self.concurrency)
         except StoreError:
-            self._restore(state, members)
+            self._restore(*staged)
             raise
-        return len(state) + len(members)
+        return sum(len(part) for part in staged)
 
-    def _take(self) -> tuple[dict[StateKey, dict[str, Any]], dict[MemberKey, dict[str, Any]]]:
+    def _take(self) -> _Staged:
         # Swap the staging dicts out first: stages made while the flush is in flight go to the
         # next one instead of being half-written by this one.
-        state, members = self._state, self._members
-        self._state, self._members = {}, {}
-        return state, members
+        staged = self._state, self._members, self._member_stats
+        self._state, self._members, self._member_stats = {}, {}, {}
+        return staged
 
     def _restore(
-        self, state: dict[StateKey, dict[str, Any]], members: dict[MemberKey, dict[str, Any]]
+        self,
+        state: dict[StateKey, dict[str, Any]],
+        members: dict[MemberKey, dict[str, Any]],
+        member_stats: dict[MemberKey, MemberStatsRow] | None = None,
     ) -> None:
         for key, fields in state.items():
             newer = self._state.get(key)
@@ -228,9 +262,16 @@ class UserConversationStateWriter:
             self._state[key] = fields
         for member_key, row in members.items():
             self._members.setdefault(member_key, row)
+        for member_key, values in (member_stats or {}).items():
+            staged_since = self._member_stats.get(member_key)
+            if staged_since is None or staged_since[2] < values[2]:
+                self._member_stats[member_key] = values
 
     def _statements(
-        self, state: dict[StateKey, dict[str, Any]], members: dict[MemberKey, dict[str, Any]]
+        self,
+        state: dict[StateKey, dict[str, Any]],
+        members: dict[MemberKey, dict[str, Any]],
+        member_stats: dict[MemberKey, MemberStatsRow] | None = None,
     ) -> list[tuple[Any, Any]]:
         from cassandra.query import UNSET_VALUE
 
@@ -257,6 +298,11 @@ class UserConversationStateWriter:
             cid = uuid.UUID(conversation_id)
             params = (cid, user_id, *(row[name] for name in MEMBER_FIELDS))
             writes.append((cid, self._upsert_member, params))
+        for (conversation_id, user_id), (record, mention, seq) in (member_stats or {}).items():
+            cid = uuid.UUID(conversation_id)
+            # Keyed apart from group_members: same uuid, but another table is another partition.
+            params = (cid, user_id, record, mention, seq, seq)
+            writes.append((("member_stats", cid), self._upsert_member_stats, params))
         return group_by_partition(writes)
 
     # -- reading ---------------------------------------------------------------------------------

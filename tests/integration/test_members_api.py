@@ -1,0 +1,243 @@
+"""The member directory on real Cassandra behind the real HTTP API (a TCP server in this
+process) and the real client library: keyset pages, convergence, limits, access codes,
+statistics, read receipts."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+import app.api.app as api_app
+from app.api import Deps, create_app
+from app.api import members as member_routes
+from app.api.sources import MemoryProjectionReader
+from app.api.tokens import TokenSigner
+from app.members.cache import CacheKey, SqliteMemberCache
+from app.members.directory import MemberDirectory
+from app.members.server import MemberService
+from app.members.source import HttpMemberSource, MemberAccessDenied
+from app.settings import Settings
+from app.stores.cassandra_members import CassandraMemberReader
+from app.stores.cassandra_messages import CassandraMessageStore, NewMessage
+from app.stores.cassandra_state import UserConversationStateWriter
+from app.stores.memory_projection import InMemoryProjectionStore
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+SECRET = "m" * 40
+CALLER = 5
+PAGE = "/api/v1/chats/members/page"
+BY_IDS = "/api/v1/chats/members/by-user-ids"
+
+
+@pytest.fixture(scope="module")
+def schema(servers: Settings, cassandra_session: Any) -> Iterator[str]:
+    from app.bootstrap import ensure_cassandra_schema
+
+    keyspace = f"t_members_{uuid.uuid4().hex[:12]}"
+    ensure_cassandra_schema(servers, keyspace=keyspace)
+    yield keyspace
+    cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+
+
+@dataclass
+class Live:
+    base_url: str
+    http: aiohttp.ClientSession
+    writer: UserConversationStateWriter
+    reader: CassandraMemberReader
+    messages: CassandraMessageStore
+
+    def token(self, user_id: int = CALLER) -> str:
+        return TokenSigner(SECRET).mint(user_id, 4_000_000_000)
+
+    async def post(self, path: str, body: Any, user_id: int = CALLER) -> tuple[int, dict[str, Any]]:
+        headers = {"Authorization": "Bearer " + self.token(user_id)}
+        async with self.http.post(self.base_url + path, json=body, headers=headers) as resp:
+            return resp.status, await resp.json()
+
+    async def get(self, path: str, user_id: int = CALLER) -> tuple[int, dict[str, Any]]:
+        headers = {"Authorization": "Bearer " + self.token(user_id)}
+        async with self.http.get(self.base_url + path, headers=headers) as resp:
+            return resp.status, await resp.json()
+
+    def source(self, user_id: int = CALLER) -> HttpMemberSource:
+        return HttpMemberSource(self.base_url, self.token(user_id), self.http)
+
+    async def members(self, group: str, ids: list[int], *, role: str = "member") -> None:
+        for user_id in ids:
+            self.writer.stage_member(group, user_id, role, "active", 1, None)
+        await self.writer.flush()
+
+
+@pytest.fixture
+async def live(schema: str, cassandra_session: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Live]:
+    if (member_routes.routes, member_routes.SCHEMAS) not in api_app.RESOURCES:
+        monkeypatch.setattr(
+            api_app, "RESOURCES", (*api_app.RESOURCES, (member_routes.routes, member_routes.SCHEMAS))
+        )
+    settings = Settings(api_secret=SECRET, api_fill_from_state="never", cassandra_keyspace=schema)
+    reader = CassandraMemberReader(cassandra_session, schema)
+    deps = Deps(
+        projections=MemoryProjectionReader(InMemoryProjectionStore()),
+        extra={"members": MemberService(reader, stats_budget_s=settings.members_stats_budget_ms / 1000)},
+    )
+    server = TestServer(create_app(settings, deps), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            yield Live(
+                str(server.make_url("")).rstrip("/"),
+                http,
+                UserConversationStateWriter(cassandra_session, schema),
+                reader,
+                CassandraMessageStore(cassandra_session, schema),
+            )
+    finally:
+        await server.close()
+
+
+def new_group() -> str:
+    return str(uuid.uuid4())
+
+
+async def walk(live: Live, group: str, **options: Any) -> list[dict[str, Any]]:
+    pages: list[dict[str, Any]] = []
+    after = None
+    while True:
+        body: dict[str, Any] = {"chat_session_uid": group, **options}
+        if after is not None:
+            body["after_user_id"] = after
+        status, page = await live.post(PAGE, body)
+        assert status == 200, page
+        pages.append(page)
+        if not page["has_more"]:
+            return pages
+        after = page["next_user_id"]
+
+
+async def test_500_members_in_10_pages_no_duplicates_no_other_group(live: Live) -> None:
+    group, other = new_group(), new_group()
+    ids = [CALLER, *(1000 + 2 * i for i in range(499)), 2**64 - 1]  # 501 with the largest u64
+    ids.remove(2**64 - 1)
+    await live.members(group, ids)
+    await live.members(other, [1001 + 2 * i for i in range(300)])  # interleaved ids elsewhere
+    pages = await walk(live, group)
+    got = [item["user_id"] for page in pages for item in page["items"]]
+    assert len(pages) == 10 and all(len(p["items"]) == 50 for p in pages)
+    assert got == sorted(ids) and len(set(got)) == 500
+    assert pages[-1]["next_user_id"] is None and pages[-1]["has_more"] is False
+
+
+async def test_u64_ids_page_in_numeric_order(live: Live) -> None:
+    group = new_group()
+    ids = [CALLER, 2**63 - 1, 2**63, 2**64 - 1, 17]
+    await live.members(group, ids)
+    got = [i["user_id"] for p in await walk(live, group, limit=2) for i in p["items"]]
+    assert got == sorted(ids)
+
+
+async def test_limit_101_is_400_and_non_member_is_2001_and_disabled_is_2002(live: Live) -> None:
+    group = new_group()
+    await live.members(group, [CALLER, 10, 11])
+    status, body = await live.post(PAGE, {"chat_session_uid": group, "limit": 101})
+    assert status == 400, body
+    status, body = await live.post(PAGE, {"chat_session_uid": group}, user_id=999)
+    assert (status, body["error"]["code"]) == (403, "2001")
+    live.writer.stage_member(group, 11, "member", "left", 1, 3)
+    await live.writer.flush()
+    status, body = await live.post(PAGE, {"chat_session_uid": group}, user_id=11)
+    assert (status, body["error"]["code"]) == (403, "2001")
+    await live.reader.set_disabled(group, 1, "test")
+    status, body = await live.post(PAGE, {"chat_session_uid": group})
+    assert (status, body["error"]["code"]) == (403, "2002")
+    await live.reader.clear_disabled(group)
+    status, body = await live.post(PAGE, {"chat_session_uid": group, "active_only": True})
+    assert status == 200 and [i["user_id"] for i in body["items"]] == [CALLER, 10]
+
+
+async def test_active_only_reads_past_many_departed_members(live: Live) -> None:
+    group = new_group()
+    await live.members(group, [CALLER, *range(100, 400)])
+    for user_id in range(100, 380):  # a long run of departed members inside one page window
+        live.writer.stage_member(group, user_id, "member", "removed", 1, 2)
+    await live.writer.flush()
+    pages = await walk(live, group, active_only=True, limit=10)
+    got = [i["user_id"] for p in pages for i in p["items"]]
+    assert got == [CALLER, *range(380, 400)]
+
+
+async def test_client_traversal_converges_after_a_leave_and_a_role_change(live: Live, tmp_path: Path) -> None:
+    group = new_group()
+    ids = [CALLER, *(2000 + i for i in range(499))]
+    await live.members(group, ids)
+    key = CacheKey("it", str(CALLER), group)
+    cache = SqliteMemberCache(tmp_path / "m.sqlite", b"k" * 32, clock_ms=lambda: 1_800_000_000_000)
+    first = MemberDirectory(key, live.source(), cache)
+    first.subscribe()
+    await asyncio.wait_for(first.until(lambda d: d.fresh), 60)
+    await first.settled()
+    assert len(first.members) == 500 and first.counters.pages == 10
+    assert first.counters.cache_writes == 1
+    await first.aclose()
+
+    leaver, promoted = ids[100], ids[200]
+    live.writer.stage_member(group, leaver, "member", "left", 1, 50)
+    live.writer.stage_member(group, promoted, "admin", "active", 1, None)
+    await live.writer.flush()
+    second = MemberDirectory(key, live.source(), cache)
+    second.subscribe()
+    await asyncio.wait_for(second.until(lambda d: d.counters.cache_hits == 1 or d.fresh), 30)
+    await asyncio.wait_for(second.until(lambda d: d.fresh), 60)
+    await second.settled()
+    assert len(second.members) == 499 and leaver not in second.members
+    assert second.members[promoted].role == "admin"
+    assert second.counters.removals_confirmed == 1
+    roster = await cache.load(key)
+    assert roster is not None and len(roster.members) == 499
+    await second.aclose()
+    await cache.close()
+
+    stranger = MemberDirectory(CacheKey("it", "999", group), live.source(999))
+    stranger.subscribe()
+    await asyncio.wait_for(stranger.until(lambda d: d.error is not None), 30)
+    assert isinstance(stranger.error, MemberAccessDenied) and stranger.error.code == 2001
+    await stranger.aclose()
+
+
+async def test_by_user_ids_with_statistics_and_seq_stamped_writes(live: Live) -> None:
+    group = new_group()
+    await live.members(group, [CALLER, 10, 11])
+    live.writer.stage_member(group, 11, "member", "removed", 1, 9)
+    live.writer.stage_member_stats(group, 10, 7, 2, mailbox_seq=500)
+    await live.writer.flush()
+    live.writer.stage_member_stats(group, 10, 3, 1, mailbox_seq=400)  # an older state replayed
+    await live.writer.flush()
+    body = {"chat_session_uid": group, "user_ids": [10, 11, 12], "include_stats": True}
+    status, answer = await live.post(BY_IDS, body)
+    assert status == 200, answer
+    items = {i["user_id"]: i for i in answer["items"]}
+    assert (items[10]["record_count"], items[10]["mention_count"]) == (7, 2)  # the newer one stayed
+    assert items[11]["active"] is False and items[11]["state"] == "removed"
+    assert answer["missing_user_ids"] == [12] and answer["stats_included"] is True
+
+
+async def test_readers_from_persisted_read_state(live: Live) -> None:
+    group = new_group()
+    await live.members(group, [CALLER, 20, 21, 22])
+    live.messages.put_messages([NewMessage(group, 8, "m8", "0" * 31 + "8", 20, 1, True, frozenset())])
+    for user_id, read in ((CALLER, 9), (21, 8), (22, 7)):
+        live.writer.stage(user_id, group, {"read_seq": read})
+    await live.writer.flush()
+    status, body = await live.get(f"/api/v1/chats/{group}/messages/8/readers?basic_only=true")
+    assert status == 200, body
+    assert body["sender_id"] == 20
+    assert body["read_user_ids"] == [CALLER, 21] and body["unread_user_ids"] == [22]
