@@ -522,13 +522,6 @@ class MemberDirectoryRegistry:
             oldest, _ = self._idle.popitem(last=False)
             self._stores.pop(oldest, None)
 
-    async def settled(self) -> None:
-        """Wait for the traversal in flight (and its cache write) to finish, however it ends."""
-        task = self._traversal
-        if task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(task)
-
     async def aclose(self) -> None:
         stores = list(self._stores.values())
         self._stores.clear()
