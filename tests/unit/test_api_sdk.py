@@ -1,0 +1,106 @@
+"""The SDK against the API on the in-memory store: bounded restarts, the live list's gap rule."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from app.api import Deps, create_app
+from app.api.sources import MemoryProjectionReader
+from app.api.tokens import TokenSigner
+from app.sdk import LiveSessionList, SessionsClient, TooManyRestarts
+from app.sdk.client import ClientError, Page
+from app.stores.memory_projection import InMemoryProjectionStore
+from tests.unit.test_api_http import ME, SETTINGS, T0, Clock
+from tests.unit.test_api_rows import SECRET, cid, flush, make_row
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[str, InMemoryProjectionStore]]:
+    store = InMemoryProjectionStore()
+    app = create_app(SETTINGS, Deps(projections=MemoryProjectionReader(store), clock_ms=Clock()))
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")), store
+    finally:
+        await server.close()
+
+
+def token(user_id: int = ME) -> str:
+    return TokenSigner(SECRET).mint(user_id, T0 // 1000 + 600)
+
+
+class Reshuffling(SessionsClient):
+    """Pins another conversation (a structural change) after every `every`-th page."""
+
+    def __init__(self, url: str, store: InMemoryProjectionStore, every: int, times: int) -> None:
+        super().__init__(url, token())
+        self.store, self.every, self.left = store, every, times
+        self.version, self.structure, self.requests = 1, 1, 0
+
+    async def page(self, folder: str = "main", limit: int = 50, cursor: str | None = None) -> Page:
+        result = await super().page(folder, limit, cursor)
+        self.requests += 1
+        if self.left and self.requests % self.every == 0:
+            self.left -= 1
+            self.version += 1
+            self.structure += 1
+            pinned = make_row(ME, self.version, act=self.version, pin_rank=self.version, version=self.version)
+            await self.store.write([flush(ME, [pinned], self.version, self.structure)])
+        return result
+
+
+async def test_walk_restarts_and_ends_with_the_current_list(served: tuple[str, Any]) -> None:
+    url, store = served
+    await store.write([flush(ME, [make_row(ME, n, act=n) for n in range(1, 21)], 1, 1)])
+    async with Reshuffling(url, store, every=2, times=2) as client:
+        walk = await client.walk(limit=3, max_restarts=2)
+    assert walk.restarts == 2
+    pinned = [cid(2), cid(3)]  # pin_rank 2 and 3
+    assert [r["conversation_id"] for r in walk.rows] == pinned + [
+        cid(n) for n in range(20, 0, -1) if cid(n) not in pinned
+    ]
+
+
+async def test_restarts_are_bounded(served: tuple[str, Any]) -> None:
+    url, store = served
+    await store.write([flush(ME, [make_row(ME, n, act=n) for n in range(1, 21)], 1, 1)])
+    async with Reshuffling(url, store, every=1, times=10) as client:
+        with pytest.raises(TooManyRestarts):
+            await client.walk(limit=3, max_restarts=1)
+
+
+async def test_api_errors_surface_with_their_code(served: tuple[str, Any]) -> None:
+    url, _ = served
+    async with SessionsClient(url, "v1.bad.token") as client:
+        with pytest.raises(ClientError) as err:
+            await client.page()
+    assert err.value.status == 401 and err.value.code == "unauthorized"
+
+
+async def test_live_list_applies_frames_and_re_pulls_on_a_gap(served: tuple[str, Any]) -> None:
+    url, store = served
+    await store.write([flush(ME, [make_row(ME, n, act=n) for n in range(1, 6)], 1, 1)])
+    async with SessionsClient(url, token()) as client:
+        live = LiveSessionList(client, ME, limit=2)
+        await live.sync()
+        assert [r["conversation_id"] for r in live.main()] == [cid(n) for n in range(5, 0, -1)]
+        # The next frame in the chain: applied by overwrite.
+        bumped = make_row(ME, 1, act=9, unread=2, version=2)
+        frame2 = {**flush(ME, [bumped], 2, 1).session_delta(), "prev_projection_mailbox_seq": 1}
+        await store.write([flush(ME, [bumped], 2, 1)])
+        assert (await live.apply(frame2)).applied
+        assert live.main()[0] == bumped and live.syncs == 1
+        assert not (await live.apply(frame2)).applied  # a redelivery applies zero times
+        # A frame whose prev is not the last seen version: frames were lost -> re-pull, no patch.
+        archived = make_row(ME, 2, act=2, archived=True, version=4)
+        await store.write([flush(ME, [archived], 4, 2)])
+        frame4 = {**flush(ME, [archived], 4, 2).session_delta(), "prev_projection_mailbox_seq": 3}
+        result = await live.apply(frame4)
+        assert result.needs_repull and live.syncs == 2 and live.view.version == 4
+        assert [r["conversation_id"] for r in live.archived()] == [cid(2)]
+        assert cid(2) not in [r["conversation_id"] for r in live.main()]
