@@ -4,7 +4,9 @@ Per batch of records (faust's `take_events`):
   (partition, [record]) → decode → dead letters out | markers → gate | entries → gate
   → released entries applied to the partition's Projector (wall-clock time)
   → every row/user/gate/pending change of the batch written ONCE to the changelog tables
-  → UserConversationState changes staged and written in one batched call.
+  → UserConversationState changes staged and written in one batched call, with the member
+    directory's rows (group_members from join/leave) and statistics (member_stats from
+    message/recall/delete entries, app/members/stats.py).
 Only then does the agent return and faust ack the batch, so a committed offset never lies past
 work that is not in a changelog table.
 
@@ -29,14 +31,19 @@ import orjson
 from app.domain.conversation import ConversationState
 from app.domain.entries import (
     DeadLetter,
+    DeleteMessageEntry,
     Entry,
+    JoinEntry,
+    LeaveEntry,
     MessageEntry,
+    RecallEntry,
     WatermarkMarker,
     decode_record,
 )
 from app.domain.ports import MessageStore, ProjectionStore
 from app.domain.projector import Applied, Projector, ProjectorConfig, UserState
 from app.domain.watermark import Offer, WatermarkGate
+from app.members.stats import MemberStats
 from app.worker.ports import Outbox, RawRecord, StateTables, StateWriter
 
 log = logging.getLogger("projector.worker")
@@ -54,6 +61,10 @@ _STATE_FIELDS = (
     "archived",
     "muted",
 )
+# Entries that can move a member's statistics (the rest never touch them).
+_STATS_ENTRIES = frozenset({MessageEntry, RecallEntry, DeleteMessageEntry})
+# Key of the member statistics inside a row's changelog record (ConversationState.load ignores it).
+_STATS_KEY = "member_stats"
 
 
 def wall_clock_ms() -> int:
@@ -97,6 +108,9 @@ class PartitionState:
         self.partition = partition
         self.gate = gate
         self.projector = projector
+        # Per (user, conversation): the seq bitmaps behind the member directory's statistics.
+        # Persisted inside the row's changelog record, so they survive exactly as the row does.
+        self.member_stats: dict[tuple[int, str], MemberStats] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +166,14 @@ class WorkerCore:
         snapshot = self.tables.snapshot(partition)
         config = self.config.projector_config()
         lanes = self.config.lanes
-        rows = [ConversationState.load(msgspec.msgpack.decode(blob)) for blob in snapshot.rows]
+        rows = []
+        member_stats: dict[tuple[int, str], MemberStats] = {}
+        for blob in snapshot.rows:
+            record = msgspec.msgpack.decode(blob)
+            row = ConversationState.load(record)
+            rows.append(row)
+            if _STATS_KEY in record:
+                member_stats[(row.user_id, row.conversation_id)] = MemberStats.load(record[_STATS_KEY])
         users = {"users": [msgspec.msgpack.decode(blob) for blob in snapshot.users], "rows": []}
         projector = Projector.restore(config, self.message_store, users)
         for row in rows:
@@ -180,7 +201,9 @@ class WorkerCore:
                 len(waiting),
                 gate.hi,
             )
-        return PartitionState(partition, gate, projector)
+        state = PartitionState(partition, gate, projector)
+        state.member_stats = member_stats
+        return state
 
     def restore_assigned(self, partitions: Sequence[int]) -> None:
         """After a rebalance (tables recovered): bring every assigned partition back now, so work
@@ -269,6 +292,34 @@ class WorkerCore:
                 fields["first_seen_mailbox_seq"] = entry.mailbox_seq
                 fields["first_seen_ts"] = entry.ts
             self.state_writer.stage(entry.user_id, entry.conversation_id, fields)
+        self._member_directory(state, entry)
+
+    def _member_directory(self, state: PartitionState, entry: Entry) -> None:
+        """The member directory's share of an applied entry: a join or leave restages the
+        member's group_members row (whole row, from the applied state); a message, recall or
+        delete may move the member's statistics (bitmaps: a duplicate changes nothing)."""
+        writer = self.state_writer
+        kind = type(entry)
+        if kind is JoinEntry or kind is LeaveEntry:
+            if writer is not None:
+                row = state.projector.users[entry.user_id].rows[entry.conversation_id]
+                writer.stage_member(
+                    entry.conversation_id, entry.user_id, row.role, row.membership, row.joined_at, row.left_at
+                )
+            return
+        if kind not in _STATS_ENTRIES:
+            return
+        key = (entry.user_id, entry.conversation_id)
+        stats = state.member_stats.get(key) or MemberStats()
+        changed = stats.apply(entry.user_id, entry)
+        if not stats.empty:
+            # Kept even when no count moved: a recall may arrive before its message.
+            state.member_stats[key] = stats
+        if changed and writer is not None:
+            record_count, mention_count = stats.counts()
+            writer.stage_member_stats(
+                entry.conversation_id, entry.user_id, record_count, mention_count, entry.mailbox_seq
+            )
 
     def _persist(self, partition: int, touched: _Touched) -> None:
         """Write the batch's changes to the changelog tables: once per row, not per entry."""
@@ -281,8 +332,11 @@ class WorkerCore:
             for user_id, mailbox_seq in touched.pending_released:
                 tables.delete_pending(partition, user_id, mailbox_seq)
             for user_id, conversation_id in touched.rows:
-                row = users[user_id].rows[conversation_id]
-                tables.put_row(partition, user_id, conversation_id, msgspec.msgpack.encode(row.dump()))
+                record = users[user_id].rows[conversation_id].dump()
+                stats = state.member_stats.get((user_id, conversation_id))
+                if stats is not None:
+                    record[_STATS_KEY] = stats.dump()
+                tables.put_row(partition, user_id, conversation_id, msgspec.msgpack.encode(record))
             for user_id in touched.users:
                 tables.put_user(partition, user_id, msgspec.msgpack.encode(users[user_id].dump()))
             if touched.gate:

@@ -64,4 +64,18 @@ class StateWriter(Protocol):
 
     def stage(self, user_id: int, conversation_id: str, fields: dict[str, object]) -> None: ...
 
+    def stage_member(
+        self,
+        conversation_id: str,
+        user_id: int,
+        role: str | None,
+        state: str,
+        joined_at: int | None,
+        left_at: int | None,
+    ) -> None: ...
+
+    def stage_member_stats(
+        self, conversation_id: str, user_id: int, record_count: int, mention_count: int, mailbox_seq: int
+    ) -> None: ...
+
     async def flush(self) -> int: ...
