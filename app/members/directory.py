@@ -208,8 +208,13 @@ class MemberDirectory:
         roster = await self.cache.load(self.key)
         if roster is None:
             return
-        if gen != self.generation or self._remote_seen_gen == gen or self.error is not None:
-            # A server result (or a denial) came first: the cache may not overwrite it.
+        if (
+            gen != self.generation
+            or self._remote_seen_gen == gen
+            or isinstance(self.error, MemberAccessDenied)
+        ):
+            # A server result (or a denial) came first: the cache may not overwrite it. A mere
+            # network failure does not count: then the cached list is exactly what to show.
             self.counters.late_cache_dropped += 1
             return
         self.counters.cache_hits += 1

@@ -251,3 +251,16 @@ async def test_client_http_source_and_directory_against_the_routes(api: Api) -> 
             await stranger.page(G1, None, 50, True)
         assert denied.value.code == 2001
         await directory.aclose()
+
+
+async def test_the_default_budget_is_2_seconds_and_identities_come_anyway() -> None:
+    reader = InMemoryMemberReader(stats_delay_s=2.5)
+    ids = roster(reader, G1, 3)
+    reader.put(G1, BaseMember(ME, "member", "active", 1, None))
+    service = MemberService(reader)  # the seed's 2 s
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    shown = await service.present(G1, ME, ids, True)
+    elapsed = loop.time() - started
+    assert shown.stats is None and [m.user_id for m in shown.items] == ids
+    assert 1.9 <= elapsed < 2.4

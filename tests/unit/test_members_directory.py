@@ -74,7 +74,9 @@ async def test_first_50_members_visible_after_one_round_trip() -> None:
 async def test_pages_merge_without_replacing_unchanged_members() -> None:
     clock = FakeClock()
     server = make_server(clock, 120)
-    directory = MemberDirectory(KEY, server)
+    server.record_counts = {u: 3 for u in server.members}
+    profiles = FakeProfiles(clock, {u: Profile(f"n{u}", None, f"a{u}") for u in server.members})
+    directory = MemberDirectory(KEY, server, profiles=profiles)
     directory.subscribe()
     await run_to_completion(clock, directory)
     before = dict(directory.members)
@@ -88,10 +90,16 @@ async def test_pages_merge_without_replacing_unchanged_members() -> None:
     for user_id, member in directory.members.items():
         if user_id == changed_id:
             assert member is not before[user_id] and member.role == "admin"
-            # A base page never erases the presentation (stats from the first traversal stay).
-            assert member.stats_known == before[user_id].stats_known
-        elif before[user_id].with_fields() == member:
-            assert member is before[user_id] or member.stats_known  # unchanged -> same object
+            # A base page never erases the presentation: name, avatar, statistics stay.
+            old = before[user_id]
+            assert (member.display_name, member.avatar_url, member.record_count, member.stats_known) == (
+                old.display_name,
+                old.avatar_url,
+                3,
+                True,
+            )
+        else:
+            assert member is before[user_id]  # unchanged: the very same object
     await directory.aclose()
 
 
@@ -384,3 +392,38 @@ async def test_registry_keeps_idle_groups_within_bounds() -> None:
     sub.close()
     await registry.aclose()
     await by_groups.aclose()
+
+
+async def test_a_network_failure_still_shows_the_cached_list(tmp_path: Path) -> None:
+    clock = FakeClock()
+    server = make_server(clock, 40)
+    seeded = MemberDirectory(KEY, server, make_cache(tmp_path, clock))
+    seeded.subscribe()
+    await run_to_completion(clock, seeded)
+    await seeded.aclose()
+    server.fail_next.append(MemberUnavailable("network down"))
+    server.latency_s = 0.0
+    cache = SlowCache(tmp_path / "members.sqlite", SIGNING_KEY, clock=clock, delay_s=1.0)
+    directory = MemberDirectory(KEY, server, cache)
+    directory.subscribe()
+    await asyncio.sleep(0.05)
+    await clock.advance(0.1)
+    assert isinstance(directory.error, MemberUnavailable)
+    await clock.advance(1.0)
+    assert len(directory.members) == 41 and not directory.fresh  # shown, and still not fresh
+    await directory.aclose()
+    await cache.close()
+
+
+async def test_account_switch_closes_the_registry_and_stops_its_work() -> None:
+    clock = FakeClock()
+    server = make_server(clock, 300)
+    registry = MemberDirectoryRegistry("e", "42", server)
+    registry.subscribe(GROUP)
+    store = registry.directory(GROUP)
+    await clock.advance(2.0)
+    assert len(store.members) == 50
+    await registry.aclose()  # the runtime activated another account
+    calls = len(server.page_calls)
+    await clock.advance(30.0)
+    assert len(server.page_calls) == calls and not store._tasks
