@@ -106,7 +106,9 @@ class CursorCodec:
             revision=position.snapshot_revision,
             user_id=user_id,
             folder=folder,
-            position=Position(zone, position.pin_rank, activity or None, bytes(position.conversation_id)),
+            position=Position.checked(
+                zone, position.pin_rank, activity or None, bytes(position.conversation_id)
+            ),
             epoch=position.server_epoch,
         )
 

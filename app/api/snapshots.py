@@ -1,8 +1,8 @@
 """Per-user in-memory snapshots and the pages cut from them (DESIGN §5, seed §6.1-6.3).
 
 A snapshot is one user's list, both folders, in order, as of one load (one Redis round trip:
-rows and meta together). Rows are held pre-encoded (orjson bytes): a warm page is a slice and a
-join, and ~1 KB per row instead of a dict of 21 fields.
+rows and meta together). Rows are held as the JSON bytes the store returned: a warm page is a
+slice and a join, and ~1 KB per row instead of a dict of 21 fields.
 
 Lifecycle, and why:
 
@@ -58,10 +58,6 @@ class FolderSnapshot:
     positions: list[Position]
     keys: list[Any]  # the SortKeys of `positions` (bisect needs a plain list)
     payloads: list[bytes]  # each row as JSON
-
-    @classmethod
-    def of(cls, ordered: Ordered) -> FolderSnapshot:
-        return cls(ordered.positions, ordered.keys, [orjson.dumps(row) for row in ordered.rows])
 
     def __len__(self) -> int:
         return len(self.payloads)
@@ -223,12 +219,16 @@ class SessionLists:
         return snapshot
 
     async def _build(self, user_id: int) -> Snapshot:
-        stored = await self.projections.load(user_id)  # (rows + meta, one MULTI round trip)
-        rows: list[Any] = list(stored.rows.values())
+        loaded = await self.projections.load_rows(user_id)  # rows + meta, one MULTI round trip
+        meta = loaded.meta
+        payload: dict[object, bytes] = {row.get("conversation_id"): data for row, data in loaded.rows}
+        rows: list[Any] = [row for row, _ in loaded.rows]
         filled = False
-        empty = stored.projection_mailbox_seq == 0 and not stored.rows
+        empty = meta.version == 0 and not rows
         if self.state is not None and (self.fill_mode == "always" or empty):
-            extra = await self.state.rows(user_id, stored.rows.keys())
+            extra = await self.state.rows(user_id, {str(cid) for cid in payload})
+            for row in extra:
+                payload[row["conversation_id"]] = orjson.dumps(row)
             rows.extend(extra)
             filled = bool(extra)
         folders, dropped, bad = build_folders(rows, self.max_rows)
@@ -240,9 +240,14 @@ class SessionLists:
             user_id=user_id,
             revision=self.cache.next_revision(user_id),
             loaded_at_ms=self.cache.clock_ms(),
-            version=stored.projection_mailbox_seq,
-            structure_version=stored.structure_version,
-            folders={f: FolderSnapshot.of(o) for f, o in folders.items()},
+            version=meta.version,
+            structure_version=meta.structure_version,
+            folders={
+                folder: FolderSnapshot(
+                    o.positions, o.keys, [payload[row.get("conversation_id")] for row in o.rows]
+                )
+                for folder, o in folders.items()
+            },
             filled_from_state=filled,
             dropped=dropped,
         )

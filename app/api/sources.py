@@ -16,8 +16,9 @@ import asyncio
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
+import orjson
 from redis.exceptions import RedisError
 
 from app.domain.ports import StoredProjection
@@ -39,8 +40,16 @@ class StoreMeta:
     muted_unread: int
 
 
+class LoadedRows(NamedTuple):
+    """A user's rows and meta from one instant: each row decoded (for ordering) and as the JSON
+    bytes the store holds (served as they are: no re-encoding on a cold load)."""
+
+    meta: StoreMeta
+    rows: list[tuple[dict[str, Any], bytes]]
+
+
 class ProjectionReader(Protocol):
-    async def load(self, user_id: int) -> StoredProjection: ...
+    async def load_rows(self, user_id: int) -> LoadedRows: ...
 
     async def meta(self, user_id: int) -> StoreMeta: ...
 
@@ -57,23 +66,40 @@ class RedisProjectionReader:
     def __init__(self, store: RedisProjectionStore) -> None:
         self.store = store
 
-    async def load(self, user_id: int) -> StoredProjection:
-        return await self.store.load(user_id)
+    async def load_rows(self, user_id: int) -> LoadedRows:
+        # As RedisProjectionStore.load (MULTI: rows and meta of the same instant), but keeping
+        # each row's bytes next to its decoded form.
+        pipe = self.store.client.pipeline(transaction=True)
+        pipe.hgetall(self.store.rows_key(user_id))
+        pipe.hmget(self.store.meta_key(user_id), list(META_FIELDS))
+        try:
+            raw_rows, raw_meta = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise ProjectionStoreError(
+                f"projection store unreachable during load: {type(exc).__name__}: {exc}"
+            ) from None
+        meta = _meta(user_id, raw_meta)
+        rows: list[tuple[dict[str, Any], bytes]] = []
+        for key, data in raw_rows.items():
+            try:
+                row = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                row = None
+            if not isinstance(row, dict):  # one unreadable row must not hide the whole list
+                log.error("user %d: stored row %r is not a JSON object; left out", user_id, key)
+                continue
+            rows.append((row, bytes(data)))
+        return LoadedRows(meta, rows)
 
     async def meta(self, user_id: int) -> StoreMeta:
         key = self.store.meta_key(user_id)
         try:
             raw = await self.store.client.hmget(key, list(META_FIELDS))
-            values = [0 if v is None else int(v) for v in raw]
-        except ValueError as exc:  # an unreadable int: the store's data, not the request, is bad
-            raise ProjectionStoreError(
-                f"projection store: unreadable meta for user {user_id}: {exc}"
-            ) from None
         except (RedisError, OSError) as exc:  # the store is down or refused: 503, not the caller's fault
             raise ProjectionStoreError(
                 f"projection store unreachable during meta: {type(exc).__name__}: {exc}"
             ) from None
-        return StoreMeta(*_ordered(values))
+        return _meta(user_id, raw)
 
 
 class MemoryProjectionReader:
@@ -82,24 +108,31 @@ class MemoryProjectionReader:
     def __init__(self, store: InMemoryProjectionStore) -> None:
         self.store = store
 
-    async def load(self, user_id: int) -> StoredProjection:
-        return await self.store.load(user_id)
+    async def load_rows(self, user_id: int) -> LoadedRows:
+        s = await self.store.load(user_id)
+        return LoadedRows(_meta_of(s), [(row, orjson.dumps(row)) for row in s.rows.values()])
 
     async def meta(self, user_id: int) -> StoreMeta:
-        s = await self.store.load(user_id)
-        return StoreMeta(
-            s.projection_mailbox_seq, s.structure_version, s.total_unread, s.total_mention, s.muted_unread
-        )
+        return _meta_of(await self.store.load(user_id))
 
 
-def _ordered(values: list[int]) -> tuple[int, int, int, int, int]:
-    by_name = dict(zip(META_FIELDS, values, strict=True))
-    return (
-        by_name["version"],
-        by_name["structure_version"],
-        by_name["total_unread"],
-        by_name["total_mention"],
-        by_name["muted_unread"],
+def _meta_of(s: StoredProjection) -> StoreMeta:
+    return StoreMeta(
+        s.projection_mailbox_seq, s.structure_version, s.total_unread, s.total_mention, s.muted_unread
+    )
+
+
+def _meta(user_id: int, raw: list[Any]) -> StoreMeta:
+    try:
+        by_name = {name: 0 if v is None else int(v) for name, v in zip(META_FIELDS, raw, strict=True)}
+    except ValueError as exc:  # an unreadable int: the store's data, not the request, is bad
+        raise ProjectionStoreError(f"projection store: unreadable meta for user {user_id}: {exc}") from None
+    return StoreMeta(
+        version=by_name["version"],
+        structure_version=by_name["structure_version"],
+        total_unread=by_name["total_unread"],
+        total_mention=by_name["total_mention"],
+        muted_unread=by_name["muted_unread"],
     )
 
 

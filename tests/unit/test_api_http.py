@@ -298,7 +298,7 @@ async def test_a_broken_store_is_503_not_500() -> None:
     from app.stores.redis_projection import ProjectionStoreError
 
     class Down:
-        async def load(self, user_id: int) -> Any:
+        async def load_rows(self, user_id: int) -> Any:
             raise ProjectionStoreError("down")
 
         async def meta(self, user_id: int) -> Any:

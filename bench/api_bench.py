@@ -1,0 +1,253 @@
+"""Query API benchmark: `projector api` (a subprocess, as deployed) against the local Redis.
+
+One user with 5,000 conversations (pinned, archived, deleted and null-activity rows mixed in) is
+written to a private projection namespace. Then, against 127.0.0.1 only, in bounded loops:
+
+* warm page: cursor pages (limit 50) of a live snapshot: one HMGET of meta + a slice of held rows;
+* cold first page: a page without cursor right after the user's projection changed (a one-row
+  flush moves the version), so the server reloads the whole snapshot: HGETALL of 5,000 rows,
+  decode, order, encode;
+* throughput: warm pages from `--concurrency` concurrent requests for `--seconds` (or at most
+  `--max-requests`).
+
+Server-side latency comes from the `Server-Timing: app;dur=<ms>` header every response carries
+(handler time, no network or client), client-side latency is measured around each request.
+
+    .venv/bin/python bench/api_bench.py [--warm 2000 --cold 200 --seconds 10 --concurrency 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import secrets
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import redis.asyncio as redis
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.api.tokens import TokenSigner  # noqa: E402
+from app.domain.badge import Badge  # noqa: E402
+from app.domain.flush import UserFlush  # noqa: E402
+from app.settings import Settings  # noqa: E402
+from app.stores.redis_projection import RedisProjectionStore  # noqa: E402
+
+USER = 777_000_001
+
+
+def rows_for(user_id: int, count: int, seed: int = 1) -> list[dict[str, Any]]:
+    rnd = random.Random(seed)
+    rows = []
+    for n in range(1, count + 1):
+        kind = rnd.random()
+        act = None if kind < 0.02 else f"{rnd.randrange(1, 1 << 60):032x}"
+        pin = rnd.randrange(0, 10) if 0.02 <= kind < 0.04 else None
+        rows.append(
+            {
+                "user_id": user_id,
+                "conversation_id": str(uuid.UUID(int=rnd.getrandbits(128))),
+                "listed": not 0.10 <= kind < 0.12,
+                "membership": "active",
+                "pinned": pin is not None,
+                "pin_rank": pin,
+                "archived": 0.04 <= kind < 0.10,
+                "muted": False,
+                "last_activity_id": act,
+                "latest_conversation_seq": None if act is None else rnd.randrange(1, 10_000),
+                "last_message_id": None if act is None else f"msg-{n}",
+                "unread_count": rnd.randrange(0, 30),
+                "unread_exact": True,
+                "mention_count": 0,
+                "mention_first_conversation_seq": None,
+                "read_conversation_seq": 0,
+                "hidden_before_conversation_seq": 0,
+                "deleted_before_conversation_seq": 0,
+                "joined_at_conversation_seq": 0,
+                "left_at_conversation_seq": None,
+                "projection_mailbox_seq": n,
+            }
+        )
+    return rows
+
+
+def batch(user_id: int, rows: list[dict[str, Any]], version: int) -> UserFlush:
+    return UserFlush(user_id, rows, Badge(1, 0, 0), version, version - 1, 1, f"e{version}", version)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50_ms": round(statistics.median(values), 3),
+        "p99_ms": round(pct(values, 0.99), 3),
+        "max_ms": round(max(values), 3),
+    }
+
+
+async def get(
+    http: aiohttp.ClientSession, url: str, headers: dict[str, str]
+) -> tuple[dict[str, Any], float, float]:
+    started = time.perf_counter()
+    async with http.get(url, headers=headers) as resp:
+        body = await resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: {resp.status} {body[:200]!r}")
+        server = float(re.search(r"dur=([0-9.]+)", resp.headers["Server-Timing"])[1])  # type: ignore[index]
+    return orjson.loads(body), server, (time.perf_counter() - started) * 1000
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    secret = secrets.token_urlsafe(32)
+    namespace = f"bench-api-{uuid.uuid4().hex[:8]}"
+    settings = Settings.from_env()
+    client = redis.Redis.from_url(settings.redis_url)
+    store = RedisProjectionStore(client, namespace)
+    rows = rows_for(USER, args.conversations)
+    version = 1
+    await store.write([batch(USER, rows, version)])
+    env = {
+        **os.environ,
+        "PROJECTOR_API_SECRET": secret,
+        "PROJECTOR_PROJECTION_NAMESPACE": namespace,
+        "PROJECTOR_API_FILL_FROM_STATE": "never",
+        "PROJECTOR_LOG_LEVEL": "WARNING",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "api", "--host", "127.0.0.1", "--port", "0"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout=60)
+        match = re.search(r"http://127\.0\.0\.1:\d+", line)
+        if match is None:
+            raise RuntimeError(f"projector api did not start: {line!r}")
+        base = match[0]
+        headers = {"Authorization": "Bearer " + TokenSigner(secret).mint(USER, int(time.time()) + 3600)}
+        url = f"{base}/v1/sessions?limit={args.limit}"
+        connector = aiohttp.TCPConnector(limit=args.concurrency)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            # One full walk: the cursors every warm request below reuses (all of one revision).
+            cursors: list[str] = []
+            body, _, _ = await get(http, url, headers)
+            while body["next_cursor"]:
+                cursors.append(body["next_cursor"])
+                body, _, _ = await get(http, f"{url}&cursor={body['next_cursor']}", headers)
+            revision = body["snapshot_revision"]
+
+            warm_server: list[float] = []
+            warm_client: list[float] = []
+            for i in range(args.warm):
+                body, server, wall = await get(http, f"{url}&cursor={cursors[i % len(cursors)]}", headers)
+                assert body["snapshot_revision"] == revision and body["projection_complete"]
+                warm_server.append(server)
+                warm_client.append(wall)
+
+            cold_server: list[float] = []
+            cold_client: list[float] = []
+            for _ in range(args.cold):
+                version += 1
+                changed = dict(
+                    rows[version % len(rows)], unread_count=version % 50, projection_mailbox_seq=version
+                )
+                await store.write([batch(USER, [changed], version)])
+                body, server, wall = await get(http, url, headers)
+                assert body["projection_mailbox_seq"] == version  # really reloaded
+                cold_server.append(server)
+                cold_client.append(wall)
+
+            # Throughput: a fresh snapshot's cursors, then a bounded loop of warm pages.
+            cursors = []
+            body, _, _ = await get(http, url, headers)
+            while body["next_cursor"]:
+                cursors.append(body["next_cursor"])
+                body, _, _ = await get(http, f"{url}&cursor={body['next_cursor']}", headers)
+            done = 0
+            deadline = time.perf_counter() + args.seconds
+
+            async def worker(offset: int) -> None:
+                nonlocal done
+                i = offset
+                while time.perf_counter() < deadline and done < args.max_requests:
+                    async with http.get(f"{url}&cursor={cursors[i % len(cursors)]}", headers=headers) as resp:
+                        await resp.read()
+                        assert resp.status == 200
+                    done += 1
+                    i += 1
+
+            started = time.perf_counter()
+            await asyncio.gather(*(worker(k * 7) for k in range(args.concurrency)))
+            elapsed = time.perf_counter() - started
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        await store.delete_all()
+        await client.aclose()
+    listed = sum(1 for r in rows if r["listed"])
+    return {
+        "conversations": args.conversations,
+        "listed": listed,
+        "limit": args.limit,
+        "warm_page": {"server": summary(warm_server), "client": summary(warm_client)},
+        "cold_first_page": {"server": summary(cold_server), "client": summary(cold_client)},
+        "throughput": {
+            "requests": done,
+            "seconds": round(elapsed, 2),
+            "requests_per_s": round(done / elapsed, 1),
+            "concurrency": args.concurrency,
+        },
+    }
+
+
+def cli() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--conversations", type=int, default=5000)
+    parser.add_argument("--limit", type=int, default=50)
+    parser.add_argument("--warm", type=int, default=2000, help="warm page requests timed one by one")
+    parser.add_argument("--cold", type=int, default=200, help="cold first pages (each after a store write)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="throughput phase bound")
+    parser.add_argument("--max-requests", type=int, default=200_000, help="throughput phase bound")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--report", default=str(ROOT / "bench" / "out" / "api_report.json"))
+    args = parser.parse_args()
+    report = asyncio.run(main(args))
+    Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.report).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    w, c, t = report["warm_page"], report["cold_first_page"], report["throughput"]
+    print(f"query API, one user with {report['conversations']} conversations, limit {report['limit']}")
+    print(f"{'':18}{'server p50':>12}{'server p99':>12}{'client p50':>12}{'client p99':>12}")
+    for name, part in (("warm page", w), ("cold first page", c)):
+        s, cl = part["server"], part["client"]
+        print(
+            f"{name:18}{s['p50_ms']:>10.3f}ms{s['p99_ms']:>10.3f}ms{cl['p50_ms']:>10.3f}ms{cl['p99_ms']:>10.3f}ms"
+        )
+    rate = f"{t['requests_per_s']} requests/s"
+    print(f"warm pages: {rate} ({t['requests']} in {t['seconds']} s, {t['concurrency']} concurrent)")
+    print(f"report: {args.report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
