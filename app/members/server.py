@@ -103,6 +103,9 @@ class MemberService:
             role = await access
         except BaseException:
             task.cancel()
+            # Its own failure (if it failed first) is moot once access is denied: retrieve it so
+            # asyncio does not report it as never retrieved.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
             raise
         return role, await task
 

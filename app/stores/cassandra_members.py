@@ -23,8 +23,9 @@ abandoned (the statistics budget, a cancelled HTTP request) costs no thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from app.members.model import BaseMember
@@ -121,10 +122,13 @@ class CassandraMemberReader:
             else (self._scan_after, (cid, check_user_id(after_user_id)))
         )
         out: list[BaseMember] = []
-        async for rows in self._pages(statement, params, fetch_size=count, what="page"):
-            out += [m for m in map(_member, rows) if m.state == "active"]
-            if len(out) >= count:
-                break  # stop fetching: the next driver page is never requested
+        async with contextlib.aclosing(
+            self._pages(statement, params, fetch_size=count, what="page")
+        ) as pages:
+            async for rows in pages:
+                out += [m for m in map(_member, rows) if m.state == "active"]
+                if len(out) >= count:
+                    break  # stop fetching: the next driver page is never requested
         return out[:count]
 
     async def by_user_ids(self, conversation_id: str, user_ids: Sequence[int]) -> list[BaseMember]:
@@ -185,7 +189,7 @@ class CassandraMemberReader:
 
     async def _pages(
         self, statement: Any, params: tuple[Any, ...], *, fetch_size: int | None, what: str
-    ) -> Any:
+    ) -> AsyncIterator[list[Any]]:
         """The query's driver pages as they arrive (one query; the next page is only fetched
         when the consumer asks for it)."""
         loop = asyncio.get_running_loop()
