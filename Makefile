@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup run test test-fast lint typecheck check services-up services-down services-status bench clean proto
+.PHONY: help setup run test test-fast lint typecheck check services-up services-down services-status bench clean proto bench-api
 
 help: ## List the targets with what they do
 	@awk 'BEGIN {FS = ":.*?## "} /^[a-zA-Z_-]+:.*?## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -53,3 +53,6 @@ clean: ## Remove build and test caches (not the servers' data)
 
 proto: ## Regenerate app/api/cursor_pb2.py(+.pyi) from proto/cursor.proto (protoc from grpcio-tools, own venv)
 	bash proto/generate.sh
+
+bench-api: services-up ## Query API benchmark: warm/cold page p50/p99 (server side) and warm requests/s, 5,000-conversation user
+	$(PY) bench/api_bench.py
