@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from app.members.model import BaseMember
@@ -189,7 +189,7 @@ class CassandraMemberReader:
 
     async def _pages(
         self, statement: Any, params: tuple[Any, ...], *, fetch_size: int | None, what: str
-    ) -> AsyncIterator[list[Any]]:
+    ) -> AsyncGenerator[list[Any], None]:
         """The query's driver pages as they arrive (one query; the next page is only fetched
         when the consumer asks for it)."""
         loop = asyncio.get_running_loop()
