@@ -49,6 +49,9 @@ from app.members.source import (
 log = logging.getLogger("projector.members")
 
 MAX_PAGES: Final = 200
+# Chat notification types that concern the member directory (seed 004).
+MEMBER_JOINED: Final = 24
+MEMBER_LEFT_HISTORY: Final = 27
 PRESENTATION_PARALLEL: Final = 2
 IDLE_GROUPS: Final = 20
 IDLE_MEMBERS: Final = 20_000
@@ -115,6 +118,8 @@ class MemberDirectory:
         self.presentation_batch = presentation_batch
         self._present_slots = asyncio.Semaphore(presentation_parallel)
         self._on_idle = on_idle
+        # Called on a t=27 notification: the host drops its history window for this group.
+        self.on_history_invalidated: Callable[[MemberDirectory], None] | None = None
         # -- what subscribers read ------------------------------------------------------------
         self.members: dict[int, Member] = {}
         self.self_role: str | None = None  # from the latest page's access check, never the cache
@@ -179,10 +184,46 @@ class MemberDirectory:
         return task
 
     def invalidate(self) -> asyncio.Task[None]:
-        """A member notification (join t=24, leave t=27): nothing in flight may be reused, and a
-        new traversal runs. The notification itself carries no member facts to apply."""
+        """The roster changed on the server: nothing in flight may be reused (a request sent
+        before the change could answer with the old roster), and a new traversal runs."""
         self._bump()
         return self.refresh()
+
+    def on_notification(self, kind: int) -> asyncio.Task[None] | None:
+        """A chat notification about this group. t=24 (member joined) only re-reads the public
+        roster; t=27 (member-left history) also invalidates the history window
+        (``on_history_invalidated``). Neither carries member or read facts to apply directly."""
+        if kind not in (MEMBER_JOINED, MEMBER_LEFT_HISTORY):
+            return None
+        if kind == MEMBER_LEFT_HISTORY and self.on_history_invalidated is not None:
+            self.on_history_invalidated(self)
+        if not self.active:
+            return None  # an idle store re-reads when it is next subscribed
+        return self.invalidate()
+
+    async def apply_removal_receipt(self, user_ids: Sequence[int]) -> None:
+        """The server confirmed that these members were removed (e.g. the receipt of an admin's
+        removal): they leave the list and the disk copy at once, without a traversal."""
+        removed = [u for u in user_ids if self.members.pop(u, None) is not None]
+        if not removed:
+            return
+        self.counters.removals_confirmed += len(removed)
+        self._notify()
+        if self.fresh:
+            # Only a roster that was whole stays whole minus these; a partial one is not cached.
+            await self._write_cache(self.generation)
+
+    async def clear(self) -> None:
+        """The caller left, the group was dissolved, or access is gone: memory and disk copies
+        go, and nothing in flight may bring them back."""
+        self._bump()
+        self.members.clear()
+        self.self_role = None
+        self.cached_at_ms = None
+        self.fresh = False
+        self._notify()
+        if self.cache is not None:
+            await self.cache.delete(self.key)
 
     async def _load(self, gen: int) -> None:
         restore = None
@@ -380,15 +421,8 @@ class MemberDirectory:
         cache restores are cancelled (they would bring the cleared rows back)."""
         if gen != self.generation:
             return
-        self._bump()
-        self.members.clear()
-        self.self_role = None
-        self.cached_at_ms = None
-        self.fresh = False
         self.error = exc
-        self._notify()
-        if self.cache is not None:
-            await self.cache.delete(self.key)
+        await self.clear()
 
     async def _write_cache(self, gen: int) -> None:
         if self.cache is None:

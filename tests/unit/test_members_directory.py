@@ -427,3 +427,42 @@ async def test_account_switch_closes_the_registry_and_stops_its_work() -> None:
     calls = len(server.page_calls)
     await clock.advance(30.0)
     assert len(server.page_calls) == calls and not store._tasks
+
+
+async def test_notifications_reread_the_roster_and_t27_invalidates_history() -> None:
+    clock = FakeClock()
+    server = make_server(clock, 20)
+    directory = MemberDirectory(KEY, server)
+    history: list[str] = []
+    directory.on_history_invalidated = lambda d: history.append(d.key.group)
+    directory.subscribe()
+    await run_to_completion(clock, directory)
+    calls = len(server.page_calls)
+    server.add(5000)  # somebody joined
+    assert directory.on_notification(24) is not None
+    assert history == []
+    await run_to_completion_again(clock, directory)
+    assert 5000 in directory.members and len(server.page_calls) == calls + 1
+    directory.on_notification(27)
+    assert history == [GROUP]
+    assert directory.on_notification(99) is None  # not a member notification
+    await directory.aclose()
+
+
+async def test_a_removal_receipt_updates_memory_and_disk_at_once(tmp_path: Path) -> None:
+    clock = FakeClock()
+    server = make_server(clock, 20)
+    cache = make_cache(tmp_path, clock)
+    directory = MemberDirectory(KEY, server, cache)
+    directory.subscribe()
+    await run_to_completion(clock, directory)
+    await directory.settled()
+    gone = sorted(server.members)[3]
+    await directory.apply_removal_receipt([gone])
+    assert gone not in directory.members
+    roster = await cache.load(KEY)
+    assert roster is not None and gone not in {m.user_id for m in roster.members}
+    await directory.clear()  # e.g. the caller left the group
+    assert directory.members == {} and await cache.load(KEY) is None
+    await directory.aclose()
+    await cache.close()
