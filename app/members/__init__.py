@@ -7,4 +7,17 @@ wire shapes), :mod:`app.members.source` (the member API as a port, plus its HTTP
 Server side: :mod:`app.members.stats` (the stream aggregates behind ``record_count`` /
 ``mention_count``); the Cassandra queries live in :mod:`app.stores.cassandra_members` and the
 routes in :mod:`app.api.members`.
+
+Client usage (one registry per environment and account; the runtime, not a subscriber,
+switches accounts by closing the registry and making a new one)::
+
+    cache = SqliteMemberCache(env_dir / "members.sqlite", runtime_key, clock_ms=now_ms)
+    async with aiohttp.ClientSession() as http:
+        source = HttpMemberSource("http://127.0.0.1:8080", token, http)
+        registry = MemberDirectoryRegistry("prod", str(user_id), source, cache)
+        sub = registry.subscribe(group_uid, on_change)  # cache restore + first page, together
+        directory = registry.directory(group_uid)       # .sorted_members(), .self_role, .fresh, .error
+        ...
+        sub.close()                                     # last subscriber: outstanding work stops
+        await registry.aclose()
 """
