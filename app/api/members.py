@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Final
 
+import orjson
 from aiohttp import web
 
 from app.api.http import ApiContext, ApiError, Route, bad_request, context, current_user, query
@@ -59,10 +60,12 @@ def _denied(exc: MemberAccessDenied) -> ApiError:
 async def _body(request: web.Request, allowed: frozenset[str]) -> dict[str, Any]:
     if request.content_length is not None and request.content_length > _MAX_BODY:
         raise ApiError(413, "too_large", f"request body over {_MAX_BODY} bytes")
-    raw = await request.content.read(_MAX_BODY + 1)
-    if len(raw) > _MAX_BODY:
-        raise ApiError(413, "too_large", f"request body over {_MAX_BODY} bytes")
-    import orjson
+    raw = bytearray()
+    # read(n) may return less than n before the end (chunked bodies): read until EOF, bounded.
+    while chunk := await request.content.read(_MAX_BODY + 1 - len(raw)):
+        raw += chunk
+        if len(raw) > _MAX_BODY:
+            raise ApiError(413, "too_large", f"request body over {_MAX_BODY} bytes")
 
     try:
         body = orjson.loads(raw)

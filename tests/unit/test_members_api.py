@@ -264,3 +264,20 @@ async def test_the_default_budget_is_2_seconds_and_identities_come_anyway() -> N
     elapsed = loop.time() - started
     assert shown.stats is None and [m.user_id for m in shown.items] == ids
     assert 1.9 <= elapsed < 2.4
+
+
+async def test_chunked_bodies_are_read_whole_and_oversized_ones_refused(api: Api) -> None:
+    roster(api.reader, G1, 3)
+
+    async def chunks(data: bytes) -> Any:
+        for start in range(0, len(data), 7):  # many small chunks
+            yield data[start : start + 7]
+
+    import orjson
+
+    body = orjson.dumps({"chat_session_uid": G1, "limit": 2})
+    async with api.client.post(PAGE, data=chunks(body), headers=api.auth()) as resp:
+        assert resp.status == 200 and len((await resp.json())["items"]) == 2
+    huge = orjson.dumps({"chat_session_uid": G1, "padding": "x" * 70_000})
+    async with api.client.post(PAGE, data=chunks(huge), headers=api.auth()) as resp:
+        assert resp.status == 413
