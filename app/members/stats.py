@@ -52,6 +52,17 @@ class MemberStats:
     def mention_count(self) -> int:
         return int(self.mentioned.difference_cardinality(self.gone))
 
+    @staticmethod
+    def concerns(user_id: int, entry: Entry) -> bool:
+        """Whether ``entry`` can touch ``user_id``'s statistics at all: the worker asks this
+        first, so the common entry (someone else's message, no mention) costs no allocation."""
+        kind = type(entry)
+        if kind is MessageEntry:
+            return entry.sender_id == user_id or entry.mention  # type: ignore[union-attr]
+        if kind is RecallEntry or kind is DeleteMessageEntry:
+            return entry.target_sender_id == user_id or entry.target_mention  # type: ignore[union-attr]
+        return False
+
     def counts(self) -> tuple[int, int]:
         return self.record_count, self.mention_count
 

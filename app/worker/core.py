@@ -307,7 +307,7 @@ class WorkerCore:
                     entry.conversation_id, entry.user_id, row.role, row.membership, row.joined_at, row.left_at
                 )
             return
-        if kind not in _STATS_ENTRIES:
+        if kind not in _STATS_ENTRIES or not MemberStats.concerns(entry.user_id, entry):
             return
         key = (entry.user_id, entry.conversation_id)
         stats = state.member_stats.get(key) or MemberStats()
