@@ -77,6 +77,7 @@ _ROLES = frozenset({"owner", "admin", "member"})
 
 StateKey = tuple[int, str]  # (user_id, conversation_id)
 MemberKey = tuple[str, int]  # (conversation_id, user_id)
+INT64_MAX = 2**63 - 1
 MemberStatsRow = tuple[int, int, int]  # (record_count, mention_count, mailbox_seq)
 _Staged = tuple[
     dict[StateKey, dict[str, Any]], dict[MemberKey, dict[str, Any]], dict[MemberKey, MemberStatsRow]
@@ -197,10 +198,12 @@ class UserConversationStateWriter:
         for name, value in (("record_count", record_count), ("mention_count", mention_count)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-        if isinstance(mailbox_seq, bool) or not isinstance(mailbox_seq, int) or not 0 < mailbox_seq < 2**63:
-            raise ValueError(
-                f"mailbox_seq must be an int in [1, 2^63) (a write timestamp), got {mailbox_seq!r}"
-            )
+        if isinstance(mailbox_seq, bool) or not isinstance(mailbox_seq, int) or not 0 < mailbox_seq < 2**64:
+            raise ValueError(f"mailbox_seq must be a positive u64, got {mailbox_seq!r}")
+        # A write timestamp (and the bigint column) holds 63 bits: the u64 contract's top half
+        # is clamped. Seqs that far up would only tie with each other (then the larger values
+        # win, Cassandra's tie rule); a worker must never stop on a valid entry over it.
+        mailbox_seq = min(mailbox_seq, INT64_MAX)
         key = (_canonical(conversation_id), check_user_id(user_id))
         staged = self._member_stats.get(key)
         if staged is None or staged[2] <= mailbox_seq:

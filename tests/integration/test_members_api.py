@@ -221,6 +221,8 @@ async def test_by_user_ids_with_statistics_and_seq_stamped_writes(live: Live) ->
     await live.writer.flush()
     live.writer.stage_member_stats(group, 10, 3, 1, mailbox_seq=400)  # an older state replayed
     await live.writer.flush()
+    live.writer.stage_member_stats(group, CALLER, 1, 1, mailbox_seq=2**64 - 1)  # u64 top: clamped
+    await live.writer.flush()
     body = {"chat_session_uid": group, "user_ids": [10, 11, 12], "include_stats": True}
     status, answer = await live.post(BY_IDS, body)
     assert status == 200, answer
