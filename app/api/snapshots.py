@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ import orjson
 
 from app.api.cursor import Cursor
 from app.api.sources import ProjectionReader, StateFiller, StoreMeta
-from app.domain.listing import Folder, Ordered, Position, build_folders
+from app.domain.listing import Folder, Position, SortKey, build_folders
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +56,18 @@ REVISION_MEMORY: Final = 1_000_000
 
 @dataclass(frozen=True, slots=True)
 class FolderSnapshot:
+    """One folder of a snapshot: parallel lists in list order."""
+
     positions: list[Position]
-    keys: list[Any]  # the SortKeys of `positions` (bisect needs a plain list)
+    keys: list[SortKey]  # the positions' keys, precomputed: a page is one bisect
     payloads: list[bytes]  # each row as JSON
 
     def __len__(self) -> int:
         return len(self.payloads)
 
     def after(self, position: Position | None) -> int:
-        return Ordered([], self.keys, self.positions).after(position)
+        """Index of the first row strictly after ``position`` (0: the first page)."""
+        return 0 if position is None else bisect_right(self.keys, position.key)
 
 
 @dataclass(slots=True)
