@@ -367,3 +367,18 @@ async def test_every_route_is_described(api: Api) -> None:
 async def test_responses_carry_server_timing(api: Api) -> None:
     async with api.client.get("/v1/badge", headers=api.auth()) as resp:
         assert resp.headers["Server-Timing"].startswith("app;dur=")
+
+
+async def test_a_list_beyond_the_snapshot_bound_is_cut_and_says_so() -> None:
+    settings = dataclasses.replace(SETTINGS, api_snapshot_max_rows=10)
+    store = InMemoryProjectionStore()
+    await store.write([flush(ME, [make_row(ME, n, act=n) for n in range(1, 16)], 1, 1)])
+    app = create_app(settings, Deps(projections=MemoryProjectionReader(store), clock_ms=Clock()))
+    async with TestClient(TestServer(app)) as client:
+        headers = {"Authorization": "Bearer " + TokenSigner(SECRET).mint(ME, T0 // 1000 + 60)}
+        async with client.get("/v1/sessions?limit=100", headers=headers) as resp:
+            body = await resp.json()
+    assert body["truncated"] is True
+    assert [r["conversation_id"] for r in body["items"]] == [
+        cid(n) for n in range(15, 5, -1)
+    ]  # the head of the order
