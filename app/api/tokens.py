@@ -43,13 +43,18 @@ def b64url_encode(data: bytes) -> str:
 
 
 def b64url_decode(text: str) -> bytes:
-    """Strict base64url without padding (ValueError otherwise)."""
+    """Strict, canonical base64url without padding (ValueError otherwise)."""
     if not _B64URL.fullmatch(text):
         raise ValueError("not base64url")
     try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
     except (binascii.Error, ValueError):
         raise ValueError("not base64url") from None
+    # The last character may carry unused low bits: several texts decode to the same bytes.
+    # Only the canonical one is accepted, so a cursor or token is exactly the text we issued.
+    if b64url_encode(data) != text:
+        raise ValueError("not canonical base64url")
+    return data
 
 
 class TokenSigner:

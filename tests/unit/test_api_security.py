@@ -163,3 +163,27 @@ def test_signed_cursors_with_impossible_positions_are_malformed(fields: dict[str
 def test_garbage_cursors_are_malformed_or_empty(text: str) -> None:
     with pytest.raises(CursorError, match=r"malformed|empty|signature"):
         CursorCodec(SECRET).decode(text, 42, Folder.MAIN)
+
+
+def test_only_canonical_base64url_is_accepted() -> None:
+    from app.api.tokens import b64url_decode
+
+    assert b64url_decode("QQ") == b"A"
+    with pytest.raises(ValueError, match="canonical"):
+        b64url_decode("QR")  # same bytes, unused low bits set: not a text we would issue
+    codec = CursorCodec(SECRET)
+    text = codec.encode(CURSOR)
+    last = text[-1]
+    sibling = next(
+        (
+            c
+            for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+            if c != last
+            and base64.urlsafe_b64decode(text[:-1] + c + "=" * (-len(text) % 4))
+            == base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        ),
+        None,
+    )
+    if sibling is not None:  # the length leaves spare bits in the last character
+        with pytest.raises(CursorError, match="malformed"):
+            codec.decode(text[:-1] + sibling, 42, Folder.MAIN)
