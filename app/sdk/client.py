@@ -8,6 +8,7 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
+import orjson
 
 
 class ClientError(Exception):
@@ -70,8 +71,14 @@ class SessionsClient:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         async with self._session.get(self.base_url + path, params=params, headers=self._headers) as resp:
-            body: dict[str, Any] = await resp.json(content_type=None)
-            if resp.status != 200:
+            text = await resp.read()
+            try:
+                body = orjson.loads(text)
+            except orjson.JSONDecodeError:  # a proxy's HTML error page, a truncated body
+                raise ClientError(
+                    resp.status, "invalid_response", text[:200].decode(errors="replace")
+                ) from None
+            if resp.status != 200 or not isinstance(body, dict):
                 error = body.get("error", {}) if isinstance(body, dict) else {}
                 raise ClientError(resp.status, str(error.get("code", "?")), str(error.get("message", body)))
             return body

@@ -9,13 +9,17 @@ older ones are simply stale to the view.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from types import TracebackType
 
 import orjson
 from aiokafka import AIOKafkaConsumer
 
+from app.domain.client import FrameError
 from app.sdk.live import LiveSessionList
+
+log = logging.getLogger(__name__)
 
 
 class SessionDeltaFollower:
@@ -26,7 +30,8 @@ class SessionDeltaFollower:
             bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False
         )
         self.applied = 0
-        self.frames = 0
+        self.frames = 0  # this user's frames seen
+        self.malformed = 0
 
     async def __aenter__(self) -> SessionDeltaFollower:
         await self.start()
@@ -71,11 +76,23 @@ class SessionDeltaFollower:
             for record in records:
                 if record.value is None:
                     continue
-                frame = orjson.loads(record.value)
-                if not isinstance(frame, dict) or frame.get("user_id") != self.live.user_id:
+                try:
+                    frame = orjson.loads(record.value)
+                except orjson.JSONDecodeError:
+                    frame = None
+                if not isinstance(frame, dict):
+                    self.malformed += 1
+                    continue
+                if frame.get("user_id") != self.live.user_id:
                     continue
                 self.frames += 1
-                if (await self.live.apply(frame)).applied:
+                try:
+                    result = await self.live.apply(frame)
+                except FrameError as exc:  # a bad frame is dropped, never half-applied
+                    log.warning("dropped a malformed frame at %s:%d: %s", record.topic, record.offset, exc)
+                    self.malformed += 1
+                    continue
+                if result.applied:
                     applied += 1
         self.applied += applied
         return applied

@@ -186,6 +186,10 @@ async def test_j5_new_message_mid_walk_keeps_the_revision_and_the_delta_merge_ma
 
         async def new_message() -> None:  # the worker: store first, then the frame
             assert await env.store.write([batch]) == [version]
+            # Garbage on the topic first: the follower drops it and goes on.
+            await producer.send_and_wait(topic, b"not json", key=str(ME).encode())
+            bad = {"type": "SESSION_DELTA", "user_id": ME, "projection_mailbox_seq": "x"}
+            await producer.send_and_wait(topic, orjson.dumps(bad), key=str(ME).encode())
             await producer.send_and_wait(topic, orjson.dumps(batch.session_delta()), key=str(ME).encode())
 
         hooked = Hooked(env.client(), after=4, hook=new_message)
@@ -206,6 +210,7 @@ async def test_j5_new_message_mid_walk_keeps_the_revision_and_the_delta_merge_ma
                 assert time.monotonic() < deadline, "the frame never arrived"
                 await follower.poll(timeout_ms=200)
             assert live.view.version == version + 1 and live.syncs == 1
+            assert follower.malformed == 2
     finally:
         await producer.stop()
     async with env.client() as fresh:

@@ -104,3 +104,26 @@ async def test_live_list_applies_frames_and_re_pulls_on_a_gap(served: tuple[str,
         assert result.needs_repull and live.syncs == 2 and live.view.version == 4
         assert [r["conversation_id"] for r in live.archived()] == [cid(2)]
         assert cid(2) not in [r["conversation_id"] for r in live.main()]
+
+
+async def test_a_non_json_answer_is_a_client_error() -> None:
+    from aiohttp import web
+
+    async def html(request: web.Request) -> web.Response:
+        return web.Response(status=502, text="<html>bad gateway</html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/v1/sessions", html)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with SessionsClient(str(server.make_url("")), token()) as client:
+            with pytest.raises(ClientError) as err:
+                await client.page()
+    finally:
+        await server.close()
+    assert (
+        err.value.status == 502
+        and err.value.code == "invalid_response"
+        and "bad gateway" in err.value.message
+    )
