@@ -73,7 +73,8 @@ class TokenSigner:
         if len(token) > MAX_TOKEN_CHARS:
             raise TokenError("token is too long")
         parts = token.split(".")
-        if len(parts) != 3 or parts[0] != VERSION:
+        if len(parts) != 3 or parts[0] != VERSION or not _B64URL.fullmatch(parts[1]):
+            # (the payload is checked before the MAC is computed over it: it must be ASCII)
             raise TokenError("token is malformed (expected v1.<payload>.<signature>)")
         try:
             mac = b64url_decode(parts[2])

@@ -202,6 +202,8 @@ async def test_a_cursor_from_another_server_process_is_stale_not_confused(api: A
         ("Bearer " + TokenSigner("not-the-server-secret-at-all-000").mint(ME, 2**40), "signature is invalid"),
         ("Bearer " + TokenSigner(SECRET).mint(ME, T0 // 1000), "expired"),
         ("Bearer " + "A" * 5000, "too long"),
+        ("Bearer v1.\u00e9t\u00e9.AAAA", "malformed"),
+        ("bearer v1.x", "malformed"),
     ],
 )
 async def test_bad_credentials_are_401(api: Api, path: str, header: str | None, fragment: str) -> None:
@@ -256,6 +258,11 @@ BAD_QUERIES: list[tuple[str, str, str]] = [
     ("cursor=" + _other_users_cursor(), "bad_cursor", "issued to another user"),
     ("cursor=" + _archived_cursor(), "bad_cursor", "issued for folder 'archived', not 'main'"),
     ("cursor=x&cursor=y", "bad_request", "more than once"),
+    ("limit=%ZZ", "bad_request", "from 1 to 100"),
+    ("folder=%C3%28", "bad_request", "folder must be"),
+    ("cursor=%C3%28", "bad_cursor", "malformed"),
+    ("cursor=%00%00", "bad_cursor", "malformed"),
+    ("%FF=1", "bad_request", "unknown query parameter"),
 ]
 
 
@@ -382,3 +389,53 @@ async def test_a_list_beyond_the_snapshot_bound_is_cut_and_says_so() -> None:
     assert [r["conversation_id"] for r in body["items"]] == [
         cid(n) for n in range(15, 5, -1)
     ]  # the head of the order
+
+
+async def test_fuzzed_requests_are_never_a_500(api: Api) -> None:
+    """Seeded random mutations of real cursors, tokens and parameters: 200/400/401 only."""
+    import random
+    from urllib.parse import quote
+
+    rnd = random.Random(2026)
+    await api.store.write(
+        [flush(ME, [make_row(ME, n, act=n, pin_rank=n % 3 or None) for n in range(1, 40)], 5, 1)]
+    )
+    _, first = await api.get("/v1/sessions", limit=3)
+    cursor = first["next_cursor"]
+    token = api.auth()["Authorization"].removeprefix("Bearer ")
+    alphabet = "AZaz09-_=+/.%&?#é\x00 \t☃" + "".join(chr(rnd.randrange(32, 0x2FFF)) for _ in range(40))
+
+    def mutate(text: str) -> str:
+        choice = rnd.randrange(6)
+        if choice == 0 and text:  # flip one character
+            i = rnd.randrange(len(text))
+            return text[:i] + rnd.choice(alphabet) + text[i + 1 :]
+        if choice == 1:  # truncate
+            return text[: rnd.randrange(len(text) + 1)]
+        if choice == 2:  # extend
+            return text + "".join(rnd.choice(alphabet) for _ in range(rnd.randrange(1, 20)))
+        if choice == 3:  # splice two
+            return text[: len(text) // 2] + text[::-1][: len(text) // 2]
+        if choice == 4:
+            return "".join(rnd.choice(alphabet) for _ in range(rnd.randrange(0, 300)))
+        return text
+
+    statuses: dict[int, int] = {}
+    for _ in range(600):
+        params = []
+        for name in rnd.sample(["cursor", "limit", "folder", "x"], rnd.randrange(0, 4)):
+            base = {"cursor": cursor, "limit": str(rnd.randrange(-5, 120)), "folder": "main", "x": "1"}[name]
+            params.append(f"{quote(name)}={quote(mutate(base), safe='')}")
+        header = "Bearer " + (mutate(token) if rnd.random() < 0.3 else token)
+        header = "".join(c for c in header if c >= " ")  # a client cannot send control characters
+        try:
+            header.encode("latin-1")
+        except UnicodeEncodeError:
+            header = header.encode("utf-8").decode("latin-1")  # what a raw client would put on the wire
+        path = rnd.choice(["/v1/sessions", "/v1/badge"])
+        async with api.client.get(path + "?" + "&".join(params), headers={"Authorization": header}) as resp:
+            assert resp.status in (200, 400, 401), (path, params, header, await resp.text())
+            body = await resp.json()
+            assert ("error" in body) is (resp.status != 200)
+            statuses[resp.status] = statuses.get(resp.status, 0) + 1
+    assert set(statuses) == {200, 400, 401}, statuses

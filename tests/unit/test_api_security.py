@@ -33,6 +33,8 @@ def test_a_token_names_its_user_until_it_expires() -> None:
         ("v2.a.b", "malformed"),
         ("v1.a.b.c", "malformed"),
         ("v1.e30.!!!", "not base64url"),
+        ("v1.é.AAAA", "malformed"),
+        ("v1..AAAA", "malformed"),
         ("v1.e30." + b64url_encode(b"x" * 32), "signature is invalid"),
         ("v1." + "A" * 600, "too long"),
     ],
