@@ -1,0 +1,893 @@
+"""Worker benchmark on real Kafka: `projector worker` vs a plain aiokafka loop vs a naive faust agent.
+
+Issue #4 (performance): one worker's sustained entries/s and its produce -> SESSION_DELTA latency,
+side by side with the transport ceiling (bench/aiokafka_loop.py: consume, decode the JSON,
+produce one record per input) and what a typical faust topology does
+(bench/naive_faust_agent.py: one event at a time, a RocksDB table read+write and a frame per
+entry). Everything runs on the shared local servers in a private namespace (topics, consumer
+groups / app ids, Cassandra keyspace, Redis namespace all prefixed `wbench-<id>`), removed at
+the end.
+
+Stream (one, fixed, produced once): `projector simulate --no-kafka --rate 0` writes the
+MessageStore (the worker's unread recomputes read it) and the mailbox entries to a file — big
+groups dominate, as in J-1 — then this script produces them to one input topic, with the lane's
+watermark marker after every --marker-every entries (one lane, so W = last seq is exact), a
+start probe before and an end probe after (records of an unknown type, one per partition).
+
+Throughput: every contender reads the same pre-produced topic from the beginning under its own
+consumer group and writes to its own output topics; startup is excluded: the clock runs from the
+contender's reaction to the start probe to its reaction to the end probe, both read as Kafka
+record timestamps (the worker dead-letters the probes as soon as the batch holding them is
+processed and persisted to its changelog tables; the baselines forward them). entries/s =
+entries / that time; CPU is the contender's own (/proc, sampled) over the same interval. For the
+worker, frames are checked too: every user's last SESSION_DELTA must reach the user's last
+mailbox_seq (the time to that frame, which includes the last compaction window, is reported as
+well). Repetitions are interleaved, the order rotating (A B C, B C A, ...); medians and the
+median of per-repetition ratios are reported.
+
+Latency: a fresh worker (window --latency-window-ms, default 100) on a fresh topic; once it is
+ready, the stream's first entries are produced at a fixed rate (--latency-rate entries/s, ticks
+of --latency-tick-ms, each tick's entries followed by the lane's marker). Latency of an entry =
+the timestamp of the first SESSION_DELTA of its user whose projection_mailbox_seq >= its
+mailbox_seq, minus the entry's produce timestamp (both Kafka CreateTime, same clock).
+
+    .venv/bin/python bench/worker_bench.py [--messages 2000 --reps 3 ...]   (or `make bench`)
+
+Writes bench/out/worker_report.json and prints a table. Exit 1 if a contender failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import contextlib
+import math
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTENDERS = ("worker", "aiokafka", "naive")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def log(message: str) -> None:
+    print(f"[worker-bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def projector_argv() -> list[str]:
+    script = Path(sys.executable).parent / "projector"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "app.cli"]
+
+
+# -- the stream ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Stream:
+    records: list[tuple[bytes | None, bytes, int | None]]  # (key, value, partition) in produce order
+    entries: int
+    markers: int
+    last_seq: dict[int, int]  # user -> last mailbox_seq
+    entry_values: list[tuple[bytes, bytes, int, int]]  # (key, value, user, seq) of the entries
+
+
+def probe(kind: str, partition: int) -> bytes:
+    return orjson.dumps({"type": "bench_probe", "probe": kind, "partition": partition})
+
+
+def marker(seq: int, ts: int) -> bytes:
+    return orjson.dumps({"type": "watermark", "lane": 0, "watermark": seq, "ts": ts})
+
+
+def load_stream(path: Path, partitions: int, marker_every: int) -> Stream:
+    """The simulator's entries, re-marked: one lane, the marker after every `marker_every`."""
+    entries: list[tuple[bytes, bytes, int, int]] = []
+    for line in path.read_bytes().splitlines():
+        if not line.strip():
+            continue
+        doc = orjson.loads(line)
+        if doc["type"] == "watermark":
+            continue
+        if doc["lane"] != 0:
+            raise SystemExit("worker-bench: the stream must have one lane")
+        entries.append((str(doc["user_id"]).encode(), line, doc["user_id"], doc["mailbox_seq"]))
+    records: list[tuple[bytes | None, bytes, int | None]] = [
+        (None, probe("start", p), p) for p in range(partitions)
+    ]
+    markers = 0
+    last_seq: dict[int, int] = {}
+    for index, (key, value, user, seq) in enumerate(entries, start=1):
+        records.append((key, value, None))
+        last_seq[user] = max(last_seq.get(user, 0), seq)
+        if index % marker_every == 0 or index == len(entries):
+            for p in range(partitions):
+                records.append((None, marker(seq, 0), p))
+                markers += 1
+    records += [(None, probe("end", p), p) for p in range(partitions)]
+    return Stream(records, len(entries), markers, last_seq, entries)
+
+
+# -- Kafka helpers -------------------------------------------------------------------------------
+
+
+class Kafka:
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.admin: Any = None
+        self.consumer: Any = None
+
+    async def start(self) -> None:
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        self.admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await self.admin.start()
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+        await self.consumer.start()
+
+    async def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.consumer.stop()
+        with contextlib.suppress(Exception):
+            await self.admin.close()
+
+    async def create(self, names: list[str], partitions: int) -> None:
+        from aiokafka.admin import NewTopic
+
+        present = set(await self.admin.list_topics())
+        new = [NewTopic(n, partitions, 1) for n in names if n not in present]
+        if new:
+            await self.admin.create_topics(new)
+        for _ in range(100):  # until the metadata knows them
+            if all([await self._partitions(n) for n in names]):
+                return
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"topics not visible: {names}")
+
+    async def _partitions(self, topic: str) -> list[Any]:
+        from aiokafka import TopicPartition
+
+        await self.consumer._client.force_metadata_update()
+        found = self.consumer._client.cluster.partitions_for_topic(topic) or set()
+        return [TopicPartition(topic, p) for p in sorted(found)]
+
+    async def delete_prefixed(self, prefix: str) -> int:
+        doomed = [t for t in await self.admin.list_topics() if t.startswith(prefix)]
+        if doomed:
+            await self.admin.delete_topics(doomed)
+        return len(doomed)
+
+    async def end_offsets(self, topic: str, tps: list[Any]) -> int:
+        offsets = await self.consumer.end_offsets(tps)
+        return sum(offsets.values())
+
+    async def read(self, topic: str, *, keep: bool = True) -> list[Any]:
+        """Every record of `topic` as it is now (records; or only first/last per partition)."""
+        from aiokafka import AIOKafkaConsumer
+
+        tps = await self._partitions(topic)
+        ends = await self.consumer.end_offsets(tps)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            fetch_max_bytes=32 * 1024 * 1024,
+            max_partition_fetch_bytes=16 * 1024 * 1024,
+        )
+        await consumer.start()
+        out: list[Any] = []
+        try:
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            for tp in tps:
+                if not ends[tp]:
+                    continue
+                while await consumer.position(tp) < ends[tp]:
+                    batch = await consumer.getmany(tp, timeout_ms=1000, max_records=50_000)
+                    out += batch.get(tp, [])
+        finally:
+            await consumer.stop()
+        return out
+
+    async def edges(self, topic: str) -> tuple[float, float, int]:
+        """(first record's timestamp, last record's timestamp) over the partitions, in seconds."""
+        from aiokafka import AIOKafkaConsumer
+
+        tps = await self._partitions(topic)
+        begins = await self.consumer.beginning_offsets(tps)
+        ends = await self.consumer.end_offsets(tps)
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        firsts: list[int] = []
+        lasts: list[int] = []
+        try:
+            consumer.assign(tps)
+            for tp in tps:
+                if ends[tp] <= begins[tp]:
+                    continue
+                for offset, sink in ((begins[tp], firsts), (ends[tp] - 1, lasts)):
+                    consumer.seek(tp, offset)
+                    record = await consumer.getone(tp)
+                    sink.append(record.timestamp)
+        finally:
+            await consumer.stop()
+        return min(firsts) / 1000, max(lasts) / 1000, sum(ends[tp] - begins[tp] for tp in tps)
+
+    async def produce(self, topic: str, records: list[tuple[bytes | None, bytes, int | None]]) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            acks="all",
+            enable_idempotence=True,  # per partition in send order, markers never overtake
+            linger_ms=5,
+            max_batch_size=256 * 1024,
+        )
+        await producer.start()
+        try:
+            acks = [await producer.send(topic, value=v, key=k, partition=p) for k, v, p in records]
+            await asyncio.gather(*acks)
+        finally:
+            await producer.stop()
+
+
+# -- contender processes -------------------------------------------------------------------------
+
+
+class CpuSampler:
+    """(wall time, process CPU seconds) every `every` s, read from /proc; interpolated later."""
+
+    def __init__(self, pid: int, every: float = 0.05) -> None:
+        self.pid = pid
+        self.every = every
+        self.samples: list[tuple[float, float]] = []
+        self.peak_rss_kib = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        stat = f"/proc/{self.pid}/stat"
+        status = f"/proc/{self.pid}/status"
+        while not self._stop.is_set():
+            try:
+                with open(stat) as fp:
+                    fields = fp.read().rsplit(")", 1)[1].split()
+                cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+                self.samples.append((time.time(), cpu))
+                with open(status) as fp:
+                    for line in fp:
+                        if line.startswith("VmHWM:"):
+                            self.peak_rss_kib = int(line.split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+            self._stop.wait(self.every)
+
+    def cpu_at(self, when: float) -> float:
+        samples = self.samples
+        if not samples:
+            return math.nan
+        times = [t for t, _ in samples]
+        i = bisect.bisect_left(times, when)
+        if i <= 0:
+            return samples[0][1]
+        if i >= len(samples):
+            return samples[-1][1]
+        (t0, c0), (t1, c1) = samples[i - 1], samples[i]
+        return c0 + (c1 - c0) * (when - t0) / (t1 - t0) if t1 > t0 else c1
+
+
+@dataclass
+class Run:
+    contender: str
+    rep: int
+    ok: bool
+    seconds: float = math.nan
+    entries_per_s: float = math.nan
+    cpu_s: float = math.nan
+    entries_per_cpu_s: float = math.nan
+    peak_rss_mib: float = math.nan
+    startup_s: float = math.nan  # process start -> start probe handled
+    outputs: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.prefix = f"wbench-{uuid.uuid4().hex[:8]}"
+        self.work = Path(args.work_dir) / self.prefix
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.input_topic = f"{self.prefix}-mailbox-tail"
+        self.keyspace = self.prefix.replace("-", "_")
+        self.kafka = Kafka(args.bootstrap)
+        self.namespaces: list[str] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def base_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PROJECTOR_")}
+        env.update(
+            {
+                "PROJECTOR_KAFKA_BOOTSTRAP": self.args.bootstrap,
+                "PROJECTOR_APP_ID": f"{self.prefix}-app",
+                "PROJECTOR_TOPIC_MAILBOX_TAIL": self.input_topic,
+                "PROJECTOR_TOPIC_SESSION_DELTA": f"{self.prefix}-session-delta",
+                "PROJECTOR_TOPIC_BADGE": f"{self.prefix}-badge",
+                "PROJECTOR_TOPIC_DEAD_LETTER": f"{self.prefix}-dead-letter",
+                "PROJECTOR_TOPIC_PARTITIONS": str(self.args.partitions),
+                "PROJECTOR_CASSANDRA_KEYSPACE": self.keyspace,
+                "PROJECTOR_PROJECTION_NAMESPACE": self.prefix,
+                "PROJECTOR_LANES": "1",
+                "PROJECTOR_WORKER_WEB_PORT": "0",
+                # INFO is the default; at WARNING faust's spinner sets the root logger to DEBUG
+                "PROJECTOR_LOG_LEVEL": "INFO",
+            }
+        )
+        return env
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    async def prepare(self) -> Stream:
+        a = self.args
+        env = self.base_env()
+        log(f"namespace {self.prefix}: bootstrap (keyspace, topics, {a.partitions} partition(s))")
+        self.check(subprocess.run([*projector_argv(), "bootstrap"], cwd=ROOT, env=env, capture_output=True))
+        path = self.work / "stream.jsonl"
+        log(
+            f"simulate: {a.users} users, {a.conversations} conversations, groups of {a.group_size}, "
+            f"{a.messages} messages (MessageStore written; entries to a file)"
+        )
+        started = time.monotonic()
+        self.check(
+            subprocess.run(
+                [
+                    *projector_argv(),
+                    "simulate",
+                    "--no-kafka",
+                    "--rate",
+                    "0",
+                    "--users",
+                    str(a.users),
+                    "--conversations",
+                    str(a.conversations),
+                    "--group-size",
+                    str(a.group_size),
+                    "--messages",
+                    str(a.messages),
+                    "--lanes",
+                    "1",
+                    "--seed",
+                    str(a.seed),
+                    "--out",
+                    str(path),
+                    "--progress",
+                    "never",
+                ],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+            )
+        )
+        stream = load_stream(path, a.partitions, a.marker_every)
+        log(
+            f"stream: {stream.entries:,} entries, {stream.markers:,} markers, {len(stream.last_seq):,} users "
+            f"({time.monotonic() - started:.1f} s); producing to {self.input_topic}"
+        )
+        started = time.monotonic()
+        await self.kafka.produce(self.input_topic, stream.records)
+        log(f"produced {len(stream.records):,} records in {time.monotonic() - started:.1f} s")
+        return stream
+
+    @staticmethod
+    def check(done: subprocess.CompletedProcess[bytes]) -> None:
+        if done.returncode != 0:
+            raise SystemExit(
+                f"worker-bench: {' '.join(map(str, done.args))[:200]} exited {done.returncode}:\n"
+                + done.stderr.decode(errors="replace")[-3000:]
+            )
+
+    # -- one run -------------------------------------------------------------------------------
+
+    def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+        out = log_path.open("ab")
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        out.close()
+        self.procs.append(proc)
+        return proc
+
+    @staticmethod
+    def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def worker_env(self, name: str, window_ms: int, input_topic: str) -> dict[str, str]:
+        self.namespaces.append(name)
+        return {
+            **self.base_env(),
+            "PROJECTOR_APP_ID": f"{name}-app",
+            "PROJECTOR_TOPIC_MAILBOX_TAIL": input_topic,
+            "PROJECTOR_TOPIC_SESSION_DELTA": f"{name}-session-delta",
+            "PROJECTOR_TOPIC_BADGE": f"{name}-badge",
+            "PROJECTOR_TOPIC_DEAD_LETTER": f"{name}-dead-letter",
+            "PROJECTOR_PROJECTION_NAMESPACE": name,
+            "PROJECTOR_PROJECTION_COMPACTION_WINDOW_MS": str(window_ms),
+            "PROJECTOR_DATA_DIR": str(self.work / f"{name}-data"),
+        }
+
+    async def run_one(self, contender: str, rep: int, stream: Stream) -> Run:
+        a = self.args
+        name = f"{self.prefix}-{contender}{rep}"
+        log_path = self.work / f"{name}.log"
+        partitions = a.partitions
+        if contender == "worker":
+            env = self.worker_env(name, a.window_ms, self.input_topic)
+            progress = env["PROJECTOR_TOPIC_DEAD_LETTER"]
+            await self.kafka.create(
+                [env["PROJECTOR_TOPIC_SESSION_DELTA"], env["PROJECTOR_TOPIC_BADGE"], progress], partitions
+            )
+            argv = [*projector_argv(), "worker"]
+            expected = 2 * partitions  # the two probes, dead-lettered
+        elif contender == "aiokafka":
+            progress = f"{name}-out"
+            await self.kafka.create([progress], partitions)
+            argv = [
+                sys.executable, "bench/aiokafka_loop.py", "--bootstrap", a.bootstrap,
+                "--input", self.input_topic, "--output", progress, "--group", f"{name}-group",
+            ]  # fmt: skip
+            env = dict(os.environ)
+            expected = len(stream.records)
+        else:
+            progress = f"{name}-out"
+            await self.kafka.create([progress], partitions)
+            config = {
+                "app_id": f"{name}-app",
+                "bootstrap": a.bootstrap,
+                "input": self.input_topic,
+                "output": progress,
+                "partitions": partitions,
+                "datadir": str(self.work / f"{name}-data"),
+            }
+            env = {**os.environ, "NAIVE_FAUST_CONFIG": orjson.dumps(config).decode()}
+            argv = [sys.executable, "bench/naive_faust_agent.py", "worker", "-l", "info"]
+            expected = stream.entries + 2 * partitions
+        tps = await self.kafka._partitions(progress)
+        launched = time.time()
+        proc = self.spawn([*shlex.split(a.wrapper), *argv], env, log_path)
+        sampler = CpuSampler(proc.pid)
+        sampler.start()
+        run = Run(contender, rep, ok=False)
+        try:
+            deadline = time.monotonic() + a.timeout
+            while True:
+                done = await self.kafka.end_offsets(progress, tps)
+                if done >= expected:
+                    break
+                if proc.poll() is not None:
+                    raise RuntimeError(f"exited {proc.returncode}: {tail(log_path)}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"timed out after {a.timeout:.0f} s ({done:,}/{expected:,} outputs)")
+                await asyncio.sleep(0.1)
+            first, last, outputs = await self.kafka.edges(progress)
+            run.seconds = last - first
+            run.outputs = outputs
+            run.entries_per_s = stream.entries / run.seconds if run.seconds > 0 else math.nan
+            run.startup_s = first - launched
+            if contender == "worker":
+                run.extra = await self.worker_frames(env, stream, first, deadline, proc, log_path)
+            sampler.stop()
+            run.cpu_s = sampler.cpu_at(last) - sampler.cpu_at(first)
+            run.entries_per_cpu_s = stream.entries / run.cpu_s if run.cpu_s > 0 else math.nan
+            run.peak_rss_mib = sampler.peak_rss_kib / 1024
+            run.ok = True
+        except RuntimeError as exc:
+            run.error = str(exc)
+        finally:
+            sampler.stop()
+            # a profiler wrapper writes its output on SIGINT
+            self.stop(proc, signal.SIGINT if a.wrapper else signal.SIGTERM)
+        return run
+
+    async def worker_frames(
+        self,
+        env: dict[str, str],
+        stream: Stream,
+        first: float,
+        deadline: float,
+        proc: subprocess.Popen[bytes],
+        log_path: Path,
+    ) -> dict[str, Any]:
+        """Wait until every user's SESSION_DELTA reached the user's last seq; stats of the frames."""
+        topic = env["PROJECTOR_TOPIC_SESSION_DELTA"]
+        while True:
+            records = await self.kafka.read(topic)
+            reached: dict[int, int] = {}  # user -> timestamp of the frame that reached the last seq
+            top: dict[int, int] = {}
+            for record in records:
+                frame = orjson.loads(record.value)
+                user, version = frame["user_id"], frame["projection_mailbox_seq"]
+                top[user] = max(top.get(user, 0), version)
+                if user not in reached and version >= stream.last_seq.get(user, math.inf):
+                    reached[user] = record.timestamp
+            if len(reached) == len(stream.last_seq):
+                last_frame = max(reached.values()) / 1000
+                return {
+                    "frames": len(records),
+                    "all_users_reached_last_seq": True,
+                    "seconds_to_last_frame": last_frame - first,
+                    "entries_per_s_to_last_frame": stream.entries / (last_frame - first),
+                }
+            if proc.poll() is not None:
+                raise RuntimeError(f"exited {proc.returncode}: {tail(log_path)}")
+            if time.monotonic() > deadline:
+                behind = [u for u, s in stream.last_seq.items() if top.get(u, 0) < s]
+                raise RuntimeError(
+                    f"frames: {len(behind)} users never reached their last seq, e.g. {behind[:3]}"
+                )
+            await asyncio.sleep(max(0.2, self.args.window_ms / 2000))
+
+    # -- latency ---------------------------------------------------------------------------------
+
+    async def latency(self, stream: Stream) -> dict[str, Any]:
+        a = self.args
+        name = f"{self.prefix}-latency"
+        topic = f"{name}-mailbox-tail"
+        env = self.worker_env(name, a.latency_window_ms, topic)
+        dead, deltas = env["PROJECTOR_TOPIC_DEAD_LETTER"], env["PROJECTOR_TOPIC_SESSION_DELTA"]
+        await self.kafka.create([topic, deltas, env["PROJECTOR_TOPIC_BADGE"], dead], a.partitions)
+        tps = await self.kafka._partitions(dead)
+        count = min(len(stream.entry_values), int(a.latency_rate * a.latency_seconds))
+        log(
+            f"latency: worker window {a.latency_window_ms} ms; {count:,} entries at "
+            f"{a.latency_rate:,.0f}/s, a marker every {a.latency_tick_ms} ms"
+        )
+        log_path = self.work / f"{name}.log"
+        proc = self.spawn([*projector_argv(), "worker"], env, log_path)
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(
+            bootstrap_servers=a.bootstrap, acks="all", enable_idempotence=True, linger_ms=0
+        )
+        await producer.start()
+        try:
+            deadline = time.monotonic() + a.timeout
+
+            async def wait_dead(n: int) -> None:
+                while await self.kafka.end_offsets(dead, tps) < n:
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"latency worker exited {proc.returncode}: {tail(log_path)}")
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("latency worker: timed out")
+                    await asyncio.sleep(0.1)
+
+            for p in range(a.partitions):
+                await producer.send_and_wait(topic, probe("start", p), partition=p)
+            await wait_dead(a.partitions)  # the worker is assigned and processing
+            tick_s = a.latency_tick_ms / 1000
+            per_tick = a.latency_rate * tick_s
+            sent = 0
+            acks: list[Any] = []
+            last_seq: dict[int, int] = {}
+            started = time.monotonic()
+            tick = 0
+            while sent < count:
+                tick += 1
+                upto = min(count, round(per_tick * tick))
+                for key, value, user, seq in stream.entry_values[sent:upto]:
+                    acks.append(await producer.send(topic, value=value, key=key))
+                    last_seq[user] = seq
+                if upto > sent:
+                    seq = stream.entry_values[upto - 1][3]
+                    for p in range(a.partitions):
+                        acks.append(await producer.send(topic, value=marker(seq, 0), partition=p))
+                sent = upto
+                await asyncio.sleep(max(0.0, started + tick * tick_s - time.monotonic()))
+            produce_s = time.monotonic() - started
+            for p in range(a.partitions):
+                acks.append(await producer.send(topic, value=probe("end", p), partition=p))
+            await asyncio.gather(*acks)
+            await wait_dead(2 * a.partitions)
+            # every user's last frame (the last window closes after the last entry)
+            while True:
+                frames = [orjson.loads(r.value) | {"_ts": r.timestamp} for r in await self.kafka.read(deltas)]
+                top: dict[int, int] = {}
+                for f in frames:
+                    top[f["user_id"]] = max(top.get(f["user_id"], 0), f["projection_mailbox_seq"])
+                if all(top.get(u, 0) >= s for u, s in last_seq.items()):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("latency: frames never reached the last seqs")
+                await asyncio.sleep(0.3)
+        finally:
+            await producer.stop()
+            self.stop(proc)
+        inputs = await self.kafka.read(topic)
+        by_user: dict[int, list[tuple[int, int]]] = {}
+        for f in frames:  # in topic order per partition, i.e. per user in version order
+            by_user.setdefault(f["user_id"], []).append((f["projection_mailbox_seq"], f["_ts"]))
+        latencies: list[float] = []
+        for record in inputs:
+            doc = orjson.loads(record.value)
+            if doc.get("type") in ("watermark", "bench_probe"):
+                continue
+            user_frames = by_user.get(doc["user_id"], [])
+            i = bisect.bisect_left(user_frames, (doc["mailbox_seq"], -1))
+            if i == len(user_frames):
+                raise RuntimeError(f"latency: no frame for user {doc['user_id']} seq {doc['mailbox_seq']}")
+            latencies.append(user_frames[i][1] - record.timestamp)
+        latencies.sort()
+
+        def pct(q: float) -> float:
+            return latencies[min(len(latencies) - 1, int(q * len(latencies)))]
+
+        return {
+            "window_ms": a.latency_window_ms,
+            "rate_entries_per_s": a.latency_rate,
+            "achieved_rate_entries_per_s": count / produce_s,
+            "tick_ms": a.latency_tick_ms,
+            "entries": len(latencies),
+            "frames": len(frames),
+            "p50_ms": pct(0.50),
+            "p90_ms": pct(0.90),
+            "p99_ms": pct(0.99),
+            "max_ms": latencies[-1],
+            "mean_ms": statistics.fmean(latencies),
+        }
+
+    # -- cleanup ---------------------------------------------------------------------------------
+
+    async def cleanup(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        with contextlib.suppress(Exception):
+            n = await self.kafka.delete_prefixed(self.prefix)
+            log(f"deleted {n} topics")
+        await self.kafka.stop()
+        from app.settings import Settings
+        from app.stores.redis_projection import RedisProjectionStore
+
+        settings = Settings.from_env({k: v for k, v in self.base_env().items() if k.startswith("PROJECTOR_")})
+        for namespace in self.namespaces:
+            store = RedisProjectionStore.from_settings(settings, namespace)
+            try:
+                await store.delete_all()
+            finally:
+                await store.aclose()
+        from app.stores.cassandra_session import open_cluster
+
+        cluster, session = open_cluster(settings)
+        try:
+            session.execute(f"DROP KEYSPACE IF EXISTS {self.keyspace}", timeout=120)
+        finally:
+            cluster.shutdown()
+        if not self.args.keep_logs:
+            import shutil
+
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+# -- report --------------------------------------------------------------------------------------
+
+
+def median(values: list[float]) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return statistics.median(values) if values else math.nan
+
+
+def summarize(runs: list[Run], reps: int) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for name in CONTENDERS:
+        mine = [r for r in runs if r.contender == name and r.ok]
+        if not mine:
+            continue
+        rates = [r.entries_per_s for r in mine]
+        summary[name] = {
+            "runs": len(mine),
+            "entries_per_s": {"min": min(rates), "median": median(rates), "max": max(rates)},
+            "entries_per_cpu_s": median([r.entries_per_cpu_s for r in mine]),
+            "cpu_share": median([r.cpu_s / r.seconds for r in mine]),  # cores busy
+            "seconds_median": median([r.seconds for r in mine]),
+            "startup_s_median": median([r.startup_s for r in mine]),
+            "peak_rss_mib": max(r.peak_rss_mib for r in mine),
+        }
+        if name == "worker":
+            summary[name]["entries_per_s_to_last_frame"] = median(
+                [r.extra.get("entries_per_s_to_last_frame", math.nan) for r in mine]
+            )
+            summary[name]["frames_median"] = median([r.extra.get("frames", math.nan) for r in mine])
+    ratios: dict[str, float] = {}
+    for other in ("naive", "aiokafka"):
+        for key, attr in (("", "entries_per_s"), ("cpu_", "entries_per_cpu_s")):
+            per_rep = []
+            for rep in range(reps):
+                w = next((r for r in runs if r.ok and r.rep == rep and r.contender == "worker"), None)
+                o = next((r for r in runs if r.ok and r.rep == rep and r.contender == other), None)
+                if w and o:
+                    per_rep.append(getattr(w, attr) / getattr(o, attr))
+            if per_rep:
+                ratios[f"{key}worker_over_{other}"] = median(per_rep)
+    return {"summary": summary, "ratios": ratios}
+
+
+def print_table(report: dict[str, Any]) -> None:
+    stream, summary, ratios = report["stream"], report["summary"], report["ratios"]
+    print()
+    print(
+        f"worker bench: {stream['entries']:,} entries ({stream['users']:,} users), "
+        f"{report['params']['partitions']} partition(s), worker window {report['params']['window_ms']} ms, "
+        f"{report['params']['reps']} interleaved repetitions (medians)"
+    )
+    print(
+        f"{'contender':10s} {'entries/s':>10s} {'min..max':>17s} {'per cpu s':>10s} {'cores':>6s}"
+        f" {'run s':>6s} {'start s':>7s} {'RSS MiB':>8s}"
+    )
+    for name, s in summary.items():
+        e = s["entries_per_s"]
+        print(
+            f"{name:10s} {e['median']:10,.0f} {e['min']:8,.0f}..{e['max']:<7,.0f}"
+            f" {s['entries_per_cpu_s']:10,.0f} {s['cpu_share']:6.2f} {s['seconds_median']:6.1f}"
+            f" {s['startup_s_median']:7.1f} {s['peak_rss_mib']:8.1f}"
+        )
+    if "worker" in summary:
+        print(
+            f"worker to its last SESSION_DELTA (incl. the last window): "
+            f"{summary['worker']['entries_per_s_to_last_frame']:,.0f} entries/s"
+        )
+    targets = {"worker_over_naive": 2.0, "worker_over_aiokafka": 0.3}
+    for key, value in ratios.items():
+        goal = targets.get(key)
+        mark = f"  (target >= {goal:g}: {'met' if value >= goal else 'NOT met'})" if goal else ""
+        print(f"{key:28s} {value:8.3f}{mark}")
+    lat = report.get("latency")
+    if lat:
+        print(
+            f"latency produce -> SESSION_DELTA (window {lat['window_ms']} ms,"
+            f" {lat['rate_entries_per_s']:,.0f} entries/s, {lat['entries']:,} entries):"
+            f" p50 {lat['p50_ms']:.0f} ms, p90 {lat['p90_ms']:.0f} ms,"
+            f" p99 {lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms"
+        )
+    for note in report["notes"]:
+        print(f"note: {note}")
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bootstrap", default=os.environ.get("PROJECTOR_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
+    p.add_argument("--users", type=int, default=env_int("WBENCH_USERS", 2000))
+    p.add_argument("--conversations", type=int, default=env_int("WBENCH_CONVERSATIONS", 200))
+    p.add_argument("--group-size", type=int, default=env_int("WBENCH_GROUP_SIZE", 500))
+    p.add_argument("--messages", type=int, default=env_int("WBENCH_MESSAGES", 2000))
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--marker-every", type=int, default=env_int("WBENCH_MARKER_EVERY", 500))
+    p.add_argument("--partitions", type=int, default=env_int("WBENCH_PARTITIONS", 1))
+    p.add_argument("--window-ms", type=int, default=env_int("WBENCH_WINDOW_MS", 5000))
+    p.add_argument("--reps", type=int, default=env_int("WBENCH_REPS", 3))
+    p.add_argument("--contenders", default=os.environ.get("WBENCH_CONTENDERS", ",".join(CONTENDERS)))
+    p.add_argument("--latency-window-ms", type=int, default=env_int("WBENCH_LATENCY_WINDOW_MS", 100))
+    p.add_argument("--latency-rate", type=float, default=env_float("WBENCH_LATENCY_RATE", 2000))
+    p.add_argument("--latency-seconds", type=float, default=env_float("WBENCH_LATENCY_SECONDS", 15))
+    p.add_argument("--latency-tick-ms", type=int, default=env_int("WBENCH_LATENCY_TICK_MS", 10))
+    p.add_argument("--no-latency", action="store_true")
+    p.add_argument(
+        "--wrapper",
+        default="",
+        help="prefix for the throughput runs' commands, e.g. a sampling profiler "
+        "(CPU figures are then the wrapper's)",
+    )
+    p.add_argument("--timeout", type=float, default=env_float("WBENCH_TIMEOUT", 300), help="per run, s")
+    p.add_argument("--report", type=Path, default=ROOT / "bench/out/worker_report.json")
+    p.add_argument("--work-dir", default=str(ROOT / "bench/out/worker"))
+    p.add_argument("--keep-logs", action="store_true", help="keep the work dir (worker logs, stream)")
+    args = p.parse_args(argv)
+    args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    unknown = set(args.contenders) - set(CONTENDERS)
+    if unknown:
+        p.error(f"unknown contenders {sorted(unknown)} (known: {', '.join(CONTENDERS)})")
+    return args
+
+
+async def amain(args: argparse.Namespace) -> int:
+    bench = Bench(args)
+    await bench.kafka.start()
+    runs: list[Run] = []
+    notes: list[str] = []
+    latency: dict[str, Any] | None = None
+    started = time.monotonic()
+    try:
+        stream = await bench.prepare()
+        names = list(args.contenders)
+        for rep in range(args.reps):
+            order = names[rep % len(names) :] + names[: rep % len(names)]
+            for name in order:
+                run = await bench.run_one(name, rep, stream)
+                runs.append(run)
+                if run.ok:
+                    log(
+                        f"rep {rep + 1}/{args.reps} {name:8s} {run.entries_per_s:9,.0f} entries/s "
+                        f"({run.seconds:.2f} s, cpu {run.cpu_s:.2f} s, started in {run.startup_s:.1f} s)"
+                    )
+                else:
+                    log(f"rep {rep + 1}/{args.reps} {name:8s} FAILED: {run.error[:2000]}")
+                    notes.append(f"{name} rep {rep} failed: {run.error[:1000]}")
+        if not args.no_latency and "worker" in names:
+            try:
+                latency = await bench.latency(stream)
+            except RuntimeError as exc:
+                notes.append(f"latency phase failed: {exc}")
+                log(f"latency FAILED: {exc}")
+    finally:
+        await bench.cleanup()
+    report: dict[str, Any] = {
+        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "stream": {
+            "entries": stream.entries,
+            "markers": stream.markers,
+            "users": len(stream.last_seq),
+            "records": len(stream.records),
+        },
+        **summarize(runs, args.reps),
+        "latency": latency,
+        "runs": [vars(r) for r in runs],
+        "notes": notes,
+        "elapsed_s": time.monotonic() - started,
+    }
+    report["notes"].append(
+        "throughput = entries / (contender's output for the end probe - its output for the start probe), "
+        "Kafka timestamps; startup excluded; all contenders share the machine with Kafka, Cassandra, Redis"
+    )
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    args.report.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    print_table(report)
+    print(f"report: {args.report}")
+    latency_failed = latency is None and not args.no_latency and "worker" in args.contenders
+    return 1 if any(not r.ok for r in runs) or latency_failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return asyncio.run(amain(parse(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
