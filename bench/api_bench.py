@@ -87,6 +87,13 @@ def batch(user_id: int, rows: list[dict[str, Any]], version: int) -> UserFlush:
     return UserFlush(user_id, rows, Badge(1, 0, 0), version, version - 1, 1, f"e{version}", version)
 
 
+def cpu_ms(pid: int) -> float:
+    """CPU time (user + system) the process has used so far: less sensitive than wall time to
+    other jobs on a shared machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -157,14 +164,17 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
             warm_server: list[float] = []
             warm_client: list[float] = []
+            cpu_before = cpu_ms(proc.pid)
             for i in range(args.warm):
                 body, server, wall = await get(http, f"{url}&cursor={cursors[i % len(cursors)]}", headers)
                 assert body["snapshot_revision"] == revision and body["projection_complete"]
                 warm_server.append(server)
                 warm_client.append(wall)
 
+            warm_cpu = (cpu_ms(proc.pid) - cpu_before) / args.warm
             cold_server: list[float] = []
             cold_client: list[float] = []
+            cpu_before = cpu_ms(proc.pid)
             for _ in range(args.cold):
                 version += 1
                 changed = dict(
@@ -176,6 +186,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 cold_server.append(server)
                 cold_client.append(wall)
 
+            cold_cpu = (cpu_ms(proc.pid) - cpu_before) / args.cold
             # Throughput: a fresh snapshot's cursors, then a bounded loop of warm pages.
             cursors = []
             body, _, _ = await get(http, url, headers)
@@ -196,8 +207,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     i += 1
 
             started = time.perf_counter()
+            cpu_before = cpu_ms(proc.pid)
             await asyncio.gather(*(worker(k * 7) for k in range(args.concurrency)))
             elapsed = time.perf_counter() - started
+            throughput_cpu_s = (cpu_ms(proc.pid) - cpu_before) / 1000
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -208,12 +221,21 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "conversations": args.conversations,
         "listed": listed,
         "limit": args.limit,
-        "warm_page": {"server": summary(warm_server), "client": summary(warm_client)},
-        "cold_first_page": {"server": summary(cold_server), "client": summary(cold_client)},
+        "warm_page": {
+            "server": summary(warm_server),
+            "client": summary(warm_client),
+            "server_cpu_ms_per_request": round(warm_cpu, 3),
+        },
+        "cold_first_page": {
+            "server": summary(cold_server),
+            "client": summary(cold_client),
+            "server_cpu_ms_per_request": round(cold_cpu, 3),
+        },
         "throughput": {
             "requests": done,
             "seconds": round(elapsed, 2),
             "requests_per_s": round(done / elapsed, 1),
+            "requests_per_server_cpu_s": round(done / throughput_cpu_s, 1) if throughput_cpu_s else None,
             "concurrency": args.concurrency,
         },
     }
@@ -237,13 +259,16 @@ def cli() -> int:
     Path(args.report).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     w, c, t = report["warm_page"], report["cold_first_page"], report["throughput"]
     print(f"query API, one user with {report['conversations']} conversations, limit {report['limit']}")
-    print(f"{'':18}{'server p50':>12}{'server p99':>12}{'client p50':>12}{'client p99':>12}")
+    print(
+        f"{'':18}{'server p50':>12}{'server p99':>12}{'client p50':>12}{'client p99':>12}{'server CPU':>12}"
+    )
     for name, part in (("warm page", w), ("cold first page", c)):
-        s, cl = part["server"], part["client"]
+        s, cl, cpu = part["server"], part["client"], part["server_cpu_ms_per_request"]
         print(
-            f"{name:18}{s['p50_ms']:>10.3f}ms{s['p99_ms']:>10.3f}ms{cl['p50_ms']:>10.3f}ms{cl['p99_ms']:>10.3f}ms"
+            f"{name:18}{s['p50_ms']:>10.3f}ms{s['p99_ms']:>10.3f}ms"
+            f"{cl['p50_ms']:>10.3f}ms{cl['p99_ms']:>10.3f}ms{cpu:>10.3f}ms"
         )
-    rate = f"{t['requests_per_s']} requests/s"
+    rate = f"{t['requests_per_s']} requests/s, {t['requests_per_server_cpu_s']} per server CPU second"
     print(f"warm pages: {rate} ({t['requests']} in {t['seconds']} s, {t['concurrency']} concurrent)")
     print(f"report: {args.report}")
     return 0

@@ -27,9 +27,10 @@ from bisect import bisect_right
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Final, NamedTuple
+from typing import Final, Generic, NamedTuple, Protocol, TypeVar
 
 Row = Mapping[str, object]
+T = TypeVar("T")
 # (zone, pin_rank, null_activity, complemented activity, conversation id bytes)
 SortKey = tuple[int, int, int, bytes, bytes]
 
@@ -91,6 +92,40 @@ class Position(NamedTuple):
         return (self.zone, self.pin_rank, 0, activity.translate(_COMPLEMENT), self.conversation_id)
 
 
+class OrderFields(Protocol):
+    """What the order needs from a row: a mapping row gives it through :class:`RowFields`; the
+    API decodes just these five fields of stored JSON (a struct with the same attributes)."""
+
+    @property
+    def conversation_id(self) -> object: ...
+    @property
+    def listed(self) -> object: ...
+    @property
+    def archived(self) -> object: ...
+    @property
+    def pin_rank(self) -> object: ...
+    @property
+    def last_activity_id(self) -> object: ...
+
+
+class RowFields(NamedTuple):
+    conversation_id: object
+    listed: object
+    archived: object
+    pin_rank: object
+    last_activity_id: object
+
+    @classmethod
+    def of(cls, row: Row) -> RowFields:
+        return cls(
+            row.get("conversation_id"),
+            row.get("listed"),
+            row.get("archived"),
+            row.get("pin_rank"),
+            row.get("last_activity_id"),
+        )
+
+
 def is_listed(row: Row) -> bool:
     """In the list at all: a deleted conversation (not revived) is not (DESIGN §3.7)."""
     return row.get("listed") is not False
@@ -113,18 +148,22 @@ def _uuid_bytes(cid: object) -> bytes | None:
 
 def position_of(row: Row) -> Position:
     """The row's place in the order; RowError when its ordering fields are malformed."""
-    cid = row.get("conversation_id")
+    return position_from(RowFields.of(row))
+
+
+def position_from(fields: OrderFields) -> Position:
+    cid = fields.conversation_id
     conversation = _uuid_bytes(cid)
     if conversation is None:
         raise RowError(f"row has no valid conversation_id: {cid!r}")
-    rank = row.get("pin_rank")
+    rank = fields.pin_rank
     if rank is None:
         zone, pin_rank = Zone.NORMAL, 0
     elif isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < PIN_RANK_LIMIT:
         zone, pin_rank = Zone.PINNED, rank
     else:
         raise RowError(f"row {cid}: pin_rank {rank!r} is not a u32 or null")
-    activity = row.get("last_activity_id")
+    activity = fields.last_activity_id
     if activity is None:
         activity_bytes = None
     else:
@@ -138,10 +177,11 @@ def position_of(row: Row) -> Position:
 
 
 @dataclass(frozen=True, slots=True)
-class Ordered:
-    """One folder's rows in list order, with their keys (parallel lists)."""
+class Ordered(Generic[T]):
+    """One folder in list order: the items (rows, or whatever the caller keeps per row), their
+    positions and keys (parallel lists)."""
 
-    rows: list[Row]
+    rows: list[T]
     keys: list[SortKey]
     positions: list[Position]
 
@@ -156,40 +196,48 @@ class Ordered:
         """
         return 0 if position is None else bisect_right(self.keys, position.key)
 
+    def head(self, count: int) -> Ordered[T]:
+        return Ordered(self.rows[:count], self.keys[:count], self.positions[:count])
 
-def order(rows: Iterable[Row]) -> Ordered:
+
+def order(rows: Iterable[Row]) -> Ordered[Row]:
     """Rows in list order (no filtering; RowError for a malformed row)."""
     return _ordered([(position_of(row), row) for row in rows])
 
 
-def _ordered(pairs: list[tuple[Position, Row]]) -> Ordered:
-    keyed = sorted(((position.key, position, row) for position, row in pairs), key=itemgetter(0))
+def _ordered(pairs: list[tuple[Position, T]]) -> Ordered[T]:
+    keyed = sorted(((position.key, position, item) for position, item in pairs), key=itemgetter(0))
     return Ordered(
-        rows=[row for _, _, row in keyed],
+        rows=[item for _, _, item in keyed],
         keys=[key for key, _, _ in keyed],
         positions=[position for _, position, _ in keyed],
     )
 
 
-def build_folders(
-    rows: Iterable[Row], max_rows: int | None = None
-) -> tuple[dict[Folder, Ordered], int, list[str]]:
-    """Listed rows split by folder, each in list order; unlisted rows are left out.
+def arrange(
+    items: Iterable[tuple[OrderFields, T]], max_rows: int | None = None
+) -> tuple[dict[Folder, Ordered[T]], int, list[str]]:
+    """Listed items split by folder, each in list order; unlisted ones are left out.
 
-    ``max_rows`` bounds the rows kept over both folders together (the seed's
-    max_conversations_per_user): the *last* rows in order are dropped, main folder kept first.
-    A row whose ordering fields are malformed is left out rather than failing the whole list.
-    Returns the folders, how many listed rows were dropped, and what was wrong with each
-    malformed row.
+    Each item comes with its row's :class:`OrderFields`; what is kept per row (the row itself,
+    its stored bytes) is the caller's. ``max_rows`` bounds the rows kept over both folders
+    together (the seed's max_conversations_per_user): the *last* rows in order are dropped,
+    main folder kept first. A row whose ordering fields are malformed is left out rather than
+    failing the whole list. Returns the folders, how many listed rows were dropped, and what
+    was wrong with each malformed row.
     """
-    by_folder: dict[Folder, list[tuple[Position, Row]]] = {folder: [] for folder in Folder}
+    by_folder: dict[Folder, list[tuple[Position, T]]] = {folder: [] for folder in Folder}
+    main, archived = by_folder[Folder.MAIN], by_folder[Folder.ARCHIVED]
     bad: list[str] = []
-    for row in rows:
-        if is_listed(row):
-            try:
-                by_folder[folder_of(row)].append((position_of(row), row))
-            except RowError as exc:
-                bad.append(str(exc))
+    for fields, item in items:
+        if fields.listed is False:
+            continue
+        try:
+            position = position_from(fields)
+        except RowError as exc:
+            bad.append(str(exc))
+            continue
+        (archived if fields.archived is True else main).append((position, item))
     folders = {folder: _ordered(members) for folder, members in by_folder.items()}
     dropped = 0
     if max_rows is not None:
@@ -198,6 +246,13 @@ def build_folders(
             held = folders[folder]
             if len(held) > budget:
                 dropped += len(held) - budget
-                folders[folder] = Ordered(held.rows[:budget], held.keys[:budget], held.positions[:budget])
+                folders[folder] = held.head(budget)
             budget -= len(folders[folder])
     return folders, dropped, bad
+
+
+def build_folders(
+    rows: Iterable[Row], max_rows: int | None = None
+) -> tuple[dict[Folder, Ordered[Row]], int, list[str]]:
+    """:func:`arrange` over mapping rows (the rows themselves are kept)."""
+    return arrange(((RowFields.of(row), row) for row in rows), max_rows)
