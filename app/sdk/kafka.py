@@ -60,10 +60,10 @@ class SessionDeltaFollower:
             await self.consumer.seek_to_end(*partitions)
             for tp in partitions:  # resolve the lazy seek now, before the pull
                 await self.consumer.position(tp)
-        except BaseException:
+            await self.live.sync()
+        except BaseException:  # __aexit__ does not run when __aenter__ fails: stop here
             await self.consumer.stop()
             raise
-        await self.live.sync()
 
     async def stop(self) -> None:
         await self.consumer.stop()
