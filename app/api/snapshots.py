@@ -188,7 +188,7 @@ class SessionLists:
         self.max_rows = max_rows
         self.state = state if fill_mode != "never" else None
         self.fill_mode = fill_mode
-        self._loading: dict[int, asyncio.Future[Snapshot]] = {}
+        self._loading: dict[int, asyncio.Task[Snapshot]] = {}
         self.loads = 0
 
     async def page(self, user_id: int, folder: Folder, limit: int, cursor: Cursor | None) -> Page:
@@ -207,21 +207,20 @@ class SessionLists:
         return Page(live, folder, 0, min(limit, len(live.folders[folder])), cursor is None)
 
     async def _load(self, user_id: int) -> Snapshot:
-        pending = self._loading.get(user_id)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[Snapshot] = asyncio.get_running_loop().create_future()
-        self._loading[user_id] = future
-        try:
-            snapshot = await self._build(user_id)
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: no "never retrieved" warning when nobody else waits
-            raise
-        finally:
+        # The load runs as its own task: concurrent requests of the user share it, and a
+        # request that is cancelled (its client went away) does not cancel it for the others.
+        task = self._loading.get(user_id)
+        if task is None:
+            task = asyncio.create_task(self._build(user_id))
+            self._loading[user_id] = task
+            task.add_done_callback(lambda done: self._finished(user_id, done))
+        return await asyncio.shield(task)
+
+    def _finished(self, user_id: int, task: asyncio.Task[Snapshot]) -> None:
+        if self._loading.get(user_id) is task:
             del self._loading[user_id]
-        future.set_result(snapshot)
-        return snapshot
+        if not task.cancelled():
+            task.exception()  # retrieved here, so a failure nobody waits for any more is not logged as lost
 
     async def _build(self, user_id: int) -> Snapshot:
         loaded = await self.projections.load_rows(user_id)  # rows + meta, one MULTI round trip

@@ -119,3 +119,23 @@ async def test_a_failed_load_fails_its_waiters_and_the_next_request_retries() ->
 
 def test_ordered_after_is_a_keyset_bound() -> None:
     assert Ordered([], [], []).after(None) == 0
+
+
+async def test_a_cancelled_request_does_not_cancel_the_shared_load() -> None:
+    store = InMemoryProjectionStore()
+    await store.write([flush(5, [make_row(5, n, act=n) for n in range(1, 5)], 1, 1)])
+
+    class Slow(MemoryProjectionReader):
+        async def load_rows(self, user_id: int) -> LoadedRows:
+            await asyncio.sleep(0.05)
+            return await super().load_rows(user_id)
+
+    lists = SessionLists(Slow(store), SnapshotCache(1000, 10_000, Clock()), max_rows=5000)
+    first = asyncio.create_task(lists.page(5, Folder.MAIN, 10, None))
+    await asyncio.sleep(0.01)
+    second = asyncio.create_task(lists.page(5, Folder.MAIN, 10, None))
+    await asyncio.sleep(0.01)
+    first.cancel()  # its client went away
+    page = await second
+    assert len(page.items) == 4 and lists.loads == 1
+    assert first.cancelled()
