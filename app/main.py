@@ -7,45 +7,50 @@ tables, the stores behind the worker core, the mailbox agent and the flush timer
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import os
+import signal
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import faust
 
 from app.settings import Settings
 from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms
+from app.worker.kafka_batches import BatchSender
 from tables.state import FaustStateTables, declare_tables
 
 log = logging.getLogger("projector.worker")
 
 
 class KafkaOutbox:
-    """Frames and dead letters to their topics (raw bytes, keyed by user id)."""
+    """Frames and dead letters to their topics (raw bytes, keyed by user id), in batches."""
 
-    def __init__(self, dead_letter: Any, session_delta: Any, badge: Any) -> None:
-        self.dead_letter = dead_letter
-        self.session_delta = session_delta
-        self.badge = badge
+    def __init__(self, sender: BatchSender, settings: Settings) -> None:
+        self.sender = sender
+        self.settings = settings
 
     async def dead_letters(self, letters: Sequence[tuple[bytes | None, bytes]]) -> None:
-        for key, value in letters:
-            await self.dead_letter.send(key=key, value=value)
+        keyed = [(key or b"", value) for key, value in letters]
+        await self.sender.send_keyed(self.settings.topic_dead_letter, keyed)
 
     async def frames(
         self, session_deltas: Sequence[tuple[bytes, bytes]], badges: Sequence[tuple[bytes, bytes]]
     ) -> None:
-        # Per user: SESSION_DELTA first, then BADGE_UPDATE (same key → same partition, in order).
-        for (key, delta), (_, badge) in zip(session_deltas, badges, strict=True):
-            await self.session_delta.send(key=key, value=delta)
-            await self.badge.send(key=key, value=badge)
+        # Same key, same partition: each user's frames stay in version order on each topic.
+        await self.sender.send_keyed(self.settings.topic_session_delta, session_deltas)
+        await self.sender.send_keyed(self.settings.topic_badge, badges)
 
 
 def create_app(settings: Settings) -> tuple[faust.App, dict[str, WorkerCore]]:
+    datadir = os.path.join(settings.data_dir, settings.app_id)
+    os.makedirs(datadir, exist_ok=True)
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.kafka_bootstrap}",
         store="rocksdb://",
-        datadir=settings.data_dir,
+        # One folder per app id: a store left by another app (or by deleted topics) must never
+        # be mistaken for this app's state.
+        datadir=datadir,
         topic_partitions=settings.topic_partitions,
         topic_replication_factor=settings.topic_replication_factor,
         topic_disable_leader=True,
@@ -56,6 +61,10 @@ def create_app(settings: Settings) -> tuple[faust.App, dict[str, WorkerCore]]:
         web_port=max(settings.worker_web_port, 1),
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,
+        # Changelog and frame records go out in batches: without linger every table write of a
+        # batch became its own produce request.
+        producer_linger_ms=10,
+        producer_max_batch_size=512 * 1024,
     )
     mailbox = app.topic(
         settings.topic_mailbox_tail,
@@ -65,15 +74,9 @@ def create_app(settings: Settings) -> tuple[faust.App, dict[str, WorkerCore]]:
         internal=False,
     )
 
-    def output(name: str) -> Any:
-        return app.topic(name, key_serializer="raw", value_serializer="raw", internal=False)
-
-    outbox = KafkaOutbox(
-        output(settings.topic_dead_letter),
-        output(settings.topic_session_delta),
-        output(settings.topic_badge),
-    )
-    tables = FaustStateTables(declare_tables(app, settings.topic_partitions))
+    sender = BatchSender(lambda: app.producer._ensure_producer())  # type: ignore[attr-defined]  # aiokafka driver
+    outbox = KafkaOutbox(sender, settings)
+    tables = FaustStateTables(declare_tables(app, settings.topic_partitions), sender)
     core_ref: dict[str, WorkerCore] = {}
 
     from agents.mailbox import register_agent
@@ -119,6 +122,7 @@ def build_core(settings: Settings, tables: FaustStateTables, outbox: KafkaOutbox
     )
     return WorkerCore(
         config,
+        after_store_write=_kill_after(settings.fault_kill_after_store_writes),
         message_store=CassandraMessageStore(session, settings.cassandra_keyspace),
         projection_store=RedisProjectionStore.from_settings(
             settings, settings.projection_namespace, count_writes=settings.projection_count_writes
@@ -127,6 +131,22 @@ def build_core(settings: Settings, tables: FaustStateTables, outbox: KafkaOutbox
         outbox=outbox,
         state_writer=UserConversationStateWriter(session, settings.cassandra_keyspace),
     )
+
+
+def _kill_after(writes: int) -> Callable[[], None] | None:
+    """Fault injection: SIGKILL this process after the Nth store write (before the frames)."""
+    if writes <= 0:
+        return None
+    count = 0
+
+    def maybe_kill() -> None:
+        nonlocal count
+        count += 1
+        if count >= writes:
+            log.warning("fault injection: SIGKILL after store write %d, before its frames", count)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return maybe_kill
 
 
 settings = Settings.from_env()

@@ -81,6 +81,11 @@ class Settings:
     # Count persistent writes per (user, conversation) in the store (audit of DESIGN §3.9's bound).
     projection_count_writes: bool = False
 
+    # --- fault injection (tests of crash safety; 0 = off) ----------------------------------------
+    # SIGKILL the worker itself right after its Nth projection-store write, before that flush's
+    # frames are produced: the crash window of acceptance J-7.
+    fault_kill_after_store_writes: int = 0
+
     # --- processes -----------------------------------------------------------------------------
     app_id: str = "session-projector"
     # The worker's local state (faust's RocksDB stores); rebuilt from changelogs when lost.
@@ -223,6 +228,7 @@ class Settings:
             ("max_dirty_rows", 1),
             ("flush_batch_size", 1),
             ("unread_precise_limit", 1),
+            ("fault_kill_after_store_writes", 0),
         ):
             if getattr(self, name) < low:
                 p.append(f"{name}: {getattr(self, name)} must be >= {low}")

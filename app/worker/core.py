@@ -97,7 +97,12 @@ class _Touched:
     rows: set[tuple[int, str]] = field(default_factory=set)
     users: set[int] = field(default_factory=set)
     gate: bool = False
-    pending_added: list[tuple[int, int, bytes]] = field(default_factory=list)
+    # Entries that started waiting in this batch and still wait at its end: (user, seq) -> raw.
+    # An entry that waits and is released within one batch never touches the table: lanes
+    # write their marker after their entries, so that is the common case, and writing then
+    # deleting it would cost two changelog records per entry.
+    pending_added: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    # Entries released in this batch that were stored by an earlier batch.
     pending_released: list[tuple[int, int]] = field(default_factory=list)
 
 
@@ -141,6 +146,7 @@ class WorkerCore:
         outbox: Outbox,
         state_writer: StateWriter | None = None,
         clock: Callable[[], int] = wall_clock_ms,
+        after_store_write: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.message_store = message_store
@@ -149,6 +155,7 @@ class WorkerCore:
         self.outbox = outbox
         self.state_writer = state_writer
         self.clock = clock
+        self.after_store_write = after_store_write  # fault-injection hook (J-7 tests)
         self.partitions: dict[int, PartitionState] = {}
         self.stats = WorkerStats()
         self._flush_lock = asyncio.Lock()
@@ -228,6 +235,7 @@ class WorkerCore:
         for partition, batch in by_partition.items():
             touched = self._process(self.partition(partition), batch, now, letters)
             self._persist(partition, touched)
+        await self.tables.commit()
         if letters:
             await self.outbox.dead_letters(letters)
         if self.state_writer is not None:
@@ -253,7 +261,9 @@ class WorkerCore:
                 released = gate.mark(decoded)
                 touched.gate = True
                 for entry in released:
-                    touched.pending_released.append((entry.user_id, entry.mailbox_seq))
+                    key = (entry.user_id, entry.mailbox_seq)
+                    if touched.pending_added.pop(key, None) is None:
+                        touched.pending_released.append(key)
                     self._apply(state, entry, now, touched)
                 continue
             stats.entries += 1
@@ -268,7 +278,7 @@ class WorkerCore:
             if offer is Offer.READY:
                 self._apply(state, decoded, now, touched)
             elif offer is Offer.PENDING:
-                touched.pending_added.append((decoded.user_id, decoded.mailbox_seq, record.value))
+                touched.pending_added[(decoded.user_id, decoded.mailbox_seq)] = record.value
             else:
                 stats.duplicates += 1
         return touched
@@ -327,7 +337,7 @@ class WorkerCore:
         tables = self.tables
         users = state.projector.users
         with tables.writing(partition):
-            for user_id, mailbox_seq, raw in touched.pending_added:
+            for (user_id, mailbox_seq), raw in touched.pending_added.items():
                 tables.put_pending(partition, user_id, mailbox_seq, raw)
             for user_id, mailbox_seq in touched.pending_released:
                 tables.delete_pending(partition, user_id, mailbox_seq)
@@ -368,6 +378,8 @@ class WorkerCore:
                 return 0
             started = time.perf_counter()
             previous = await self.projection_store.write(batches)
+            if self.after_store_write is not None:
+                self.after_store_write()
             deltas: list[tuple[bytes, bytes]] = []
             badges: list[tuple[bytes, bytes]] = []
             for batch, stored_before in zip(batches, previous, strict=True):
@@ -387,6 +399,7 @@ class WorkerCore:
             self.stats.flushes += 1
             self.stats.frames += len(deltas) + len(badges)
             self.stats.last_flush_ms = (time.perf_counter() - started) * 1000
+            log.debug("flush: %d users in %.1f ms", len(batches), self.stats.last_flush_ms)
             return len(batches)
 
 

@@ -48,6 +48,10 @@ class StateTables(Protocol):
 
     def snapshot(self, partition: int) -> PartitionSnapshot: ...
 
+    async def commit(self) -> None:
+        """End of a batch: the changelog records of its writes are on their way."""
+        ...
+
 
 class Outbox(Protocol):
     """Records the worker produces: frames and dead letters."""

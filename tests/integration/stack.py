@@ -151,6 +151,35 @@ class Stack:
             await consumer.stop()
         return out
 
+    async def produce(self, lines: list[bytes], *, partitions: int | None = None) -> None:
+        """Produce raw mailbox lines as the lanes would: entries keyed by user id, watermark
+        markers (and anything without a user) to EVERY partition. One producer keeps each
+        partition's order; the markers follow the entries they cover."""
+        from aiokafka import AIOKafkaProducer
+
+        topic = self.settings.topic_mailbox_tail
+        count = partitions or self.settings.topic_partitions
+        producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, linger_ms=5)
+        await producer.start()
+        try:
+            pending = []
+            for raw in lines:
+                try:
+                    user = orjson.loads(raw).get("user_id")
+                except (orjson.JSONDecodeError, AttributeError):
+                    user = None
+                if isinstance(user, int):
+                    pending.append(await producer.send(topic, raw, key=str(user).encode()))
+                else:
+                    for partition in range(count):
+                        pending.append(await producer.send(topic, raw, partition=partition))
+                if len(pending) >= 5000:
+                    await asyncio.gather(*pending)
+                    pending = []
+            await asyncio.gather(*pending)
+        finally:
+            await producer.stop()
+
     async def cleanup(self) -> None:
         self.stop_workers(signal.SIGKILL)
         from aiokafka.admin import AIOKafkaAdminClient

@@ -50,6 +50,9 @@ class DictTables:
     def delete_pending(self, partition: int, user_id: int, mailbox_seq: int) -> None:
         self.data["pending"].pop(f"{partition}/{user_id}/{mailbox_seq}", None)
 
+    async def commit(self) -> None:
+        pass
+
     def snapshot(self, partition: int) -> PartitionSnapshot:
         prefix = f"{partition}/"
 
