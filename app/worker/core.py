@@ -67,6 +67,11 @@ _STATS_ENTRIES = frozenset({MessageEntry, RecallEntry, DeleteMessageEntry})
 _STATS_KEY = "member_stats"
 
 
+CQL_BIGINT_MAX = 2**63 - 1
+# first_seen_* are written with a cell timestamp derived from the seq (app/stores/cassandra_state).
+FIRST_SEEN_LIMIT = 2**50
+
+
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -84,6 +89,8 @@ class WorkerStats:
     refused_writes: int = 0
     frames: int = 0
     state_writes: int = 0
+    state_write_failures: int = 0
+    state_unmirrorable: int = 0
     last_flush_ms: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -239,7 +246,12 @@ class WorkerCore:
         if letters:
             await self.outbox.dead_letters(letters)
         if self.state_writer is not None:
-            self.stats.state_writes += await self.state_writer.flush()
+            try:
+                self.stats.state_writes += await self.state_writer.flush()
+            except Exception as exc:  # Cassandra is a mirror here: never stop the projection for it
+                # The writer keeps what it could not write and retries with the next batch.
+                self.stats.state_write_failures += 1
+                log.error("UserConversationState write failed (will retry): %s", exc)
         await self.flush_due(self.clock(), only_memory_bound=True)
 
     def _process(
@@ -298,10 +310,15 @@ class WorkerCore:
             row = projector.users[entry.user_id].rows[entry.conversation_id]
             fields: dict[str, object] = {name: getattr(row, name) for name in _STATE_FIELDS}
             fields["updated_mailbox_seq"] = entry.mailbox_seq
-            if is_new_row:
+            if is_new_row and entry.mailbox_seq < FIRST_SEEN_LIMIT and entry.ts <= CQL_BIGINT_MAX:
                 fields["first_seen_mailbox_seq"] = entry.mailbox_seq
                 fields["first_seen_ts"] = entry.ts
-            self.state_writer.stage(entry.user_id, entry.conversation_id, fields)
+            if all(not isinstance(v, int) or v <= CQL_BIGINT_MAX for v in fields.values()):
+                self.state_writer.stage(entry.user_id, entry.conversation_id, fields)
+            else:
+                # Valid u64 values above Cassandra's bigint cannot be mirrored; the projection
+                # (changelog tables, Redis) still has them.
+                self.stats.state_unmirrorable += 1
         self._member_directory(state, entry)
 
     def _member_directory(self, state: PartitionState, entry: Entry) -> None:

@@ -249,3 +249,76 @@ def test_pending_entries_survive_a_crash_in_the_tables() -> None:
     assert tables.data["pending"] == {}
     stored = asyncio.run(projections.load(7))
     assert stored.rows[CONV_A]["unread_count"] == 1
+
+
+class RecordingWriter:
+    """A StateWriter that records what is staged and can fail its flushes."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.staged: list[dict[str, object]] = []
+        self.fail = fail
+
+    def stage(self, user_id: int, conversation_id: str, fields: dict[str, object]) -> None:
+        self.staged.append(dict(fields))
+
+    def stage_member(self, *args: object) -> None:
+        pass
+
+    def stage_member_stats(self, *args: object) -> None:
+        pass
+
+    async def flush(self) -> int:
+        if self.fail:
+            raise RuntimeError("cassandra down")
+        return len(self.staged)
+
+
+def test_values_cassandra_cannot_hold_are_not_mirrored_and_a_failing_mirror_never_stops_the_worker() -> None:
+    lines = [
+        orjson.dumps(
+            {
+                "type": "pin",
+                "mailbox_seq": 2**60,
+                "lane": 0,
+                "ts": 5,
+                "event_id": "e",
+                "user_id": 7,
+                "conversation_id": CONV_A,
+                "pin_rank": 1,
+            }
+        ),
+        orjson.dumps(
+            {
+                "type": "unpin",
+                "mailbox_seq": 2**63 + 5,
+                "lane": 0,
+                "ts": 6,
+                "event_id": "e",
+                "user_id": 7,
+                "conversation_id": CONV_A,
+            }
+        ),
+        orjson.dumps({"type": "watermark", "lane": 0, "watermark": 2**64 - 1, "ts": 7}),
+    ]
+    writer = RecordingWriter(fail=True)
+    tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), Clock()
+    config = WorkerConfig(
+        lanes=1, window_ms=100, max_dirty_rows=100_000, include_muted=False, unread_precise_limit=200
+    )
+    core = WorkerCore(
+        config,
+        message_store=InMemoryMessageStore(),
+        projection_store=projections,
+        tables=tables,
+        outbox=outbox,
+        state_writer=writer,
+        clock=clock,
+    )
+    asyncio.run(core.on_records(records(lines)))
+    asyncio.run(core.flush_all())
+    (first,) = writer.staged  # the second entry's seq does not fit a CQL bigint
+    assert "first_seen_mailbox_seq" not in first  # beyond the cell-timestamp scheme's range
+    assert core.stats.state_unmirrorable == 1 and core.stats.state_write_failures == 1
+    assert core.stats.applied == 2
+    stored = asyncio.run(projections.load(7))
+    assert stored.rows[CONV_A]["pinned"] is False and stored.projection_mailbox_seq == 2**63 + 5
