@@ -19,6 +19,9 @@ def settings() -> Settings:
     return Settings.from_env()
 
 
+_NAMES = itertools.count()
+
+
 @pytest.fixture(scope="session")
 def run_id() -> str:
     """Short id of this pytest run: names made from it do not collide with other runs/checkouts."""
@@ -29,10 +32,10 @@ def run_id() -> str:
 def unique_name(run_id: str) -> Callable[..., str]:
     """``unique_name("orders")`` -> ``"t-orders-1a2b3c4d-0"``; ``unique_name("ks", sep="_")``
     gives a CQL-safe identifier (letters, digits, ``_``; starts with a letter; <= 48 chars)."""
-    counter = itertools.count()
-
     def make(prefix: str, sep: str = "-") -> str:
-        name = f"t{sep}{prefix}{sep}{run_id}{sep}{next(counter)}"
+        # One counter for the whole run: two tests must never share a topic, group or keyspace
+        # (a group left by a killed worker would stall the next test's join).
+        name = f"t{sep}{prefix}{sep}{run_id}{sep}{next(_NAMES)}"
         if sep == "_":
             name = re.sub(r"[^A-Za-z0-9_]", "_", name)[:48]
         return name
