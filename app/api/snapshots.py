@@ -57,10 +57,10 @@ REVISION_MEMORY: Final = 1_000_000
 
 @dataclass(frozen=True, slots=True)
 class FolderSnapshot:
-    """One folder of a snapshot: parallel lists in list order."""
+    """One folder of a snapshot: parallel lists in list order. Keys only, no Position objects:
+    a cursor's position is rebuilt from the key of a page's last row."""
 
-    positions: list[Position]
-    keys: list[SortKey]  # the positions' keys, precomputed: a page is one bisect
+    keys: list[SortKey]  # precomputed: a page is one bisect
     payloads: list[bytes]  # each row as JSON
 
     def __len__(self) -> int:
@@ -105,7 +105,7 @@ class Page:
 
     @property
     def last_position(self) -> Position:
-        return self.snapshot.folders[self.folder].positions[self.end - 1]
+        return Position.of_key(self.snapshot.folders[self.folder].keys[self.end - 1])
 
 
 class SnapshotCache:
@@ -253,7 +253,7 @@ class SessionLists:
             loaded_at_ms=self.cache.clock_ms(),
             version=meta.version,
             structure_version=meta.structure_version,
-            folders={f: FolderSnapshot(o.positions, o.keys, o.rows) for f, o in folders.items()},
+            folders={f: FolderSnapshot(o.keys, o.rows) for f, o in folders.items()},
             filled_from_state=filled,
             dropped=dropped,
         )

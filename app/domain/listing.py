@@ -86,10 +86,20 @@ class Position(NamedTuple):
 
     @property
     def key(self) -> SortKey:
+        # Plain ints and bytes only (zone as its int value): a tuple of atomic values is
+        # untracked by the garbage collector, and a cache holds hundreds of thousands of keys.
         activity = self.last_activity_id
         if activity is None:
-            return (self.zone, self.pin_rank, 1, b"", self.conversation_id)
-        return (self.zone, self.pin_rank, 0, activity.translate(_COMPLEMENT), self.conversation_id)
+            return (self.zone.value, self.pin_rank, 1, b"", self.conversation_id)
+        return (self.zone.value, self.pin_rank, 0, activity.translate(_COMPLEMENT), self.conversation_id)
+
+    @classmethod
+    def of_key(cls, key: SortKey) -> Position:
+        """The position a key was made from (a snapshot keeps keys only)."""
+        zone, pin_rank, no_activity, activity, conversation = key
+        return cls(
+            Zone(zone), pin_rank, None if no_activity else activity.translate(_COMPLEMENT), conversation
+        )
 
 
 class OrderFields(Protocol):

@@ -194,3 +194,6 @@ def test_walking_by_keyset_gives_every_row_once_in_order(
         walked += [r["conversation_id"] for r in page]
         position = position_of(page[-1])
     assert walked == [r["conversation_id"] for r in sort_rows(rows)]
+    for position, key in zip(ordered.positions, ordered.keys, strict=True):
+        assert Position.of_key(key) == position and position.key == key
+        assert all(type(part) in (int, bytes) for part in key)  # untracked by the GC

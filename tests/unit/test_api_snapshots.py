@@ -24,8 +24,8 @@ class Clock:
 
 
 def snap(cache: SnapshotCache, user_id: int, rows: int) -> Snapshot:
-    folder = snapshots.FolderSnapshot([], [], [b"{}"] * rows)
-    empty = snapshots.FolderSnapshot([], [], [])
+    folder = snapshots.FolderSnapshot([], [b"{}"] * rows)
+    empty = snapshots.FolderSnapshot([], [])
     return Snapshot(
         user_id,
         cache.next_revision(user_id),
