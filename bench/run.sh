@@ -17,6 +17,16 @@ TIMEOUT=${BENCH_TIMEOUT:-1800}
 mkdir -p "$OUT"
 "$PY" bench/gen_j1.py --members "$MEMBERS" --messages "$MESSAGES" --lanes "$LANES" \
     --out "$OUT/j1.jsonl" --meta "$OUT/j1.meta.json"
-exec "$PY" bench/harness.py --input "$OUT/j1.jsonl" --meta "$OUT/j1.meta.json" \
+status=0
+"$PY" bench/harness.py --input "$OUT/j1.jsonl" --meta "$OUT/j1.meta.json" \
     --replay-out "$OUT/replay" --report "$OUT/report.json" \
-    --lanes "$LANES" --window-ms 5000 --reps "$REPS" --timeout "$TIMEOUT" "$@"
+    --lanes "$LANES" --window-ms 5000 --reps "$REPS" --timeout "$TIMEOUT" "$@" || status=$?
+
+# Worker bench (issue #4): `projector worker` vs a plain aiokafka loop vs a naive faust agent on
+# the real Kafka (servers must be up: `make services-up`); sizes from WBENCH_* (bench/README.md).
+# BENCH_WORKER=0 skips it.
+if [ "${BENCH_WORKER:-1}" != 0 ]; then
+    bash scripts/services.sh up >/dev/null
+    "$PY" bench/worker_bench.py --reps "${WBENCH_REPS:-$REPS}" || status=$?
+fi
+exit "$status"

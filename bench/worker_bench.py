@@ -409,7 +409,16 @@ class Bench:
 
     def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
         out = log_path.open("ab")
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        # Its own process group: a wrapper's child (the real contender) is signalled with it.
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+        )
         out.close()
         self.procs.append(proc)
         return proc
@@ -417,12 +426,15 @@ class Bench:
     @staticmethod
     def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
         if proc.poll() is None:
-            proc.send_signal(sig)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        with contextlib.suppress(ProcessLookupError):  # whatever it left behind in its group
+            os.killpg(proc.pid, signal.SIGKILL)
 
     def worker_env(self, name: str, window_ms: int, input_topic: str) -> dict[str, str]:
         self.namespaces.append(name)
@@ -551,7 +563,7 @@ class Bench:
 
     # -- latency ---------------------------------------------------------------------------------
 
-    async def latency(self, stream: Stream) -> dict[str, Any]:
+    async def latency(self, stream: Stream, rate: float) -> dict[str, Any]:
         a = self.args
         name = f"{self.prefix}-latency"
         topic = f"{name}-mailbox-tail"
@@ -559,10 +571,10 @@ class Bench:
         dead, deltas = env["PROJECTOR_TOPIC_DEAD_LETTER"], env["PROJECTOR_TOPIC_SESSION_DELTA"]
         await self.kafka.create([topic, deltas, env["PROJECTOR_TOPIC_BADGE"], dead], a.partitions)
         tps = await self.kafka._partitions(dead)
-        count = min(len(stream.entry_values), int(a.latency_rate * a.latency_seconds))
+        count = min(len(stream.entry_values), int(rate * a.latency_seconds))
         log(
             f"latency: worker window {a.latency_window_ms} ms; {count:,} entries at "
-            f"{a.latency_rate:,.0f}/s, a marker every {a.latency_tick_ms} ms"
+            f"{rate:,.0f}/s, a marker every {a.latency_tick_ms} ms"
         )
         log_path = self.work / f"{name}.log"
         proc = self.spawn([*projector_argv(), "worker"], env, log_path)
@@ -587,7 +599,7 @@ class Bench:
                 await producer.send_and_wait(topic, probe("start", p), partition=p)
             await wait_dead(a.partitions)  # the worker is assigned and processing
             tick_s = a.latency_tick_ms / 1000
-            per_tick = a.latency_rate * tick_s
+            per_tick = rate * tick_s
             sent = 0
             acks: list[Any] = []
             last_seq: dict[int, int] = {}
@@ -645,7 +657,8 @@ class Bench:
 
         return {
             "window_ms": a.latency_window_ms,
-            "rate_entries_per_s": a.latency_rate,
+            "rate_entries_per_s": rate,
+            "rate_chosen": "given" if a.latency_rate > 0 else f"{a.latency_load:g} x worker median entries/s",
             "achieved_rate_entries_per_s": count / produce_s,
             "tick_ms": a.latency_tick_ms,
             "entries": len(latencies),
@@ -661,9 +674,7 @@ class Bench:
 
     async def cleanup(self) -> None:
         for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            self.stop(proc, signal.SIGKILL)
         with contextlib.suppress(Exception):
             n = await self.kafka.delete_prefixed(self.prefix)
             log(f"deleted {n} topics")
@@ -798,7 +809,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--users", type=int, default=env_int("WBENCH_USERS", 2000))
     p.add_argument("--conversations", type=int, default=env_int("WBENCH_CONVERSATIONS", 200))
     p.add_argument("--group-size", type=int, default=env_int("WBENCH_GROUP_SIZE", 500))
-    p.add_argument("--messages", type=int, default=env_int("WBENCH_MESSAGES", 2000))
+    p.add_argument("--messages", type=int, default=env_int("WBENCH_MESSAGES", 400))
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--marker-every", type=int, default=env_int("WBENCH_MARKER_EVERY", 500))
     p.add_argument("--partitions", type=int, default=env_int("WBENCH_PARTITIONS", 1))
@@ -806,7 +817,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=env_int("WBENCH_REPS", 3))
     p.add_argument("--contenders", default=os.environ.get("WBENCH_CONTENDERS", ",".join(CONTENDERS)))
     p.add_argument("--latency-window-ms", type=int, default=env_int("WBENCH_LATENCY_WINDOW_MS", 100))
-    p.add_argument("--latency-rate", type=float, default=env_float("WBENCH_LATENCY_RATE", 2000))
+    p.add_argument(
+        "--latency-rate",
+        type=float,
+        default=env_float("WBENCH_LATENCY_RATE", 0),
+        help="entries/s in the latency phase; 0 (default): --latency-load x the worker's median throughput",
+    )
+    p.add_argument("--latency-load", type=float, default=env_float("WBENCH_LATENCY_LOAD", 0.5))
     p.add_argument("--latency-seconds", type=float, default=env_float("WBENCH_LATENCY_SECONDS", 15))
     p.add_argument("--latency-tick-ms", type=int, default=env_int("WBENCH_LATENCY_TICK_MS", 10))
     p.add_argument("--no-latency", action="store_true")
@@ -852,8 +869,12 @@ async def amain(args: argparse.Namespace) -> int:
                     log(f"rep {rep + 1}/{args.reps} {name:8s} FAILED: {run.error[:2000]}")
                     notes.append(f"{name} rep {rep} failed: {run.error[:1000]}")
         if not args.no_latency and "worker" in names:
+            rate = args.latency_rate
+            if rate <= 0:  # below capacity: a share of the worker's measured throughput
+                measured = median([r.entries_per_s for r in runs if r.ok and r.contender == "worker"])
+                rate = max(100.0, args.latency_load * measured) if not math.isnan(measured) else 500.0
             try:
-                latency = await bench.latency(stream)
+                latency = await bench.latency(stream, rate)
             except RuntimeError as exc:
                 notes.append(f"latency phase failed: {exc}")
                 log(f"latency FAILED: {exc}")

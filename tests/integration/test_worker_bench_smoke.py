@@ -1,0 +1,57 @@
+"""The worker bench (bench/worker_bench.py) runs end to end at toy size and writes its report.
+
+Timings are never asserted: only that every contender ran, the worker's frames reached every
+user's last mailbox_seq, and the report holds the figures `make bench` prints.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_worker_bench_toy_run_writes_a_report(tmp_path: Path) -> None:
+    report = tmp_path / "worker_report.json"
+    options = {
+        "--users": "40",
+        "--conversations": "8",
+        "--group-size": "15",
+        "--messages": "60",
+        "--marker-every": "50",
+        "--reps": "1",
+        "--latency-seconds": "2",
+        "--latency-rate": "200",
+        "--timeout": "180",
+        "--report": str(report),
+        "--work-dir": str(tmp_path / "work"),
+    }
+    done = subprocess.run(
+        [sys.executable, "bench/worker_bench.py", *(part for pair in options.items() for part in pair)],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=540,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-4000:]
+    assert b"worker_over_naive" in done.stdout and b"latency produce -> SESSION_DELTA" in done.stdout
+    data = orjson.loads(report.read_bytes())
+    assert data["stream"]["entries"] > 0
+    assert set(data["summary"]) == {"worker", "aiokafka", "naive"}
+    for figures in data["summary"].values():
+        assert figures["runs"] == 1 and figures["entries_per_s"]["median"] > 0
+    assert {"worker_over_naive", "worker_over_aiokafka"} <= set(data["ratios"])
+    worker_run = next(r for r in data["runs"] if r["contender"] == "worker")
+    assert worker_run["ok"] and worker_run["extra"]["all_users_reached_last_seq"]
+    latency = data["latency"]
+    assert latency["window_ms"] == 100 and latency["entries"] > 0
+    assert 0 <= latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
+    # everything private to the run is gone
+    assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
