@@ -1,8 +1,9 @@
 """`projector api`: serve the query API (app/api) on PROJECTOR_API_HOST:PROJECTOR_API_PORT.
 
-Reads the Redis projection store (namespace PROJECTOR_PROJECTION_NAMESPACE) and, unless
-PROJECTOR_API_FILL_FROM_STATE=never, Cassandra (UserConversationState + MessageStore) to fill
-rows the store lacks. Needs PROJECTOR_API_SECRET. Stops cleanly on SIGINT/SIGTERM.
+Reads the Redis projection store (namespace PROJECTOR_PROJECTION_NAMESPACE) and Cassandra: the
+member directory, and (unless PROJECTOR_API_FILL_FROM_STATE=never) UserConversationState +
+MessageStore to fill rows the store lacks. Needs PROJECTOR_API_SECRET. Stops cleanly on
+SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -46,26 +47,32 @@ def run(args: argparse.Namespace) -> int:
 async def open_deps(settings: Settings) -> AsyncIterator[Any]:
     """The API's dependencies from the settings; closes what it opened."""
     from app.api.http import Deps
+    from app.api.members import SERVICE_KEY, build_member_service
     from app.api.sources import CassandraStateFiller, RedisProjectionReader
+    from app.stores.cassandra_messages import CassandraMessageStore
+    from app.stores.cassandra_session import open_cluster
+    from app.stores.cassandra_state import UserConversationStateWriter
     from app.stores.redis_projection import RedisProjectionStore
 
     store = RedisProjectionStore.from_settings(settings, settings.projection_namespace)
     cluster = None
     try:
+        # Cassandra serves the member directory and the fill-in of rows the store lacks; it is
+        # needed at start (a clear error now rather than 503s later).
+        cluster, session = await asyncio.to_thread(open_cluster, settings)
+        keyspace = settings.cassandra_keyspace
         state = None
         if settings.api_fill_from_state != "never":
-            from app.stores.cassandra_messages import CassandraMessageStore
-            from app.stores.cassandra_session import open_cluster
-            from app.stores.cassandra_state import UserConversationStateWriter
-
-            cluster, session = await asyncio.to_thread(open_cluster, settings)
-            keyspace = settings.cassandra_keyspace
             state = CassandraStateFiller(
                 UserConversationStateWriter(session, keyspace),
                 CassandraMessageStore(session, keyspace),
                 settings.unread_precise_limit,
             )
-        yield Deps(projections=RedisProjectionReader(store), state=state)
+        yield Deps(
+            projections=RedisProjectionReader(store),
+            state=state,
+            extra={SERVICE_KEY: build_member_service(settings, session)},
+        )
     finally:
         await store.aclose()
         if cluster is not None:

@@ -1,7 +1,8 @@
 """Query API benchmark: `projector api` (a subprocess, as deployed) against the local Redis.
 
 One user with 5,000 conversations (pinned, archived, deleted and null-activity rows mixed in) is
-written to a private projection namespace. Then, against 127.0.0.1 only, in bounded loops:
+written to a private projection namespace (the server also gets a private, bootstrapped
+keyspace). Then, against 127.0.0.1 only, in bounded loops:
 
 * warm page: cursor pages (limit 50) of a live snapshot: one HMGET of meta + a slice of held rows;
 * cold first page: a page without cursor right after the user's projection changed (a one-row
@@ -94,6 +95,16 @@ def cpu_ms(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
+def _drop_keyspace(settings: Settings, keyspace: str) -> None:
+    from app.stores.cassandra_session import open_cluster
+
+    cluster, session = open_cluster(settings)
+    try:
+        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+    finally:
+        cluster.shutdown()
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -129,8 +140,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     rows = rows_for(USER, args.conversations)
     version = 1
     await store.write([batch(USER, rows, version)])
+    # `projector api` needs a bootstrapped keyspace (the member directory's tables): a private one.
+    from app.bootstrap import ensure_cassandra_schema
+
+    keyspace = f"bench_api_{uuid.uuid4().hex[:12]}"
+    await asyncio.to_thread(ensure_cassandra_schema, settings, keyspace=keyspace)
     env = {
         **os.environ,
+        "PROJECTOR_CASSANDRA_KEYSPACE": keyspace,
         "PROJECTOR_API_SECRET": secret,
         "PROJECTOR_PROJECTION_NAMESPACE": namespace,
         "PROJECTOR_API_FILL_FROM_STATE": "never",
@@ -216,6 +233,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         proc.wait(timeout=30)
         await store.delete_all()
         await client.aclose()
+        await asyncio.to_thread(_drop_keyspace, settings, keyspace)
     listed = sum(1 for r in rows if r["listed"])
     return {
         "conversations": args.conversations,

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from app.api import badge, sessions
+from app.api import badge, members, sessions
 from app.api.cursor import CursorCodec
 from app.api.http import (
     CONTEXT,
@@ -40,10 +40,11 @@ from app.stores.redis_projection import ProjectionStoreError
 
 log = logging.getLogger(__name__)
 
-# One entry per resource module; the member directory adds `members.routes` / `members.SCHEMAS`.
+# One entry per resource module: (routes(ctx), its OpenAPI component schemas).
 RESOURCES: Final[tuple[tuple[Callable[[ApiContext], list[Route]], dict[str, Any]], ...]] = (
     (sessions.routes, sessions.SCHEMAS),
     (badge.routes, badge.SCHEMAS),
+    (members.routes, members.SCHEMAS),  # its service comes in deps.extra["members"], else 503
 )
 
 OPENAPI_PATH: Final = "/openapi.json"

@@ -359,11 +359,12 @@ def expected_rows(rows: list[dict[str, Any]], folder: Folder) -> list[dict[str, 
 # -- the commands --------------------------------------------------------------------------------
 
 
-async def test_projector_api_and_token_commands(env: Env) -> None:
+async def test_projector_api_and_token_commands(env: Env, schema: str) -> None:
     await env.store.write([flush(ME, [make_row(ME, 1, act=1)], 1, 1)])
     run_env = {
         **os.environ,
         **env.settings.as_env(),
+        "PROJECTOR_CASSANDRA_KEYSPACE": schema,  # bootstrapped: the member directory needs its tables
         "PROJECTOR_API_FILL_FROM_STATE": "never",
         "PROJECTOR_LOG_LEVEL": "WARNING",
     }
