@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app.domain.client import ApplyResult, Frame, SessionView
+from app.domain.client import ApplyResult, Badge, Frame, SessionView
 from app.sdk.client import SessionsClient
 
 
@@ -21,7 +21,7 @@ class LiveSessionList:
         self.syncs = 0
 
     async def sync(self) -> None:
-        """Re-pull both folders and load them into the view.
+        """Re-pull both folders (and the badge) and load them into the view.
 
         The view's version becomes the *lower* of the two walks' versions: frames above it are
         then applied on top (each overwrites whole rows with newer absolute values), so rows of
@@ -29,8 +29,21 @@ class LiveSessionList:
         """
         main = await self.client.walk("main", self.limit, self.max_restarts)
         archived = await self.client.walk("archived", self.limit, self.max_restarts)
+        totals = await self.client.badge()
         version = min(main.projection_mailbox_seq, archived.projection_mailbox_seq)
-        self.view.reset([*main.rows, *archived.rows], version)
+        badge = Badge(
+            total_unread=totals["total_unread"],
+            total_mention=totals["total_mention"],
+            muted_unread=totals["muted_unread"],
+            version=totals["projection_mailbox_seq"],
+        )
+        # A badge older than the one held (a BADGE_UPDATE already applied) is not taken.
+        held = self.view.badge
+        self.view.reset(
+            [*main.rows, *archived.rows],
+            version,
+            badge=badge if held is None or held.version < badge.version else None,
+        )
         self.syncs += 1
 
     async def apply(self, frame: Frame) -> ApplyResult:

@@ -89,6 +89,7 @@ async def test_live_list_applies_frames_and_re_pulls_on_a_gap(served: tuple[str,
         live = LiveSessionList(client, ME, limit=2)
         await live.sync()
         assert [r["conversation_id"] for r in live.main()] == [cid(n) for n in range(5, 0, -1)]
+        assert live.view.badge is not None and live.view.badge.version == 1
         # The next frame in the chain: applied by overwrite.
         bumped = make_row(ME, 1, act=9, unread=2, version=2)
         frame2 = {**flush(ME, [bumped], 2, 1).session_delta(), "prev_projection_mailbox_seq": 1}
