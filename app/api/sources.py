@@ -100,7 +100,8 @@ class MemoryProjectionReader:
 
     async def load_rows(self, user_id: int) -> LoadedRows:
         s = await self.store.load(user_id)
-        return LoadedRows(_meta_of(s), [orjson.dumps(row) for row in s.rows.values()])
+        # Exact-size copies: these bytes are held in snapshots (see snapshots.held_json).
+        return LoadedRows(_meta_of(s), [bytes(memoryview(orjson.dumps(row))) for row in s.rows.values()])
 
     async def meta(self, user_id: int) -> StoreMeta:
         return _meta_of(await self.store.load(user_id))

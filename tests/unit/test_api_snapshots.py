@@ -139,3 +139,22 @@ async def test_a_cancelled_request_does_not_cancel_the_shared_load() -> None:
     page = await second
     assert len(page.items) == 4 and lists.loads == 1
     assert first.cancelled()
+
+
+def test_held_rows_are_exact_size_copies() -> None:
+    import tracemalloc
+
+    import orjson
+
+    from app.api.snapshots import held_json
+
+    rows = [make_row(5, n, act=n) for n in range(200)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        held = [held_json(row) for row in rows]
+        per_row = (tracemalloc.get_traced_memory()[0] - before) / len(rows)
+    finally:
+        tracemalloc.stop()
+    assert held[7] == orjson.dumps(rows[7])
+    assert per_row < 2 * len(held[7]) + 200, per_row  # not orjson's ~8 KB write buffer per row
