@@ -3,7 +3,7 @@
 Two small ports with an adapter each, so handlers and the snapshot layer are tested against the
 in-memory store and run against Redis/Cassandra unchanged:
 
-* :class:`ProjectionReader`: ``load`` (rows + meta in one round trip: the snapshot) and
+* :class:`ProjectionReader`: ``load_rows`` (rows + meta in one round trip: the snapshot) and
   ``meta`` (one HMGET: the cheap per-request check of version and structure_version, and the
   badge);
 * :class:`StateFiller`: rows for conversations UserConversationState knows and the projection
