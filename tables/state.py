@@ -27,8 +27,11 @@ def declare_tables(app: faust.App, partitions: int) -> dict[str, Any]:
             name,
             default=None,
             partitions=partitions,
-            # No key/value types: the app's raw serializers pass bytes through untouched (str keys
-            # are encoded as UTF-8); values are msgpack/JSON bytes made by the worker core.
+            # bytes in, bytes out: keys and values are the worker's own encodings (UTF-8 keys,
+            # msgpack/JSON values). Any other type makes faust JSON-decode changelog records
+            # during recovery, which fails on them.
+            key_type=bytes,
+            value_type=bytes,
             help=help_text,
         )
 

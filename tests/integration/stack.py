@@ -151,16 +151,22 @@ class Stack:
             await consumer.stop()
         return out
 
-    async def produce(self, lines: list[bytes], *, partitions: int | None = None) -> None:
+    async def open_producer(self) -> Any:
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, linger_ms=5)
+        await producer.start()
+        return producer
+
+    async def produce(self, lines: list[bytes], *, producer: Any = None) -> None:
         """Produce raw mailbox lines as the lanes would: entries keyed by user id, watermark
         markers (and anything without a user) to EVERY partition. One producer keeps each
         partition's order; the markers follow the entries they cover."""
-        from aiokafka import AIOKafkaProducer
-
         topic = self.settings.topic_mailbox_tail
-        count = partitions or self.settings.topic_partitions
-        producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, linger_ms=5)
-        await producer.start()
+        count = self.settings.topic_partitions
+        own = producer is None
+        if own:
+            producer = await self.open_producer()
         try:
             pending = []
             for raw in lines:
@@ -178,7 +184,8 @@ class Stack:
                     pending = []
             await asyncio.gather(*pending)
         finally:
-            await producer.stop()
+            if own:
+                await producer.stop()
 
     async def cleanup(self) -> None:
         self.stop_workers(signal.SIGKILL)

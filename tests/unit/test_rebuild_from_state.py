@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.domain.rebuild import Head, row_from_state
-from app.replay import ReplayOptions, Replayer
+from app.replay import Replayer, ReplayOptions
 from tests.unit.builders import CONV_A, CONV_B, Stream
 
 ME = 7

@@ -1,0 +1,223 @@
+"""Issue 4 acceptance on the real servers: dead letters, J-3 (never past the watermark), J-7
+(SIGKILL between the store write and the frames, and at random points), two workers sharing
+and handing over partitions. Each test runs a private stack (tests/integration/stack.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from app.domain.badge import Badge
+from tests.integration.stack import Stack, read_jsonl
+from tests.unit.builders import CONV_A, Stream
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+
+@pytest.fixture
+async def make_stack(unique_name: Callable[..., str], tmp_path: Path) -> AsyncIterator[Callable[..., Stack]]:
+    stacks: list[Stack] = []
+
+    def make(**overrides: Any) -> Stack:
+        stack = Stack(unique_name("acc"), tmp_path / f"s{len(stacks)}", **overrides)
+        stack.tmp.mkdir(parents=True, exist_ok=True)
+        stack.run("bootstrap")
+        stacks.append(stack)
+        return stack
+
+    yield make
+    for stack in stacks:
+        await stack.cleanup()
+
+
+def alive(stack: Stack, *indexes: int) -> Callable[[], None]:
+    def check() -> None:
+        for index in indexes or range(len(stack.workers)):
+            proc = stack.workers[index]
+            if proc.poll() is not None:
+                raise AssertionError(f"worker {index} exited {proc.returncode}:\n{stack.log_tail(index)}")
+
+    return check
+
+
+def simulated(
+    stack: Stack, tmp: Path, messages: int = 300, seed: int = 5, rate: str = "0"
+) -> tuple[Path, dict[str, Any]]:
+    """Run `projector simulate` into the stack; replay its --out file for the expected result."""
+    stream = tmp / f"stream-{seed}.jsonl"
+    stack.run(
+        "simulate",
+        "--users",
+        "30",
+        "--conversations",
+        "10",
+        "--group-size",
+        "20",
+        "--messages",
+        str(messages),
+        "--rate",
+        rate,
+        "--lanes",
+        str(stack.settings.lanes),
+        "--seed",
+        str(seed),
+        "--out",
+        str(stream),
+        "--progress",
+        "never",
+    )
+    out = tmp / f"replay-{seed}"
+    stack.run("replay", "--input", str(stream), "--out", str(out), "--lanes", str(stack.settings.lanes))
+    expected = {
+        "rows": read_jsonl(out / "projections.jsonl"),
+        "badges": read_jsonl(out / "badges.jsonl"),
+        "versions": {b["user_id"]: b["projection_mailbox_seq"] for b in read_jsonl(out / "badges.jsonl")},
+    }
+    return stream, expected
+
+
+def badge_from_rows(rows: list[dict[str, Any]], include_muted: bool = False) -> Badge:
+    unread = mention = muted = 0
+    for row in rows:
+        active = row["membership"] == "active"
+        if active and not row["archived"] and (include_muted or not row["muted"]):
+            unread += row["unread_count"]
+        if active:
+            mention += row["mention_count"]
+        if row["muted"]:
+            muted += row["unread_count"]
+    return Badge(unread, mention, muted)
+
+
+async def assert_final_equals_replay(stack: Stack, expected: dict[str, Any]) -> None:
+    rows, badges = await stack.projection(sorted(expected["versions"]))
+    assert badges == expected["badges"]
+    assert rows == expected["rows"]
+    # J-7: badge and rows never tear: every user's badge is the sum over its rows.
+    for badge in badges:
+        mine = [row for row in rows if row["user_id"] == badge["user_id"]]
+        assert badge_from_rows(mine) == Badge(
+            badge["total_unread"], badge["total_mention"], badge["muted_unread"]
+        )
+
+
+async def test_bad_records_go_to_the_dead_letter_topic_and_the_worker_keeps_running(
+    make_stack: Callable[..., Stack],
+) -> None:
+    stack = make_stack(partitions=1, lanes=1)
+    s = Stream()
+    s.message(7, 1)
+    good = s.close()
+    bad = [
+        b"{not json",
+        b'{"type":"teleport","mailbox_seq":5,"lane":0,"ts":1,"event_id":"e","user_id":7}',
+        b'{"type":"read","mailbox_seq":6,"lane":0,"ts":1,"event_id":"e","user_id":7,"conversation_id":"'
+        + CONV_A.encode()
+        + b'"}',
+        b'{"type":"read","mailbox_seq":7,"lane":0,"ts":1,"event_id":"e","user_id":7,"conversation_id":'
+        b'"not-a-uuid","read_conversation_seq":1}',
+        b'{"type":"read","mailbox_seq":8,"lane":0,"ts":1,"event_id":"e","user_id":-4,"conversation_id":"'
+        + CONV_A.encode()
+        + b'","read_conversation_seq":1}',
+        b"\xff\xfe binary",
+    ]
+    await stack.produce([bad[0], bad[1], *good[:1], *bad[2:], *good[1:]])
+    stack.start_worker()
+    await stack.wait_for_versions({7: 1}, timeout=180, alive=alive(stack))
+    letters = await stack.consume(stack.settings.topic_dead_letter, lambda got: len(got) >= len(bad), 60)
+    reasons = [letter["reason"] for letter in letters]
+    assert len(letters) == len(bad), reasons
+    assert all(letter["topic"] == stack.settings.topic_mailbox_tail for letter in letters)
+    assert all(isinstance(letter["offset"], int) and letter["partition"] == 0 for letter in letters)
+    assert any("malformed" in r.lower() or "truncated" in r.lower() for r in reasons)
+    assert any("teleport" in r for r in reasons)
+    assert any("read_conversation_seq" in r for r in reasons)
+    assert any("UUID" in r for r in reasons)
+    assert any("user_id" in r for r in reasons)
+    assert letters[-1]["value_encoding"] == "base64"
+    alive(stack)()  # still running
+    rows, _ = await stack.projection([7])
+    assert rows[0]["unread_count"] == 1
+
+
+async def test_j3_nothing_above_min_over_lanes_is_applied_and_the_late_entry_counts_once(
+    make_stack: Callable[..., Stack],
+) -> None:
+    stack = make_stack(partitions=1, lanes=2)
+    s = Stream(lanes=2)
+    s.message(7, 1, lane=0)  # seq 1
+    s.message(7, 2, lane=1)  # seq 2: lane 1's retry, delivered late
+    late = s.lines.pop()
+    s.message(7, 3, lane=0)  # seq 3
+    s.marker(0, 3)
+    s.marker(1, 1)  # lane 1 has written everything up to 1 only: hi = 1
+    stack.start_worker()
+    await stack.produce(s.lines)
+    await stack.wait_for_versions({7: 1}, timeout=180, alive=alive(stack))
+    await asyncio.sleep(2.0)  # several windows: anything applied above hi would have flushed
+    rows, badges = await stack.projection([7])
+    assert badges[0]["projection_mailbox_seq"] == 1, "applied past the min-over-lanes watermark"
+    assert rows[0]["unread_count"] == 1
+    await stack.produce([late, orjson.dumps({"type": "watermark", "lane": 1, "watermark": 3, "ts": s.ts})])
+    await stack.wait_for_versions({7: 3}, timeout=120, alive=alive(stack))
+    rows, _ = await stack.projection([7])
+    assert rows[0]["unread_count"] == 3  # counted exactly once, never undercounted
+
+
+async def test_j7_sigkill_between_store_write_and_frames_then_restart(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    stack = make_stack(partitions=2, lanes=2, PROJECTOR_FAULT_KILL_AFTER_STORE_WRITES="2")
+    _, expected = simulated(stack, tmp_path, messages=300, seed=21)
+    crashing = stack.start_worker()
+    assert crashing.wait(timeout=240) == -signal.SIGKILL, stack.log_tail()
+    assert "fault injection" in stack.log_tail()
+    stack.env["PROJECTOR_FAULT_KILL_AFTER_STORE_WRITES"] = "0"
+    stack.start_worker()
+    await stack.wait_for_versions(expected["versions"], timeout=300, alive=alive(stack, 1))
+    await assert_final_equals_replay(stack, expected)
+
+
+async def test_j7_sigkill_at_random_points_during_a_load(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    stack = make_stack(partitions=2, lanes=2)
+    rnd = random.Random(7)
+    stack.start_worker()
+    load = asyncio.create_task(asyncio.to_thread(simulated, stack, tmp_path, 600, 33, "150"))
+    for round_ in range(3):
+        await asyncio.sleep(rnd.uniform(1.0, 3.0))
+        stack.workers[-1].send_signal(signal.SIGKILL)
+        stack.workers[-1].wait(timeout=30)
+        stack.start_worker(index=0)  # same data dir: the local RocksDB survives, as on a real host
+        if round_ == 1:
+            # and once the local state is lost too: everything comes back from the changelogs
+            stack.workers[-1].send_signal(signal.SIGKILL)
+            stack.workers[-1].wait(timeout=30)
+            stack.start_worker(index=round_ + 10)
+    _, expected = await load
+    await stack.wait_for_versions(expected["versions"], timeout=300, alive=lambda: None)
+    await assert_final_equals_replay(stack, expected)
+
+
+async def test_two_workers_share_partitions_and_hand_over_when_one_stops(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    stack = make_stack(partitions=4, lanes=2)
+    stack.start_worker(0)
+    stack.start_worker(1)
+    load = asyncio.create_task(asyncio.to_thread(simulated, stack, tmp_path, 600, 44, "120"))
+    await asyncio.sleep(4.0)
+    stack.workers[1].send_signal(signal.SIGTERM)  # a clean stop mid-stream: partitions move to worker 0
+    stack.workers[1].wait(timeout=120)
+    _, expected = await load
+    await stack.wait_for_versions(expected["versions"], timeout=300, alive=alive(stack, 0))
+    await assert_final_equals_replay(stack, expected)
+    assert "assigned" in stack.log_tail(0, 400).lower()

@@ -1,0 +1,111 @@
+"""J-1 end to end: a 1,000-member group, 1,000 messages at 20 msg/s, window 5 s. Persistent
+projection writes per member, counted at the Redis store, stay <= ceil(span/window) + 1 = 11,
+so the compression ratio is >= 1000/11 > 90."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.integration.stack import Stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+MEMBERS = 1000
+MESSAGES = 1000
+RATE = 20  # messages per second
+WINDOW_MS = 5000
+LANES = 4
+CONV = "11111111-2222-4333-8444-555555555555"
+
+
+@pytest.fixture
+async def stack(unique_name: Callable[..., str], tmp_path: Path) -> AsyncIterator[Stack]:
+    stack = Stack(
+        unique_name("j1"),
+        tmp_path,
+        partitions=2,
+        lanes=LANES,
+        PROJECTOR_PROJECTION_COMPACTION_WINDOW_MS=str(WINDOW_MS),
+        PROJECTOR_PROJECTION_COUNT_WRITES="true",
+    )
+    stack.run("bootstrap")
+    try:
+        yield stack
+    finally:
+        await stack.cleanup()
+
+
+def message_lines(seq0: int, message: int, ts: int) -> list[bytes]:
+    sender = 1 + message % MEMBERS
+    lines = []
+    for member in range(1, MEMBERS + 1):
+        seq = seq0 + member
+        lines.append(
+            orjson.dumps(
+                {
+                    "type": "message",
+                    "mailbox_seq": seq,
+                    "lane": member % LANES,
+                    "ts": ts,
+                    "event_id": f"m{message}",
+                    "user_id": member,
+                    "conversation_id": CONV,
+                    "conversation_seq": message,
+                    "message_id": f"msg-{message}",
+                    "activity_id": f"{ts:016x}{message:016x}",
+                    "sender_id": sender,
+                    "created_at": ts,
+                    "counts_unread": True,
+                    "mention": message % 100 == 0,
+                }
+            )
+        )
+    last = seq0 + MEMBERS
+    lines += [
+        orjson.dumps({"type": "watermark", "lane": lane, "watermark": last, "ts": ts})
+        for lane in range(LANES)
+    ]
+    return lines
+
+
+async def test_j1_writes_per_member_stay_within_the_window_bound(stack: Stack) -> None:
+    stack.start_worker()
+    producer = await stack.open_producer()
+    started = time.monotonic()
+    try:
+        for message in range(1, MESSAGES + 1):
+            # 20 msg/s in real time: the worker's window runs on the wall clock.
+            due = started + (message - 1) / RATE
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            ts = int(time.time() * 1000)
+            await stack.produce(message_lines((message - 1) * MEMBERS, message, ts), producer=producer)
+    finally:
+        await producer.stop()
+    span_s = time.monotonic() - started
+    versions = {member: (MESSAGES - 1) * MEMBERS + member for member in range(1, MEMBERS + 1)}
+    await stack.wait_for_versions(versions, timeout=600, alive=lambda: None)
+
+    from app.stores.redis_projection import RedisProjectionStore
+
+    store = RedisProjectionStore.from_settings(
+        stack.settings, stack.settings.projection_namespace, count_writes=True
+    )
+    try:
+        writes = [max((await store.write_counts(member)).values()) for member in range(1, MEMBERS + 1)]
+        rows, _ = await stack.projection([1, 500, 1000])
+    finally:
+        await store.aclose()
+    bound = math.ceil(span_s * 1000 / WINDOW_MS) + 1
+    assert max(writes) <= bound, f"max writes {max(writes)} > {bound} (span {span_s:.1f}s)"
+    assert MESSAGES / max(writes) >= 90
+    assert all(row["latest_conversation_seq"] == MESSAGES for row in rows)
+    assert rows[0]["unread_count"] == MESSAGES - sum(
+        1 for m in range(1, MESSAGES + 1) if 1 + m % MEMBERS == 1
+    )
