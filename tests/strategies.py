@@ -278,7 +278,7 @@ class _World:
             conv.seq,
             sender,
             counts_unread,
-            f"m-{conv.index}-{conv.seq}",
+            f"m-{conv.index}-{conv.seq}" + ("-é😀" if conv.index == 1 else ""),
             activity_id(created, conv.index, conv.seq),
             created,
             {u: mentioned(u) for u in sorted(conv.members)},
@@ -496,11 +496,16 @@ def render(e: dict[str, Any], rnd: random.Random) -> bytes:
         obj["conversation_id"] = obj["conversation_id"].upper()
     if rnd.random() < 0.05:
         obj["x_trace"] = {"hop": rnd.randint(0, 9)}
+    if rnd.random() < 0.05:
+        obj["event_id"] += "-é😀\u2028"
     if rnd.random() < 0.2:
         keys = list(obj)
         rnd.shuffle(keys)
         obj = {k: obj[k] for k in keys}
-    return dumps(obj)
+    line = dumps(obj) if rnd.random() < 0.9 else json.dumps(obj, ensure_ascii=False).encode()
+    if rnd.random() < 0.05:
+        line = b" \t" + line + b" \r"  # JSON whitespace around, CRLF once lines() adds "\n"
+    return line
 
 
 # --------------------------------------------------------------------------- delivery
@@ -651,6 +656,7 @@ def bad_line(sc: Scenario, rnd: random.Random) -> bytes:
         line = dumps(e)
         return rnd.choice(
             (
+                line.replace(b'"event_id":"', b'"event_id":"\\udc00', 1),  # lone surrogate
                 line[: rnd.randint(1, len(line) - 1)],
                 b"{not json",
                 b"\xff\xfe{}",

@@ -103,7 +103,9 @@ def parse_line(line: bytes, lanes: int) -> tuple[str, Any]:
         return "blank", None
     try:
         obj = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError):
+        # a lone surrogate escape ("\ud800") parses in Python but is not Unicode text
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except (UnicodeDecodeError, UnicodeEncodeError, ValueError):
         return "bad", "malformed"
     if not isinstance(obj, dict):
         return "bad", "not an object"

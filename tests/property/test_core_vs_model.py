@@ -27,7 +27,7 @@ def n(examples: int) -> int:
 
 
 SETTINGS = settings(
-    max_examples=n(200),
+    max_examples=n(300),
     deadline=None,  # see the module doc
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

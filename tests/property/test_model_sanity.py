@@ -298,6 +298,7 @@ def test_validation(patch: dict[str, object], valid: bool) -> None:
 @pytest.mark.parametrize(
     "line",
     [
+        b'{"type":"read","event_id":"\\ud800"}',
         b"{",
         b"[]",
         b"null",

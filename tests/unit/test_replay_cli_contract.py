@@ -62,7 +62,7 @@ def small_stream() -> list[bytes]:
 
 
 # deadline off: each example starts two processes
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     stream=streams(),
     window_ms=st.sampled_from((1, 30, 5000)),
@@ -160,3 +160,23 @@ def test_unreadable_input_fails_clearly(tmp_path: Path) -> None:
         locked.chmod(0)
         proc = projector("replay", "--input", str(locked), "--out", str(tmp_path / "o"))
         _assert_clear_failure(proc, str(locked))
+
+
+def test_lines_are_split_on_newline_only(tmp_path: Path) -> None:
+    """U+0085, U+2028 and U+2029 may appear raw inside JSON strings: they are not line breaks
+    (str.splitlines() would cut the entry in two)."""
+    b = Builder()
+    e = b.message(1, C, 1, 2)
+    e["message_id"] = "m\u0085\u2028\u2029é"
+    e["event_id"] = "ev\u2028"
+    lines = [
+        json.dumps(e, ensure_ascii=False).encode() + b"\r\n",
+        b'{"type":"watermark","lane":0,"watermark":1,"ts":0}\n',
+    ]
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(lines))
+    proc = projector("replay", "--input", str(src), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 0, proc.stderr.decode()
+    got = read_outputs(tmp_path / "o")
+    assert got == expected(lines, ReplayOptions())
+    assert got["stats"]["applied"] == 1 and got["projections"][0]["last_message_id"] == e["message_id"]
