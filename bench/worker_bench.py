@@ -571,10 +571,13 @@ class Bench:
         dead, deltas = env["PROJECTOR_TOPIC_DEAD_LETTER"], env["PROJECTOR_TOPIC_SESSION_DELTA"]
         await self.kafka.create([topic, deltas, env["PROJECTOR_TOPIC_BADGE"], dead], a.partitions)
         tps = await self.kafka._partitions(dead)
-        count = min(len(stream.entry_values), int(rate * a.latency_seconds))
+        count = min(len(stream.entry_values), int(rate * (a.latency_warmup_seconds + a.latency_seconds)))
+        # The first entries (new rows, cold caches) warm the worker up and are not measured.
+        warm = min(count // 2, int(rate * a.latency_warmup_seconds))
+        warm_seq = stream.entry_values[warm - 1][3] if warm > 0 else 0
         log(
             f"latency: worker window {a.latency_window_ms} ms; {count:,} entries at "
-            f"{rate:,.0f}/s, a marker every {a.latency_tick_ms} ms"
+            f"{rate:,.0f}/s (the first {warm:,} not measured), a marker every {a.latency_tick_ms} ms"
         )
         log_path = self.work / f"{name}.log"
         proc = self.spawn([*projector_argv(), "worker"], env, log_path)
@@ -641,16 +644,20 @@ class Bench:
         for f in frames:  # in topic order per partition, i.e. per user in version order
             by_user.setdefault(f["user_id"], []).append((f["projection_mailbox_seq"], f["_ts"]))
         latencies: list[float] = []
+        in_order: list[float] = []  # by produce time: does the worker keep up (no growing lag)?
         for record in inputs:
             doc = orjson.loads(record.value)
-            if doc.get("type") in ("watermark", "bench_probe"):
+            if doc.get("type") in ("watermark", "bench_probe") or doc["mailbox_seq"] <= warm_seq:
                 continue
             user_frames = by_user.get(doc["user_id"], [])
             i = bisect.bisect_left(user_frames, (doc["mailbox_seq"], -1))
             if i == len(user_frames):
                 raise RuntimeError(f"latency: no frame for user {doc['user_id']} seq {doc['mailbox_seq']}")
             latencies.append(user_frames[i][1] - record.timestamp)
+            in_order.append(latencies[-1])
         latencies.sort()
+        quarter = max(1, len(in_order) // 4)
+        first_q, last_q = statistics.median(in_order[:quarter]), statistics.median(in_order[-quarter:])
 
         def pct(q: float) -> float:
             return latencies[min(len(latencies) - 1, int(q * len(latencies)))]
@@ -661,6 +668,7 @@ class Bench:
             "rate_chosen": "given" if a.latency_rate > 0 else f"{a.latency_load:g} x worker median entries/s",
             "achieved_rate_entries_per_s": count / produce_s,
             "tick_ms": a.latency_tick_ms,
+            "warmup_entries_not_measured": warm,
             "entries": len(latencies),
             "frames": len(frames),
             "p50_ms": pct(0.50),
@@ -668,6 +676,10 @@ class Bench:
             "p99_ms": pct(0.99),
             "max_ms": latencies[-1],
             "mean_ms": statistics.fmean(latencies),
+            "p50_first_quarter_ms": first_q,
+            "p50_last_quarter_ms": last_q,
+            # a lag that grows through the phase means the rate was above capacity
+            "kept_up": last_q <= max(2 * first_q, first_q + 2 * a.latency_window_ms),
         }
 
     # -- cleanup ---------------------------------------------------------------------------------
@@ -788,6 +800,11 @@ def print_table(report: dict[str, Any]) -> None:
             f" p50 {lat['p50_ms']:.0f} ms, p90 {lat['p90_ms']:.0f} ms,"
             f" p99 {lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms"
         )
+        print(
+            f"  p50 first/last quarter of the phase: {lat['p50_first_quarter_ms']:.0f}/"
+            f"{lat['p50_last_quarter_ms']:.0f} ms"
+            + ("" if lat["kept_up"] else "  (lag grew: the rate was above capacity, raise nothing from this)")
+        )
     for note in report["notes"]:
         print(f"note: {note}")
 
@@ -823,7 +840,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=env_float("WBENCH_LATENCY_RATE", 0),
         help="entries/s in the latency phase; 0 (default): --latency-load x the worker's median throughput",
     )
-    p.add_argument("--latency-load", type=float, default=env_float("WBENCH_LATENCY_LOAD", 0.5))
+    p.add_argument("--latency-load", type=float, default=env_float("WBENCH_LATENCY_LOAD", 0.2))
+    p.add_argument("--latency-warmup-seconds", type=float, default=env_float("WBENCH_LATENCY_WARMUP", 5))
     p.add_argument("--latency-seconds", type=float, default=env_float("WBENCH_LATENCY_SECONDS", 15))
     p.add_argument("--latency-tick-ms", type=int, default=env_int("WBENCH_LATENCY_TICK_MS", 10))
     p.add_argument("--no-latency", action="store_true")
