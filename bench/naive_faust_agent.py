@@ -10,7 +10,9 @@ gated (skipped); any other record (the bench's probes) is forwarded as it is, so
 when the first and the last record were processed. The unread rule is the simple one (no
 watermark, no disorder handling, no MessageStore): this is a cost baseline, not a product.
 
-Configuration comes from the NAIVE_FAUST_CONFIG environment variable (faust's CLI owns argv).
+Same app settings as the worker (app/main.py: rocksdb store, raw topics, producer linger and
+batch size). Configuration comes from the NAIVE_FAUST_CONFIG environment variable (faust's CLI
+owns argv).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ app = faust.App(
     value_serializer="raw",
     consumer_auto_offset_reset="earliest",
     broker_commit_interval=1.0,
+    # The worker's producer settings (app/main.py), so the comparison is about the topology.
+    producer_linger_ms=10,
+    producer_max_batch_size=512 * 1024,
 )
 source = app.topic(
     CONFIG["input"], key_serializer="raw", value_serializer="raw", partitions=CONFIG["partitions"]
