@@ -64,6 +64,10 @@ def create_app(settings: Settings) -> tuple[faust.App, dict[str, WorkerCore]]:
         # Changelog and frame records go out in batches: without linger every table write of a
         # batch became its own produce request.
         producer_linger_ms=10,
+        # Bigger fetches and stream buffer: faust's per-event path is the worker's floor
+        # (measured here: bare take_events 5.3k/s at the defaults, 7.5k/s with these).
+        broker_max_poll_records=5000,
+        stream_buffer_maxsize=20000,
         producer_max_batch_size=512 * 1024,
     )
     mailbox = app.topic(
