@@ -13,42 +13,26 @@ from typing import IO, Any
 
 import orjson
 
+from app.cli_args import non_negative_int, positive_int
 from app.replay import Frame, Replayer, ReplayOptions
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = _non_negative(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", required=True, metavar="FILE|-", help="JSON-lines entries; - for stdin")
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
     parser.add_argument(
-        "--lanes", type=_positive, default=1, metavar="N", help="mailbox write lanes (default 1)"
+        "--lanes", type=positive_int, default=1, metavar="N", help="mailbox write lanes (default 1)"
     )
     parser.add_argument(
         "--window-ms",
-        type=_non_negative,
+        type=non_negative_int,
         default=5000,
         metavar="MS",
         help="projection_compaction_window on entry ts (default 5000)",
     )
     parser.add_argument(
         "--max-dirty-rows",
-        type=_non_negative,
+        type=non_negative_int,
         default=100_000,
         metavar="N",
         help="flush early when more dirty rows are held (default 100000)",

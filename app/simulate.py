@@ -41,6 +41,7 @@ from typing import IO, Any, Protocol
 
 import orjson
 
+from app.cli_args import non_negative_float, non_negative_int
 from app.stores.cassandra_exec import StoreError
 from app.stores.cassandra_messages import ConversationHead, NewMessage
 
@@ -892,66 +893,48 @@ async def _open_producer(settings: Any, connect_timeout_s: float) -> tuple[Any, 
 # -- the command -------------------------------------------------------------------------------
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value < 0 or value != value:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--users", type=_count, default=200, metavar="N", help="users (default 200)")
+    parser.add_argument(
+        "--users", type=non_negative_int, default=200, metavar="N", help="users (default 200)"
+    )
     parser.add_argument(
         "--conversations",
-        type=_count,
+        type=non_negative_int,
         default=50,
         metavar="M",
         help="conversations: every 10th a big group, half of the rest 1:1 chats (default 50)",
     )
     parser.add_argument(
         "--group-size",
-        type=_count,
+        type=non_negative_int,
         default=100,
         metavar="N",
         help="members of a big group, capped at --users (default 100)",
     )
     parser.add_argument(
         "--messages",
-        type=_count,
+        type=non_negative_int,
         default=1000,
         metavar="N",
         help="messages to send; 0 = no limit (stop with --duration or Ctrl-C) (default 1000)",
     )
     parser.add_argument(
         "--duration",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=0.0,
         metavar="S",
         help="stop after S seconds (0 = no limit)",
     )
     parser.add_argument(
         "--rate",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=100.0,
         metavar="MSG/S",
         help="messages per second; 0 = as fast as possible (default 100)",
     )
     parser.add_argument(
         "--lanes",
-        type=_count,
+        type=non_negative_int,
         default=None,
         metavar="N",
         help="mailbox write lanes (default: PROJECTOR_LANES, i.e. Settings.lanes)",
@@ -961,7 +944,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--start-ms",
-        type=_count,
+        type=non_negative_int,
         default=None,
         metavar="MS",
         help="event time (ts) of the first batch; default now (fixed + --no-kafka: identical --out per seed)",
