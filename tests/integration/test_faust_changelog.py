@@ -33,7 +33,15 @@ class Worker:
         self.log = log
         self._log_file = log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.faust_counter_app", "worker", "-l", "info"],
+            [
+                sys.executable,
+                "-m",
+                "tests.integration.faust_counter_app",
+                "worker",
+                "-l",
+                "info",
+                "--without-web",
+            ],
             cwd=ROOT,
             env={**os.environ, "FAUST_COUNTER_CONFIG": json.dumps(config)},
             stdin=subprocess.DEVNULL,
