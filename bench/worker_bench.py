@@ -82,6 +82,12 @@ class Stream:
     markers: int
     last_seq: dict[int, int]  # user -> last mailbox_seq
     entry_values: list[tuple[bytes, bytes, int, int]]  # (key, value, user, seq) of the entries
+    setup: int  # entries before the start probe (not timed)
+
+    @property
+    def timed(self) -> int:
+        """Entries between the start and the end probe: what throughput is computed on."""
+        return self.entries - self.setup
 
 
 def probe(kind: str, partition: int) -> bytes:
@@ -92,9 +98,14 @@ def marker(seq: int, ts: int) -> bytes:
     return orjson.dumps({"type": "watermark", "lane": 0, "watermark": seq, "ts": ts})
 
 
-def load_stream(path: Path, partitions: int, marker_every: int) -> Stream:
-    """The simulator's entries, re-marked: one lane, the marker after every `marker_every`."""
+def load_stream(path: Path, partitions: int, marker_every: int, timed_from: str) -> Stream:
+    """The simulator's entries, re-marked: one lane, the marker after every `marker_every`.
+
+    The start probe goes before the first entry (`timed_from="start"`) or after the set-up,
+    i.e. before the first `message` entry (`"first-message"`: the simulator opens with every
+    membership's `join`, a cold-start burst of new rows; the rest is sustained traffic)."""
     entries: list[tuple[bytes, bytes, int, int]] = []
+    setup: int | None = None
     for line in path.read_bytes().splitlines():
         if not line.strip():
             continue
@@ -103,13 +114,16 @@ def load_stream(path: Path, partitions: int, marker_every: int) -> Stream:
             continue
         if doc["lane"] != 0:
             raise SystemExit("worker-bench: the stream must have one lane")
+        if setup is None and doc["type"] == "message":
+            setup = len(entries)
         entries.append((str(doc["user_id"]).encode(), line, doc["user_id"], doc["mailbox_seq"]))
-    records: list[tuple[bytes | None, bytes, int | None]] = [
-        (None, probe("start", p), p) for p in range(partitions)
-    ]
+    setup = (setup or 0) if timed_from == "first-message" else 0
+    records: list[tuple[bytes | None, bytes, int | None]] = []
     markers = 0
     last_seq: dict[int, int] = {}
     for index, (key, value, user, seq) in enumerate(entries, start=1):
+        if index == setup + 1:
+            records += [(None, probe("start", p), p) for p in range(partitions)]
         records.append((key, value, None))
         last_seq[user] = max(last_seq.get(user, 0), seq)
         if index % marker_every == 0 or index == len(entries):
@@ -117,7 +131,7 @@ def load_stream(path: Path, partitions: int, marker_every: int) -> Stream:
                 records.append((None, marker(seq, 0), p))
                 markers += 1
     records += [(None, probe("end", p), p) for p in range(partitions)]
-    return Stream(records, len(entries), markers, last_seq, entries)
+    return Stream(records, len(entries), markers, last_seq, entries, setup)
 
 
 # -- Kafka helpers -------------------------------------------------------------------------------
@@ -387,9 +401,10 @@ class Bench:
                 capture_output=True,
             )
         )
-        stream = load_stream(path, a.partitions, a.marker_every)
+        stream = load_stream(path, a.partitions, a.marker_every, a.timed_from)
         log(
-            f"stream: {stream.entries:,} entries, {stream.markers:,} markers, {len(stream.last_seq):,} users "
+            f"stream: {stream.entries:,} entries ({stream.timed:,} timed), {stream.markers:,} markers, "
+            f"{len(stream.last_seq):,} users "
             f"({time.monotonic() - started:.1f} s); producing to {self.input_topic}"
         )
         started = time.monotonic()
@@ -506,13 +521,13 @@ class Bench:
             first, last, outputs = await self.kafka.edges(progress)
             run.seconds = last - first
             run.outputs = outputs
-            run.entries_per_s = stream.entries / run.seconds if run.seconds > 0 else math.nan
+            run.entries_per_s = stream.timed / run.seconds if run.seconds > 0 else math.nan
             run.startup_s = first - launched
             if contender == "worker":
                 run.extra = await self.worker_frames(env, stream, first, deadline, proc, log_path)
             sampler.stop()
             run.cpu_s = sampler.cpu_at(last) - sampler.cpu_at(first)
-            run.entries_per_cpu_s = stream.entries / run.cpu_s if run.cpu_s > 0 else math.nan
+            run.entries_per_cpu_s = stream.timed / run.cpu_s if run.cpu_s > 0 else math.nan
             run.peak_rss_mib = sampler.peak_rss_kib / 1024
             run.ok = True
         except RuntimeError as exc:
@@ -550,7 +565,7 @@ class Bench:
                     "frames": len(records),
                     "all_users_reached_last_seq": True,
                     "seconds_to_last_frame": last_frame - first,
-                    "entries_per_s_to_last_frame": stream.entries / (last_frame - first),
+                    "entries_per_s_to_last_frame": stream.timed / (last_frame - first),
                 }
             if proc.poll() is not None:
                 raise RuntimeError(f"exited {proc.returncode}: {tail(log_path)}")
@@ -571,13 +586,18 @@ class Bench:
         dead, deltas = env["PROJECTOR_TOPIC_DEAD_LETTER"], env["PROJECTOR_TOPIC_SESSION_DELTA"]
         await self.kafka.create([topic, deltas, env["PROJECTOR_TOPIC_BADGE"], dead], a.partitions)
         tps = await self.kafka._partitions(dead)
-        count = min(len(stream.entry_values), int(rate * (a.latency_warmup_seconds + a.latency_seconds)))
-        # The first entries (new rows, cold caches) warm the worker up and are not measured.
+        # The set-up (see load_stream) goes in at once, before the paced entries; of these, the
+        # first ones (cold caches) warm the worker up and are not measured either.
+        setup = stream.entry_values[: stream.setup]
+        paced = stream.entry_values[stream.setup :]
+        count = min(len(paced), int(rate * (a.latency_warmup_seconds + a.latency_seconds)))
+        paced = paced[:count]
         warm = min(count // 2, int(rate * a.latency_warmup_seconds))
-        warm_seq = stream.entry_values[warm - 1][3] if warm > 0 else 0
+        warm_seq = (paced[warm - 1] if warm > 0 else setup[-1] if setup else (b"", b"", 0, 0))[3]
         log(
-            f"latency: worker window {a.latency_window_ms} ms; {count:,} entries at "
-            f"{rate:,.0f}/s (the first {warm:,} not measured), a marker every {a.latency_tick_ms} ms"
+            f"latency: worker window {a.latency_window_ms} ms; {len(setup):,} set-up entries at once, "
+            f"then {count:,} at {rate:,.0f}/s (the first {warm:,} not measured), "
+            f"a marker every {a.latency_tick_ms} ms"
         )
         log_path = self.work / f"{name}.log"
         proc = self.spawn([*projector_argv(), "worker"], env, log_path)
@@ -598,24 +618,32 @@ class Bench:
                         raise RuntimeError("latency worker: timed out")
                     await asyncio.sleep(0.1)
 
+            acks: list[Any] = []
+            last_seq: dict[int, int] = {}
+            for key, value, user, seq in setup:
+                acks.append(await producer.send(topic, value=value, key=key))
+                last_seq[user] = seq
+            if setup:
+                for p in range(a.partitions):
+                    acks.append(await producer.send(topic, value=marker(setup[-1][3], 0), partition=p))
             for p in range(a.partitions):
-                await producer.send_and_wait(topic, probe("start", p), partition=p)
-            await wait_dead(a.partitions)  # the worker is assigned and processing
+                acks.append(await producer.send(topic, value=probe("start", p), partition=p))
+            await asyncio.gather(*acks)
+            acks.clear()
+            await wait_dead(a.partitions)  # the worker is assigned and past the set-up
             tick_s = a.latency_tick_ms / 1000
             per_tick = rate * tick_s
             sent = 0
-            acks: list[Any] = []
-            last_seq: dict[int, int] = {}
             started = time.monotonic()
             tick = 0
             while sent < count:
                 tick += 1
                 upto = min(count, round(per_tick * tick))
-                for key, value, user, seq in stream.entry_values[sent:upto]:
+                for key, value, user, seq in paced[sent:upto]:
                     acks.append(await producer.send(topic, value=value, key=key))
                     last_seq[user] = seq
                 if upto > sent:
-                    seq = stream.entry_values[upto - 1][3]
+                    seq = paced[upto - 1][3]
                     for p in range(a.partitions):
                         acks.append(await producer.send(topic, value=marker(seq, 0), partition=p))
                 sent = upto
@@ -669,6 +697,7 @@ class Bench:
             "achieved_rate_entries_per_s": count / produce_s,
             "tick_ms": a.latency_tick_ms,
             "warmup_entries_not_measured": warm,
+            "setup_entries_not_measured": len(setup),
             "entries": len(latencies),
             "frames": len(frames),
             "p50_ms": pct(0.50),
@@ -767,7 +796,8 @@ def print_table(report: dict[str, Any]) -> None:
     stream, summary, ratios = report["stream"], report["summary"], report["ratios"]
     print()
     print(
-        f"worker bench: {stream['entries']:,} entries ({stream['users']:,} users), "
+        f"worker bench: {stream['timed_entries']:,} timed entries ({stream['setup_entries_not_timed']:,}"
+        f" set-up entries before them, {stream['users']:,} users), "
         f"{report['params']['partitions']} partition(s), worker window {report['params']['window_ms']} ms, "
         f"{report['params']['reps']} interleaved repetitions (medians)"
     )
@@ -828,6 +858,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--group-size", type=int, default=env_int("WBENCH_GROUP_SIZE", 500))
     p.add_argument("--messages", type=int, default=env_int("WBENCH_MESSAGES", 400))
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--timed-from",
+        choices=("first-message", "start"),
+        default=os.environ.get("WBENCH_TIMED_FROM", "first-message"),
+        help="first-message (default): the set-up joins go before the start probe, untimed; "
+        "start: time everything",
+    )
     p.add_argument("--marker-every", type=int, default=env_int("WBENCH_MARKER_EVERY", 500))
     p.add_argument("--partitions", type=int, default=env_int("WBENCH_PARTITIONS", 1))
     p.add_argument("--window-ms", type=int, default=env_int("WBENCH_WINDOW_MS", 5000))
@@ -902,6 +939,8 @@ async def amain(args: argparse.Namespace) -> int:
         "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "stream": {
             "entries": stream.entries,
+            "timed_entries": stream.timed,
+            "setup_entries_not_timed": stream.setup,
             "markers": stream.markers,
             "users": len(stream.last_seq),
             "records": len(stream.records),
