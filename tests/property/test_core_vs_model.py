@@ -116,19 +116,20 @@ def test_permuting_deliveries_across_lanes_keeps_rows_and_badges(
 
 @settings(SETTINGS, max_examples=n(150))
 @given(
-    stream=streams(scenarios(ts_step=(1, 40)), full=True),
+    # small ts steps, zero included: entries of a row often share a ts across a window edge
+    stream=streams(scenarios(ts_step=(0, 12), per_user_seq=False), full=True),
     window_ms=st.sampled_from((1, 7, 30, 100, 5000)),
     include_muted=st.booleans(),
 )
 def test_writes_bounded_by_window(stream: Stream, window_ms: int, include_muted: bool) -> None:
-    """With ts strictly increasing in mailbox order and no early (memory-bound) flush."""
+    """ts non-decreasing in apply order (one mailbox_seq space, ts taken in that order) and no
+    early (memory-bound) flush: writes per row <= ceil(span / window) + 1."""
     lines = stream.lines()
     res = replay(lines, stream.lanes, window_ms=window_ms, include_muted=include_muted)
     model = run_model(lines, stream.lanes, include_muted)
-    applied_ts = [e["ts"] for e in sorted(model.applied, key=lambda e: e["mailbox_seq"])]
-    if not stream.scenario.per_user_seq:
-        assert applied_ts == sorted(set(applied_ts)), "precondition: strictly increasing ts"
-        inv.writes_bounded_by_window(res, model, window_ms)
+    applied_ts = [e["ts"] for e in model.applied]
+    assert applied_ts == sorted(applied_ts), "precondition: ts non-decreasing in apply order"
+    inv.writes_bounded_by_window(res, model, window_ms)
 
 
 @settings(SETTINGS, max_examples=n(60))
