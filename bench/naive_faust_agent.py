@@ -1,7 +1,8 @@
 """Baseline for the worker bench: the naive faust topology (one event at a time).
 
     NAIVE_FAUST_CONFIG='{"app_id": ..., "bootstrap": ..., "input": ..., "output": ...,
-                         "partitions": 1, "datadir": ...}' python bench/naive_faust_agent.py worker -l info
+                         "partitions": 1, "datadir": ...}' \
+        python bench/naive_faust_agent.py worker -l info --without-web
 
 What a typical faust app for this job looks like: an agent streams mailbox-tail events one by
 one, decodes each JSON value, reads and writes the (user, conversation) row (a dict) in a

@@ -499,7 +499,7 @@ class Bench:
                 "datadir": str(self.work / f"{name}-data"),
             }
             env = {**os.environ, "NAIVE_FAUST_CONFIG": orjson.dumps(config).decode()}
-            argv = [sys.executable, "bench/naive_faust_agent.py", "worker", "-l", "info"]
+            argv = [sys.executable, "bench/naive_faust_agent.py", "worker", "-l", "info", "--without-web"]
             expected = stream.entries + 2 * partitions
         tps = await self.kafka._partitions(progress)
         launched = time.time()
