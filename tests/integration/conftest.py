@@ -104,8 +104,29 @@ def keyspace(cassandra_session: Any, unique_name: Callable[..., str]) -> Iterato
     """A fresh, empty keyspace (SimpleStrategy rf=1), dropped after the test."""
     name = unique_name("ks", sep="_")
     cassandra_session.execute(
-        f"CREATE KEYSPACE {name} WITH replication = "
-        "{'class': 'SimpleStrategy', 'replication_factor': 1}"
+        f"CREATE KEYSPACE {name} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}"
     )
     yield name
     cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {name}")
+
+
+@pytest.fixture
+async def make_stack(
+    servers: Settings, unique_name: Callable[..., str], tmp_path: Any
+) -> AsyncIterator[Callable[..., Any]]:
+    """``make_stack(prefix, **Stack options)``: a private, bootstrapped copy of the product's
+    stack on the local servers (tests/integration/stack.py), cleaned up after the test."""
+    from tests.integration.stack import Stack
+
+    stacks: list[Stack] = []
+
+    def make(prefix: str = "stack", **options: Any) -> Stack:
+        stack = Stack(unique_name(prefix), tmp_path / f"stack-{len(stacks)}", **options)
+        stack.tmp.mkdir(parents=True, exist_ok=True)
+        stack.run("bootstrap")
+        stacks.append(stack)
+        return stack
+
+    yield make
+    for stack in stacks:
+        await stack.cleanup()

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from app.settings import Settings
+from tests.projection_files import as_replay_files
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECTOR = [sys.executable, "-m", "app.cli"]
@@ -83,23 +84,21 @@ class Stack:
 
         store = RedisProjectionStore.from_settings(self.settings, self.settings.projection_namespace)
         try:
-            rows: list[dict[str, Any]] = []
-            badges: list[dict[str, Any]] = []
-            for user_id in user_ids:
-                stored = await store.load(user_id)
-                rows += [stored.rows[cid] for cid in sorted(stored.rows)]
-                badges.append(
-                    {
-                        "user_id": user_id,
-                        "total_unread": stored.total_unread,
-                        "total_mention": stored.total_mention,
-                        "muted_unread": stored.muted_unread,
-                        "projection_mailbox_seq": stored.projection_mailbox_seq,
-                    }
-                )
-            return rows, badges
+            return await as_replay_files(store, user_ids)
         finally:
             await store.aclose()
+
+    def alive(self, *indexes: int) -> Callable[[], None]:
+        """A check that fails with the worker's log tail when one of these workers (all when
+        none is named) has exited."""
+
+        def check() -> None:
+            for index in indexes or range(len(self.workers)):
+                proc = self.workers[index]
+                if proc.poll() is not None:
+                    raise AssertionError(f"worker {index} exited {proc.returncode}:\n{self.log_tail(index)}")
+
+        return check
 
     async def wait_for_versions(
         self, expected: dict[int, int], timeout: float, alive: Callable[[], None]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,25 +28,6 @@ from tests.integration.stack import Stack, read_jsonl
 from tests.unit.test_api_rows import SECRET
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
-
-
-@pytest.fixture
-async def stack(unique_name: Callable[..., str], tmp_path: Path) -> AsyncIterator[Stack]:
-    stack = Stack(unique_name("apiw"), tmp_path)
-    stack.run("bootstrap")
-    try:
-        yield stack
-    finally:
-        await stack.cleanup()
-
-
-def alive(stack: Stack) -> Callable[[], None]:
-    def check() -> None:
-        for index, proc in enumerate(stack.workers):
-            if proc.poll() is not None:
-                raise AssertionError(f"worker {index} exited {proc.returncode}:\n{stack.log_tail(index)}")
-
-    return check
 
 
 def token(user_id: int) -> str:
@@ -91,6 +72,11 @@ class Api:
             self.cluster.shutdown()
 
 
+@pytest.fixture
+def stack(make_stack: Callable[..., Stack]) -> Stack:
+    return make_stack("apiw")
+
+
 async def test_pages_badges_live_frames_and_fill_from_state_equal_replay(
     stack: Stack, tmp_path: Path
 ) -> None:
@@ -120,7 +106,7 @@ async def test_pages_badges_live_frames_and_fill_from_state_equal_replay(
             assert live.view.version == 0 and live.main() == []
             stack.start_worker()
             versions = {u: b["projection_mailbox_seq"] for u, b in badges.items()}
-            await stack.wait_for_versions(versions, timeout=300, alive=alive(stack))
+            await stack.wait_for_versions(versions, timeout=300, alive=stack.alive())
             deadline = time.monotonic() + 60
             while live.view.version < versions[busiest]:
                 assert time.monotonic() < deadline, f"frames stopped at {live.view.version}"

@@ -74,9 +74,7 @@ async def test_bootstrap_twice_is_idempotent(
             described = await admin.describe_topics(list(topics.values()))
         finally:
             await admin.close()
-        assert {d["topic"]: len(d["partitions"]) for d in described} == {
-            name: 3 for name in topics.values()
-        }
+        assert {d["topic"]: len(d["partitions"]) for d in described} == {name: 3 for name in topics.values()}
 
         # Same topics, another partition count: reported clearly, exit 1, topics untouched.
         mismatch = _bootstrap({**env, "PROJECTOR_TOPIC_PARTITIONS": "5"}, "--skip-cassandra")

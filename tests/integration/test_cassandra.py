@@ -82,8 +82,18 @@ def test_schema_encodings_u64_users_and_activity_blobs(
             f"INSERT INTO {ks}.messages (conversation_id, conversation_seq, message_id, activity_id,"
             " sender_id, created_at, counts_unread, mentions, recalled, deleted)"
             " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (conv, 1, "m1", activity_to_blob(activity), U64_MAX, 1_700_000_000_000, True,
-             {U64_MAX, 3}, False, False),
+            (
+                conv,
+                1,
+                "m1",
+                activity_to_blob(activity),
+                U64_MAX,
+                1_700_000_000_000,
+                True,
+                {U64_MAX, 3},
+                False,
+                False,
+            ),
         )
         row = s.execute(
             f"SELECT * FROM {ks}.messages WHERE conversation_id = %s AND conversation_seq = 1",

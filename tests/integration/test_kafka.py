@@ -70,9 +70,7 @@ async def test_broker_does_not_auto_create_topics(
     from aiokafka.errors import UnknownTopicOrPartitionError
 
     missing = unique_name("never-created")
-    producer = AIOKafkaProducer(
-        bootstrap_servers=servers.kafka_bootstrap, request_timeout_ms=3000
-    )
+    producer = AIOKafkaProducer(bootstrap_servers=servers.kafka_bootstrap, request_timeout_ms=3000)
     await producer.start()
     try:
         with pytest.raises(UnknownTopicOrPartitionError):

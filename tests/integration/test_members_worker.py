@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +21,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 @pytest.fixture
-async def stack(unique_name: Callable[..., str], tmp_path: Path) -> AsyncIterator[Stack]:
-    stack = Stack(unique_name("members"), tmp_path)
-    stack.run("bootstrap")
-    try:
-        yield stack
-    finally:
-        await stack.cleanup()
+def stack(make_stack: Callable[..., Stack]) -> Stack:
+    return make_stack("members")
 
 
 def expected_from_stream(lines: list[dict[str, Any]]) -> tuple[dict[Any, Any], dict[Any, Any]]:

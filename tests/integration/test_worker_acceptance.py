@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,32 +19,6 @@ from tests.integration.stack import Stack, read_jsonl
 from tests.unit.builders import CONV_A, Stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
-
-
-@pytest.fixture
-async def make_stack(unique_name: Callable[..., str], tmp_path: Path) -> AsyncIterator[Callable[..., Stack]]:
-    stacks: list[Stack] = []
-
-    def make(**overrides: Any) -> Stack:
-        stack = Stack(unique_name("acc"), tmp_path / f"s{len(stacks)}", **overrides)
-        stack.tmp.mkdir(parents=True, exist_ok=True)
-        stack.run("bootstrap")
-        stacks.append(stack)
-        return stack
-
-    yield make
-    for stack in stacks:
-        await stack.cleanup()
-
-
-def alive(stack: Stack, *indexes: int) -> Callable[[], None]:
-    def check() -> None:
-        for index in indexes or range(len(stack.workers)):
-            proc = stack.workers[index]
-            if proc.poll() is not None:
-                raise AssertionError(f"worker {index} exited {proc.returncode}:\n{stack.log_tail(index)}")
-
-    return check
 
 
 def simulated(
@@ -130,7 +104,7 @@ async def test_bad_records_go_to_the_dead_letter_topic_and_the_worker_keeps_runn
     ]
     await stack.produce([bad[0], bad[1], *good[:1], *bad[2:], *good[1:]])
     stack.start_worker()
-    await stack.wait_for_versions({7: 1}, timeout=180, alive=alive(stack))
+    await stack.wait_for_versions({7: 1}, timeout=180, alive=stack.alive())
     letters = await stack.consume(stack.settings.topic_dead_letter, lambda got: len(got) >= len(bad), 60)
     reasons = [letter["reason"] for letter in letters]
     assert len(letters) == len(bad), reasons
@@ -142,7 +116,7 @@ async def test_bad_records_go_to_the_dead_letter_topic_and_the_worker_keeps_runn
     assert any("UUID" in r for r in reasons)
     assert any("user_id" in r for r in reasons)
     assert letters[-1]["value_encoding"] == "base64"
-    alive(stack)()  # still running
+    stack.alive()()  # still running
     rows, _ = await stack.projection([7])
     assert rows[0]["unread_count"] == 1
 
@@ -160,13 +134,13 @@ async def test_j3_nothing_above_min_over_lanes_is_applied_and_the_late_entry_cou
     s.marker(1, 1)  # lane 1 has written everything up to 1 only: hi = 1
     stack.start_worker()
     await stack.produce(s.lines)
-    await stack.wait_for_versions({7: 1}, timeout=180, alive=alive(stack))
+    await stack.wait_for_versions({7: 1}, timeout=180, alive=stack.alive())
     await asyncio.sleep(2.0)  # several windows: anything applied above hi would have flushed
     rows, badges = await stack.projection([7])
     assert badges[0]["projection_mailbox_seq"] == 1, "applied past the min-over-lanes watermark"
     assert rows[0]["unread_count"] == 1
     await stack.produce([late, orjson.dumps({"type": "watermark", "lane": 1, "watermark": 3, "ts": s.ts})])
-    await stack.wait_for_versions({7: 3}, timeout=120, alive=alive(stack))
+    await stack.wait_for_versions({7: 3}, timeout=120, alive=stack.alive())
     rows, _ = await stack.projection([7])
     assert rows[0]["unread_count"] == 3  # counted exactly once, never undercounted
 
@@ -181,7 +155,7 @@ async def test_j7_sigkill_between_store_write_and_frames_then_restart(
     assert "fault injection" in stack.log_tail()
     stack.env["PROJECTOR_FAULT_KILL_AFTER_STORE_WRITES"] = "0"
     stack.start_worker()
-    await stack.wait_for_versions(expected["versions"], timeout=300, alive=alive(stack, 1))
+    await stack.wait_for_versions(expected["versions"], timeout=300, alive=stack.alive(1))
     await assert_final_equals_replay(stack, expected)
 
 
@@ -218,6 +192,6 @@ async def test_two_workers_share_partitions_and_hand_over_when_one_stops(
     stack.workers[1].send_signal(signal.SIGTERM)  # a clean stop mid-stream: partitions move to worker 0
     stack.workers[1].wait(timeout=120)
     _, expected = await load
-    await stack.wait_for_versions(expected["versions"], timeout=300, alive=alive(stack, 0))
+    await stack.wait_for_versions(expected["versions"], timeout=300, alive=stack.alive(0))
     await assert_final_equals_replay(stack, expected)
     assert "assigned" in stack.log_tail(0, 400).lower()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -14,26 +14,10 @@ from tests.integration.stack import Stack, read_jsonl
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
-@pytest.fixture
-async def stack(unique_name: Callable[..., str], tmp_path: Path) -> AsyncIterator[Stack]:
-    stack = Stack(unique_name("e2e"), tmp_path)
-    stack.run("bootstrap")
-    try:
-        yield stack
-    finally:
-        await stack.cleanup()
-
-
-def alive(stack: Stack) -> Callable[[], None]:
-    def check() -> None:
-        for index, proc in enumerate(stack.workers):
-            if proc.poll() is not None:
-                raise AssertionError(f"worker {index} exited {proc.returncode}:\n{stack.log_tail(index)}")
-
-    return check
-
-
-async def test_worker_projection_and_frames_equal_replay(stack: Stack, tmp_path: Path) -> None:
+async def test_worker_projection_and_frames_equal_replay(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    stack = make_stack("e2e")
     stream = tmp_path / "stream.jsonl"
     stack.run(
         "simulate",
@@ -65,7 +49,7 @@ async def test_worker_projection_and_frames_equal_replay(stack: Stack, tmp_path:
 
     stack.start_worker()
     versions = {b["user_id"]: b["projection_mailbox_seq"] for b in expected_badges}
-    await stack.wait_for_versions(versions, timeout=240, alive=alive(stack))
+    await stack.wait_for_versions(versions, timeout=240, alive=stack.alive())
     rows, badges = await stack.projection(sorted(versions))
     assert badges == expected_badges
     assert rows == expected_rows

@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 
 import orjson
 import pytest
@@ -31,20 +30,14 @@ CONV = "11111111-2222-4333-8444-555555555555"
 
 
 @pytest.fixture
-async def stack(unique_name: Callable[..., str], tmp_path: Path) -> AsyncIterator[Stack]:
-    stack = Stack(
-        unique_name("j1"),
-        tmp_path,
+def stack(make_stack: Callable[..., Stack]) -> Stack:
+    return make_stack(
+        "j1",
         partitions=2,
         lanes=LANES,
         PROJECTOR_PROJECTION_COMPACTION_WINDOW_MS=str(WINDOW_MS),
         PROJECTOR_PROJECTION_COUNT_WRITES="true",
     )
-    stack.run("bootstrap")
-    try:
-        yield stack
-    finally:
-        await stack.cleanup()
 
 
 def message_lines(seq0: int, message: int, ts: int) -> list[bytes]:

@@ -20,6 +20,7 @@ from app.replay import ReplayOptions, run_replay
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.worker.core import WorkerConfig, WorkerCore
 from app.worker.ports import PartitionSnapshot, RawRecord
+from tests.projection_files import as_replay_files
 from tests.strategies import Stream, scenarios, streams
 from tests.unit.builders import CONV_A
 from tests.unit.builders import Stream as Builder
@@ -152,21 +153,7 @@ def batches(recs: list[RawRecord], rnd: random.Random) -> list[list[RawRecord]]:
 async def final_projection(
     projections: InMemoryProjectionStore, user_ids: list[int]
 ) -> tuple[list[Any], list[Any]]:
-    rows: list[Any] = []
-    badges: list[Any] = []
-    for user_id in user_ids:
-        stored = await projections.load(user_id)
-        rows += [stored.rows[cid] for cid in sorted(stored.rows)]
-        badges.append(
-            {
-                "user_id": user_id,
-                "total_unread": stored.total_unread,
-                "total_mention": stored.total_mention,
-                "muted_unread": stored.muted_unread,
-                "projection_mailbox_seq": stored.projection_mailbox_seq,
-            }
-        )
-    return rows, badges
+    return await as_replay_files(projections, user_ids)
 
 
 SETTINGS = settings(
