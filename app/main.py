@@ -13,7 +13,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import faust
+from aiohttp import web
 
+from app.metrics import WorkerMetrics, metrics_handler
 from app.settings import Settings
 from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms
 from app.worker.kafka_batches import BatchSender
@@ -98,6 +100,14 @@ def create_app(settings: Settings) -> tuple[faust.App, dict[str, WorkerCore]]:
     async def on_revoked(sender: Any, revoked: Any, **_: Any) -> None:
         core_ref["core"].revoke([tp.partition for tp in revoked if tp.topic == settings.topic_mailbox_tail])
 
+    metrics = WorkerMetrics() if settings.worker_metrics_port > 0 else None
+    if metrics is not None:
+        runners: list[web.AppRunner] = []  # held for the worker's lifetime
+
+        @app.task  # type: ignore[untyped-decorator]  # faust's decorator is untyped
+        async def serve_metrics() -> None:
+            runners.append(await start_metrics_server(settings, metrics, core_ref))
+
     tick_s = max(0.05, min(settings.projection_compaction_window_ms / 10_000, 0.5))
 
     @app.timer(interval=tick_s)  # type: ignore[untyped-decorator]  # faust's decorator is untyped
@@ -105,12 +115,35 @@ def create_app(settings: Settings) -> tuple[faust.App, dict[str, WorkerCore]]:
         core = core_ref.get("core")
         if core is not None:
             await core.flush_due(wall_clock_ms())
+            if metrics is not None:
+                metrics.sync(core)
 
-    core_ref["core"] = build_core(settings, tables, outbox)
+    core_ref["core"] = build_core(settings, tables, outbox, metrics)
     return app, core_ref
 
 
-def build_core(settings: Settings, tables: FaustStateTables, outbox: KafkaOutbox) -> WorkerCore:
+async def start_metrics_server(
+    settings: Settings, metrics: WorkerMetrics, core_ref: dict[str, WorkerCore]
+) -> web.AppRunner:
+    """GET /metrics on worker_web_host:worker_metrics_port (its own aiohttp server, not faust's)."""
+
+    def sync() -> None:
+        core = core_ref.get("core")
+        if core is not None:
+            metrics.sync(core)
+
+    web_app = web.Application()
+    web_app.router.add_get("/metrics", metrics_handler(metrics.registry, sync), allow_head=False)
+    runner = web.AppRunner(web_app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, settings.worker_web_host, settings.worker_metrics_port).start()
+    log.info("metrics on http://%s:%d/metrics", settings.worker_web_host, settings.worker_metrics_port)
+    return runner
+
+
+def build_core(
+    settings: Settings, tables: FaustStateTables, outbox: KafkaOutbox, metrics: WorkerMetrics | None = None
+) -> WorkerCore:
     from app.stores.cassandra_messages import CassandraMessageStore
     from app.stores.cassandra_session import open_cluster
     from app.stores.cassandra_state import UserConversationStateWriter
@@ -134,6 +167,7 @@ def build_core(settings: Settings, tables: FaustStateTables, outbox: KafkaOutbox
         tables=tables,
         outbox=outbox,
         state_writer=UserConversationStateWriter(session, settings.cassandra_keyspace),
+        metrics=metrics,
     )
 
 

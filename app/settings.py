@@ -92,6 +92,9 @@ class Settings:
     data_dir: str = ".local/worker"
     worker_web_host: str = "127.0.0.1"
     worker_web_port: int = 6066  # 0 disables the worker's web server (several workers per host)
+    # The worker's Prometheus endpoint (GET /metrics on worker_web_host; its own small aiohttp
+    # server, not faust's). 0 = off, the default: several workers per host need distinct ports.
+    worker_metrics_port: int = 0
     api_host: str = "127.0.0.1"
     api_port: int = 8080
     log_level: str = "INFO"
@@ -202,11 +205,16 @@ class Settings:
                 f"cassandra_keyspace: {self.cassandra_keyspace!r} is not a CQL identifier "
                 "(letter, then letters/digits/_; at most 48)"
             )
-        for name in ("cassandra_port", "worker_web_port", "api_port"):
+        for name in ("cassandra_port", "worker_web_port", "worker_metrics_port", "api_port"):
             port = getattr(self, name)
-            lowest = 0 if name == "worker_web_port" else 1
+            lowest = 0 if name in ("worker_web_port", "worker_metrics_port") else 1
             if not lowest <= port < 65536:
                 p.append(f"{name}: {port} is not a TCP port ({lowest}..65535)")
+        if self.worker_metrics_port and self.worker_metrics_port == self.worker_web_port:
+            p.append(
+                f"worker_metrics_port: {self.worker_metrics_port} is also worker_web_port "
+                "(one process cannot bind it twice)"
+            )
         if not _NAMESPACE_RE.fullmatch(self.projection_namespace):
             p.append(f"projection_namespace: {self.projection_namespace!r} must match [A-Za-z0-9._-]{{1,64}}")
         topics = self.topics

@@ -34,6 +34,7 @@ from app.api.http import (
 )
 from app.api.snapshots import SessionLists, SnapshotCache
 from app.api.tokens import TokenError, TokenSigner
+from app.metrics import metrics_handler
 from app.settings import Settings
 from app.stores.cassandra_exec import StoreError
 from app.stores.redis_projection import ProjectionStoreError
@@ -48,6 +49,8 @@ RESOURCES: Final[tuple[tuple[Callable[[ApiContext], list[Route]], dict[str, Any]
 )
 
 OPENAPI_PATH: Final = "/openapi.json"
+METRICS_PATH: Final = "/metrics"
+SESSIONS_PATH: Final = "/v1/sessions"
 
 
 class ApiConfigError(ValueError):
@@ -87,6 +90,11 @@ def create_app(settings: Settings, deps: Deps) -> web.Application:
 
     routes.append(Route("GET", OPENAPI_PATH, serve_description, _OPENAPI_OPERATION, public=True))
     description["paths"][OPENAPI_PATH] = {"get": dict(_OPENAPI_OPERATION, security=[])}
+    # Prometheus scrapes without a token (like the description): counters and latencies only,
+    # never a user id or a row. Described, so /openapi.json still names every served route.
+    serve_metrics = metrics_handler(ctx.metrics.registry, lambda: ctx.metrics.sync(lists))
+    routes.append(Route("GET", METRICS_PATH, serve_metrics, _METRICS_OPERATION, public=True))
+    description["paths"][METRICS_PATH] = {"get": dict(_METRICS_OPERATION, security=[])}
 
     public = frozenset(r.path for r in routes if r.public)
     app = web.Application(middlewares=[_errors, _timing, _auth(ctx, public)])
@@ -138,7 +146,10 @@ def _allow(exc: web.HTTPException) -> dict[str, str] | None:
 async def _timing(request: web.Request, handler: Handler) -> web.StreamResponse:
     started = time.perf_counter()
     response = await handler(request)
-    response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.3f}"
+    elapsed = time.perf_counter() - started
+    response.headers["Server-Timing"] = f"app;dur={elapsed * 1000:.3f}"
+    if request.path == SESSIONS_PATH and response.status == 200:
+        request.app[CONTEXT].metrics.page_latency.observe(elapsed)
     return response
 
 
@@ -170,6 +181,19 @@ _OPENAPI_OPERATION: Final[dict[str, Any]] = {
     "operationId": "getOpenApi",
     "summary": "This description (no token needed)",
     "responses": {"200": {"description": "OpenAPI 3.1 document", "content": {"application/json": {}}}},
+}
+
+
+_METRICS_OPERATION: Final[dict[str, Any]] = {
+    "operationId": "getMetrics",
+    "summary": "Prometheus metrics of this API process (no token needed): snapshot hits, loads, "
+    "evictions and page latency",
+    "responses": {
+        "200": {
+            "description": "Prometheus text exposition format 0.0.4",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
 }
 
 

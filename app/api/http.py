@@ -20,6 +20,7 @@ from app.api.cursor import CursorCodec
 from app.api.snapshots import SessionLists
 from app.api.sources import ProjectionReader, StateFiller
 from app.api.tokens import TokenSigner
+from app.metrics import ApiMetrics
 from app.settings import Settings
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -50,6 +51,7 @@ class ApiContext:
     tokens: TokenSigner
     cursors: CursorCodec
     lists: SessionLists
+    metrics: ApiMetrics = field(default_factory=ApiMetrics)  # this app's own registry
 
 
 @dataclass(frozen=True, slots=True)

@@ -190,6 +190,11 @@ class SessionLists:
         self.fill_mode = fill_mode
         self._loading: dict[int, asyncio.Task[Snapshot]] = {}
         self.loads = 0
+        self.hits = 0  # pages served from a held snapshot, without a load (metrics)
+
+    @property
+    def evictions(self) -> int:
+        return self.cache.evictions
 
     async def page(self, user_id: int, folder: Folder, limit: int, cursor: Cursor | None) -> Page:
         meta = await self.projections.meta(user_id)
@@ -199,11 +204,14 @@ class SessionLists:
             if snap is not None and snap.structure_version == meta.structure_version:
                 listing = snap.folders[folder]
                 start = listing.after(cursor.position)
+                self.hits += 1
                 return Page(snap, folder, start, min(start + limit, len(listing)), True)
         # A new walk: the first page of the live snapshot if it is current, else of a new one.
         live = held[-1] if held else None
         if live is None or not _current(live, meta):
             live = await self._load(user_id)
+        else:
+            self.hits += 1
         return Page(live, folder, 0, min(limit, len(live.folders[folder])), cursor is None)
 
     async def _load(self, user_id: int) -> Snapshot:

@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import orjson
@@ -45,6 +45,9 @@ from app.domain.projector import Applied, Projector, ProjectorConfig, UserState
 from app.domain.watermark import Offer, WatermarkGate
 from app.members.stats import MemberStats
 from app.worker.ports import Outbox, RawRecord, StateTables, StateWriter
+
+if TYPE_CHECKING:
+    from app.metrics import WorkerMetrics
 
 log = logging.getLogger("projector.worker")
 
@@ -123,6 +126,8 @@ class PartitionState:
         # Per (user, conversation): the seq bitmaps behind the member directory's statistics.
         # Persisted inside the row's changelog record, so they survive exactly as the row does.
         self.member_stats: dict[tuple[int, str], MemberStats] = {}
+        # Highest mailbox_seq of any entry read here: minus gate.hi, the watermark lag (metrics).
+        self.max_seen_seq = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +159,7 @@ class WorkerCore:
         state_writer: StateWriter | None = None,
         clock: Callable[[], int] = wall_clock_ms,
         after_store_write: Callable[[], None] | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.config = config
         self.message_store = message_store
@@ -163,6 +169,9 @@ class WorkerCore:
         self.state_writer = state_writer
         self.clock = clock
         self.after_store_write = after_store_write  # fault-injection hook (J-7 tests)
+        # Prometheus metrics: counters are pulled from self.stats (metrics.sync); only the flush
+        # latency histogram is observed here, once per flush.
+        self.metrics = metrics
         self.partitions: dict[int, PartitionState] = {}
         self.stats = WorkerStats()
         self._flush_lock = asyncio.Lock()
@@ -217,6 +226,7 @@ class WorkerCore:
             )
         state = PartitionState(partition, gate, projector)
         state.member_stats = member_stats
+        state.max_seen_seq = max([gate.hi, *(entry.mailbox_seq for entry in waiting)])
         return state
 
     def restore_assigned(self, partitions: Sequence[int]) -> None:
@@ -286,6 +296,8 @@ class WorkerCore:
                     "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, decoded.reason
                 )
                 continue
+            if decoded.mailbox_seq > state.max_seen_seq:
+                state.max_seen_seq = decoded.mailbox_seq
             offer = gate.offer(decoded)
             if offer is Offer.READY:
                 self._apply(state, decoded, now, touched)
@@ -415,7 +427,10 @@ class WorkerCore:
                 await self.outbox.frames(deltas, badges)
             self.stats.flushes += 1
             self.stats.frames += len(deltas) + len(badges)
-            self.stats.last_flush_ms = (time.perf_counter() - started) * 1000
+            elapsed = time.perf_counter() - started
+            self.stats.last_flush_ms = elapsed * 1000
+            if self.metrics is not None:
+                self.metrics.observe_flush(elapsed)
             log.debug("flush: %d users in %.1f ms", len(batches), self.stats.last_flush_ms)
             return len(batches)
 

@@ -101,3 +101,10 @@ def test_the_api_secret_comes_from_the_host_never_from_the_file(compose: dict[st
     assert settings.api_secret == HOST_VALUES["PROJECTOR_API_SECRET"]
     for role in ("bootstrap", "worker"):  # only the API needs the key
         assert "PROJECTOR_API_SECRET" not in _env(compose["services"][role])
+
+
+def test_the_worker_serves_metrics_on_its_own_port(compose: dict[str, Any]) -> None:
+    s = Settings.from_env(_env(compose["services"]["worker"]))
+    # Not published to the host (scraped inside the compose network); distinct from faust's port.
+    assert s.worker_metrics_port > 0
+    assert s.worker_metrics_port not in (s.worker_web_port, s.api_port)

@@ -163,3 +163,13 @@ def test_member_stats_budget_is_bounded(value: str) -> None:
     with pytest.raises(SettingsError) as err:
         Settings.from_env({"PROJECTOR_MEMBERS_STATS_BUDGET_MS": value})
     assert "members_stats_budget_ms" in str(err.value)
+
+
+def test_worker_metrics_port_is_off_by_default_and_validated() -> None:
+    assert Settings().worker_metrics_port == 0  # off: several workers per host need distinct ports
+    assert Settings.from_env({"PROJECTOR_WORKER_METRICS_PORT": "9464"}).worker_metrics_port == 9464
+    bad = (("70000", "not a TCP port"), ("-1", "not a TCP port"), ("6066", "also worker_web_port"))
+    for value, fragment in bad:
+        with pytest.raises(SettingsError) as err:
+            Settings.from_env({"PROJECTOR_WORKER_METRICS_PORT": value})
+        assert "worker_metrics_port" in str(err.value) and fragment in str(err.value)

@@ -1,0 +1,151 @@
+"""Prometheus metrics (issue 7): the worker's are pulled from WorkerCore (dict-backed fakes), the
+API's from its snapshot layer; every named metric is exposed and moves when it should."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import CollectorRegistry
+
+from app.api import Deps, create_app
+from app.api.sources import MemoryProjectionReader
+from app.domain.memory_store import InMemoryMessageStore
+from app.metrics import (
+    API_METRICS,
+    REBUILD_METRICS,
+    WORKER_METRICS,
+    RebuildMetrics,
+    WorkerMetrics,
+    names,
+    sample,
+)
+from app.stores.memory_projection import InMemoryProjectionStore
+from tests.unit.builders import Stream as Builder
+from tests.unit.test_api_http import SETTINGS, Api, Clock
+from tests.unit.test_api_rows import flush, make_row
+from tests.unit.test_worker_core import Clock as CoreClock
+from tests.unit.test_worker_core import DictTables, Outbox, make_core, records
+
+
+def scrape(metrics: WorkerMetrics, core: object) -> str:
+    metrics.sync(core)  # type: ignore[arg-type]
+    return metrics_text(metrics.registry)
+
+
+def metrics_text(registry: CollectorRegistry) -> str:
+    from app.metrics import exposition
+
+    return exposition(registry).decode()
+
+
+def test_worker_metrics_move_with_the_core() -> None:
+    s = Builder(lanes=2)
+    first = s.message(7, 1, lane=0)
+    second = s.message(7, 2, lane=1)
+    s.marker(0, 2)  # lane 1 has not reported: both entries wait above hi = 0
+    waiting = [b"{oops", *s.lines]
+    messages = [line for line in s.lines if b'"message"' in line]
+    s.lines = []
+    closing = s.close()
+    tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), CoreClock()
+    core = make_core(2, tables, InMemoryMessageStore(), projections, outbox, clock)
+    metrics = WorkerMetrics()
+    core.metrics = metrics
+
+    text = scrape(metrics, core)
+    assert set(WORKER_METRICS) <= names(text)
+    assert sample(text, "projector_entries_in_total") == 0
+
+    asyncio.run(core.on_records(records(waiting)))
+    text = scrape(metrics, core)
+    assert sample(text, "projector_entries_in_total") == 3  # markers are not entries
+    assert sample(text, "projector_entries_dead_lettered_total") == 1
+    assert sample(text, "projector_entries_pending") == 2
+    assert sample(text, "projector_watermark_lag", [("partition", "0")]) == second - 0
+    assert sample(text, "projector_entries_applied_total") == 0
+
+    asyncio.run(core.on_records(records(closing)))
+    asyncio.run(core.flush_all())
+    text = scrape(metrics, core)
+    assert sample(text, "projector_entries_applied_total") == 2
+    assert sample(text, "projector_entries_pending") == 0
+    assert sample(text, "projector_watermark_lag", [("partition", "0")]) == 0
+    assert sample(text, "projector_flushes_total") == 1
+    assert sample(text, "projector_projection_writes_total") == 1  # two entries, one row write
+    assert sample(text, "projector_compression_ratio") == 2.0
+    assert sample(text, "projector_frames_emitted_total") == 2  # SESSION_DELTA + BADGE_UPDATE
+    assert sample(text, "projector_flush_latency_seconds_count") == 1
+
+    asyncio.run(core.on_records(records(messages)))  # the same entries again: duplicates
+    text = scrape(metrics, core)
+    assert sample(text, "projector_entries_duplicate_total") == 2
+    assert sample(text, "projector_entries_in_total") == 5
+    assert sample(text, "projector_entries_applied_total") == 2
+    assert first < second
+    # A second scrape with no new work adds nothing (deltas, not totals, go into the counters).
+    assert sample(scrape(metrics, core), "projector_entries_in_total") == 5
+
+
+def test_revoked_partitions_stop_reporting_watermark_lag() -> None:
+    s = Builder(lanes=2)
+    s.message(7, 1, lane=1)
+    s.marker(0, 1)
+    store = InMemoryMessageStore()
+    core = make_core(2, DictTables(), store, InMemoryProjectionStore(), Outbox(), CoreClock())
+    metrics = WorkerMetrics()
+    asyncio.run(core.on_records(records(s.lines)))
+    assert 'partition="0"' in scrape(metrics, core)
+    core.revoke([0])
+    assert 'partition="0"' not in scrape(metrics, core)
+
+
+def test_rebuild_progress_moves() -> None:
+    metrics = RebuildMetrics()
+    text = metrics_text(metrics.registry)
+    assert set(REBUILD_METRICS) <= names(text)
+    metrics.update(3, 4)
+    text = metrics_text(metrics.registry)
+    assert sample(text, "projector_rebuild_progress_ratio") == 0.75
+    assert sample(text, "projector_rebuild_users_done") == 3
+
+
+async def test_api_metrics_count_snapshot_hits_loads_evictions_and_page_latency() -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    store = InMemoryProjectionStore()
+    clock = Clock()
+    app = create_app(SETTINGS, Deps(projections=MemoryProjectionReader(store), clock_ms=clock))
+    async with TestClient(TestServer(app)) as client:
+        api = Api(client, store, clock, "")
+
+        async def scraped() -> str:
+            async with client.get("/metrics") as resp:  # no token
+                assert resp.status == 200
+                assert resp.headers["Content-Type"].startswith("text/plain")
+                return await resp.text()
+
+        text = await scraped()
+        assert set(API_METRICS) <= names(text)
+        assert sample(text, "projector_snapshot_loads_total") == 0
+        # Cache bound 5,000 rows: two users of 3,000 rows cannot both be held.
+        for user in (1, 2):
+            await store.write([flush(user, [make_row(user, n, act=n) for n in range(1, 3001)], 5, 0)])
+        _, a1 = await api.get("/v1/sessions", user_id=1, limit=10)
+        await api.get("/v1/sessions", user_id=1, limit=10, cursor=a1["next_cursor"])  # a hit
+        await api.get("/v1/sessions", user_id=2, limit=10)  # a load that evicts user 1
+        text = await scraped()
+        assert sample(text, "projector_snapshot_loads_total") == 2
+        assert sample(text, "projector_snapshot_hits_total") == 1
+        assert sample(text, "projector_snapshot_evictions_total") == 1
+        assert sample(text, "projector_page_latency_seconds_count") == 3
+        async with client.get("/v1/sessions") as resp:  # refused: no token, no page observed
+            assert resp.status == 401
+        assert sample(await scraped(), "projector_page_latency_seconds_count") == 3
+
+
+def test_each_api_app_has_its_own_registry() -> None:
+    one = create_app(SETTINGS, Deps(projections=MemoryProjectionReader(InMemoryProjectionStore())))
+    two = create_app(SETTINGS, Deps(projections=MemoryProjectionReader(InMemoryProjectionStore())))
+    from app.api.http import CONTEXT
+
+    assert one[CONTEXT].metrics.registry is not two[CONTEXT].metrics.registry
