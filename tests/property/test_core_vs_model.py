@@ -7,7 +7,9 @@ for imports and warm-up; the example counts keep the suite well under a minute p
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -49,7 +51,15 @@ def check_stream(stream: Stream, opts: dict[str, Any]) -> tuple[Any, Any]:
     lines = stream.lines()
     res = replay(lines, stream.lanes, **opts)
     model = run_model(lines, stream.lanes, opts["include_muted"])
-    inv.check_all(res, model, opts["include_muted"], opts["window_ms"], opts["max_dirty_rows"])
+    try:
+        inv.check_all(res, model, opts["include_muted"], opts["window_ms"], opts["max_dirty_rows"])
+    except AssertionError:
+        # PROPERTY_DUMP=path: keep the failing input (replay it with `projector replay`)
+        if os.environ.get("PROPERTY_DUMP"):
+            path = Path(os.environ["PROPERTY_DUMP"])
+            path.write_bytes(b"".join(lines))
+            path.with_suffix(".json").write_text(json.dumps({"lanes": stream.lanes, **opts}))
+        raise
     return res, model
 
 
