@@ -54,7 +54,7 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
     from app.stores.cassandra_state import UserConversationStateWriter
     from app.stores.redis_projection import RedisProjectionStore
 
-    store = RedisProjectionStore.from_settings(settings, settings.projection_namespace)
+    store = RedisProjectionStore.from_settings(settings)  # follows {ns}:serving
     cluster = None
     try:
         # Cassandra serves the member directory and the fill-in of rows the store lacks; it is

@@ -17,6 +17,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("app.simulate", "Generate mailbox traffic: messages stored first, then entries and markers"),
     "api": ("app.api_cli", "Serve the query API (session list pages, badge) over HTTP"),
     "token": ("app.api.token_cli", "Mint a bearer token for the query API: token USER_ID [--ttl SECONDS]"),
+    "rebuild": (
+        "app.rebuild_cli",
+        "Rebuild projections from Cassandra state into a fresh namespace, diff with the live one, --swap",
+    ),
 }
 
 

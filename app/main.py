@@ -161,8 +161,9 @@ def build_core(
         config,
         after_store_write=_kill_after(settings.fault_kill_after_store_writes),
         message_store=CassandraMessageStore(session, settings.cassandra_keyspace),
+        # No namespace: the store follows {projection_namespace}:serving (a rebuild's --swap).
         projection_store=RedisProjectionStore.from_settings(
-            settings, settings.projection_namespace, count_writes=settings.projection_count_writes
+            settings, count_writes=settings.projection_count_writes
         ),
         tables=tables,
         outbox=outbox,

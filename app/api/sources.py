@@ -24,7 +24,12 @@ from redis.exceptions import RedisError
 from app.domain.ports import StoredProjection
 from app.domain.rebuild import Head, row_from_state
 from app.stores.memory_projection import InMemoryProjectionStore
-from app.stores.redis_projection import META_FIELDS, ProjectionStoreError, RedisProjectionStore
+from app.stores.redis_projection import (
+    META_FIELDS,
+    SERVING_RECHECK_S,
+    ProjectionStoreError,
+    RedisProjectionStore,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +75,7 @@ class RedisProjectionReader:
         # As RedisProjectionStore.load (MULTI: rows and meta of the same instant), but the rows
         # stay the stored bytes: decoding all 21 fields of 5,000 rows only to re-encode them
         # would be most of a cold load.
+        await self.store.follow_serving(SERVING_RECHECK_S)
         pipe = self.store.client.pipeline(transaction=True)
         pipe.hgetall(self.store.rows_key(user_id))
         pipe.hmget(self.store.meta_key(user_id), list(META_FIELDS))
@@ -82,6 +88,7 @@ class RedisProjectionReader:
         return LoadedRows(_meta(user_id, raw_meta), list(raw_rows.values()))
 
     async def meta(self, user_id: int) -> StoreMeta:
+        await self.store.follow_serving(SERVING_RECHECK_S)
         key = self.store.meta_key(user_id)
         try:
             raw = await self.store.client.hmget(key, list(META_FIELDS))

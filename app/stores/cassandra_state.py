@@ -138,6 +138,7 @@ class UserConversationStateWriter:
             " VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ?"
         )
         self._load_user = prepare("SELECT * FROM {ks}.user_conversation_state WHERE user_id = ?")
+        self._user_ids = prepare("SELECT DISTINCT user_id FROM {ks}.user_conversation_state")
         self._load_members = prepare("SELECT * FROM {ks}.group_members WHERE conversation_id = ?")
 
     # -- staging ---------------------------------------------------------------------------------
@@ -315,6 +316,10 @@ class UserConversationStateWriter:
         as stored; ``conversation_id`` as the canonical string, unset columns as None."""
         rows = self._read(self._load_user, (check_user_id(user_id),), "load_user")
         return [_row_dict(row) for row in rows]
+
+    def user_ids(self) -> list[int]:
+        """Every user with state (a scan of the table's partition keys: rebuild, not serving)."""
+        return sorted(int(row.user_id) for row in self._read(self._user_ids, (), "user_ids"))
 
     def load_members(self, conversation_id: str) -> list[dict[str, Any]]:
         """Every member row of one conversation, ascending user_id (tests, small groups; the

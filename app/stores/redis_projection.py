@@ -16,6 +16,13 @@ A rebuild (issue #7) writes a fresh namespace and swaps readers over afterwards;
 is therefore restricted to ``[A-Za-z0-9._-]`` (no ``:`` and no glob characters), which makes
 ``{ns}:*`` match this namespace's keys and nobody else's.
 
+    {base}:serving           string  the namespace that serves (set by `projector rebuild --swap`;
+                                     absent = the base, Settings.projection_namespace)
+
+A store built by ``from_settings(settings)`` without a namespace *follows* that key: the worker
+resolves it before every write, the API at most once a second, so a swap (one atomic SET) moves
+both over without a restart. A store given a namespace explicitly stays on it.
+
 Writes: one Lua script per user batch compares the stored version with the batch's and, only if
 the stored one is older, writes the rows, the badge, the version and the structure version —
 atomically, so a reader never sees rows of one flush with the badge of another, and re-sending
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -42,6 +50,14 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+# A following reader (the API) checks the serving key at most this often.
+SERVING_RECHECK_S = 1.0
+
+
+def serving_key(base: str) -> str:
+    """The key naming the namespace that serves for this base (see the module docstring)."""
+    return f"{base}:serving"
 
 META_FIELDS = ("version", "structure_version", "total_unread", "total_mention", "muted_unread")
 
@@ -130,17 +146,42 @@ class RedisProjectionStore:
         self._owns_client = False
         # Only keys of exactly this layout are ever deleted by delete_all.
         self._own_key = re.compile(rf"{re.escape(namespace)}:(rows|meta|writes):\{{(\d+)\}}")
+        # Following the serving key (from_settings without a namespace): the base it belongs to.
+        self.base: str | None = None
+        self._checked_at = float("-inf")
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, namespace: str = "proj", count_writes: bool = False
+        cls, settings: Settings, namespace: str | None = None, count_writes: bool = False
     ) -> RedisProjectionStore:
         """A store on its own client for `settings.redis_url`, `flush_batch_size` users per
-        round trip; `aclose()` closes that client. No I/O until the first call."""
+        round trip; `aclose()` closes that client. No I/O until the first call.
+
+        Without `namespace`: the serving namespace of `settings.projection_namespace`, followed
+        (see :meth:`follow_serving`); with one: exactly that namespace."""
         client = redis.Redis.from_url(settings.redis_url)
-        store = cls(client, namespace, count_writes, max_users_per_trip=settings.flush_batch_size)
+        base = settings.projection_namespace
+        store = cls(client, namespace or base, count_writes, max_users_per_trip=settings.flush_batch_size)
         store._owns_client = True
+        if namespace is None:
+            store.base = base
         return store
+
+    async def follow_serving(self, max_age_s: float = 0.0) -> str:
+        """When following: re-read ``{base}:serving`` (if the last read is older than
+        `max_age_s`) and move onto the namespace it names; returns the namespace in use."""
+        if self.base is None:
+            return self.namespace
+        now = time.monotonic()
+        if now - self._checked_at < max_age_s:
+            return self.namespace
+        raw = await self._guard("serving", self.client.get(serving_key(self.base)))
+        self._checked_at = now
+        target = self.base if raw is None else _text(raw)
+        if target != self.namespace and _NAMESPACE_RE.fullmatch(target):
+            self.namespace = target
+            self._own_key = re.compile(rf"{re.escape(target)}:(rows|meta|writes):\{{(\d+)\}}")
+        return self.namespace
 
     async def aclose(self) -> None:
         """Close the client if this store created it (a client passed in belongs to the caller)."""
@@ -162,6 +203,7 @@ class RedisProjectionStore:
 
     async def write(self, batches: Sequence[UserFlush]) -> list[int | None]:
         encoded = encode_batches(batches)  # ValueError/TypeError before any I/O
+        await self.follow_serving()  # the worker writes where the API reads, swap or not
         results: list[int | None] = []
         # Trips run one after another, in call order: if a user appears twice in one call, the
         # earlier batch is compared and written first, as in the in-memory store.

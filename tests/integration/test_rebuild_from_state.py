@@ -1,0 +1,157 @@
+"""J-6 from state on the real servers (issue 7): a generated stream through the worker; snapshot
+every row and badge; `projector rebuild --from-state` into a fresh namespace is identical on every
+field state can know (app/rebuild.py lists the rest: the row's and the user's
+projection_mailbox_seq) and does not change what serves; then with the projection deleted, a
+rebuild with --swap brings it back and the API serves the rebuilt namespace."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from app.api import Deps, create_app
+from app.api.sources import RedisProjectionReader
+from app.api.tokens import TokenSigner
+from app.domain.badge import Badge
+from app.domain.flush import UserFlush
+from app.rebuild import UNKNOWABLE_FROM_STATE
+from app.stores.redis_projection import RedisProjectionStore, serving_key
+from tests.integration.stack import Stack, read_jsonl
+from tests.unit.test_api_rows import SECRET
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+BADGE = ("user_id", "total_unread", "total_mention", "muted_unread")
+
+
+def knowable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if k not in UNKNOWABLE_FROM_STATE} for row in rows]
+
+
+async def namespace_projection(stack: Stack, namespace: str, users: list[int]) -> tuple[list[Any], list[Any]]:
+    store = RedisProjectionStore.from_settings(stack.settings, namespace)
+    try:
+        rows: list[dict[str, Any]] = []
+        badges: list[dict[str, Any]] = []
+        for user_id in users:
+            stored = await store.load(user_id)
+            rows += [stored.rows[cid] for cid in sorted(stored.rows)]
+            badges.append({"user_id": user_id, **{k: getattr(stored, k) for k in BADGE[1:]}})
+        return rows, badges
+    finally:
+        await store.aclose()
+
+
+async def test_rebuild_from_state_then_swap(make_stack: Callable[..., Stack], tmp_path: Path) -> None:
+    stack = make_stack("rebuild")
+    base = stack.settings.projection_namespace
+    stream = tmp_path / "stream.jsonl"
+    stack.run(
+        *("simulate", "--users", "30", "--conversations", "10", "--group-size", "20"),
+        *("--messages", "300", "--rate", "0", "--lanes", "2", "--seed", "5"),
+        *("--out", str(stream), "--progress", "never"),
+    )
+    out = tmp_path / "replay"
+    stack.run("replay", "--input", str(stream), "--out", str(out), "--lanes", "2", "--progress", "never")
+    expected_badges = read_jsonl(out / "badges.jsonl")
+    versions = {b["user_id"]: b["projection_mailbox_seq"] for b in expected_badges}
+    users = sorted(versions)
+    stack.start_worker()
+    await stack.wait_for_versions(versions, timeout=240, alive=stack.alive())
+    stack.stop_workers()  # quiescent: the state mirror and the projection are final
+    live_rows, live_badges = await stack.projection(users)
+    assert live_rows
+    cleared = [r for r in live_rows if r["hidden_before_conversation_seq"] > 0]
+    deleted = [r for r in live_rows if r["deleted_before_conversation_seq"] > 0]
+
+    fresh_ns, swapped_ns = f"{base}-r1", f"{base}-r2"
+    cleanup = RedisProjectionStore.from_settings(stack.settings, base)
+    try:
+        # 1. Into a fresh namespace while the live one serves: identical, and nothing swapped.
+        report1 = tmp_path / "r1.json"
+        stack.run("rebuild", "--from-state", "--namespace", fresh_ns, "--all-known", "--report", str(report1))
+        diff = orjson.loads(report1.read_bytes())["diff"]
+        assert diff["identical"], diff
+        assert diff["users"] == len(users) and diff["rows_rebuilt"] == diff["rows_live"] == len(live_rows)
+        assert await cleanup.client.get(serving_key(base)) is None
+        rows1, badges1 = await namespace_projection(stack, fresh_ns, users)
+        assert knowable(rows1) == knowable(live_rows)
+        assert badges1 == [{k: b[k] for k in BADGE} for b in live_badges]
+        assert (await stack.projection(users)) == (live_rows, live_badges)  # the live one untouched
+
+        # 2. Projection lost: delete it, rebuild by user list, swap.
+        assert await cleanup.delete_all() == len(users)
+        report2 = tmp_path / "r2.json"
+        listing = ",".join(map(str, users))
+        stack.run(
+            "rebuild",
+            "--from-state",
+            "--namespace",
+            swapped_ns,
+            "--users",
+            listing,
+            "--swap",
+            "--report",
+            str(report2),
+        )
+        report = orjson.loads(report2.read_bytes())
+        assert report["swapped"] is True
+        assert report["diff"]["rows_added"] == len(live_rows) and report["diff"]["rows_live"] == 0
+        assert (await cleanup.client.get(serving_key(base))) == swapped_ns.encode()
+        rows2, badges2 = await namespace_projection(stack, swapped_ns, users)
+        assert knowable(rows2) == knowable(live_rows)
+        assert badges2 == badges1
+        # Cleared and deleted stay distinguishable (two columns; a deleted row is not listed).
+        by_key = {(r["user_id"], r["conversation_id"]): r for r in rows2}
+        for row in cleared + deleted:
+            again = by_key[(row["user_id"], row["conversation_id"])]
+            assert again["hidden_before_conversation_seq"] == row["hidden_before_conversation_seq"]
+            assert again["deleted_before_conversation_seq"] == row["deleted_before_conversation_seq"]
+            assert again["listed"] == row["listed"]
+
+        # 3. The API built from the settings (as `projector api`) follows the swap.
+        settings = stack.settings.__class__(**{**_fields(stack.settings), "api_secret": SECRET})
+        store = RedisProjectionStore.from_settings(settings)
+        try:
+            app = create_app(settings, Deps(projections=RedisProjectionReader(store)))
+            async with TestClient(TestServer(app)) as client:
+                # The user with the most unread: the deleted base namespace would serve 0.
+                user = max(live_badges, key=lambda b: b["total_unread"])["user_id"]
+                bearer = TokenSigner(SECRET).mint(user, int(time.time()) + 600)
+                async with client.get("/v1/badge", headers={"Authorization": f"Bearer {bearer}"}) as resp:
+                    body = await resp.json()
+                expected = next(b for b in live_badges if b["user_id"] == user)
+                assert body["total_unread"] == expected["total_unread"] > 0
+                assert store.namespace == swapped_ns
+            # The worker's store (from_settings, no namespace) writes where the API now reads.
+            writer = RedisProjectionStore.from_settings(stack.settings)
+            try:
+                newcomer = UserFlush(10**9, [], Badge(3, 0, 0), 1, 0, 1, "after-swap", 1)
+                assert await writer.write([newcomer]) == [0]
+            finally:
+                await writer.aclose()
+            after = await RedisProjectionStore(cleanup.client, swapped_ns).load(10**9)
+            assert after.total_unread == 3 and after.projection_mailbox_seq == 1
+        finally:
+            await store.aclose()
+
+        # Rebuilding into the namespace that serves is refused.
+        with pytest.raises(AssertionError, match="serving namespace"):
+            stack.run("rebuild", "--from-state", "--namespace", swapped_ns, "--users", "1")
+    finally:
+        for ns in (fresh_ns, swapped_ns):
+            await RedisProjectionStore(cleanup.client, ns).delete_all()
+        await cleanup.client.delete(serving_key(base))
+        await cleanup.aclose()
+
+
+def _fields(settings: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
