@@ -443,7 +443,7 @@ def scenarios(
 # down and the message arrives, it counts (test_regressions.py::
 # test_recall_at_or_below_base_then_base_moves_down, xfail). Until that passes, bursts with a
 # joined_at that jumps and comes back down send no recalls, so the random search stays green.
-KNOWN_RECALL_BELOW_BASE_BUG = True
+KNOWN_RECALL_BELOW_BASE_BUG = False
 
 
 def _burst(w: _World, n: int) -> None:

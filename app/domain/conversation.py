@@ -161,13 +161,13 @@ class ConversationState:
     def _on_recall(self, entry: RecallEntry | DeleteMessageEntry, store: MessageStore, limit: int) -> None:
         # The target stops counting. Own messages and non-counting ones were never in the hand,
         # a target at or below the base is outside the count, and a second recall finds nothing
-        # to remove: rule 5's conditions hold by construction. A recall that arrives before its
-        # message stays in `recalled`, so the message never counts.
+        # to remove: rule 5's conditions hold by construction. The target is remembered even at
+        # or below the base (the base can move down with a join), so a message that arrives
+        # after its recall never counts.
         seq = entry.target_conversation_seq
-        if seq > self.base:
-            self.recalled.add(seq)
-            self.counting.discard(seq)
-            self.mentioning.discard(seq)
+        self.recalled.add(seq)
+        self.counting.discard(seq)
+        self.mentioning.discard(seq)
         if self.unread_exact:
             self._refresh(store, limit)
 
@@ -240,7 +240,7 @@ class ConversationState:
 
     def audit(self, store: MessageStore, limit: int) -> None:
         """Recompute from the MessageStore alone (audits, rebuilds from state)."""
-        recompute(self, store, limit)
+        recompute(self, store, limit, received_only=False)
 
     # -- helpers ----------------------------------------------------------------------------
 

@@ -60,7 +60,7 @@ def row_from_state(
     # (base, latest] from the MessageStore.
     row.floor = row.latest
     if row.latest > row.base:
-        recompute(row, store, limit)
+        recompute(row, store, limit, received_only=False)
     return row
 
 

@@ -53,12 +53,12 @@ def _first_in(bitmap: object, after: int, upto: int) -> int | None:
 
 
 def prune_to_base(row: ConversationState) -> None:
-    """Drop hand entries at or below the base: they can no longer count."""
+    """Drop hand entries at or below the base: they can no longer count. Recalls are kept: a
+    join can move the base back down, and a recalled message must still never count."""
     base = row.base
     if row.floor < base:
         row.counting.remove_range(0, base + 1)
         row.mentioning.remove_range(0, base + 1)
-        row.recalled.remove_range(0, base + 1)
         row.floor = base
 
 
@@ -77,8 +77,13 @@ def settle(row: ConversationState, store: MessageStore, limit: int) -> None:
         recompute(row, store, limit)
 
 
-def recompute(row: ConversationState, store: MessageStore, limit: int) -> None:
-    """Bounded recompute from the MessageStore (one single-partition range read)."""
+def recompute(row: ConversationState, store: MessageStore, limit: int, *, received_only: bool = True) -> None:
+    """Bounded recompute from the MessageStore (one single-partition range read).
+
+    `received_only`: the store fills in what the pruned hand forgot about messages this user
+    received (sender, counts, mentions); it does not add messages the user never received — the
+    definition is over the user's own entries (DESIGN §3.6). Rebuilds from state, which know
+    nothing of what was received, take the store as it is (`received_only=False`)."""
     base = row.base
     latest = row.latest
     if latest <= base:
@@ -87,7 +92,7 @@ def recompute(row: ConversationState, store: MessageStore, limit: int) -> None:
         derive_from_hand(row)
         return
     if latest - base <= limit:
-        merge_stored(row, store.range(row.conversation_id, base, latest))
+        merge_stored(row, store.range(row.conversation_id, base, latest), received_only)
         if row.floor <= latest:
             # The read covered (base, latest] and the hand already covered (floor, ∞).
             row.floor = min(row.floor, base)
@@ -95,7 +100,7 @@ def recompute(row: ConversationState, store: MessageStore, limit: int) -> None:
         derive_over(row, base, latest)
         return
     # Too wide to read exactly: the row shows `limit` (the client's 99+) until the base moves.
-    merge_stored(row, store.range(row.conversation_id, latest - limit, latest))
+    merge_stored(row, store.range(row.conversation_id, latest - limit, latest), received_only)
     row.unread_count = limit
     row.unread_exact = False
     low = max(base, latest - limit)
@@ -111,12 +116,19 @@ def derive_over(row: ConversationState, base: int, latest: int) -> None:
     row.unread_exact = True
 
 
-def merge_stored(row: ConversationState, messages: Sequence[StoredMessage]) -> None:
+def merge_stored(
+    row: ConversationState, messages: Sequence[StoredMessage], received_only: bool = True
+) -> None:
     """Fold MessageStore facts into the hand (idempotent: bitmaps)."""
     user = row.user_id
+    received = row.received
     for message in messages:
         seq = message.conversation_seq
-        if message.recalled or seq in row.recalled:
+        if received_only and seq not in received:
+            continue
+        # With received_only, "recalled" is this user's own knowledge too (a recall fanned out to
+        # other members only does not change this user's definition).
+        if seq in row.recalled or (message.recalled and not received_only):
             row.recalled.add(seq)
             row.counting.discard(seq)
             row.mentioning.discard(seq)

@@ -103,15 +103,6 @@ def test_int_upper_bounds(patch: dict[str, int], valid: bool) -> None:
     inv.check_all(res, model, False, 5000, 100_000)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DESIGN §3.6 vs §3.4(c) on self-inconsistent input: a stale join moves joined_at "
-    "down (3 -> 0) below messages this user never received (m1..m3 reached the MessageStore "
-    "through B only). The hand does not reach down, so the core reads the MessageStore range "
-    "and counts them: an exact unread of 4, while the definition over A's applied entries "
-    "(§3.6) is 1. contract-notes' '(plus those a MessageStore recompute loaded)' allows it; "
-    "§3.6 does not. Excluded from the random search (strategies keep joins ordered).",
-)
 def test_stale_join_below_unreceived_messages() -> None:
     a, other, sender = 1, 2, 3
     b = Builder()
@@ -127,15 +118,6 @@ def test_stale_join_below_unreceived_messages() -> None:
     inv.rows_equal_model(res, model)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug (contract-notes: 'A recall that arrives before its message makes the message "
-    "never count'; DESIGN §3.6): a recall whose target is at or below base when it is applied is "
-    "forgotten; a join then moves joined_at down below the target and the message, arriving "
-    "after, counts: unread 1, the definition gives 0. Found by test_big_rows_... (a joined_at "
-    "that jumps ahead and comes back down); tests/strategies.py KNOWN_RECALL_BELOW_BASE_BUG "
-    "keeps it out of the random search until fixed.",
-)
 def test_recall_at_or_below_base_then_base_moves_down() -> None:
     a, sender = 1, 3
     b = Builder()

@@ -187,11 +187,13 @@ def test_base_moving_down_recomputes_from_the_message_store() -> None:
         s.message(ME, seq)
         s.message(OTHER, seq, sender=ME)
     s.entry("join", ME, CONV_A, joined_at_conversation_seq=8)
-    s.recall(OTHER, 6, sender=99)  # the store learns of a recall through another user
+    s.recall(OTHER, 6, sender=99)  # a recall that reached another member only
+    s.recall(ME, 8, sender=99)  # and one that reached this user, before the base moved down
     s.entry("join", ME, CONV_A, joined_at_conversation_seq=4)  # base moves down: hand pruned
     rows, _ = final(s)
     row = rows[(ME, CONV_A)]
-    # (4, 10] re-read from the MessageStore, which knows 6 was recalled: 5, 7, 8, 9, 10
+    # (4, 10] re-read from the MessageStore for what this user received: 5, 6, 7, 9, 10 (8 was
+    # recalled for this user; 6's recall never reached this user's mailbox)
     assert (row["unread_count"], row["unread_exact"]) == (5, True)
 
 
