@@ -49,8 +49,8 @@ API_METRICS: Final = (
     "projector_page_latency_seconds",
 )
 REBUILD_METRICS: Final = (
-    "projector_rebuild_users_total",
-    "projector_rebuild_users_done",
+    "projector_rebuild_work_items",
+    "projector_rebuild_work_done",
     "projector_rebuild_progress_ratio",
 )
 
@@ -222,10 +222,12 @@ class RebuildMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.users_total = Gauge(
-            "projector_rebuild_users_total", "Users the running rebuild covers", registry=r
+            "projector_rebuild_work_items",
+            "Work items of the running rebuild (users from state, entries by replay)",
+            registry=r,
         )
         self.users_done = Gauge(
-            "projector_rebuild_users_done", "Users the running rebuild has written", registry=r
+            "projector_rebuild_work_done", "Work items the running rebuild has done", registry=r
         )
         self.progress = Gauge(
             "projector_rebuild_progress_ratio", "Share of the running rebuild done (0..1)", registry=r

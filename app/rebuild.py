@@ -96,8 +96,12 @@ class Progress:
     """One line, rewritten in place on a terminal (else a line every few seconds): users done,
     rows, rate, ETA. Also the process's rebuild gauges (app/metrics.py)."""
 
-    def __init__(self, total: int, out: IO[str] | None = None, mode: str = "auto") -> None:
+    def __init__(
+        self, total: int, out: IO[str] | None = None, mode: str = "auto", unit: str = "users"
+    ) -> None:
         self.total = total
+        self.unit = unit
+        self.detail = ""  # extra text for the line (the replay's partitions done)
         self.out = out if out is not None else sys.stderr
         tty = self.out.isatty() if hasattr(self.out, "isatty") else False
         self.enabled = mode == "always" or (mode == "auto" and tty)
@@ -113,8 +117,8 @@ class Progress:
         eta = (self.total - done) / rate if rate > 0 else 0.0
         share = done / self.total * 100 if self.total else 100.0
         return (
-            f"rebuild: {done}/{self.total} users ({share:.0f}%), {rows} rows, "
-            f"{rate:.0f} users/s, ETA {eta:.0f}s"
+            f"rebuild: {done}/{self.total} {self.unit} ({share:.0f}%), {rows} rows{self.detail}, "
+            f"{rate:.0f} {self.unit}/s, ETA {eta:.0f}s"
         )
 
     def update(self, done: int, rows: int, final: bool = False) -> None:

@@ -106,7 +106,7 @@ def test_rebuild_progress_moves() -> None:
     metrics.update(3, 4)
     text = metrics_text(metrics.registry)
     assert sample(text, "projector_rebuild_progress_ratio") == 0.75
-    assert sample(text, "projector_rebuild_users_done") == 3
+    assert sample(text, "projector_rebuild_work_done") == 3
 
 
 async def test_api_metrics_count_snapshot_hits_loads_evictions_and_page_latency() -> None:

@@ -151,7 +151,7 @@ async def test_progress_line_and_rebuild_gauges_move() -> None:
     assert "rebuild: 2/2 users (100%), 4 rows" in out.getvalue()
     text = exposition(progress.metrics.registry).decode()
     assert sample(text, "projector_rebuild_progress_ratio") == 1.0
-    assert sample(text, "projector_rebuild_users_done") == 2
+    assert sample(text, "projector_rebuild_work_done") == 2
 
 
 def test_user_list_argument() -> None:
@@ -168,3 +168,57 @@ def test_no_state_means_no_batch() -> None:
 
     replayer, _ = scenario()
     assert rebuild_user(1, [], {}, replayer.store, limit=200, include_muted=False) is None
+
+
+def test_the_replay_rebuilds_tables_give_the_replayed_projection() -> None:
+    """rebuild --by-replay's in-memory tables and silent outbox under the worker core."""
+    import asyncio
+
+    from app.rebuild_replay import MemoryTables, SilentOutbox
+    from app.replay import run_replay
+    from app.worker.core import WorkerConfig, WorkerCore
+    from tests.unit.test_worker_core import final_projection, message_store_for, records
+
+    s = Stream(lanes=2)
+    for seq in range(1, 6):
+        s.message(ME, seq, lane=seq % 2)
+        s.message(OTHER, seq, conv=CONV_B, lane=seq % 2, mention=seq == 2)
+    s.read(ME, 3)
+    lines = s.close()
+    expected = run_replay(lines, ReplayOptions(lanes=2))
+    outbox = SilentOutbox()
+    target = InMemoryProjectionStore()
+    core = WorkerCore(
+        WorkerConfig(
+            lanes=2, window_ms=1000, max_dirty_rows=100_000, include_muted=False, unread_precise_limit=200
+        ),
+        message_store=message_store_for(lines, 2),
+        projection_store=target,
+        tables=MemoryTables(),
+        outbox=outbox,
+    )
+
+    async def run() -> tuple[list[Any], list[Any]]:
+        await core.on_records(records([b"{oops", *lines]))
+        await core.flush_all()
+        return await final_projection(target, [ME, OTHER])
+
+    rows, badges = asyncio.run(run())
+    assert rows == expected.projections and badges == expected.badges
+    assert outbox.dead_letters_seen == 1 and outbox.frames_seen == 4  # counted, never produced
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["rebuild", "--from-state", "--namespace", "x"], "needs --users"),  # whose?
+        (["rebuild", "--by-replay", "--namespace", "x", "--users", "1"], "every user"),
+    ],
+)
+def test_rebuild_arguments_are_checked_before_any_connection(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.cli import main
+
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
