@@ -49,9 +49,6 @@ ORDERED_TYPES = frozenset(
 )
 
 
-MEMBERSHIP_TYPES = frozenset({"join", "leave"})
-
-
 def dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
@@ -228,21 +225,21 @@ class _World:
         self.seen: dict[tuple[int, str], int] = {}  # highest materialized message seq
         self.seqs: dict[int, int] = {}
         self.clock = BASE_TS
-        self.free_order = False  # True: flag/clear/delete entries may overtake each other too
+        self.free_order = False  # True: membership/flag entries may overtake each other too
 
     def queue(self, user: int, conv: Conversation, payload: dict[str, Any]) -> None:
         self.pool.append((user, conv.cid, payload))
 
     def eligible(self) -> list[int]:
         # Free kinds may overtake anything; ordered kinds keep their order per (user, conv).
-        # With free_order only join/leave keep their order: a stale join applied after a newer
-        # one would move joined_at down below messages this user never received, a known
-        # discrepancy (tests/property/test_regressions.py) kept out of the random search.
-        ordered = MEMBERSHIP_TYPES if self.free_order else ORDERED_TYPES
+        # free_order: membership and flag entries may overtake each other too, so a stale join
+        # can move joined_at down below messages this user never received.
+        if self.free_order:
+            return list(range(len(self.pool)))
         first_ordered: set[tuple[int, str]] = set()
         out = []
         for i, (u, c, p) in enumerate(self.pool):
-            if p["type"] in ordered:
+            if p["type"] in ORDERED_TYPES:
                 if (u, c) in first_ordered:
                     continue
                 first_ordered.add((u, c))
@@ -439,13 +436,6 @@ def scenarios(
     return Scenario(lanes, w.entries, [render(e, rnd) for e in w.entries], per_user)
 
 
-# The core forgets a recall whose target is at or below base; when a join later moves joined_at
-# down and the message arrives, it counts (test_regressions.py::
-# test_recall_at_or_below_base_then_base_moves_down, xfail). Until that passes, bursts with a
-# joined_at that jumps and comes back down send no recalls, so the random search stays green.
-KNOWN_RECALL_BELOW_BASE_BUG = False
-
-
 def _burst(w: _World, n: int) -> None:
     """More than 200 messages in conversation 0 from one sender, with light noise: reads, clears
     and mailbox_dirty into the middle of what a member has seen, recalls, and disorder."""
@@ -459,7 +449,7 @@ def _burst(w: _World, n: int) -> None:
     # and a late join moves it back down: only a MessageStore read can count them again (> 200).
     jumper = rnd.choice(sorted(conv.members)) if rnd.random() < 0.5 else None
     if jumper is not None:
-        low = rnd.randint(conv.members[jumper], conv.seq)  # not below its real join
+        low = rnd.randint(0, conv.seq)  # may be below its real join: messages it never got
         w.queue(jumper, conv, {"type": "join", "joined_at_conversation_seq": conv.seq + n - 20})
     for _ in range(n):
         w.send(conv, sender, rnd.random() < 0.9, lambda u: rnd.random() < 0.03)
@@ -474,7 +464,7 @@ def _burst(w: _World, n: int) -> None:
             )
         elif x < 0.035:
             w.queue(u, conv, {"type": "mailbox_dirty"})
-        elif x < 0.055 and (jumper is None or not KNOWN_RECALL_BELOW_BASE_BUG):
+        elif x < 0.055:
             target = conv.messages[rnd.randint(1, conv.seq)]
             for r, mention in target.mentions.items():
                 w.queue(r, conv, recall_payload("recall", target, mention))

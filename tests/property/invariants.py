@@ -3,14 +3,10 @@
 Each predicate raises AssertionError with a readable message on the first violation, so that a
 hypothesis failure names the invariant that broke.
 
-Comparability (why a few rows are compared on their state fields only): contract-notes let the
-core read the MessageStore range (fed by every user's applied entries) when a join moved
-joined_at down below the hand. If that user still has entries of the conversation *pending*
-(above the watermark at the end), the store may already hold a message or recall that this
-user's own entry has not delivered, and the row may differ from the definition over the user's
-applied entries. Such rows are compared on the fields that come from the user's own control
-entries; every other row must equal the definition (DESIGN §3.6: "at quiescence every row with
-unread_exact equals the definition evaluated over the entries applied for that user").
+Every row must equal the definition evaluated over the entries applied for that user (DESIGN
+§3.6), pending entries or not: contract-notes (09:15) say a MessageStore recompute adds no message
+and no recall that never reached this user's mailbox. Only the counts of an inexact row are
+exempt (inexact_only_beyond_200 checks them).
 """
 
 from __future__ import annotations
@@ -50,21 +46,6 @@ ROW_FIELDS = [
     "left_at_conversation_seq",
     "projection_mailbox_seq",
 ]
-STATE_FIELDS = [
-    "projection_mailbox_seq",
-    "user_id",
-    "conversation_id",
-    "membership",
-    "pinned",
-    "pin_rank",
-    "archived",
-    "muted",
-    "read_conversation_seq",
-    "hidden_before_conversation_seq",
-    "deleted_before_conversation_seq",
-    "joined_at_conversation_seq",
-    "left_at_conversation_seq",
-]
 COUNT_FIELDS = ("unread_count", "unread_exact", "mention_count", "mention_first_conversation_seq")
 BADGE_FIELDS = ("user_id", "total_unread", "total_mention", "muted_unread", "projection_mailbox_seq")
 STAT_FIELDS = ("entries", "applied", "duplicates", "dead_letters", "pending")
@@ -81,8 +62,7 @@ def _diff(a: Row, b: Row, fields: Any) -> dict[str, tuple[Any, Any]]:
 
 
 def rows_equal_model(res: Any, model: ModelResult) -> None:
-    """Every known row, field by field, equals the definition (see the module doc for the few
-    pending rows compared on their state fields only)."""
+    """Every known row, field by field, equals the definition (counts of inexact rows aside)."""
     got = {key(r): r for r in res.projections}
     assert len(got) == len(res.projections), "projections: a (user, conversation) twice"
     assert [key(r) for r in res.projections] == sorted(got), "projections not sorted"
@@ -90,13 +70,10 @@ def rows_equal_model(res: Any, model: ModelResult) -> None:
         f"known rows differ: core-only {sorted(set(got) - set(model.rows))}, "
         f"model-only {sorted(set(model.rows) - set(got))}"
     )
-    loose = model.pending_pairs() & model.store_read_pairs()
     for k, want in model.rows.items():
         row = got[k]
         assert set(row) == set(ROW_FIELDS), f"row {k} fields: {sorted(set(row) ^ set(ROW_FIELDS))}"
-        if k in loose:
-            fields = STATE_FIELDS
-        elif row["unread_exact"] is False:  # checked by inexact_only_beyond_200
+        if row["unread_exact"] is False:  # checked by inexact_only_beyond_200
             fields = [f for f in ROW_FIELDS if f not in COUNT_FIELDS]
         else:
             fields = ROW_FIELDS
@@ -119,10 +96,9 @@ def inexact_only_beyond_200(rows: list[Row]) -> None:
 
 def no_double_count(res: Any, model: ModelResult) -> None:
     """An exact count never exceeds the distinct received messages in (base, latest]."""
-    loose = model.pending_pairs() & model.store_read_pairs()
     for row in res.projections:
         k = key(row)
-        if k in loose or not row["unread_exact"]:
+        if not row["unread_exact"]:
             continue
         lo, hi = base_of(row), row["latest_conversation_seq"] or 0
         distinct = {s for s in model.received.get(k, ()) if lo < s <= hi}
@@ -158,12 +134,11 @@ def badges_equal_model(res: Any, model: ModelResult) -> None:
     got = {b["user_id"]: b for b in res.badges}
     assert [b["user_id"] for b in res.badges] == sorted(got), "badges not sorted / not unique"
     assert set(got) == set(model.badges), f"badge users {sorted(got)} != {sorted(model.badges)}"
-    loose_users = {u for u, _ in model.pending_pairs() & model.store_read_pairs()}
     inexact_users = {r["user_id"] for r in res.projections if not r["unread_exact"]}
     for user, want in model.badges.items():
         assert set(got[user]) == set(BADGE_FIELDS), f"badge fields: {got[user]}"
         fields = ["projection_mailbox_seq"]
-        if user not in loose_users and user not in inexact_users:
+        if user not in inexact_users:
             fields = list(BADGE_FIELDS)
         diff = _diff(got[user], want, fields)
         assert not diff, f"badge of {user} differs (core, model): {diff}"

@@ -144,18 +144,6 @@ class ModelResult:
     def pending_pairs(self) -> set[tuple[int, str]]:
         return {(e["user_id"], e["conversation_id"]) for e in self.pending}
 
-    def store_read_pairs(self) -> set[tuple[int, str]]:
-        """Rows where a join moved joined_at down: the only case where contract-notes let the
-        core read the MessageStore (fed by every user) instead of the user's own hand."""
-        out, joined = set(), {}
-        for e in self.applied:
-            if e["type"] == "join":
-                k = (e["user_id"], e["conversation_id"])
-                if e["joined_at_conversation_seq"] < joined.get(k, 0):
-                    out.add(k)
-                joined[k] = e["joined_at_conversation_seq"]
-        return out
-
 
 def run_model(lines: Iterable[bytes], lanes: int = 1, include_muted: bool = False) -> ModelResult:
     stats = dict.fromkeys(("entries", "applied", "duplicates", "dead_letters", "pending"), 0)

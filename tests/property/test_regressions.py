@@ -104,6 +104,10 @@ def test_int_upper_bounds(patch: dict[str, int], valid: bool) -> None:
 
 
 def test_stale_join_below_unreceived_messages() -> None:
+    """Was: a stale join moved joined_at down (3 -> 0) below messages A never received (m1..m3
+    reached the MessageStore through B only); the recompute read them from the store and counted
+    4, the definition over A's applied entries (DESIGN §3.6) is 1. Fixed 09:15: the store read
+    adds no message and no recall the user never received."""
     a, other, sender = 1, 2, 3
     b = Builder()
     for s in (1, 2, 3):
@@ -119,6 +123,9 @@ def test_stale_join_below_unreceived_messages() -> None:
 
 
 def test_recall_at_or_below_base_then_base_moves_down() -> None:
+    """Was (core bug): a recall whose target was at or below base when applied was forgotten;
+    after a join moved joined_at down, the message arriving later counted (1, definition 0).
+    Found by test_big_rows_... Fixed 09:15: recalls are kept below the base."""
     a, sender = 1, 3
     b = Builder()
     b.add("join", a, C, joined_at_conversation_seq=5)
