@@ -6,6 +6,8 @@ rebuild with --swap brings it back and the API serves the rebuilt namespace."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -116,7 +118,7 @@ async def test_rebuild_from_state_then_swap(make_stack: Callable[..., Stack], tm
             assert again["listed"] == row["listed"]
 
         # 3. The API built from the settings (as `projector api`) follows the swap.
-        settings = stack.settings.__class__(**{**_fields(stack.settings), "api_secret": SECRET})
+        settings = dataclasses.replace(stack.settings, api_secret=SECRET)
         store = RedisProjectionStore.from_settings(settings)
         try:
             app = create_app(settings, Deps(projections=RedisProjectionReader(store)))
@@ -149,12 +151,6 @@ async def test_rebuild_from_state_then_swap(make_stack: Callable[..., Stack], tm
             await RedisProjectionStore(cleanup.client, ns).delete_all()
         await cleanup.client.delete(serving_key(base))
         await cleanup.aclose()
-
-
-def _fields(settings: Any) -> dict[str, Any]:
-    import dataclasses
-
-    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
 
 
 async def test_rebuild_by_replay_is_identical_field_by_field_then_swap(
@@ -215,6 +211,74 @@ async def test_rebuild_by_replay_is_identical_field_by_field_then_swap(
         assert rows2 == live_rows
     finally:
         for ns in (first_ns, swapped_ns):
+            await RedisProjectionStore(cleanup.client, ns).delete_all()
+        await cleanup.client.delete(serving_key(base))
+        await cleanup.aclose()
+
+
+async def test_a_rebuild_beside_a_running_worker_serves_nothing_until_swap(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    """The worker keeps running: a rebuild changes nothing the API serves; --swap moves the API
+    and the worker's next writes onto the rebuilt namespace."""
+    from tests.unit.builders import Stream as Builder
+
+    stack = make_stack("rebuild-live")
+    base = stack.settings.projection_namespace
+    s = Builder(lanes=2)
+    for seq in range(1, 4):
+        s.message(7, seq, lane=seq % 2)
+        s.message(8, seq, lane=seq % 2)
+    await stack.produce(s.close())
+    stack.start_worker()
+    alive = stack.alive()
+    await stack.wait_for_versions({7: s.seq - 1, 8: s.seq}, timeout=180, alive=alive)
+
+    settings = dataclasses.replace(stack.settings, api_secret=SECRET, api_fill_from_state="never")
+    store = RedisProjectionStore.from_settings(settings)  # as `projector api`: follows the swap
+    app = create_app(settings, Deps(projections=RedisProjectionReader(store)))
+    cleanup = RedisProjectionStore.from_settings(stack.settings, base)
+    namespaces = (f"{base}-l1", f"{base}-l2")
+    try:
+        async with TestClient(TestServer(app)) as client:
+
+            async def unread(user_id: int) -> int:
+                bearer = TokenSigner(SECRET).mint(user_id, int(time.time()) + 600)
+                async with client.get("/v1/badge", headers={"Authorization": f"Bearer {bearer}"}) as resp:
+                    assert resp.status == 200
+                    value: int = (await resp.json())["total_unread"]
+                    return value
+
+            async def until(user_id: int, value: int, timeout: float = 60) -> None:
+                deadline = time.monotonic() + timeout
+                while (got := await unread(user_id)) != value:
+                    alive()
+                    assert time.monotonic() < deadline, f"user {user_id}: unread {got}, want {value}"
+                    await asyncio.sleep(0.3)
+
+            await until(7, 3)
+            assert await cleanup.delete_all() == 2  # the projection is lost
+            await until(7, 0, timeout=5)
+            stack.run(
+                "rebuild", "--by-replay", "--namespace", namespaces[0], "--report", str(tmp_path / "a.json")
+            )
+            await asyncio.sleep(1.5)  # longer than the API's serving recheck
+            assert await unread(7) == 0  # not swapped: nothing served changed
+            assert await cleanup.client.get(serving_key(base)) is None
+
+            stack.run(
+                *("rebuild", "--by-replay", "--namespace", namespaces[1], "--swap"),
+                *("--report", str(tmp_path / "b.json")),
+            )
+            await until(7, 3, timeout=10)
+            s.lines = []
+            s.message(7, 4)
+            await stack.produce(s.close())
+            await until(7, 4)  # the worker wrote into the swapped namespace, where the API reads
+            assert await cleanup.user_ids() == []  # and not into the old one
+    finally:
+        await store.aclose()
+        for ns in namespaces:
             await RedisProjectionStore(cleanup.client, ns).delete_all()
         await cleanup.client.delete(serving_key(base))
         await cleanup.aclose()
