@@ -59,6 +59,7 @@ def serving_key(base: str) -> str:
     """The key naming the namespace that serves for this base (see the module docstring)."""
     return f"{base}:serving"
 
+
 META_FIELDS = ("version", "structure_version", "total_unread", "total_mention", "muted_unread")
 
 # How many fixed ARGV precede the (conversation_id, row) pairs in the write script.
