@@ -94,15 +94,16 @@ async def wait_and_compare(
     users = [badge["user_id"] for badge in badges]
     want = {badge["user_id"]: badge["projection_mailbox_seq"] for badge in badges}
     started = time.monotonic()
+    tty = sys.stdout.isatty()
+    shown = -1
     try:
         while True:
             versions = await store.versions(users)
             behind = sum(1 for user, version in zip(users, versions, strict=True) if version < want[user])
-            print(
-                f"\r==> waiting for the projection: {len(users) - behind}/{len(users)} users current",
-                end="",
-                flush=True,
-            )
+            if tty or behind != shown:  # a terminal gets one live line, a log one line per change
+                text = f"==> waiting for the projection: {len(users) - behind}/{len(users)} users current"
+                print(f"\r{text}" if tty else text, end="" if tty else "\n", flush=True)
+                shown = behind
             if not behind:
                 break
             if worker.poll() is not None or time.monotonic() - started > 300:
