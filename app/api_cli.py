@@ -17,7 +17,7 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
-from app.settings import Settings, SettingsError
+from app.settings import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,11 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        settings = Settings.from_env()
-    except SettingsError as exc:
-        print(f"projector api: {exc}", file=sys.stderr)
-        return 2
+    settings = Settings.from_env()  # a SettingsError is reported by app.cli.main
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host = args.host or settings.api_host
     port = settings.api_port if args.port is None else args.port

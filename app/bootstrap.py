@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.settings import Settings, SettingsError
+from app.settings import Settings
 from app.stores.cassandra_session import CassandraUnavailable, open_cluster
 from app.stores.schema import TABLES, create_keyspace_cql
 
@@ -187,11 +187,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        settings = Settings.from_env()
-    except SettingsError as exc:
-        print(f"projector bootstrap: {exc}", file=sys.stderr)
-        return 2
+    settings = Settings.from_env()  # a SettingsError is reported by app.cli.main
     status = 0
     if not args.skip_cassandra:
         try:

@@ -42,8 +42,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(arguments).parse_args(arguments)
     runner: Callable[[argparse.Namespace], int] = args.runner
+    from app.settings import SettingsError
+
     try:
         return runner(args)
+    except SettingsError as exc:  # every subcommand reads the environment the same way
+        print(f"projector {args.command}: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

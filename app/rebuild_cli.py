@@ -67,13 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.settings import Settings, SettingsError
+    from app.settings import Settings
 
-    try:
-        settings = Settings.from_env()
-    except SettingsError as exc:
-        print(f"projector rebuild: {exc}", file=sys.stderr)
-        return 2
+    settings = Settings.from_env()  # a SettingsError is reported by app.cli.main
     if args.from_state and args.users is None and not args.all_known:
         print("projector rebuild: --from-state needs --users ID,... or --all-known", file=sys.stderr)
         return 2

@@ -967,14 +967,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.settings import Settings, SettingsError
+    from app.settings import Settings
 
     prog = "projector simulate"
-    try:
-        settings = Settings.from_env()
-    except SettingsError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
+    settings = Settings.from_env()  # a SettingsError is reported by app.cli.main
     if args.no_kafka and not args.out:
         print(f"{prog}: --no-kafka needs --out (the records have to go somewhere)", file=sys.stderr)
         return 2

@@ -14,13 +14,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.settings import Settings, SettingsError
+    from app.settings import Settings
 
-    try:
-        settings = Settings.from_env()
-    except SettingsError as exc:
-        print(f"projector worker: {exc}", file=sys.stderr)
-        return 2
+    settings = Settings.from_env()  # a SettingsError is reported by app.cli.main
     from app.stores.cassandra_session import CassandraUnavailable
 
     try:

@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 
-from app.settings import Settings, SettingsError
+from app.settings import Settings
 
 U64_MAX = (1 << 64) - 1
 
@@ -25,11 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from app.api.tokens import TokenSigner
 
-    try:
-        settings = Settings.from_env()
-    except SettingsError as exc:
-        print(f"projector token: {exc}", file=sys.stderr)
-        return 2
+    settings = Settings.from_env()  # a SettingsError is reported by app.cli.main
     if not settings.api_secret:
         print("projector token: PROJECTOR_API_SECRET is not set (the API's signing key)", file=sys.stderr)
         return 2
