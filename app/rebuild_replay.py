@@ -60,6 +60,9 @@ class MemoryTables:
             list(self.pending.get(partition, {}).values()),
         )
 
+    def republish(self, partition: int) -> None:
+        pass  # nothing behind these tables to fall behind
+
     async def commit(self) -> None:
         pass
 

@@ -119,6 +119,17 @@ class FaustStateTables:
 
             await self.sender.send(topic, by_partition, persisted)
 
+    def republish(self, partition: int) -> None:
+        prefix = f"{partition}/".encode()
+        gate_key = str(partition).encode()
+        for table in (self.rows, self.users, self.pending):
+            for key, value in self._items(table):
+                if key.startswith(prefix):
+                    self._outgoing.append((table, key, value, partition))
+        for key, value in self._items(self.gates):
+            if key == gate_key:
+                self._outgoing.append((self.gates, key, value, partition))
+
     def put_row(self, partition: int, user_id: int, conversation_id: str, blob: bytes) -> None:
         self._write(self.rows, f"{partition}/{user_id}/{conversation_id}", blob)
 

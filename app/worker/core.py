@@ -187,6 +187,15 @@ class WorkerCore:
 
     def _restore(self, partition: int) -> PartitionState:
         snapshot = self.tables.snapshot(partition)
+        if snapshot.rows or snapshot.users or snapshot.pending or snapshot.gate:
+            # The local store can be AHEAD of the changelog: a crash after a batch's local writes
+            # but before its changelog records were delivered. That batch's entries are read again
+            # and dropped as duplicates (the local state has them), so nothing would ever write
+            # their effect to the changelog, and a later restart without this local store would
+            # lose it while the offsets are already past. Publishing what was restored closes
+            # that gap (before any offset of this incarnation is committed: a commit flushes the
+            # producer first).
+            self.tables.republish(partition)
         config = self.config.projector_config()
         lanes = self.config.lanes
         rows = []
@@ -229,11 +238,12 @@ class WorkerCore:
         state.max_seen_seq = max([gate.hi, *(entry.mailbox_seq for entry in waiting)])
         return state
 
-    def restore_assigned(self, partitions: Sequence[int]) -> None:
+    async def restore_assigned(self, partitions: Sequence[int]) -> None:
         """After a rebalance (tables recovered): bring every assigned partition back now, so work
         that was applied but never flushed is flushed even if no new record arrives."""
         for partition in partitions:
             self.partition(partition)
+        await self.tables.commit()
 
     def revoke(self, partitions: Sequence[int]) -> None:
         """Partitions handed to another worker: their state lives on in the changelog."""

@@ -48,6 +48,10 @@ class StateTables(Protocol):
 
     def snapshot(self, partition: int) -> PartitionSnapshot: ...
 
+    def republish(self, partition: int) -> None:
+        """Queue every record the partition's tables hold for the changelog (sent by `commit`)."""
+        ...
+
     async def commit(self) -> None:
         """End of a batch: the changelog records of its writes are on their way."""
         ...

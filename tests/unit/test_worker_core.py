@@ -31,6 +31,7 @@ class DictTables:
 
     def __init__(self) -> None:
         self.data: dict[str, dict[str, bytes]] = {"rows": {}, "users": {}, "gates": {}, "pending": {}}
+        self.republished: list[int] = []
 
     @contextmanager
     def writing(self, partition: int) -> Iterator[None]:
@@ -53,6 +54,9 @@ class DictTables:
 
     async def commit(self) -> None:
         pass
+
+    def republish(self, partition: int) -> None:
+        self.republished.append(partition)
 
     def snapshot(self, partition: int) -> PartitionSnapshot:
         prefix = f"{partition}/"
@@ -230,6 +234,8 @@ def test_pending_entries_survive_a_crash_in_the_tables() -> None:
     asyncio.run(core.on_records(records(s.lines)))
     assert len(tables.data["pending"]) == 1 and core.stats.applied == 0
     restarted = make_core(2, tables, store, projections, outbox, clock)
+    asyncio.run(restarted.restore_assigned([0]))
+    assert tables.republished == [0]  # what was restored goes to the changelog again
     late = RawRecord("mailbox-tail", 0, 99, None, b'{"type":"watermark","lane":1,"watermark":1,"ts":5}')
     asyncio.run(restarted.on_records([late]))
     asyncio.run(restarted.flush_all())
