@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from pyroaring import BitMap64
+
 from app.domain.ports import MessageStore, StoredMessage
 
 if TYPE_CHECKING:
@@ -35,20 +37,17 @@ def derive_from_hand(row: ConversationState) -> None:
         row.unread_count = 0
         row.mention_count = 0
         row.mention_first = None
+        row.unread_exact = True
     else:
-        row.unread_count = row.counting.range_cardinality(base + 1, latest + 1)
-        mentions = row.mentioning
-        row.mention_count = mentions.range_cardinality(base + 1, latest + 1)
-        row.mention_first = _first_in(mentions, base, latest) if row.mention_count else None
-    row.unread_exact = True
+        derive_over(row, base, latest)
 
 
-def _first_in(bitmap: object, after: int, upto: int) -> int | None:
+def _first_in(bitmap: BitMap64, after: int, upto: int) -> int | None:
     """The lowest member of `bitmap` in (after, upto], or None."""
-    rank: int = bitmap.rank(after)  # type: ignore[attr-defined]  # pyroaring ships no stubs
-    if rank >= len(bitmap):  # type: ignore[arg-type]
+    rank = bitmap.rank(after)
+    if rank >= len(bitmap):
         return None
-    candidate: int = bitmap[rank]  # type: ignore[index]
+    candidate: int = bitmap[rank]
     return candidate if candidate <= upto else None
 
 
