@@ -13,7 +13,7 @@ from typing import Any
 
 from app.domain.badge import ZERO, Badge, full_recompute, moved
 from app.domain.conversation import STRUCTURAL_ENTRIES, ConversationState
-from app.domain.entries import Entry, MailboxDirtyEntry
+from app.domain.entries import Entry, MailboxDirtyEntry, ReadEntry
 from app.domain.flush import DirtySet, FlushPolicy, UserFlush
 from app.domain.ports import MessageStore
 from app.domain.unread import UNREAD_PRECISE_LIMIT
@@ -37,6 +37,7 @@ class UserState:
 
     __slots__ = (
         "badge",
+        "badge_reconcile",
         "driving_event_id",
         "flushed_seq",
         "projection_mailbox_seq",
@@ -53,6 +54,9 @@ class UserState:
         self.driving_event_id = ""
         self.badge = ZERO
         self.structure_version = 0  # bumped by pin/unpin/archive/unarchive/leave/delete
+        # A reconcile happened since the last flush: the flush recomputes the badge in full
+        # (seed §4). Not persisted: a restart recomputes every badge in full anyway (`restarted`).
+        self.badge_reconcile = False
 
     def dump(self) -> dict[str, Any]:
         return {
@@ -105,13 +109,21 @@ class Projector:
         if row is None:
             row = user.rows[conversation_id] = ConversationState(user_id, conversation_id)
         before = (row.unread_count, row.mention_count, row.membership, row.archived, row.muted)
+        base_before = row.base
         row.apply(entry, self.store, self.config.unread_precise_limit)
         kind = type(entry)
-        if kind is MailboxDirtyEntry:
-            # After any reconcile the badge is recomputed in full, cancelling accumulated drift.
-            user.badge = full_recompute(user.rows.values(), self.config.include_muted)
-        elif before != (row.unread_count, row.mention_count, row.membership, row.archived, row.muted):
+        if before != (row.unread_count, row.mention_count, row.membership, row.archived, row.muted):
             user.badge = moved(user.badge, row, before, self.config.include_muted)
+        if kind is MailboxDirtyEntry or (
+            kind is ReadEntry and row.base != base_before and row.base < row.latest
+        ):
+            # Reconcile triggers (seed §3.4): MAILBOX_DIRTY, and a read (from any device) that
+            # moved the base to below the head: the row was recomputed (never zeroed) by the
+            # three-state rule, and the badge is then recomputed in full, cancelling any drift
+            # the deltas accumulated. Once per flush rather than per read: a user reading
+            # through a busy list sends many reads in one window, and the badge only leaves the
+            # projector with a flush.
+            user.badge_reconcile = True
         user.projection_mailbox_seq = entry.mailbox_seq
         user.driving_event_id = entry.event_id
         if kind in STRUCTURAL_ENTRIES:
@@ -140,6 +152,9 @@ class Projector:
 
     def _batch(self, user: UserState, conversation_ids: list[str]) -> UserFlush:
         version = user.projection_mailbox_seq
+        if user.badge_reconcile:
+            user.badge = full_recompute(user.rows.values(), self.config.include_muted)
+            user.badge_reconcile = False
         rows = [user.rows[cid].as_row() for cid in conversation_ids]
         batch = UserFlush(
             user_id=user.user_id,
@@ -185,8 +200,20 @@ class Projector:
         for user_state in state["users"]:
             user_id = int(user_state["user_id"])
             projector.users[user_id] = UserState.load(user_state, rows_by_user.get(user_id, []))
-        projector.lose_dirty_set()
+        projector.restarted()
         return projector
+
+    def restarted(self) -> None:
+        """What a restart does, once the rows and users are back from the changelog.
+
+        The dirty set is gone (`lose_dirty_set`). And a restart replays the input from the last
+        committed offset, an older checkpoint than the state: a reconcile trigger (seed §3.4),
+        so every badge is recomputed in full from its rows. It leaves the projector with the
+        user's next flush (a badge is only ever written with a new version)."""
+        self.lose_dirty_set()
+        include_muted = self.config.include_muted
+        for user in self.users.values():
+            user.badge = full_recompute(user.rows.values(), include_muted)
 
     def lose_dirty_set(self) -> None:
         """What a restart does to the dirty set: it is gone, so every row of every user with

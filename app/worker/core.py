@@ -213,7 +213,9 @@ class WorkerCore:
             if user is None:  # a row written in a batch whose user record was lost: keep the row
                 user = projector.users[row.user_id] = UserState(row.user_id)
             user.rows[row.conversation_id] = row
-        projector.lose_dirty_set()  # the dirty set is never checkpointed
+        # Now that the rows are attached: the dirty set is lost (never checkpointed) and every
+        # badge is recomputed in full (a restart replays from an older checkpoint: a reconcile).
+        projector.restarted()
         if projector.dirty.row_count:
             # Unflushed work survived in the changelog: flush it within one window from now.
             projector.policy.window_start = self.clock()
