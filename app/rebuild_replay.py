@@ -12,8 +12,7 @@ memory).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.domain.ports import MessageStore, ProjectionStore
@@ -32,10 +31,6 @@ class MemoryTables:
         self.users: dict[int, dict[int, bytes]] = {}
         self.gates: dict[int, bytes] = {}
         self.pending: dict[int, dict[tuple[int, int], bytes]] = {}
-
-    @contextmanager
-    def writing(self, partition: int) -> Iterator[None]:
-        yield
 
     def put_row(self, partition: int, user_id: int, conversation_id: str, blob: bytes) -> None:
         self.rows.setdefault(partition, {})[(user_id, conversation_id)] = blob

@@ -72,6 +72,11 @@ class Settings:
     include_muted: bool = False
     # Users written to the projection store per pipelined round trip during one flush.
     flush_batch_size: int = 512
+    # Worker intake: one fetch of one partition is one batch for the core. Bigger batches cost
+    # less per entry (faust's per-event path runs once per batch) and hold more in memory; the
+    # records' total size is also capped per partition and fetch by intake_fetch_max_bytes.
+    intake_batch_max_records: int = 20_000
+    intake_fetch_max_bytes: int = 4 * 1024 * 1024
     # Beyond this distance between base and latest, unread becomes inexact (shown as 99+).
     unread_precise_limit: int = 200
 
@@ -235,6 +240,8 @@ class Settings:
             ("projection_compaction_window_ms", 1),
             ("max_dirty_rows", 1),
             ("flush_batch_size", 1),
+            ("intake_batch_max_records", 1),
+            ("intake_fetch_max_bytes", 1024),
             ("unread_precise_limit", 1),
             ("fault_kill_after_store_writes", 0),
         ):

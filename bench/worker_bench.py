@@ -83,6 +83,7 @@ class Stream:
     last_seq: dict[int, int]  # user -> last mailbox_seq
     entry_values: list[tuple[bytes, bytes, int, int]]  # (key, value, user, seq) of the entries
     setup: int  # entries before the start probe (not timed)
+    probes: int  # probe records (start, ticks, end; one per partition each)
 
     @property
     def timed(self) -> int:
@@ -90,8 +91,46 @@ class Stream:
         return self.entries - self.setup
 
 
-def probe(kind: str, partition: int) -> bytes:
-    return orjson.dumps({"type": "bench_probe", "probe": kind, "partition": partition})
+def probe(kind: str, partition: int, position: int = 0) -> bytes:
+    """A record no contender knows (the worker dead-letters it, the baselines forward it).
+    `position` = timed entries before it (tick probes)."""
+    return orjson.dumps({"type": "bench_probe", "probe": kind, "partition": partition, "position": position})
+
+
+# Tick probes in the timed part: the worker reacts to a probe when the whole fetch batch holding it
+# is processed, so its reaction to the start probe comes after the rest of that batch is done
+# too. Ticks that react together with the start probe show how much of the timed part was already
+# processed then; it is taken off the timed count (what stays uncounted-for is < TICK_EVERY
+# entries, < 0.5% of the default run, in the worker's favour).
+TICK_EVERY = 250
+
+
+def probe_reactions(records: list[Any]) -> dict[tuple[str, int, int], float]:
+    """(kind, partition, position) -> timestamp (s) of the first output for that probe."""
+    out: dict[tuple[str, int, int], float] = {}
+    for record in records:
+        value = record.value
+        if b"bench_probe" not in value:
+            continue
+        doc = orjson.loads(value)
+        if doc.get("type") != "bench_probe":  # the worker's dead-letter envelope
+            doc = orjson.loads(doc["value"])
+        key = (doc["probe"], doc["partition"], doc.get("position", 0))
+        out.setdefault(key, record.timestamp / 1000)
+    return out
+
+
+def done_at_start(reactions: dict[tuple[str, int, int], float], tolerance_s: float = 0.002) -> int:
+    """Timed entries certainly processed when the start probe got its reaction: the position of
+    the last tick that reacted with it."""
+    starts = [t for (kind, _, _), t in reactions.items() if kind == "start"]
+    if not starts:
+        return 0
+    started = min(starts)
+    return max(
+        (pos for (kind, _, pos), t in reactions.items() if kind == "tick" and t <= started + tolerance_s),
+        default=0,
+    )
 
 
 def marker(seq: int, ts: int) -> bytes:
@@ -124,6 +163,8 @@ def load_stream(path: Path, partitions: int, marker_every: int, timed_from: str)
     for index, (key, value, user, seq) in enumerate(entries, start=1):
         if index == setup + 1:
             records += [(None, probe("start", p), p) for p in range(partitions)]
+        elif index > setup + 1 and (index - setup - 1) % TICK_EVERY == 0:
+            records += [(None, probe("tick", p, index - setup - 1), p) for p in range(partitions)]
         records.append((key, value, None))
         last_seq[user] = max(last_seq.get(user, 0), seq)
         if index % marker_every == 0 or index == len(entries):
@@ -131,7 +172,8 @@ def load_stream(path: Path, partitions: int, marker_every: int, timed_from: str)
                 records.append((None, marker(seq, 0), p))
                 markers += 1
     records += [(None, probe("end", p), p) for p in range(partitions)]
-    return Stream(records, len(entries), markers, last_seq, entries, setup)
+    probes = sum(1 for _, value, _ in records if value.startswith(b'{"type":"bench_probe"'))
+    return Stream(records, len(entries), markers, last_seq, entries, setup, probes)
 
 
 # -- Kafka helpers -------------------------------------------------------------------------------
@@ -214,30 +256,6 @@ class Kafka:
         finally:
             await consumer.stop()
         return out
-
-    async def edges(self, topic: str) -> tuple[float, float, int]:
-        """(first record's timestamp, last record's timestamp) over the partitions, in seconds."""
-        from aiokafka import AIOKafkaConsumer
-
-        tps = await self._partitions(topic)
-        begins = await self.consumer.beginning_offsets(tps)
-        ends = await self.consumer.end_offsets(tps)
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
-        await consumer.start()
-        firsts: list[int] = []
-        lasts: list[int] = []
-        try:
-            consumer.assign(tps)
-            for tp in tps:
-                if ends[tp] <= begins[tp]:
-                    continue
-                for offset, sink in ((begins[tp], firsts), (ends[tp] - 1, lasts)):
-                    consumer.seek(tp, offset)
-                    record = await consumer.getone(tp)
-                    sink.append(record.timestamp)
-        finally:
-            await consumer.stop()
-        return min(firsts) / 1000, max(lasts) / 1000, sum(ends[tp] - begins[tp] for tp in tps)
 
     async def produce(self, topic: str, records: list[tuple[bytes | None, bytes, int | None]]) -> None:
         from aiokafka import AIOKafkaProducer
@@ -463,6 +481,11 @@ class Bench:
             "PROJECTOR_PROJECTION_NAMESPACE": name,
             "PROJECTOR_PROJECTION_COMPACTION_WINDOW_MS": str(window_ms),
             "PROJECTOR_DATA_DIR": str(self.work / f"{name}-data"),
+            **(
+                {"PROJECTOR_INTAKE_BATCH_MAX_RECORDS": str(self.args.worker_batch_records)}
+                if self.args.worker_batch_records
+                else {}
+            ),
         }
 
     async def run_one(self, contender: str, rep: int, stream: Stream) -> Run:
@@ -477,7 +500,7 @@ class Bench:
                 [env["PROJECTOR_TOPIC_SESSION_DELTA"], env["PROJECTOR_TOPIC_BADGE"], progress], partitions
             )
             argv = [*projector_argv(), "worker"]
-            expected = 2 * partitions  # the two probes, dead-lettered
+            expected = stream.probes  # every probe, dead-lettered
         elif contender == "aiokafka":
             progress = f"{name}-out"
             await self.kafka.create([progress], partitions)
@@ -500,7 +523,7 @@ class Bench:
             }
             env = {**os.environ, "NAIVE_FAUST_CONFIG": orjson.dumps(config).decode()}
             argv = [sys.executable, "bench/naive_faust_agent.py", "worker", "-l", "info", "--without-web"]
-            expected = stream.entries + 2 * partitions
+            expected = stream.entries + stream.probes
         tps = await self.kafka._partitions(progress)
         launched = time.time()
         proc = self.spawn([*shlex.split(a.wrapper), *argv], env, log_path)
@@ -518,16 +541,25 @@ class Bench:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"timed out after {a.timeout:.0f} s ({done:,}/{expected:,} outputs)")
                 await asyncio.sleep(0.1)
-            first, last, outputs = await self.kafka.edges(progress)
+            outputs_read = await self.kafka.read(progress)
+            run.outputs = len(outputs_read)
+            # The interval runs from the contender's reaction to the start probe to its reaction
+            # to the end probe, for every contender (the baselines' first output is a set-up
+            # entry's, long before the start probe).
+            reactions = probe_reactions(outputs_read)
+            first = min(t for (kind, _, _), t in reactions.items() if kind == "start")
+            last = max(t for (kind, _, _), t in reactions.items() if kind == "end")
             run.seconds = last - first
-            run.outputs = outputs
-            run.entries_per_s = stream.timed / run.seconds if run.seconds > 0 else math.nan
+            done_early = done_at_start(reactions)
+            timed = stream.timed - done_early
+            run.entries_per_s = timed / run.seconds if run.seconds > 0 else math.nan
             run.startup_s = first - launched
             if contender == "worker":
                 run.extra = await self.worker_frames(env, stream, first, deadline, proc, log_path)
+            run.extra["timed_entries_done_at_start"] = done_early
             sampler.stop()
             run.cpu_s = sampler.cpu_at(last) - sampler.cpu_at(first)
-            run.entries_per_cpu_s = stream.timed / run.cpu_s if run.cpu_s > 0 else math.nan
+            run.entries_per_cpu_s = timed / run.cpu_s if run.cpu_s > 0 else math.nan
             run.peak_rss_mib = sampler.peak_rss_kib / 1024
             run.ok = True
         except RuntimeError as exc:
@@ -768,7 +800,7 @@ def summarize(runs: list[Run], reps: int) -> dict[str, Any]:
             "runs": len(mine),
             "entries_per_s": {"min": min(rates), "median": median(rates), "max": max(rates)},
             "entries_per_cpu_s": median([r.entries_per_cpu_s for r in mine]),
-            "cpu_share": median([r.cpu_s / r.seconds for r in mine]),  # cores busy
+            "cpu_share": median([r.cpu_s / r.seconds if r.seconds > 0 else math.nan for r in mine]),  # cores
             "seconds_median": median([r.seconds for r in mine]),
             "startup_s_median": median([r.startup_s for r in mine]),
             "peak_rss_mib": max(r.peak_rss_mib for r in mine),
@@ -887,6 +919,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default="",
         help="prefix for the throughput runs' commands, e.g. a sampling profiler "
         "(CPU figures are then the wrapper's)",
+    )
+    p.add_argument(
+        "--worker-batch-records",
+        type=int,
+        default=env_int("WBENCH_WORKER_BATCH_RECORDS", 0),
+        help="the worker's PROJECTOR_INTAKE_BATCH_MAX_RECORDS (0: the product's default); a toy stream "
+        "needs small batches, or the whole timed part is one batch and cannot be timed",
     )
     p.add_argument("--timeout", type=float, default=env_float("WBENCH_TIMEOUT", 300), help="per run, s")
     p.add_argument("--report", type=Path, default=ROOT / "bench/out/worker_report.json")

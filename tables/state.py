@@ -9,7 +9,6 @@ partition of the source partition it belongs to (co-partitioned with mailbox-tai
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import faust
@@ -49,15 +48,15 @@ class FaustStateTables:
 
     A batch writes thousands of keys. Through `table[key] = value` each write would pass faust's
     ProducerBuffer, which drains one message at a time and stalls the stream every 100 pending
-    messages (measured: ~2k table writes/s, the whole worker at ~1k entries/s). Here the store
-    gets the bytes at once and the changelog records go straight to the producer's batching
-    accumulator; `commit()` (end of the batch) awaits their hand-off, and faust's offset commit
-    flushes the producer first, so no offset is committed past a changelog record in flight.
+    messages (measured: ~2k table writes/s, the whole worker at ~1k entries/s); and faust picks
+    the partition's store from the current stream event, which batch intake does not have. Here
+    each write goes to the named partition's RocksDB database and its changelog record to the
+    producer's batching accumulator; `commit()` (end of a persist) awaits their hand-off, and the
+    offset commit flushes the producer first, so no offset is committed past a changelog record
+    in flight.
 
     Keys are our own UTF-8 bytes (never decoded by faust), `"{partition}/..."`, so a partition's
-    state can be found again after a rebalance. The store write needs an event of the target
-    partition to be current (faust's RocksDB store picks the partition database from it):
-    `remember(stream, event)` for every partition of a batch, then `writing(partition)`.
+    state can be found again after a rebalance.
     """
 
     def __init__(self, tables: dict[str, Any], sender: BatchSender) -> None:
@@ -66,38 +65,17 @@ class FaustStateTables:
         self.users = tables["users"]
         self.gates = tables["gates"]
         self.pending = tables["pending"]
-        self._events: dict[int, Any] = {}
-        self._stream: Any = None
-        self._partition: int | None = None
         self._outgoing: list[tuple[Any, bytes, bytes | None, int]] = []
 
-    def remember(self, stream: Any, event: Any) -> None:
-        self._stream = stream
-        self._events[event.message.partition] = event
-
-    @contextmanager
-    def writing(self, partition: int) -> Iterator[None]:
-        event = self._events.get(partition)
-        if event is None or self._stream is None:
-            raise RuntimeError(f"no event of partition {partition} to write its tables under")
-        previous = self._stream.current_event
-        self._stream._set_current_event(event)
-        self._partition = partition
-        try:
-            yield
-        finally:
-            self._partition = None
-            self._stream._set_current_event(previous)
-
-    def _write(self, table: Any, key: str, value: bytes | None) -> None:
-        partition = self._partition
-        if partition is None:
-            raise RuntimeError("table writes happen inside writing(partition)")
+    def _write(self, table: Any, partition: int, key: str, value: bytes | None) -> None:
+        # faust's RocksDB store keeps one rocksdict database per partition. Its key index (a
+        # cache for faust's own reads by key) is not kept: these tables are only read whole.
+        db = table.data._db_for_partition(partition)
         raw_key = key.encode()
         if value is None:
-            table.data._del(raw_key)
+            db.delete(raw_key)
         else:
-            table.data._set(raw_key, value)
+            db.put(raw_key, value)
         self._outgoing.append((table, raw_key, value, partition))
 
     async def commit(self) -> None:
@@ -131,19 +109,19 @@ class FaustStateTables:
                 self._outgoing.append((self.gates, key, value, partition))
 
     def put_row(self, partition: int, user_id: int, conversation_id: str, blob: bytes) -> None:
-        self._write(self.rows, f"{partition}/{user_id}/{conversation_id}", blob)
+        self._write(self.rows, partition, f"{partition}/{user_id}/{conversation_id}", blob)
 
     def put_user(self, partition: int, user_id: int, blob: bytes) -> None:
-        self._write(self.users, f"{partition}/{user_id}", blob)
+        self._write(self.users, partition, f"{partition}/{user_id}", blob)
 
     def put_gate(self, partition: int, blob: bytes) -> None:
-        self._write(self.gates, f"{partition}", blob)
+        self._write(self.gates, partition, f"{partition}", blob)
 
     def put_pending(self, partition: int, user_id: int, mailbox_seq: int, raw: bytes) -> None:
-        self._write(self.pending, f"{partition}/{user_id}/{mailbox_seq}", raw)
+        self._write(self.pending, partition, f"{partition}/{user_id}/{mailbox_seq}", raw)
 
     def delete_pending(self, partition: int, user_id: int, mailbox_seq: int) -> None:
-        self._write(self.pending, f"{partition}/{user_id}/{mailbox_seq}", None)
+        self._write(self.pending, partition, f"{partition}/{user_id}/{mailbox_seq}", None)
 
     def snapshot(self, partition: int) -> PartitionSnapshot:
         # Iteration covers every active partition's store and needs no current event, so the

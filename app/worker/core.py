@@ -1,14 +1,18 @@
-"""WorkerCore: decode once, gate per partition, apply in order, persist per batch, flush.
+"""WorkerCore: decode once, gate per partition, apply in order in memory, persist per window, flush.
 
-Per batch of records (faust's `take_events`):
+Per batch of records (one fetch of one partition, `app.worker.batch_intake`):
   (partition, [record]) → decode → dead letters out | markers → gate | entries → gate
-  → released entries applied to the partition's Projector (wall-clock time)
-  → every row/user/gate/pending change of the batch written ONCE to the changelog tables
-  → UserConversationState changes staged and written in one batched call, with the member
-    directory's rows (group_members from join/leave) and statistics (member_stats from
-    message/recall/delete entries, app/members/stats.py).
-Only then does the agent return and faust ack the batch, so a committed offset never lies past
-work that is not in a changelog table.
+  → released entries applied to the partition's Projector (wall-clock time), in memory
+  → UserConversationState changes staged and written in one batched call in the background
+    (one in flight), with the member directory's rows (group_members from join/leave) and
+    statistics (member_stats from message/recall/delete entries, app/members/stats.py).
+
+Hot state: the rows/users/gate/pending changes since the last persist stay in memory and are
+written ONCE per row to the changelog tables at the partition's next persist: every flush
+(before the store write: durable before visible), at least once per window otherwise, and when
+the partition is revoked. Offsets follow it: only `durable_offsets()` (as of the last persist,
+which first waits for the Cassandra mirror writes) are committed, so a crash re-reads exactly what
+the changelog does not hold, and the gate's duplicate rule drops what it does.
 
 Flushes (window on the wall clock, or early past max_dirty_rows) write each dirty user's batch
 to the projection store atomically, then emit one SESSION_DELTA and one BADGE_UPDATE per user.
@@ -102,17 +106,18 @@ class WorkerStats:
 
 @dataclass(slots=True)
 class _Touched:
-    """What one batch changed in one partition: written to the tables once, at the end."""
+    """What changed in one partition since its state was last persisted: written to the tables
+    once per row at the next persist, however many batches touched it."""
 
     rows: set[tuple[int, str]] = field(default_factory=set)
     users: set[int] = field(default_factory=set)
     gate: bool = False
-    # Entries that started waiting in this batch and still wait at its end: (user, seq) -> raw.
-    # An entry that waits and is released within one batch never touches the table: lanes
+    # Entries that started waiting since the last persist and still wait: (user, seq) -> raw.
+    # An entry that waits and is released between two persists never touches the table: lanes
     # write their marker after their entries, so that is the common case, and writing then
     # deleting it would cost two changelog records per entry.
     pending_added: dict[tuple[int, int], bytes] = field(default_factory=dict)
-    # Entries released in this batch that were stored by an earlier batch.
+    # Entries released since the last persist that an earlier persist stored.
     pending_released: list[tuple[int, int]] = field(default_factory=list)
 
 
@@ -128,6 +133,14 @@ class PartitionState:
         self.member_stats: dict[tuple[int, str], MemberStats] = {}
         # Highest mailbox_seq of any entry read here: minus gate.hi, the watermark lag (metrics).
         self.max_seen_seq = 0
+        # Hot state: what the records read so far changed and the tables do not hold yet. The
+        # offsets follow it: `processed` = next offset after the last record applied, `durable`
+        # = the same as of the last persist (the only offset that may be committed).
+        self.unpersisted = _Touched()
+        self.unpersisted_since: int | None = None  # clock of the first change not persisted
+        self.processed_offset: int | None = None
+        self.durable_offset: int | None = None
+        self.committed_offset: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +188,7 @@ class WorkerCore:
         self.partitions: dict[int, PartitionState] = {}
         self.stats = WorkerStats()
         self._flush_lock = asyncio.Lock()
+        self._mirror_task: asyncio.Future[None] | None = None
 
     # -- partitions ---------------------------------------------------------------------------
 
@@ -247,34 +261,87 @@ class WorkerCore:
             self.partition(partition)
         await self.tables.commit()
 
-    def revoke(self, partitions: Sequence[int]) -> None:
-        """Partitions handed to another worker: their state lives on in the changelog."""
+    async def release(self, partitions: Sequence[int]) -> None:
+        """Partitions handed to another worker: persist their hot state (the new owner restores
+        it from the changelog) and forget them. Commit `durable_offsets()` afterwards."""
+        for partition in partitions:
+            state = self.partitions.get(partition)
+            if state is not None:
+                await self.persist(state)
+
+    def forget(self, partitions: Sequence[int]) -> None:
         for partition in partitions:
             self.partitions.pop(partition, None)
 
     # -- records ------------------------------------------------------------------------------
 
     async def on_records(self, records: Sequence[RawRecord]) -> None:
-        """Process one batch; returns once its effects are in the changelog tables."""
+        """Process one batch in memory. Its effects reach the changelog tables with the
+        partition's next persist (every flush, and at least once per window): until then its
+        offsets are not `durable_offsets()`, so a crash re-reads it."""
         now = self.clock()
         by_partition: dict[int, list[RawRecord]] = {}
         for record in records:
             by_partition.setdefault(record.partition, []).append(record)
         letters: list[tuple[bytes | None, bytes]] = []
         for partition, batch in by_partition.items():
-            touched = self._process(self.partition(partition), batch, now, letters)
-            self._persist(partition, touched)
-        await self.tables.commit()
+            state = self.partition(partition)
+            self._process(state, batch, now, letters)
+            state.processed_offset = batch[-1].offset + 1
+            if state.unpersisted_since is None:
+                state.unpersisted_since = now
         if letters:
             await self.outbox.dead_letters(letters)
         if self.state_writer is not None:
-            try:
-                self.stats.state_writes += await self.state_writer.flush()
-            except Exception as exc:  # Cassandra is a mirror here: never stop the projection for it
-                # The writer keeps what it could not write and retries with the next batch.
-                self.stats.state_write_failures += 1
-                log.error("UserConversationState write failed (will retry): %s", exc)
+            # The previous batch's write must have landed first (one in flight: backpressure);
+            # this batch's runs while the next batch is processed.
+            await self.state_mirrored()
+            self._mirror_task = asyncio.ensure_future(self._mirror_state(self.state_writer))
         await self.flush_due(self.clock(), only_memory_bound=True)
+
+    def durable_offsets(self) -> dict[int, int]:
+        """Per partition, the offset up to which every record's effect is in the changelog
+        tables and that is not committed yet (see `offsets_committed`)."""
+        return {
+            partition: state.durable_offset
+            for partition, state in self.partitions.items()
+            if state.durable_offset is not None and state.durable_offset != state.committed_offset
+        }
+
+    def offsets_committed(self, offsets: dict[int, int]) -> None:
+        for partition, offset in offsets.items():
+            state = self.partitions.get(partition)
+            if state is not None:
+                state.committed_offset = offset
+
+    async def persist(self, state: PartitionState) -> None:
+        """Write what the partition's hot state changed to the changelog tables (once per row)
+        and hand the records to the producer; its offsets become durable."""
+        # The Cassandra mirror first: once the changelog holds these entries, their re-reads are
+        # duplicates and would never stage their UserConversationState writes again.
+        await self.state_mirrored()
+        touched, state.unpersisted = state.unpersisted, _Touched()
+        offset, state.unpersisted_since = state.processed_offset, None
+        self._persist(state.partition, touched)
+        await self.tables.commit()
+        if offset is not None:
+            state.durable_offset = offset
+
+    async def state_mirrored(self) -> None:
+        """Returns once the UserConversationState/member writes of every batch processed so far
+        were attempted (a persist waits for it)."""
+        task = self._mirror_task
+        if task is not None:
+            self._mirror_task = None
+            await task
+
+    async def _mirror_state(self, writer: StateWriter) -> None:
+        try:
+            self.stats.state_writes += await writer.flush()
+        except Exception as exc:  # Cassandra is a mirror here: never stop the projection for it
+            # The writer keeps what it could not write and retries with the next batch.
+            self.stats.state_write_failures += 1
+            log.error("UserConversationState write failed (will retry): %s", exc)
 
     def _process(
         self,
@@ -282,11 +349,11 @@ class WorkerCore:
         batch: list[RawRecord],
         now: int,
         letters: list[tuple[bytes | None, bytes]],
-    ) -> _Touched:
+    ) -> None:
         stats = self.stats
         lanes = self.config.lanes
         gate = state.gate
-        touched = _Touched()
+        touched = state.unpersisted
         for record in batch:
             stats.records += 1
             decoded = decode_record(record.value, lanes)
@@ -317,7 +384,6 @@ class WorkerCore:
                 touched.pending_added[(decoded.user_id, decoded.mailbox_seq)] = record.value
             else:
                 stats.duplicates += 1
-        return touched
 
     def _apply(self, state: PartitionState, entry: Entry, now: int, touched: _Touched) -> None:
         projector = state.projector
@@ -373,30 +439,31 @@ class WorkerCore:
             )
 
     def _persist(self, partition: int, touched: _Touched) -> None:
-        """Write the batch's changes to the changelog tables: once per row, not per entry."""
+        """Write what changed to the changelog tables: once per row, not per entry."""
         state = self.partitions[partition]
         tables = self.tables
         users = state.projector.users
-        with tables.writing(partition):
-            for (user_id, mailbox_seq), raw in touched.pending_added.items():
-                tables.put_pending(partition, user_id, mailbox_seq, raw)
-            for user_id, mailbox_seq in touched.pending_released:
-                tables.delete_pending(partition, user_id, mailbox_seq)
-            for user_id, conversation_id in touched.rows:
-                record = users[user_id].rows[conversation_id].dump()
-                stats = state.member_stats.get((user_id, conversation_id))
-                if stats is not None:
-                    record[_STATS_KEY] = stats.dump()
-                tables.put_row(partition, user_id, conversation_id, msgspec.msgpack.encode(record))
-            for user_id in touched.users:
-                tables.put_user(partition, user_id, msgspec.msgpack.encode(users[user_id].dump()))
-            if touched.gate:
-                tables.put_gate(partition, msgspec.msgpack.encode(state.gate.dump()))
+        for (user_id, mailbox_seq), raw in touched.pending_added.items():
+            tables.put_pending(partition, user_id, mailbox_seq, raw)
+        for user_id, mailbox_seq in touched.pending_released:
+            tables.delete_pending(partition, user_id, mailbox_seq)
+        for user_id, conversation_id in touched.rows:
+            record = users[user_id].rows[conversation_id].dump()
+            stats = state.member_stats.get((user_id, conversation_id))
+            if stats is not None:
+                record[_STATS_KEY] = stats.dump()
+            tables.put_row(partition, user_id, conversation_id, msgspec.msgpack.encode(record))
+        for user_id in touched.users:
+            tables.put_user(partition, user_id, msgspec.msgpack.encode(users[user_id].dump()))
+        if touched.gate:
+            tables.put_gate(partition, msgspec.msgpack.encode(state.gate.dump()))
 
     # -- flushing -----------------------------------------------------------------------------
 
     async def flush_due(self, now: int, *, only_memory_bound: bool = False) -> int:
-        """Flush every partition whose window elapsed (or that holds too many dirty rows)."""
+        """Flush every partition whose window elapsed (or that holds too many dirty rows); persist
+        the hot state of the others at least once per window (pending entries, gate marks,
+        duplicates: changes that flush nothing still move the durable offset)."""
         flushed = 0
         for state in list(self.partitions.values()):
             projector = state.projector
@@ -406,15 +473,24 @@ class WorkerCore:
                 due = projector.flush_due(now)
             if due:
                 flushed += await self.flush_partition(state)
+            elif (
+                not only_memory_bound
+                and state.unpersisted_since is not None
+                and now - state.unpersisted_since >= self.config.window_ms
+            ):
+                await self.persist(state)
         return flushed
 
     async def flush_all(self) -> int:
         return sum([await self.flush_partition(state) for state in list(self.partitions.values())])
 
     async def flush_partition(self, state: PartitionState) -> int:
-        """One flush: atomic per-user writes to the projection store, then the frames."""
+        """One flush: the hot state persisted, atomic per-user writes to the projection store,
+        then the frames."""
         async with self._flush_lock:  # one flush at a time keeps each user's versions in order
             batches = state.projector.flush()
+            # Durable before visible: what the store is about to show is in the changelog first.
+            await self.persist(state)
             if not batches:
                 return 0
             started = time.perf_counter()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from typing import NamedTuple, Protocol
 
 
@@ -27,14 +26,8 @@ class PartitionSnapshot(NamedTuple):
 
 
 class StateTables(Protocol):
-    """The changelog-backed tables (RocksDB + Kafka changelog in production).
-
-    Writes happen inside `writing(partition)`: faust routes a table write to the changelog
-    partition of the event being processed, so the adapter makes an event of that partition
-    current for the duration.
-    """
-
-    def writing(self, partition: int) -> AbstractContextManager[None]: ...
+    """The changelog-backed tables (RocksDB + Kafka changelog in production). Every write
+    names its partition: it goes to that partition's store and changelog partition."""
 
     def put_row(self, partition: int, user_id: int, conversation_id: str, blob: bytes) -> None: ...
 

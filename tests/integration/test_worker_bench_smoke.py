@@ -26,6 +26,9 @@ def test_worker_bench_toy_run_writes_a_report(tmp_path: Path) -> None:
         "--group-size": "15",
         "--messages": "60",
         "--marker-every": "50",
+        # ~1,000 entries: in the product's batches (20,000 records) the whole run would be one
+        # batch, and a batch's reactions to both probes come at once.
+        "--worker-batch-records": "100",
         "--reps": "1",
         "--latency-seconds": "2",
         "--latency-rate": "200",

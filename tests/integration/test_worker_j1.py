@@ -1,11 +1,12 @@
-"""J-1 end to end: a group, 1,000 messages at 20 msg/s, window 5 s. Persistent projection writes
-per member, counted at the Redis store, stay <= ceil(span/window) + 1 = 11, so the compression
-ratio is >= 1000/11 > 90.
+"""J-1 end to end: a 1,000-member group, 1,000 messages; persistent projection writes per member,
+counted at the Redis store, stay <= ceil(span/window) + 1 = 11, so the compression ratio is
+>= 1000/11 > 90.
 
-Scaled to 100 members: the seed's 1,000 members at 20 msg/s need a worker that sustains 20k
-entries/s on the wall clock, and one faust worker here does not (faust's per-event stream path
-alone measured 5-7k events/s on this 2-core machine; see the worker benchmark). Replay runs the
-full 1,000-member J-1 on the same core (tests/unit/test_core_rules.py, bench)."""
+Time-scaled as the issue allows ("if the window is scaled with it"), here stretched by 2: 10
+msg/s with a 10 s window, so span/window and the bound are J-1's (20 msg/s, 5 s) while the worker
+needs 10k entries/s on the wall clock instead of 20k. One worker sustains ~20k/s in the
+benchmark, but CI runs it on 2 cores shared with Kafka, Cassandra, Redis and this producer, and a
+worker that falls behind stretches its own flush span past the producer's."""
 
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ from tests.integration.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-MEMBERS = 100
+MEMBERS = 1000
 MESSAGES = 1000
-RATE = 20  # messages per second
-WINDOW_MS = 5000
+RATE = 10  # messages per second (J-1's 20, stretched by 2)
+WINDOW_MS = 10_000  # J-1's 5 s, stretched by 2
 LANES = 4
 CONV = "11111111-2222-4333-8444-555555555555"
 
@@ -79,7 +80,7 @@ async def test_j1_writes_per_member_stay_within_the_window_bound(stack: Stack) -
     started = time.monotonic()
     try:
         for message in range(1, MESSAGES + 1):
-            # 20 msg/s in real time: the worker's window runs on the wall clock.
+            # The rate in real time: the worker's window runs on the wall clock.
             due = started + (message - 1) / RATE
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             ts = int(time.time() * 1000)
