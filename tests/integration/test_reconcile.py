@@ -1,0 +1,684 @@
+"""Reconcile acceptance on the real servers (seed §3.4, issue 7), through the real worker.
+
+The triggers: a read moved to a non-latest seq from another device, an explicit MAILBOX_DIRTY,
+a replay from an older checkpoint, a new device's login pull. Each must recompute (never just
+zero), recompute the user's badge in full, and reach clients as absolute frames. Every test
+compares the worker's result with `projector replay` of the same entries and with the unread
+definition evaluated here, independently of the core.
+
+Drift cannot come from correct entries, so one test plants it where a bug would leave it: in
+the worker's own changelog records, which a worker with a fresh data dir restores from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import socket
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import orjson
+import pytest
+
+from app.domain.client import SessionView, sort_rows
+from app.settings import Settings
+from tests.integration.stack import Stack, read_jsonl
+from tests.unit.builders import CONV_A, CONV_B, Stream
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+ME, PEER = 7, 99
+BADGE_FIELDS = ("total_unread", "total_mention", "muted_unread")
+
+
+# -- the definition, evaluated independently of the core ---------------------------------------
+
+
+def definition(lines: Iterable[bytes], user: int, conv: str, limit: int = 200) -> dict[str, Any]:
+    """unread / mention / first mention / exact of DESIGN §3.4 over the user's entries of `conv`
+    (the types these tests use: message, read, recall, join, mailbox_dirty), in mailbox_seq
+    order. Exact only when latest - base <= limit or every counted seq is known (as here, where
+    the user received every message)."""
+    entries = sorted(
+        (
+            e
+            for e in map(orjson.loads, lines)
+            if e.get("user_id") == user and e.get("conversation_id") == conv
+        ),
+        key=lambda e: e["mailbox_seq"],
+    )
+    received: dict[int, dict[str, Any]] = {}
+    recalled: set[int] = set()
+    read = joined = 0
+    for e in entries:
+        kind = e["type"]
+        if kind == "message":
+            received.setdefault(e["conversation_seq"], e)
+        elif kind == "read":
+            read = max(read, e["read_conversation_seq"])
+        elif kind == "recall":
+            recalled.add(e["target_conversation_seq"])
+        elif kind == "join":
+            joined = e["joined_at_conversation_seq"]
+    base = max(read, joined)
+    latest = max(received, default=0)
+    counted = sorted(
+        seq
+        for seq, m in received.items()
+        if base < seq <= latest and m["sender_id"] != user and m["counts_unread"] and seq not in recalled
+    )
+    mentions = [seq for seq in counted if received[seq]["mention"]]
+    return {
+        "unread_count": len(counted),
+        "mention_count": len(mentions),
+        "mention_first_conversation_seq": mentions[0] if mentions else None,
+        "latest_conversation_seq": latest or None,
+        "read_conversation_seq": read,
+    }
+
+
+def of_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row[k] for k in ("unread_count", "mention_count", "mention_first_conversation_seq")} | {
+        k: row[k] for k in ("latest_conversation_seq", "read_conversation_seq")
+    }
+
+
+def badge_of_rows(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """The full recompute of DESIGN §3.8 (include_muted off), from rows as served."""
+    unread = mention = muted = 0
+    for row in rows:
+        active = row["membership"] == "active"
+        if active and not row["archived"] and not row["muted"]:
+            unread += row["unread_count"]
+        if active:
+            mention += row["mention_count"]
+        if row["muted"]:
+            muted += row["unread_count"]
+    return {"total_unread": unread, "total_mention": mention, "muted_unread": muted}
+
+
+# -- helpers on the stack ------------------------------------------------------------------------
+
+
+def store_messages(settings: Settings, lines: Iterable[bytes]) -> None:
+    """Write the stream's messages, recalls and heads to the real MessageStore first, as the
+    chat backend (and `projector simulate`) does before the mailbox entries go out: a bounded
+    recompute in the worker reads them there."""
+    from app.stores.cassandra_messages import CassandraMessageStore, ConversationHead, NewMessage
+    from app.stores.cassandra_session import open_cluster
+
+    messages: dict[tuple[str, int], NewMessage] = {}
+    recalls: list[tuple[str, int, bool]] = []
+    for e in map(orjson.loads, lines):
+        if e.get("type") == "message":
+            key = (e["conversation_id"], e["conversation_seq"])
+            mentions = frozenset({e["user_id"]}) if e["mention"] else frozenset()
+            if key in messages:
+                mentions |= messages[key].mentions
+            messages[key] = NewMessage(
+                e["conversation_id"],
+                e["conversation_seq"],
+                e["message_id"],
+                e["activity_id"],
+                e["sender_id"],
+                e["created_at"],
+                e["counts_unread"],
+                mentions,
+            )
+        elif e.get("type") == "recall":
+            recalls.append((e["conversation_id"], e["target_conversation_seq"], False))
+    heads: dict[str, ConversationHead] = {}
+    for m in messages.values():
+        if (
+            m.conversation_id not in heads
+            or m.conversation_seq > heads[m.conversation_id].latest_conversation_seq
+        ):
+            heads[m.conversation_id] = ConversationHead(
+                m.conversation_id, m.conversation_seq, m.message_id, m.activity_id
+            )
+    cluster, session = open_cluster(settings)
+    try:
+        store = CassandraMessageStore(session, settings.cassandra_keyspace)
+        store.put_messages(messages.values())
+        store.mark_recalled_many(recalls)
+        store.update_heads(heads.values())
+    finally:
+        cluster.shutdown()
+
+
+def replayed(stack: Stack, tmp: Path, lines: list[bytes], name: str) -> tuple[list[Any], list[Any]]:
+    path = tmp / f"{name}.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    out = tmp / f"{name}-replay"
+    lanes = str(stack.settings.lanes)
+    stack.run("replay", "--input", str(path), "--out", str(out), "--lanes", lanes, "--progress", "never")
+    return read_jsonl(out / "projections.jsonl"), read_jsonl(out / "badges.jsonl")
+
+
+async def frames_until(stack: Stack, topic: str, user: int, version: int) -> list[dict[str, Any]]:
+    """Every frame of `user` on `topic`, once the one for `version` is there."""
+
+    def done(got: list[dict[str, Any]]) -> bool:
+        return any(f["user_id"] == user and f["projection_mailbox_seq"] >= version for f in got)
+
+    frames = await stack.consume(topic, done, timeout=60)
+    return [f for f in frames if f["user_id"] == user]
+
+
+async def settle(stack: Stack, s: Stream, everything: list[bytes], user: int = ME) -> None:
+    """Store, produce and apply the stream's new lines (closed by every lane's marker)."""
+    lines = s.close()
+    s.lines = []
+    everything += lines
+    await asyncio.to_thread(store_messages, stack.settings, lines)
+    await stack.produce(lines)
+    await stack.wait_for_versions({user: s.seq}, timeout=180, alive=running(stack))
+
+
+def running(stack: Stack) -> Callable[[], None]:
+    """Fails when the latest worker exited (the earlier ones were stopped on purpose)."""
+    return stack.alive(len(stack.workers) - 1)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+# -- 1. a read moved to a non-latest seq from another device -------------------------------------
+
+
+async def test_cross_device_read_to_a_non_latest_seq_yields_the_exact_recomputed_unread(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    stack = make_stack("recon-read", partitions=1, lanes=1)
+    everything: list[bytes] = []
+    s = Stream()
+    # A: twelve messages (mentions at 3 and 9; 5 is my own; 6 does not count), device 1 read 2.
+    for seq in range(1, 13):
+        s.message(ME, seq, sender=ME if seq == 5 else PEER, counts=seq != 6, mention=seq in (3, 9))
+    s.read(ME, 2)
+    # B: joined at 300, received 1..301, then the join moves down to 0 (re-added with history):
+    # the hand was pruned at 300, latest - base = 301 > 200, so the row is inexact 200 (99+).
+    s.entry("join", ME, CONV_B, joined_at_conversation_seq=300)
+    for seq in range(1, 302):
+        s.message(ME, seq, conv=CONV_B)
+    s.entry("join", ME, CONV_B, joined_at_conversation_seq=0)
+    stack.start_worker()
+    await settle(stack, s, everything)
+    rows, _ = await stack.projection([ME])
+    by_conv = {r["conversation_id"]: r for r in rows}
+    assert (by_conv[CONV_B]["unread_count"], by_conv[CONV_B]["unread_exact"]) == (200, False)
+
+    # Device 2 reads A up to 7 while the head is 12: recompute from the hand, never zero.
+    read_a = s.read(ME, 7)
+    await settle(stack, s, everything)
+    # Device 3 reads B up to 250 (head 301, below the pruned hand): one bounded range read of
+    # the real MessageStore makes the row exact again.
+    read_b = s.read(ME, 250, conv=CONV_B)
+    await settle(stack, s, everything)
+    # A lagging device's older read moves nothing; then fan-out disorder and a recall, and
+    # another non-latest read.
+    s.read(ME, 4)
+    s.message(ME, 14, mention=True)
+    s.message(ME, 13)
+    s.recall(ME, 9)
+    read_a2 = s.read(ME, 11)
+    await settle(stack, s, everything)
+
+    rows, badges = await stack.projection([ME])
+    expected_rows, expected_badges = replayed(stack, tmp_path, everything, "read")
+    assert rows == expected_rows
+    assert badges == expected_badges
+    by_conv = {r["conversation_id"]: r for r in rows}
+    for conv in (CONV_A, CONV_B):
+        assert of_row(by_conv[conv]) == definition(everything, ME, conv), conv
+        assert by_conv[conv]["unread_exact"] is True
+    assert by_conv[CONV_A]["unread_count"] == 3 and by_conv[CONV_B]["unread_count"] == 51
+    assert {k: badges[0][k] for k in BADGE_FIELDS} == badge_of_rows(rows)
+
+    # The frames: each read's own flush carries the recomputed row and the full badge, both
+    # absolute; applied with the client rule they give the served rows.
+    deltas = await frames_until(stack, stack.settings.topic_session_delta, ME, s.seq)
+    badge_frames = await frames_until(stack, stack.settings.topic_badge, ME, s.seq)
+    for read_seq, conv in ((read_a, CONV_A), (read_b, CONV_B), (read_a2, CONV_A)):
+        prefix = [line for line in everything if orjson.loads(line).get("mailbox_seq", 0) <= read_seq]
+        (frame,) = [f for f in deltas if f["projection_mailbox_seq"] == read_seq]
+        (row,) = [r for r in frame["conversations"] if r["conversation_id"] == conv]
+        want = definition(prefix, ME, conv)
+        assert of_row(row) == want and row["unread_exact"] is True and want["unread_count"] > 0
+        (badge,) = [b for b in badge_frames if b["projection_mailbox_seq"] == read_seq]
+        at_read, _ = replayed(stack, tmp_path, prefix, f"read-{read_seq}")
+        assert {k: badge[k] for k in BADGE_FIELDS} == badge_of_rows(at_read)
+    view = SessionView(ME)
+    for frame in deltas:
+        assert not view.apply(frame).needs_repull
+    assert [dict(r) for _, r in sorted(view.known().items())] == rows
+    stack.stop_workers()
+
+
+# -- 2. MAILBOX_DIRTY, on a row that drifted ---------------------------------------------------
+
+
+async def changelog_latest(stack: Stack, table: str, key: bytes) -> tuple[int, dict[str, Any]]:
+    """(partition, decoded value) of the last record for `key` in a worker table's changelog."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    topic = f"{stack.settings.app_id}-{table}-changelog"
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=stack.settings.kafka_bootstrap, group_id=None, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        # faust creates a table's changelog with the source topic's partition count.
+        tps = [TopicPartition(topic, p) for p in range(stack.settings.topic_partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        found: tuple[int, bytes] | None = None
+        while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                for record in records:
+                    if record.key == key and record.value is not None:
+                        found = (record.partition, record.value)
+    finally:
+        await consumer.stop()
+    assert found is not None, f"{key!r} not in {topic}"
+    return found[0], msgspec.msgpack.decode(found[1])
+
+
+async def plant(stack: Stack, table: str, key: bytes, change: Callable[[dict[str, Any]], None]) -> None:
+    """Append a changed copy of the key's last changelog record: what a worker restoring from the
+    changelog will hold, as if a bug had written it."""
+    partition, value = await changelog_latest(stack, table, key)
+    change(value)
+    producer = await stack.open_producer()
+    try:
+        topic = f"{stack.settings.app_id}-{table}-changelog"
+        await producer.send_and_wait(topic, msgspec.msgpack.encode(value), key=key, partition=partition)
+    finally:
+        await producer.stop()
+
+
+async def test_mailbox_dirty_recomputes_a_drifted_row_and_the_badge_in_full(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    stack = make_stack("recon-dirty", partitions=1, lanes=1)
+    everything: list[bytes] = []
+    s = Stream()
+    for seq in range(1, 11):
+        s.message(ME, seq, mention=seq in (3, 8))
+    s.read(ME, 2)
+    for seq in range(1, 4):
+        s.message(ME, seq, conv=CONV_B)
+    stack.start_worker(0)
+    await settle(stack, s, everything)
+    stack.stop_workers()
+
+    # The bug the seed warns of: A's unread zeroed while messages above the base are unread;
+    # and a badge that drifted by deltas.
+    def zeroed(row: dict[str, Any]) -> None:
+        row.update(unread_count=0, mention_count=0, mention_first=None)
+
+    def drifted(user: dict[str, Any]) -> None:
+        user["badge"] = [999, 77, 5]
+
+    await plant(stack, "rows", f"0/{ME}/{CONV_A}".encode(), zeroed)
+    await plant(stack, "users", f"0/{ME}".encode(), drifted)
+    stack.start_worker(1)  # a fresh data dir: the state comes back from the changelog
+
+    # An ordinary entry first. Its flush writes row B and the badge: the worker's badge is the
+    # restart's full recompute over the rows it holds, B's 4 plus the planted A's 0 -- neither
+    # the planted 999 nor the 12 that the rows still served (A as flushed before) add up to.
+    s.message(ME, 4, conv=CONV_B)
+    await settle(stack, s, everything)
+    _, badges = await stack.projection([ME])
+    assert (badges[0]["total_unread"], badges[0]["total_mention"]) == (4, 0), "drift not planted"
+
+    dirty = s.entry("mailbox_dirty", ME, CONV_A)
+    await settle(stack, s, everything)
+    rows, badges = await stack.projection([ME])
+    expected_rows, expected_badges = replayed(stack, tmp_path, everything, "dirty")
+    assert rows == expected_rows  # the definition's value, as if nothing had drifted
+    assert badges == expected_badges
+    by_conv = {r["conversation_id"]: r for r in rows}
+    assert of_row(by_conv[CONV_A]) == definition(everything, ME, CONV_A)
+    assert by_conv[CONV_A]["unread_count"] == 8
+    assert (
+        {k: badges[0][k] for k in BADGE_FIELDS}
+        == badge_of_rows(rows)
+        == {
+            "total_unread": 12,
+            "total_mention": 2,
+            "muted_unread": 0,
+        }
+    )
+    deltas = await frames_until(stack, stack.settings.topic_session_delta, ME, dirty)
+    (frame,) = [f for f in deltas if f["projection_mailbox_seq"] == dirty]
+    assert frame["driving_mailbox_seq"] == dirty and frame["prev_projection_mailbox_seq"] == dirty - 1
+    assert [(r["conversation_id"], r["unread_count"]) for r in frame["conversations"]] == [(CONV_A, 8)]
+    badge_frames = await frames_until(stack, stack.settings.topic_badge, ME, dirty)
+    (badge,) = [b for b in badge_frames if b["projection_mailbox_seq"] == dirty]
+    assert (badge["total_unread"], badge["total_mention"]) == (12, 2)
+    stack.stop_workers()
+
+
+# -- 3. a replay from an older checkpoint --------------------------------------------------------
+
+
+async def group_offsets(stack: Stack) -> dict[int, int]:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=stack.settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(stack.settings.app_id)
+    finally:
+        await admin.close()
+    topic = stack.settings.topic_mailbox_tail
+    return {tp.partition: meta.offset for tp, meta in committed.items() if tp.topic == topic}
+
+
+async def committed_up_to(stack: Stack, offsets: dict[int, int], alive: Callable[[], None]) -> dict[int, int]:
+    deadline = time.monotonic() + 60
+    while (committed := await group_offsets(stack)) != offsets:
+        alive()
+        assert time.monotonic() < deadline, f"committed {committed}, want {offsets}"
+        await asyncio.sleep(0.5)
+    return committed
+
+
+async def rewind(stack: Stack, offsets: dict[int, int]) -> None:
+    """Commit older offsets for the worker's consumer group (no member is running): the next
+    worker starts there, as after a crash long before its last commit."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.structs import OffsetAndMetadata
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=stack.settings.kafka_bootstrap,
+        group_id=stack.settings.app_id,
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        topic = stack.settings.topic_mailbox_tail
+        tps = {TopicPartition(topic, p): OffsetAndMetadata(o, "") for p, o in offsets.items()}
+        consumer.assign(list(tps))
+        await consumer.commit(tps)
+    finally:
+        await consumer.stop()
+    assert await group_offsets(stack) == offsets
+
+
+async def end_offsets(stack: Stack) -> dict[int, int]:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    topic = stack.settings.topic_mailbox_tail
+    consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.kafka_bootstrap, group_id=None)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(stack.settings.topic_partitions)]
+        return {tp.partition: offset for tp, offset in (await consumer.end_offsets(tps)).items()}
+    finally:
+        await consumer.stop()
+
+
+async def entries_between(stack: Stack, start: dict[int, int], end: dict[int, int]) -> int:
+    """Mailbox entries (markers excluded) at offsets [start, end) per partition."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    topic = stack.settings.topic_mailbox_tail
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=stack.settings.kafka_bootstrap, group_id=None, enable_auto_commit=False
+    )
+    await consumer.start()
+    count = 0
+    try:
+        for partition, offset in start.items():
+            tp = TopicPartition(topic, partition)
+            consumer.assign([tp])
+            consumer.seek(tp, offset)
+            while await consumer.position(tp) < end[partition]:
+                for records in (await consumer.getmany(tp, timeout_ms=500)).values():
+                    count += sum(
+                        1
+                        for r in records
+                        if r.offset < end[partition] and orjson.loads(r.value).get("type") != "watermark"
+                    )
+    finally:
+        await consumer.stop()
+    return count
+
+
+async def worker_metrics(port: int, ready: Callable[[str], bool], alive: Callable[[], None]) -> str:
+    """Scrape the worker's /metrics until `ready`; the entry counters in the failure message."""
+    import aiohttp
+
+    from app.metrics import sample
+
+    url = f"http://127.0.0.1:{port}/metrics"
+    deadline = time.monotonic() + 180
+    text = ""
+    async with aiohttp.ClientSession() as http:
+        while True:
+            alive()
+            try:
+                async with http.get(url) as resp:
+                    text = await resp.text()
+                if ready(text):
+                    return text
+            except aiohttp.ClientConnectionError:
+                pass  # still starting
+            if time.monotonic() > deadline:
+                counters = {
+                    name: sample(text, f"projector_entries_{name}")
+                    for name in ("in_total", "applied_total", "duplicate_total", "pending")
+                }
+                raise AssertionError(f"{url}: not met after 180s: {counters}")
+            await asyncio.sleep(0.5)
+
+
+async def test_a_replay_from_an_older_checkpoint_drops_duplicates_and_ends_exact(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    from app.metrics import sample
+
+    stack = make_stack("recon-ckpt", partitions=2, lanes=2)
+    stream = tmp_path / "stream.jsonl"
+    stack.run(
+        *("simulate", "--users", "30", "--conversations", "10", "--group-size", "20"),
+        *("--messages", "300", "--rate", "0", "--lanes", "2", "--seed", "31"),
+        *("--out", str(stream), "--progress", "never"),
+    )
+    everything = stream.read_bytes().splitlines()
+    _, first_badges = replayed(stack, tmp_path, everything, "part1")
+    versions = {b["user_id"]: b["projection_mailbox_seq"] for b in first_badges}
+    stack.start_worker(0)
+    await stack.wait_for_versions(versions, timeout=240, alive=running(stack))
+    # The worker commits an offset once the batch's effects are durable (persisted at least
+    # once per window): wait until everything read is committed, then stop.
+    processed = await end_offsets(stack)
+    committed = await committed_up_to(stack, processed, running(stack))
+    stack.stop_workers()
+
+    # More traffic after the stop: two users read below latest from another device and get
+    # new messages (continuing the mailbox's sequence space).
+    users = sorted(versions)[:2]
+    s = Stream(lanes=2)
+    s.seq = max(versions.values())
+    s.ts = max(orjson.loads(line)["ts"] for line in everything)
+    for user in users:
+        s.message(user, 10_001, conv=CONV_A, mention=True)
+        s.message(user, 10_002, conv=CONV_A, lane=1)
+        s.message(user, 10_003, conv=CONV_A)
+        s.read(user, 10_001, conv=CONV_A)
+    more = s.close()
+    everything += more
+    await asyncio.to_thread(store_messages, stack.settings, more)
+    await stack.produce(more)
+
+    # Back to an older checkpoint: half of what was committed. The local state (RocksDB) is
+    # kept, so it is AHEAD of the offsets: everything up to the old commit is read again.
+    older = {p: o // 2 for p, o in committed.items()}
+    await rewind(stack, older)
+    again = await entries_between(stack, older, processed)
+    new = sum(1 for line in more if orjson.loads(line)["type"] != "watermark")
+    port = free_port()
+    stack.env["PROJECTOR_WORKER_METRICS_PORT"] = str(port)
+    stack.start_worker(0)
+    expected_rows, expected_badges = replayed(stack, tmp_path, everything, "all")
+    final = {b["user_id"]: b["projection_mailbox_seq"] for b in expected_badges}
+    await stack.wait_for_versions(final, timeout=240, alive=running(stack))
+    # At least once: a rebalance while starting may seek back and read a range twice more.
+    text = await worker_metrics(
+        port,
+        lambda t: (
+            sample(t, "projector_entries_duplicate_total") >= again
+            and sample(t, "projector_entries_applied_total") >= new
+        ),
+        running(stack),
+    )
+    assert sample(text, "projector_entries_applied_total") == new  # dropped, never re-applied
+    rows, badges = await stack.projection(sorted(final))
+    assert rows == expected_rows and badges == expected_badges  # no double count anywhere
+    ends = await end_offsets(stack)
+    await committed_up_to(stack, ends, running(stack))
+    stack.stop_workers()
+
+    # And from the very beginning with the local state lost: the state comes back from the
+    # changelogs, every entry read is a duplicate, nothing changes.
+    start = {p: 0 for p in range(stack.settings.topic_partitions)}
+    await rewind(stack, start)
+    port = free_port()
+    stack.env["PROJECTOR_WORKER_METRICS_PORT"] = str(port)
+    stack.start_worker(1)
+    total = await entries_between(stack, start, ends)
+    text = await worker_metrics(
+        port, lambda t: sample(t, "projector_entries_duplicate_total") >= total, running(stack)
+    )
+    assert sample(text, "projector_entries_applied_total") == 0
+    await asyncio.sleep(2 * stack.settings.projection_compaction_window_ms / 1000)
+    rows, badges = await stack.projection(sorted(final))
+    assert rows == expected_rows and badges == expected_badges
+
+    # Frames: per user, versions strictly increase and each frame names the one before it:
+    # nothing was emitted twice or counted twice on the way.
+    deltas = await stack.consume(
+        stack.settings.topic_session_delta,
+        lambda got: {f["user_id"]: f["projection_mailbox_seq"] for f in got} == final,
+        timeout=60,
+    )
+    chains: dict[int, list[tuple[int, int]]] = {}
+    for frame in deltas:
+        chains.setdefault(frame["user_id"], []).append(
+            (frame["prev_projection_mailbox_seq"], frame["projection_mailbox_seq"])
+        )
+    for user, chain in chains.items():
+        for (_, before), (prev, version) in itertools.pairwise(chain):
+            assert prev == before < version, (user, chain)
+    stack.stop_workers()
+
+
+# -- 4. a new device's login pull ----------------------------------------------------------------
+
+
+async def test_a_login_pull_on_a_new_device_gets_the_exact_rows_missing_ones_filled(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    from aiohttp.test_utils import TestServer
+
+    from app.api import Deps, create_app
+    from app.api.sources import CassandraStateFiller, RedisProjectionReader
+    from app.api.tokens import TokenSigner
+    from app.sdk import LiveSessionList, SessionsClient
+    from app.stores.cassandra_messages import CassandraMessageStore
+    from app.stores.cassandra_session import open_cluster
+    from app.stores.cassandra_state import UserConversationStateWriter
+    from app.stores.redis_projection import RedisProjectionStore
+    from tests.unit.test_api_rows import SECRET
+
+    stack = make_stack("recon-login", partitions=1, lanes=1)
+    everything: list[bytes] = []
+    s = Stream()
+    convs = [f"0c0c0c0c-0000-4000-8000-{n:012x}" for n in range(1, 7)]
+    for i, conv in enumerate(convs):
+        for seq in range(1, 4 + i):
+            s.message(ME, seq, conv=conv, mention=seq == 2)
+        s.read(ME, 1 + i // 2, conv=conv)  # most below latest
+    s.entry("pin", ME, convs[0], pin_rank=1)
+    s.entry("archive", ME, convs[1])
+    s.entry("mute", ME, convs[2])
+    stack.start_worker()
+    await settle(stack, s, everything)
+    expected_rows, expected_badges = replayed(stack, tmp_path, everything, "login")
+
+    # Two rows are lost from the projection store (an eviction, a partial restore...); the
+    # user's meta and the other rows are there.
+    lost = {convs[1], convs[4]}
+    store = RedisProjectionStore.from_settings(stack.settings, stack.settings.projection_namespace)
+    assert await store.client.hdel(store.rows_key(ME), *lost) == 2
+
+    settings = dataclasses.replace(stack.settings, api_secret=SECRET, api_fill_from_state="always")
+    cluster, session = open_cluster(settings)
+    ks = settings.cassandra_keyspace
+    filler = CassandraStateFiller(
+        UserConversationStateWriter(session, ks), CassandraMessageStore(session, ks), 200
+    )
+    server = TestServer(create_app(settings, Deps(projections=RedisProjectionReader(store), state=filler)))
+    await server.start_server()
+    try:
+        bearer = TokenSigner(SECRET).mint(ME, int(time.time()) + 600)
+        async with SessionsClient(str(server.make_url("")), bearer) as client:
+            device = LiveSessionList(client, ME, limit=2)  # a new device: nothing held
+            await device.sync()
+            first = await client.page("main", 50)
+            assert first.filled_from_state is True
+
+            # Rows filled from state carry state's version (unknowable from state, see
+            # app/domain/rebuild.py); every other field is the replay's.
+            def comparable(rows: Iterable[Any]) -> list[dict[str, Any]]:
+                return [
+                    {
+                        k: v
+                        for k, v in r.items()
+                        if k != "projection_mailbox_seq" or r["conversation_id"] not in lost
+                    }
+                    for r in rows
+                ]
+
+            want = [dict(r) for r in sort_rows(r for r in expected_rows if r["listed"])]
+            got = [*device.main(), *device.archived()]
+            assert comparable(sort_rows(got)) == comparable(want)
+            for row in got:
+                assert of_row(dict(row)) == definition(everything, ME, str(row["conversation_id"]))
+            badge = device.view.badge
+            assert badge is not None
+            assert (
+                {k: getattr(badge, k) for k in BADGE_FIELDS}
+                == {k: expected_badges[0][k] for k in BADGE_FIELDS}
+                == badge_of_rows(want)
+            )
+
+            # Then another device reads a lost conversation below its head: the worker's frame
+            # (absolute, a newer version) lands on the new device's view exactly.
+            read = s.read(ME, 5, conv=convs[4])  # read up to 3 so far, head 7
+            await settle(stack, s, everything)
+            deltas = await frames_until(stack, settings.topic_session_delta, ME, read)
+            (frame,) = [f for f in deltas if f["projection_mailbox_seq"] == read]
+            assert device.view.apply(frame).applied
+            now = device.view.row(convs[4])
+            assert now is not None
+            assert of_row(dict(now)) == definition(everything, ME, convs[4])
+            assert now["unread_count"] == 2
+    finally:
+        await server.close()
+        await store.aclose()
+        cluster.shutdown()
+    stack.stop_workers()
