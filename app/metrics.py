@@ -41,6 +41,8 @@ WORKER_METRICS: Final = (
     "projector_flush_latency_seconds",
     "projector_frames_emitted_total",
     "projector_unread_drift_ratio",
+    "projector_unread_audited_rows_total",
+    "projector_unread_drift_corrected_rows_total",
 )
 API_METRICS: Final = (
     "projector_snapshot_hits_total",
@@ -140,7 +142,18 @@ class WorkerMetrics:
         )
         self.unread_drift_ratio = Gauge(
             "projector_unread_drift_ratio",
-            "Share of audited rows whose stored unread differed from the recomputed one (last audit)",
+            "Share of the rows the last unread audit round compared whose stored row or state "
+            "differed from the MessageStore recount (a round that compared none leaves it)",
+            registry=r,
+        )
+        self.unread_audited_rows = Counter(
+            "projector_unread_audited_rows",
+            "Rows the unread audit compared with a MessageStore recount",
+            registry=r,
+        )
+        self.unread_drift_corrected_rows = Counter(
+            "projector_unread_drift_corrected_rows",
+            "Drifted rows the unread audit corrected (in place, or through the next flush)",
             registry=r,
         )
         self._seen = _Seen()
@@ -160,6 +173,9 @@ class WorkerMetrics:
         self.flushes.inc(seen.delta("flushes", stats.flushes))
         self.projection_writes.inc(seen.delta("projection_writes", stats.projection_writes))
         self.frames_emitted.inc(seen.delta("frames", stats.frames))
+        self.unread_audited_rows.inc(seen.delta("audited_rows", stats.audited_rows))
+        self.unread_drift_corrected_rows.inc(seen.delta("audit_corrected_rows", stats.audit_corrected_rows))
+        self.unread_drift_ratio.set(stats.audit_drift_ratio)
         if stats.projection_writes:
             self.compression_ratio.set(stats.applied / stats.projection_writes)
         pending = 0

@@ -5,14 +5,16 @@ environment variable ``PROJECTOR_<FIELD NAME IN UPPER CASE>`` (``PROJECTOR_KAFKA
 ``PROJECTOR_TOPIC_PARTITIONS``, ...). Defaults match the local servers that ``make services-up``
 starts, and ``docker/compose.yaml`` (a unit test keeps the two in step).
 
-Value syntax: ints in decimal; booleans ``true/false/1/0/yes/no/on/off``; lists (contact points)
-comma-separated. An unknown ``PROJECTOR_*`` variable is an error, so a typo cannot silently fall
-back to a default. All problems are reported together in one :class:`SettingsError`.
+Value syntax: ints in decimal; floats as decimal numbers (``0.005``); booleans
+``true/false/1/0/yes/no/on/off``; lists (contact points) comma-separated. An unknown
+``PROJECTOR_*`` variable is an error, so a typo cannot silently fall back to a default. All
+problems are reported together in one :class:`SettingsError`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import typing
@@ -85,6 +87,28 @@ class Settings:
     projection_namespace: str = "proj"
     # Count persistent writes per (user, conversation) in the store (audit of DESIGN §3.9's bound).
     projection_count_writes: bool = False
+
+    # --- unread audit (issue 7; app/worker/audit.py) ----------------------------------------------
+    # Every `unread_audit_interval_ms` the worker samples the rows that have unread and have not
+    # changed for `unread_audit_idle_ms`, recomputes each from the MessageStore (one bounded,
+    # single-partition range read) and corrects what drifted. The sample rate is the share of
+    # those rows each round draws; 0 turns the audit off.
+    #
+    # Default 0.005 per 10-minute round: 144 rounds/day x 0.5 % = each eligible row audited 0.72
+    # times a day on average, so a drifted row is found within ~1.4 days on average and within a
+    # week with 99.4 % probability (1 - e^(-0.72 d)). Cost: one <= 200-message read of one
+    # Cassandra partition per audited row; a heavy user whose 5,000 conversations all sat unread
+    # and idle costs 3,600 reads a day (one per 24 s), a worker holding 2 million such rows ~17
+    # reads/s spread over the day, and `unread_audit_max_rows` caps any round whatever the row
+    # count (20,000 per 10 min = 33 reads/s per worker at most). docs/contract-notes.md ("Unread audit").
+    unread_audit_sample_rate: float = 0.005
+    unread_audit_interval_ms: int = 600_000
+    # "No change for 24 h" (issue 7): a row still changing is not worth a read (its next entry
+    # recomputes it anyway), and the MessageStore has long caught up with what it received.
+    unread_audit_idle_ms: int = 86_400_000
+    # At most this many rows read per round (the sample's lowest draws: uniform, never biased
+    # towards the users scanned first).
+    unread_audit_max_rows: int = 20_000
 
     # --- fault injection (tests of crash safety; 0 = off) ----------------------------------------
     # SIGKILL the worker itself right after its Nth projection-store write, before that flush's
@@ -271,6 +295,16 @@ class Settings:
         if not 1 <= self.members_stats_budget_ms <= 60_000:
             # Above a minute a "budget" would hold HTTP requests open instead of bounding them.
             p.append(f"members_stats_budget_ms: {self.members_stats_budget_ms} is not in 1..60000")
+        if not 0.0 <= self.unread_audit_sample_rate <= 1.0:  # also refuses nan
+            p.append(f"unread_audit_sample_rate: {self.unread_audit_sample_rate} is not in 0..1")
+        if not 1000 <= self.unread_audit_interval_ms <= 86_400_000:
+            # Below a second the rounds would scan the rows back to back; above a day they would
+            # not be "periodic" in any useful sense.
+            p.append(f"unread_audit_interval_ms: {self.unread_audit_interval_ms} is not in 1000..86400000")
+        if self.unread_audit_idle_ms < 0:
+            p.append(f"unread_audit_idle_ms: {self.unread_audit_idle_ms} must be >= 0")
+        if self.unread_audit_max_rows < 1:
+            p.append(f"unread_audit_max_rows: {self.unread_audit_max_rows} must be >= 1")
         if self.log_level not in _LOG_LEVELS:
             levels = ", ".join(sorted(_LOG_LEVELS))
             p.append(f"log_level: {self.log_level!r} is not one of {levels}")
@@ -291,6 +325,14 @@ def _parse(hint: Any, text: str) -> Any:
             return int(text.strip(), 10)
         except ValueError:
             raise ValueError("expected a decimal integer") from None
+    if hint is float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise ValueError("expected a decimal number") from None
+        if not math.isfinite(value):  # "nan" and "inf" parse, but are never a setting
+            raise ValueError("expected a finite decimal number")
+        return value
     if typing.get_origin(hint) is tuple:
         return tuple(part.strip() for part in text.split(",") if part.strip())
     if hint is str:

@@ -18,6 +18,14 @@ The rule, and why it is shaped this way:
   mention); it re-pulls the list and loads it with :meth:`SessionView.reset`.
 * A badge is a set of totals, so the newest one is complete on its own: BADGE_UPDATE frames are
   applied by version only, with no gap check.
+* An **audit correction** (``"correction": true``; docs/contract-notes.md, "Unread audit")
+  restates version V with the values V should have had: the projection store's copy had drifted,
+  and a pull may have handed the drifted rows out at V. It carries no newer version (none exists), so
+  the version rule above would drop it; instead it overwrites every named row the client holds
+  at a version <= V (rows held at a newer version came from later frames or pulls, which are
+  right) and the badge if held at <= V, and leaves the chain position alone: it is no step in
+  the chain (``prev_projection_mailbox_seq == projection_mailbox_seq``), so it never signals a
+  gap and never hides one.
 * Frames received within ``session_delta_merge_window`` (100-200 ms) may be merged
   (:class:`DeltaMerger`), but only by letting a newer row of a conversation replace an older
   row of the same conversation, and only across frames that are contiguous in the version
@@ -56,6 +64,9 @@ class ApplyStatus(enum.Enum):
     """Frames were missed: nothing was patched; the caller re-pulls and calls ``reset``."""
     FOREIGN = "foreign"
     """A frame for another user: ignored."""
+    CORRECTED = "corrected"
+    """An audit correction: the rows (or badge) held at or below its version were overwritten;
+    the chain position is unchanged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +83,8 @@ class ApplyResult:
 
     @property
     def applied(self) -> bool:
-        return self.status is ApplyStatus.APPLIED
+        """The frame changed the view (a chain step, or an audit correction)."""
+        return self.status is ApplyStatus.APPLIED or self.status is ApplyStatus.CORRECTED
 
     @property
     def needs_repull(self) -> bool:
@@ -126,6 +138,21 @@ def _versions(frame: Frame) -> tuple[int, int]:
     if prev >= version:
         raise FrameError(f"prev_projection_mailbox_seq {prev} must be below projection_mailbox_seq {version}")
     return version, prev
+
+
+def is_correction(frame: Frame) -> bool:
+    """Whether ``frame`` is an audit correction (see the module docstring)."""
+    value = frame.get("correction", False)
+    if not isinstance(value, bool):
+        raise FrameError(f"'correction' must be a boolean, got {value!r}")
+    return value
+
+
+def _correction_version(frame: Frame) -> int:
+    version = _int(frame, "projection_mailbox_seq")
+    if _int(frame, "prev_projection_mailbox_seq") != version:
+        raise FrameError("a correction restates its version: prev_projection_mailbox_seq must equal it")
+    return version
 
 
 def _is_listed(row: Row) -> bool:
@@ -229,6 +256,8 @@ class SessionView:
         raise FrameError(f"not a client frame: type {kind!r}")
 
     def _apply_delta(self, frame: Frame) -> ApplyResult:
+        if is_correction(frame):
+            return self._apply_delta_correction(frame)
         version, prev = _versions(frame)
         rows = _rows(frame)  # validate the whole frame before touching anything
         if _int(frame, "user_id") != self.user_id:
@@ -249,8 +278,27 @@ class SessionView:
         self._version = version
         return ApplyResult(ApplyStatus.APPLIED, conversations=tuple(applied), version=version)
 
+    def _apply_delta_correction(self, frame: Frame) -> ApplyResult:
+        version = _correction_version(frame)
+        rows = _rows(frame)
+        if _int(frame, "user_id") != self.user_id:
+            return ApplyResult(ApplyStatus.FOREIGN, version=version)
+        corrected: list[str] = []
+        for row in rows:
+            conversation_id = _str(row, "conversation_id")
+            held = self._row_versions.get(conversation_id)
+            if held is not None and held > version:
+                continue  # a later frame or pull carried this row: newer than the correction
+            self._rows[conversation_id] = dict(row)  # overwrite, never add
+            self._row_versions[conversation_id] = version
+            corrected.append(conversation_id)
+        if not corrected:
+            return ApplyResult(ApplyStatus.STALE, version=version)
+        return ApplyResult(ApplyStatus.CORRECTED, conversations=tuple(corrected), version=version)
+
     def _apply_badge(self, frame: Frame) -> ApplyResult:
-        version = _int(frame, "projection_mailbox_seq")
+        correction = is_correction(frame)
+        version = _correction_version(frame) if correction else _int(frame, "projection_mailbox_seq")
         badge = Badge(
             total_unread=_int(frame, "total_unread"),
             total_mention=_int(frame, "total_mention"),
@@ -259,10 +307,11 @@ class SessionView:
         )
         if _int(frame, "user_id") != self.user_id:
             return ApplyResult(ApplyStatus.FOREIGN, version=version)
-        if self._badge is not None and version <= self._badge.version:
+        held = self._badge
+        if held is not None and (version < held.version or (version == held.version and not correction)):
             return ApplyResult(ApplyStatus.STALE, version=version)
         self._badge = badge  # absolute totals: the newest is complete, no gap check needed
-        return ApplyResult(ApplyStatus.APPLIED, version=version)
+        return ApplyResult(ApplyStatus.CORRECTED if correction else ApplyStatus.APPLIED, version=version)
 
 
 # --------------------------------------------------------------------------------------------
@@ -350,6 +399,13 @@ class DeltaMerger:
         """Hold ``frame``; return the frames now due (whose window has elapsed), in order."""
         kind = frame.get("type")
         user_id = _int(frame, "user_id")
+        if kind in (SESSION_DELTA, BADGE_UPDATE) and is_correction(frame):
+            # Never merged: it is no step in the chain. What is held for the user goes first, so
+            # the client sees the user's frames in the order they were produced.
+            _correction_version(frame)
+            due = self.poll(now_ms)
+            earlier = self._release([user_id]) if user_id in self._pending else []
+            return [*due, *earlier, dict(frame)]
         if kind == SESSION_DELTA:
             segment = _Segment.of(frame)
         elif kind == BADGE_UPDATE:

@@ -35,6 +35,7 @@ class ConversationState:
     __slots__ = (
         "archived",
         "base",
+        "changed_at",
         "conversation_id",
         "counting",
         "deleted_before",
@@ -88,6 +89,9 @@ class ConversationState:
         self.mention_count = 0
         self.mention_first: int | None = None
         self.version = 0  # mailbox_seq of the last entry applied to this row
+        # `ts` of that entry (event time, ms): how long the row has been idle, for the unread
+        # audit (app/domain/audit.py); 0 = unknown (a record written before it was kept).
+        self.changed_at = 0
 
     # -- derived values ---------------------------------------------------------------------
 
@@ -120,6 +124,7 @@ class ConversationState:
         """Apply one entry (already gated, de-duplicated and in mailbox_seq order)."""
         _HANDLERS[type(entry)](self, entry, store, limit)
         self.version = entry.mailbox_seq
+        self.changed_at = entry.ts
 
     def _on_message(self, entry: MessageEntry, store: MessageStore, limit: int) -> None:
         seq = entry.conversation_seq
@@ -321,7 +326,7 @@ class ConversationState:
     def load(cls, state: dict[str, Any]) -> ConversationState:
         row = cls.__new__(cls)
         for name in _PLAIN_FIELDS:
-            setattr(row, name, state[name])
+            setattr(row, name, state.get(name, 0) if name in _LATER_FIELDS else state[name])
         for name in _BITMAP_FIELDS:
             setattr(row, name, BitMap64.deserialize(state[name]))
         return row
@@ -334,6 +339,9 @@ STRUCTURAL_ENTRIES: frozenset[type] = frozenset(
 )
 
 _BITMAP_FIELDS = ("received", "counting", "mentioning", "recalled")
+# Fields added after records were first written to the changelog: absent from older records,
+# they load as 0 (changed_at 0 = idle since ever: the row is eligible for the unread audit).
+_LATER_FIELDS = frozenset({"changed_at"})
 _PLAIN_FIELDS = tuple(name for name in ConversationState.__slots__ if name not in _BITMAP_FIELDS)
 
 # Dispatch on the decoded struct's class: one dict lookup on the hot path.

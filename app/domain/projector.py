@@ -138,6 +138,14 @@ class Projector:
     def flush_due(self, now_ms: int) -> bool:
         return self.policy.due(now_ms, self.dirty.row_count)
 
+    def mark_dirty(self, user_id: int, conversation_ids: Iterable[str], now_ms: int) -> None:
+        """Have these rows written again by the user's next flush (an audit's repair through the
+        flush path); opens a window if none is open, so that flush comes within one window."""
+        for conversation_id in conversation_ids:
+            self.dirty.mark(user_id, conversation_id)
+        if self.policy.window_start is None and self.dirty.row_count:
+            self.policy.window_start = now_ms
+
     def flush(self) -> list[UserFlush]:
         """One batch per dirty user (ascending user_id), rows sorted by conversation_id."""
         batches = list(self._batches())

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from app.domain.ports import StoredProjection
+from app.domain.ports import StoredProjection, StoredRows
 
 if TYPE_CHECKING:
+    from app.domain.audit import Correction
     from app.domain.flush import UserFlush
 
 U64_LIMIT = 1 << 64
@@ -74,6 +75,44 @@ def encode_batches(batches: Sequence[UserFlush]) -> list[EncodedBatch]:
                 structure_version=_check_int(f"{where}: structure_version", batch.structure_version, 0),
                 # Badge totals can in principle be any int; only the type is checked (the core owns
                 # their meaning). Redis stores them as decimal strings either way.
+                total_unread=_check_int(f"{where}: total_unread", badge.total_unread, -U64_LIMIT),
+                total_mention=_check_int(f"{where}: total_mention", badge.total_mention, -U64_LIMIT),
+                muted_unread=_check_int(f"{where}: muted_unread", badge.muted_unread, -U64_LIMIT),
+                rows=rows,
+            )
+        )
+    return encoded
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedCorrection:
+    """One user's audit correction, validated and serialized (rows and badge; no version move)."""
+
+    user_id: int
+    version: int  # written only while the store holds exactly this version
+    total_unread: int
+    total_mention: int
+    muted_unread: int
+    rows: list[tuple[str, bytes]]
+
+
+def encode_corrections(corrections: Sequence[Correction]) -> list[EncodedCorrection]:
+    """As `encode_batches`: every correction checked and serialized before anything is written."""
+    encoded: list[EncodedCorrection] = []
+    for correction in corrections:
+        user_id = _check_int("user_id", correction.user_id, 0)
+        where = f"user {user_id}"
+        rows: list[tuple[str, bytes]] = []
+        for row in correction.rows:
+            conversation_id = row.get("conversation_id")
+            if not isinstance(conversation_id, str) or not conversation_id:
+                raise ValueError(f"{where}: every row needs a conversation_id string, got {row!r}")
+            rows.append((conversation_id, orjson.dumps(row)))
+        badge = correction.badge
+        encoded.append(
+            EncodedCorrection(
+                user_id=user_id,
+                version=_check_int(f"{where}: version", correction.version, 1),
                 total_unread=_check_int(f"{where}: total_unread", badge.total_unread, -U64_LIMIT),
                 total_mention=_check_int(f"{where}: total_mention", badge.total_mention, -U64_LIMIT),
                 muted_unread=_check_int(f"{where}: muted_unread", badge.muted_unread, -U64_LIMIT),
@@ -156,6 +195,36 @@ class InMemoryProjectionStore:
             projection_mailbox_seq=record.version,
             structure_version=record.structure_version,
         )
+
+    async def load_rows(self, user_id: int, conversation_ids: Sequence[str]) -> StoredRows:
+        record = self._users.get(user_id)
+        if record is None:
+            return StoredRows(user_id, dict.fromkeys(conversation_ids), 0, 0, 0, 0)
+        present = {cid: record.rows[cid] for cid in conversation_ids if cid in record.rows}
+        decoded = decode_rows(present)
+        return StoredRows(
+            user_id=user_id,
+            rows={cid: decoded.get(cid) for cid in conversation_ids},
+            total_unread=record.total_unread,
+            total_mention=record.total_mention,
+            muted_unread=record.muted_unread,
+            projection_mailbox_seq=record.version,
+        )
+
+    async def correct(self, corrections: Sequence[Correction]) -> list[bool]:
+        results: list[bool] = []
+        for correction in encode_corrections(corrections):
+            record = self._users.get(correction.user_id)
+            if record is None or record.version != correction.version:
+                results.append(False)  # the store moved on (or never held it): nothing changes
+                continue
+            # Not counted in `writes`: that hook measures the flush path's compaction (J-1).
+            record.rows.update(correction.rows)
+            record.total_unread = correction.total_unread
+            record.total_mention = correction.total_mention
+            record.muted_unread = correction.muted_unread
+            results.append(True)
+        return results
 
     async def write_counts(self, user_id: int) -> dict[str, int]:
         """Persistent writes per conversation of this user (empty unless `count_writes`)."""

@@ -27,6 +27,10 @@ Writes: one Lua script per user batch compares the stored version with the batch
 the stored one is older, writes the rows, the badge, the version and the structure version —
 atomically, so a reader never sees rows of one flush with the badge of another, and re-sending
 a batch after a crash is refused (idempotent). Many users share one pipelined round trip.
+
+Corrections (the unread audit, issue 7): another script rewrites some rows and the badge of one
+user only while the stored version is exactly the one the audit compared against, and leaves the
+version alone (`correct`).
 """
 
 from __future__ import annotations
@@ -40,10 +44,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import redis.asyncio as redis
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from app.domain.ports import StoredProjection
-from app.stores.memory_projection import EncodedBatch, decode_rows, encode_batches
+from app.domain.ports import StoredProjection, StoredRows
+from app.stores.memory_projection import EncodedBatch, decode_rows, encode_batches, encode_corrections
 
 if TYPE_CHECKING:
+    from app.domain.audit import Correction
     from app.domain.flush import UserFlush
     from app.settings import Settings
 
@@ -104,6 +109,29 @@ return stored
 
 _WRITE_SHA = hashlib.sha1(WRITE_SCRIPT.encode(), usedforsecurity=False).hexdigest()
 
+# The unread audit's repair (ProjectionStore.correct). KEYS: rows, meta. ARGV: the version the
+# audit compared against, total_unread, total_mention, muted_unread, then conversation_id, row
+# JSON, ... Written only while the stored version is exactly that one (a flush in between, or a
+# store that never held it, refuses it: the next audit looks again); the version and the
+# structure version are left alone, so the flush path's "newer versions only" rule is untouched.
+# Same canonical decimal strings and HSET slices as WRITE_SCRIPT.
+CORRECT_SCRIPT = """
+local stored = redis.call('HGET', KEYS[2], 'version')
+if stored ~= ARGV[1] then
+  return 0
+end
+local first = 5
+local last = #ARGV
+local slice = 1000
+for i = first, last, slice do
+  redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + slice - 1, last)))
+end
+redis.call('HSET', KEYS[2], 'total_unread', ARGV[2], 'total_mention', ARGV[3], 'muted_unread', ARGV[4])
+return 1
+"""
+
+_CORRECT_SHA = hashlib.sha1(CORRECT_SCRIPT.encode(), usedforsecurity=False).hexdigest()
+
 
 class ProjectionStoreError(RuntimeError):
     """The projection store could not do what was asked (server down, timeout, bad data)."""
@@ -144,6 +172,7 @@ class RedisProjectionStore:
         self.max_users_per_trip = max_users_per_trip
         self.max_fields_per_trip = max_fields_per_trip
         self._sha = _WRITE_SHA
+        self._correct_sha = _CORRECT_SHA
         self._owns_client = False
         # Only keys of exactly this layout are ever deleted by delete_all.
         self._own_key = re.compile(rf"{re.escape(namespace)}:(rows|meta|writes):\{{(\d+)\}}")
@@ -249,6 +278,82 @@ class RedisProjectionStore:
             projection_mailbox_seq=version,
             structure_version=structure_version,
         )
+
+    async def load_rows(self, user_id: int, conversation_ids: Sequence[str]) -> StoredRows:
+        # MULTI, as `load`: the rows and the meta of one instant (one slot: cluster-safe).
+        wanted = list(conversation_ids)
+        pipe = self.client.pipeline(transaction=True)
+        if wanted:
+            pipe.hmget(self.rows_key(user_id), wanted)
+        pipe.hmget(self.meta_key(user_id), list(META_FIELDS))
+        replies = await self._guard("load_rows", pipe.execute())
+        raw_rows, meta = (replies[0], replies[1]) if wanted else ([], replies[0])
+        try:
+            version, _, total_unread, total_mention, muted_unread = (
+                0 if value is None else int(_text(value)) for value in meta
+            )
+            present = {cid: raw for cid, raw in zip(wanted, raw_rows, strict=True) if raw is not None}
+            decoded = decode_rows(present)
+        except ValueError as exc:
+            raise ProjectionStoreError(
+                f"projection store: user {user_id} has unreadable data under "
+                f"{self.namespace}:*:{{{user_id}}}: {exc}"
+            ) from None
+        return StoredRows(
+            user_id=user_id,
+            rows={cid: decoded.get(cid) for cid in wanted},
+            total_unread=total_unread,
+            total_mention=total_mention,
+            muted_unread=muted_unread,
+            projection_mailbox_seq=version,
+        )
+
+    async def correct(self, corrections: Sequence[Correction]) -> list[bool]:
+        encoded = encode_corrections(corrections)  # ValueError/TypeError before any I/O
+        if not encoded:
+            return []
+        await self.follow_serving()  # correct where the flushes write
+        calls: list[tuple[list[str], list[str | bytes]]] = []
+        for correction in encoded:
+            keys = [self.rows_key(correction.user_id), self.meta_key(correction.user_id)]
+            args: list[str | bytes] = [
+                str(correction.version),
+                str(correction.total_unread),
+                str(correction.total_mention),
+                str(correction.muted_unread),
+            ]
+            for conversation_id, row in correction.rows:
+                args.append(conversation_id)
+                args.append(row)
+            calls.append((keys, args))
+        replies = await self._guard("correct", self._run_correct(calls))
+        results: list[bool] = []
+        for correction, reply in zip(encoded, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise ProjectionStoreError(
+                    f"projection store: correcting user {correction.user_id} "
+                    f"(version {correction.version}) failed: {reply}"
+                )
+            results.append(int(reply) == 1)
+        return results
+
+    async def _run_correct(self, calls: list[tuple[list[str], list[str | bytes]]]) -> list[Any]:
+        """Corrections are few (drifted users only): one pipelined trip, NOSCRIPT reloaded and
+        exactly those calls re-sent, as in `_write_trip`."""
+
+        async def run(batch: list[tuple[list[str], list[str | bytes]]]) -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in batch:
+                pipe.evalsha(self._correct_sha, len(keys), *keys, *args)
+            return list(await pipe.execute(raise_on_error=False))
+
+        replies = await run(calls)
+        retry = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if retry:
+            self._correct_sha = _text(await self.client.script_load(CORRECT_SCRIPT))
+            for i, reply in zip(retry, await run([calls[i] for i in retry]), strict=True):
+                replies[i] = reply
+        return replies
 
     # -- rebuild / test helpers -----------------------------------------------------------------
 

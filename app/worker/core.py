@@ -25,7 +25,7 @@ import base64
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +99,12 @@ class WorkerStats:
     state_write_failures: int = 0
     state_unmirrorable: int = 0
     last_flush_ms: float = 0.0
+    # The unread audit (app/worker/audit.py): totals, and the last round's drifted/audited share.
+    audit_rounds: int = 0
+    audited_rows: int = 0
+    audit_drifted_rows: int = 0
+    audit_corrected_rows: int = 0
+    audit_drift_ratio: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -458,7 +464,24 @@ class WorkerCore:
         if touched.gate:
             tables.put_gate(partition, msgspec.msgpack.encode(state.gate.dump()))
 
+    def touch(self, state: PartitionState, rows: Iterable[tuple[int, str]], users: Iterable[int]) -> None:
+        """Rows and users changed outside a batch (the unread audit correcting the state): they
+        join the partition's hot state and go to the changelog tables with its next persist."""
+        touched = state.unpersisted
+        for user_id, conversation_id in rows:
+            touched.rows.add((user_id, conversation_id))
+            touched.users.add(user_id)
+        touched.users.update(users)
+        if state.unpersisted_since is None:
+            state.unpersisted_since = self.clock()
+
     # -- flushing -----------------------------------------------------------------------------
+
+    @property
+    def flush_lock(self) -> asyncio.Lock:
+        """Held by every flush. The unread audit holds it to read, compare and correct a user's
+        stored projection while no flush writes it."""
+        return self._flush_lock
 
     async def flush_due(self, now: int, *, only_memory_bound: bool = False) -> int:
         """Flush every partition whose window elapsed (or that holds too many dirty rows); persist

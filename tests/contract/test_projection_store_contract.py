@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 import redis.asyncio as redis
 
+from app.domain.audit import Correction
 from app.domain.badge import Badge
 from app.domain.flush import UserFlush
-from app.domain.ports import ProjectionStore, StoredProjection
+from app.domain.ports import ProjectionStore, StoredProjection, StoredRows
 from app.settings import Settings
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.redis_projection import ProjectionStoreError, RedisProjectionStore
@@ -329,6 +330,77 @@ async def test_a_malformed_batch_fails_the_call_before_anything_is_written(
     assert await store.user_ids() == []
 
 
+# -- the unread audit's reads and corrections (issue 7) ----------------------------------------------
+
+
+async def test_load_rows_reads_the_asked_rows_with_the_meta(store: ProjectionStoreUnderTest) -> None:
+    batch = flush(7, 12, [conv(1), conv(2), conv(3)], Badge(9, 2, 4), structure_version=3)
+    await store.write([batch])
+    got = await store.load_rows(7, [conv(3), conv(1), conv(9)])
+    assert got == StoredRows(
+        user_id=7,
+        rows={conv(3): batch.rows[2], conv(1): batch.rows[0], conv(9): None},  # None: not stored
+        total_unread=9,
+        total_mention=2,
+        muted_unread=4,
+        projection_mailbox_seq=12,
+    )
+    assert await store.load_rows(404, [conv(1)]) == StoredRows(404, {conv(1): None}, 0, 0, 0, 0)
+    assert (await store.load_rows(7, [])).rows == {}
+
+
+async def test_a_correction_rewrites_rows_and_badge_at_the_stored_version_only(
+    store: ProjectionStoreUnderTest,
+) -> None:
+    await store.write([flush(7, 10, [conv(1), conv(2)], Badge(6, 2, 0), structure_version=2)])
+    fixed = row(7, conv(1), 10, unread_count=1)
+    assert await store.correct([Correction(7, 10, [fixed], Badge(4, 2, 0))]) == [True]
+    got = await store.load(7)
+    assert got.rows[conv(1)] == fixed
+    assert got.rows[conv(2)] == row(7, conv(2), 10)  # rows it does not carry are untouched
+    assert (got.total_unread, got.total_mention, got.muted_unread) == (4, 2, 0)
+    # The version and the structure version stay: a correction restates V, it never moves it.
+    assert (got.projection_mailbox_seq, got.structure_version) == (10, 2)
+    # So the flush path still refuses V and accepts anything newer.
+    assert await store.write([flush(7, 10, [conv(1)], unread_count=50)]) == [None]
+    assert await store.write([flush(7, 11, [conv(2)], Badge(5, 2, 0))]) == [10]
+
+
+async def test_a_correction_against_another_version_changes_nothing(store: ProjectionStoreUnderTest) -> None:
+    await store.write([flush(7, 10, [conv(1)], Badge(6, 2, 0))])
+    before = await store.load(7)
+    stale = Correction(7, 9, [row(7, conv(1), 9, unread_count=0)], Badge(0, 0, 0))  # compared at 9
+    ahead = Correction(7, 11, [row(7, conv(1), 11, unread_count=0)], Badge(0, 0, 0))
+    nobody = Correction(8, 3, [row(8, conv(1), 3)], Badge(0, 0, 0))  # never stored: not created
+    assert await store.correct([stale, ahead, nobody]) == [False, False, False]
+    assert await store.load(7) == before
+    assert await store.user_ids() == [7]
+
+
+async def test_a_badge_only_correction_and_many_users_in_one_call(store: ProjectionStoreUnderTest) -> None:
+    await store.write([flush(u, 5, [conv(1)], Badge(3, 0, 0)) for u in range(1, 301)])
+    fixes = [Correction(u, 5, [], Badge(u, 0, 0)) for u in range(1, 301)]
+    assert await store.correct(fixes) == [True] * 300
+    assert [(await store.load(u)).total_unread for u in (1, 150, 300)] == [1, 150, 300]
+    assert await store.correct([]) == []
+
+
+async def test_a_malformed_correction_fails_the_call_before_anything_is_written(
+    store: ProjectionStoreUnderTest,
+) -> None:
+    await store.write([flush(7, 5, [conv(1)], Badge(3, 0, 0))])
+    before = await store.load(7)
+    good = Correction(7, 5, [row(7, conv(1), 5, unread_count=0)], Badge(0, 0, 0))
+    for bad in (
+        Correction(7, 0, [], Badge(0, 0, 0)),  # version 0 is "nothing stored"
+        Correction(-1, 5, [], Badge(0, 0, 0)),
+        Correction(7, 5, [{"unread_count": 1}], Badge(0, 0, 0)),  # a row without its id
+    ):
+        with pytest.raises(ValueError):
+            await store.correct([good, bad])
+    assert await store.load(7) == before
+
+
 # -- Redis only ------------------------------------------------------------------------------------
 
 redis_only = pytest.mark.integration
@@ -366,6 +438,33 @@ async def test_redis_falls_back_when_the_server_lost_the_script(redis_store: Red
     assert await redis_store.write([flush(7, 2, [conv(1)]), flush(8, 2, [conv(1)])]) == [0, 0]
     assert await redis_store.versions([7, 8]) == [2, 2]
     assert redis_store._sha != "0" * 40  # reloaded: the next write goes by digest again
+
+
+@redis_only
+async def test_redis_correction_survives_a_server_that_lost_its_script(
+    redis_store: RedisProjectionStore,
+) -> None:
+    await redis_store.write([flush(7, 2, [conv(1)]), flush(8, 2, [conv(1)])])
+    redis_store._correct_sha = "0" * 40  # as in the write test: a digest the server does not know
+    fixes = [Correction(u, 2, [row(u, conv(1), 2, unread_count=0)], Badge()) for u in (7, 8)]
+    assert await redis_store.correct(fixes) == [True, True]
+    assert [(await redis_store.load(u)).rows[conv(1)]["unread_count"] for u in (7, 8)] == [0, 0]
+    assert redis_store._correct_sha != "0" * 40  # reloaded
+
+
+@redis_only
+async def test_redis_correction_of_a_wrong_typed_key_is_a_store_error(
+    redis_client: redis.Redis, redis_store: RedisProjectionStore
+) -> None:
+    await redis_store.write([flush(7, 2, [conv(1)])])
+    await redis_client.delete(redis_store.rows_key(7))
+    await redis_client.set(redis_store.rows_key(7), b"not a hash")
+    try:
+        with pytest.raises(ProjectionStoreError, match="correcting user 7"):
+            await redis_store.correct([Correction(7, 2, [row(7, conv(1), 2)], Badge())])
+        assert (await redis_store.load_rows(7, [])).total_unread == DEFAULT_BADGE.total_unread
+    finally:
+        await redis_client.delete(redis_store.rows_key(7))
 
 
 @redis_only

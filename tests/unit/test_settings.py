@@ -173,3 +173,52 @@ def test_worker_metrics_port_is_off_by_default_and_validated() -> None:
         with pytest.raises(SettingsError) as err:
             Settings.from_env({"PROJECTOR_WORKER_METRICS_PORT": value})
         assert "worker_metrics_port" in str(err.value) and fragment in str(err.value)
+
+
+# --- unread audit settings (issue 7) -------------------------------------------------------------
+
+
+def test_unread_audit_defaults() -> None:
+    s = Settings()
+    assert s.unread_audit_sample_rate == 0.005  # x 144 rounds a day: each idle row ~0.72 times a day
+    assert s.unread_audit_interval_ms == 600_000
+    assert s.unread_audit_idle_ms == 86_400_000  # "no change for 24 h"
+    assert s.unread_audit_max_rows == 20_000
+
+
+def test_unread_audit_values_parse_and_round_trip() -> None:
+    s = Settings.from_env(
+        {
+            "PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": " 1 ",
+            "PROJECTOR_UNREAD_AUDIT_INTERVAL_MS": "2000",
+            "PROJECTOR_UNREAD_AUDIT_IDLE_MS": "0",
+        }
+    )
+    assert (s.unread_audit_sample_rate, s.unread_audit_interval_ms, s.unread_audit_idle_ms) == (1.0, 2000, 0)
+    assert (
+        Settings.from_env({"PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": "2.5e-3"}).unread_audit_sample_rate == 0.0025
+    )
+    tuned = Settings(unread_audit_sample_rate=0.125)
+    assert Settings.from_env(tuned.as_env()) == tuned
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": "1.01"}, "unread_audit_sample_rate: 1.01 is not in 0..1"),
+        ({"PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": "-0.1"}, "unread_audit_sample_rate: -0.1 is not in 0..1"),
+        ({"PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": "nan"}, "expected a finite decimal number"),
+        ({"PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": "inf"}, "expected a finite decimal number"),
+        ({"PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": "half"}, "expected a decimal number"),
+        (
+            {"PROJECTOR_UNREAD_AUDIT_INTERVAL_MS": "999"},
+            "unread_audit_interval_ms: 999 is not in 1000..86400000",
+        ),
+        ({"PROJECTOR_UNREAD_AUDIT_IDLE_MS": "-1"}, "unread_audit_idle_ms: -1 must be >= 0"),
+        ({"PROJECTOR_UNREAD_AUDIT_MAX_ROWS": "0"}, "unread_audit_max_rows: 0 must be >= 1"),
+    ],
+)
+def test_invalid_unread_audit_values_give_clear_errors(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env(env)
+    assert fragment in str(err.value)

@@ -1,0 +1,267 @@
+"""The unread audit in the worker (issue 7): a periodic round over the rows this worker holds.
+
+One round (`audit_tick`):
+
+  the rows of every partition held here, minus those waiting for a flush
+  → Sampler (app/domain/audit.py): rows with unread, idle for `idle_ms`, drawn at the sample
+    rate, at most `max_rows`
+  → copies of them recounted from the MessageStore in a worker thread (the port is synchronous:
+    one bounded range read per row, never on the event loop)
+  → per user, under the core's flush lock (no flush writes the user meanwhile): the stored rows
+    and meta are read, `audit_user` judges, corrects the state where it drifted (joins the
+    partition's hot state: persisted before an in-place correction, else within a window) and
+    names the repair of the store:
+      CORRECT    → ProjectionStore.correct (only while the store still holds the version it was
+                   compared at), then correction frames: SESSION_DELTA with the corrected rows,
+                   BADGE_UPDATE if the stored badge was off (docs/contract-notes.md, "Unread
+                   audit")
+      REFLUSH_*  → the rows are marked dirty: the user's next flush writes them at a newer
+                   version, with ordinary frames
+  → WorkerStats: rounds, audited rows, drifted rows corrected, the round's drift ratio (pulled
+    into Prometheus by WorkerMetrics.sync).
+
+A failing read or write (Cassandra, Redis, the changelog) costs that row or user this round,
+never the worker: later rounds sample again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import orjson
+
+from app.domain.audit import AuditPolicy, Repair, Sampler, audit_user, copy_row, keyed_draw, recount
+from app.domain.conversation import ConversationState
+from app.domain.ports import MessageStore
+
+if TYPE_CHECKING:
+    from app.settings import Settings
+    from app.worker.core import PartitionState, WorkerCore
+
+log = logging.getLogger("projector.audit")
+
+# Rows scanned (or copied) between two yields to the event loop: scanning a million rows takes
+# about half a second, which must not stall the agent's batches.
+_SCAN_SLICE = 20_000
+# Rows recounted per hop to the worker thread (one range read each).
+_RECOUNT_SLICE = 64
+
+
+@dataclass(frozen=True, slots=True)
+class AuditConfig:
+    sample_rate: float
+    interval_ms: int
+    idle_ms: int
+    max_rows: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AuditConfig:
+        return cls(
+            sample_rate=settings.unread_audit_sample_rate,
+            interval_ms=settings.unread_audit_interval_ms,
+            idle_ms=settings.unread_audit_idle_ms,
+            max_rows=settings.unread_audit_max_rows,
+        )
+
+
+@dataclass(slots=True)
+class AuditReport:
+    """What one round did (also logged)."""
+
+    eligible: int = 0  # rows with unread, idle, within one bounded read
+    sampled: int = 0  # of those, drawn (after the cap)
+    audited: int = 0  # compared with their recount (unchanged since the copy, not waiting)
+    drifted: int = 0  # the stored row or the state's counts differed from the recount
+    corrected: int = 0  # drifted rows repaired: written in place, or handed to the next flush
+    state_corrected: int = 0  # drifted rows whose state (not only the store) took the recount
+    refused: int = 0  # drifted rows whose in-place correction the store refused (moved on)
+    failed: int = 0  # sampled rows lost to a failing read or write
+    not_judged: int = 0  # sampled rows of users whose stored version is ahead of this worker
+    overlapped: bool = False  # another round of this core was still running: nothing done
+
+    @property
+    def drift_ratio(self) -> float | None:
+        return self.drifted / self.audited if self.audited else None
+
+
+# Cores with a round under way: a round that outlasts the interval is not joined by the next.
+_running: weakref.WeakSet[WorkerCore] = weakref.WeakSet()
+
+
+async def audit_tick(
+    core: WorkerCore, config: AuditConfig, now_ms: int, *, rng: random.Random | None = None
+) -> AuditReport:
+    """One audit round over `core`'s partitions at time `now_ms` (wall clock in the worker).
+
+    `rng` seeds the round's draw (a fresh `random.Random()` when not given; tests pass a seeded
+    one). The drift ratio gauge takes this round's share when it compared any row."""
+    report = AuditReport()
+    if config.sample_rate <= 0.0:
+        return report
+    if core in _running:
+        report.overlapped = True
+        return report
+    _running.add(core)
+    try:
+        await _round(core, config, now_ms, rng or random.Random(), report)
+    except Exception:  # a bug in a round must not stop the worker that runs it
+        log.exception("unread audit: round aborted")
+    finally:
+        _running.discard(core)
+    stats = core.stats
+    stats.audit_rounds += 1
+    stats.audited_rows += report.audited
+    stats.audit_drifted_rows += report.drifted
+    stats.audit_corrected_rows += report.corrected
+    ratio = report.drift_ratio
+    if ratio is not None:
+        stats.audit_drift_ratio = ratio
+    log.log(
+        logging.INFO if report.drifted or report.failed else logging.DEBUG,
+        "unread audit: %d eligible, %d sampled, %d audited, %d drifted (%d in the state), "
+        "%d corrected, %d refused, %d failed, %d not judged",
+        report.eligible,
+        report.sampled,
+        report.audited,
+        report.drifted,
+        report.state_corrected,
+        report.corrected,
+        report.refused,
+        report.failed,
+        report.not_judged,
+    )
+    return report
+
+
+async def _round(
+    core: WorkerCore, config: AuditConfig, now_ms: int, rng: random.Random, report: AuditReport
+) -> None:
+    limit = core.config.unread_precise_limit
+    policy = AuditPolicy(config.sample_rate, config.idle_ms, config.max_rows, limit)
+    sampler = Sampler(policy, now_ms, keyed_draw(rng.getrandbits(128)))
+    scanned = 0
+    for state in list(core.partitions.values()):
+        projector = state.projector
+        for user in list(projector.users.values()):
+            waiting = projector.dirty.rows.get(user.user_id)
+            for conversation_id, row in user.rows.items():
+                if waiting is None or conversation_id not in waiting:
+                    sampler.offer(row)
+            scanned += len(user.rows)
+            if scanned >= _SCAN_SLICE:
+                scanned = 0
+                await asyncio.sleep(0)
+    chosen = sampler.chosen()
+    report.eligible = sampler.eligible_rows
+    report.sampled = len(chosen)
+    # user_id -> conversation_id -> recounted copy
+    recounted: dict[int, dict[str, ConversationState]] = {}
+    for start in range(0, len(chosen), _RECOUNT_SLICE):
+        # Copied on the loop (the live rows change under it), recounted off it.
+        copies = [copy_row(row) for row in chosen[start : start + _RECOUNT_SLICE]]
+        done = await asyncio.to_thread(_recount_all, copies, core.message_store, limit)
+        for row, ok in zip(copies, done, strict=True):
+            if ok:
+                recounted.setdefault(row.user_id, {})[row.conversation_id] = row
+            else:
+                report.failed += 1
+    for user_id in sorted(recounted):
+        rows = recounted[user_id]
+        holder = _partition_of(core, user_id)
+        if holder is None:  # the partition went to another worker since the scan
+            continue
+        await _judge(core, holder, user_id, rows, report)
+
+
+def _recount_all(rows: Sequence[ConversationState], store: MessageStore, limit: int) -> list[bool]:
+    """In the worker thread: recount each copy; False where the MessageStore read failed."""
+    done: list[bool] = []
+    for row in rows:
+        try:
+            recount(row, store, limit)
+        except Exception as exc:  # the store's own error types differ per adapter
+            log.warning("unread audit: recount of %d/%s failed: %s", row.user_id, row.conversation_id, exc)
+            done.append(False)
+        else:
+            done.append(True)
+    return done
+
+
+def _partition_of(core: WorkerCore, user_id: int) -> PartitionState | None:
+    for state in core.partitions.values():
+        if user_id in state.projector.users:
+            return state
+    return None
+
+
+async def _judge(
+    core: WorkerCore,
+    state: PartitionState,
+    user_id: int,
+    rows: dict[str, ConversationState],
+    report: AuditReport,
+) -> None:
+    projector = state.projector
+    store = core.projection_store
+    async with core.flush_lock:
+        try:
+            stored = await store.load_rows(user_id, sorted(rows))
+        except Exception as exc:  # Redis down or unreadable data: this user waits for a later round
+            log.warning("unread audit: reading user %d failed: %s", user_id, exc)
+            report.failed += len(rows)
+            return
+        user = projector.users.get(user_id)
+        if user is None:
+            return
+        # Judged after the read: an entry applied meanwhile made its row dirty (skipped).
+        verdict = audit_user(
+            user,
+            rows,
+            stored,
+            include_muted=core.config.include_muted,
+            dirty=projector.dirty.rows.get(user_id, ()),
+        )
+        if verdict.repair is Repair.NOT_JUDGED:
+            report.not_judged += len(rows)
+            return
+        report.audited += len(verdict.audited)
+        report.drifted += len(verdict.drifted)
+        report.state_corrected += len(verdict.state_drifted)
+        correction = verdict.correction
+        if verdict.state_drifted or verdict.state_badge_drifted:
+            core.touch(state, [(user_id, cid) for cid in verdict.state_drifted], [user_id])
+            if verdict.repair is Repair.CORRECT:
+                # Durable before visible, as a flush: the corrected state reaches the changelog
+                # before the store shows it (otherwise a persist within a window does it).
+                try:
+                    await core.persist(state)
+                except Exception as exc:
+                    log.warning("unread audit: persisting user %d's correction failed: %s", user_id, exc)
+                    report.failed += len(verdict.drifted)
+                    return
+        if verdict.repair is Repair.CORRECT and correction is not None:
+            try:
+                (written,) = await store.correct([correction])
+            except Exception as exc:
+                log.warning("unread audit: correcting user %d failed: %s", user_id, exc)
+                report.failed += len(verdict.drifted)
+                return
+            if not written:  # the store moved on since the read: a later round looks again
+                report.refused += len(verdict.drifted)
+                return
+            key = str(user_id).encode()
+            deltas = [(key, orjson.dumps(correction.session_delta()))] if correction.rows else []
+            badges = [(key, orjson.dumps(correction.badge_update()))] if verdict.stored_badge_drifted else []
+            if deltas or badges:
+                await core.outbox.frames(deltas, badges)
+                core.stats.frames += len(deltas) + len(badges)
+        elif verdict.repair in (Repair.REFLUSH_ROWS, Repair.REFLUSH_USER):
+            projector.mark_dirty(user_id, verdict.reflush, core.clock())
+        # Repaired: in place, handed to the next flush, or (state alone drifted) in the state.
+        report.corrected += len(verdict.drifted)
