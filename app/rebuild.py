@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Final, Protocol
 
 from app.domain.badge import full_recompute
+from app.domain.conversation import ConversationState
 from app.domain.flush import UserFlush
 from app.domain.ports import MessageStore, ProjectionStore, StoredProjection
-from app.domain.rebuild import Head, row_from_state
+from app.domain.rebuild import Head, as_replay_base, row_from_state
 from app.metrics import RebuildMetrics
 
 UNKNOWABLE_FROM_STATE: Final = ("projection_mailbox_seq",)
@@ -61,6 +62,29 @@ class StoreReader(Protocol):
     async def load(self, user_id: int) -> StoredProjection: ...
 
 
+def rows_from_state(
+    user_id: int,
+    states: Sequence[Mapping[str, Any]],
+    heads: Mapping[str, HeadLike],
+    messages: MessageStore,
+    limit: int,
+) -> list[ConversationState]:
+    """Every row (listed or not) of one user from its UserConversationState rows and heads."""
+    rows = []
+    for state in states:
+        cid = str(state["conversation_id"])
+        h = heads.get(cid)
+        head = Head(h.latest_conversation_seq, h.last_message_id, h.last_activity_id) if h else None
+        rows.append(row_from_state(user_id, cid, state, head, messages, limit))
+    return rows
+
+
+def state_version(rows: Iterable[ConversationState]) -> int:
+    """The user version a rebuild from state writes: the highest ``updated_mailbox_seq`` (the
+    last state-changing entry; at least 1, so the fresh write is accepted)."""
+    return max(1, max((row.version for row in rows), default=1))
+
+
 def rebuild_user(
     user_id: int,
     states: Sequence[Mapping[str, Any]],
@@ -71,15 +95,10 @@ def rebuild_user(
     include_muted: bool,
 ) -> UserFlush | None:
     """One user's batch from state: every row (listed or not), the badge in full, a version."""
-    rows = []
-    for state in states:
-        cid = str(state["conversation_id"])
-        h = heads.get(cid)
-        head = Head(h.latest_conversation_seq, h.last_message_id, h.last_activity_id) if h else None
-        rows.append(row_from_state(user_id, cid, state, head, messages, limit))
+    rows = rows_from_state(user_id, states, heads, messages, limit)
     if not rows:
         return None
-    version = max(1, *(row.version for row in rows))
+    version = state_version(rows)
     return UserFlush(
         user_id=user_id,
         rows=[row.as_row() for row in rows],
@@ -92,12 +111,44 @@ def rebuild_user(
     )
 
 
+class StateBase:
+    """Users' rows from UserConversationState + MessageStore heads, as the base a rebuild by
+    replay from a timestamp applies the retained log on (blocking driver calls: run it in a
+    worker thread)."""
+
+    def __init__(self, state: StateSource, heads: HeadSource, messages: MessageStore, limit: int) -> None:
+        self.state = state
+        self.heads = heads
+        self.messages = messages
+        self.limit = limit
+
+    def load(self, user_ids: Iterable[int]) -> dict[int, tuple[list[ConversationState], int]]:
+        """(rows, version) per user that state knows; users it does not know are left out."""
+        out: dict[int, tuple[list[ConversationState], int]] = {}
+        for user_id in user_ids:
+            states = self.state.load_user(user_id)
+            if not states:
+                continue
+            found = self.heads.heads([str(s["conversation_id"]) for s in states])
+            rows = [
+                as_replay_base(row)
+                for row in rows_from_state(user_id, states, found, self.messages, self.limit)
+            ]
+            out[user_id] = (rows, state_version(rows))
+        return out
+
+
 class Progress:
     """One line, rewritten in place on a terminal (else a line every few seconds): users done,
     rows, rate, ETA. Also the process's rebuild gauges (app/metrics.py)."""
 
     def __init__(
-        self, total: int, out: IO[str] | None = None, mode: str = "auto", unit: str = "users"
+        self,
+        total: int,
+        out: IO[str] | None = None,
+        mode: str = "auto",
+        unit: str = "users",
+        metrics: RebuildMetrics | None = None,
     ) -> None:
         self.total = total
         self.unit = unit
@@ -108,7 +159,10 @@ class Progress:
         self.tty = tty
         self.started = time.monotonic()
         self.printed_at = 0.0
-        self.metrics = RebuildMetrics()
+        # Given: the ones a /metrics endpoint of the rebuild serves (`--metrics-port`); each
+        # phase of a rebuild (a replay from a timestamp, then the users it did not name) is a
+        # Progress of its own on the same gauges.
+        self.metrics = metrics if metrics is not None else RebuildMetrics()
         self.metrics.update(0, total)
 
     def line(self, done: int, rows: int) -> str:

@@ -8,19 +8,35 @@ too. Nothing is produced: no frames (clients must never hear of a namespace that
 and no dead letters (the worker sent them the first time; they are counted). No consumer group:
 the worker's committed offsets are untouched. A rebuild that dies starts over (its tables are
 memory).
+
+From a timestamp (``--from-timestamp T``, for a log partly past retention): each partition is read
+from the first record whose Kafka timestamp is >= T (``offsets_for_times``). Entries before T are
+not read, so what they did must come from elsewhere: a user the retained tail names starts from
+their rows rebuilt from UserConversationState + MessageStore (:class:`app.rebuild.StateBase`),
+at the state's version (the last state-changing entry: the entries at or below it are in state,
+and drop as duplicates; the ones above it are applied on top). Users the tail does not name are
+rebuilt from state alone by the caller.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
 
+from app.domain.conversation import ConversationState
+from app.domain.entries import DeadLetter, WatermarkMarker, decode_record
 from app.domain.ports import MessageStore, ProjectionStore
+from app.metrics import RebuildMetrics
 from app.rebuild import Progress
 from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms
 from app.worker.ports import PartitionSnapshot, RawRecord
 
 FETCH_RECORDS = 5000
+BASE_EVENT_ID: Final = "rebuild-base-from-state"
+
+# user ids -> (rows, version) for the users durable state knows (a rebuild from a timestamp)
+BaseLoader = Callable[[list[int]], Awaitable[dict[int, tuple[list[ConversationState], int]]]]
 
 
 class MemoryTables:
@@ -88,6 +104,12 @@ class ReplayRebuild:
     dead_letters: int = 0
     pending: int = 0  # entries still above the watermark at the end (not in the projection)
     users: int = 0
+    from_timestamp_ms: int | None = None
+    start_offsets: dict[str, int] = field(default_factory=dict)  # partition -> first offset read
+    users_from_state_base: int = 0  # tail users started from their rows rebuilt from state
+    # Users the records read name, when there is a base (a rebuild from a timestamp rebuilds the
+    # others from state).
+    tail_users: set[int] = field(default_factory=set, repr=False)
 
 
 async def rebuild_by_replay(
@@ -99,7 +121,12 @@ async def rebuild_by_replay(
     messages: MessageStore,
     target: ProjectionStore,
     progress_mode: str = "auto",
+    metrics: RebuildMetrics | None = None,
+    from_ms: int | None = None,
+    base: BaseLoader | None = None,
 ) -> ReplayRebuild:
+    """Replay mailbox-tail into `target`: from the beginning, or from `from_ms` (Kafka record
+    time, ms) with `base` giving the tail's users their state from before it."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     consumer = AIOKafkaConsumer(
@@ -112,12 +139,18 @@ async def rebuild_by_replay(
         # Bootstrap creates every topic with `partitions` partitions (faust's co-partitioning).
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
-        begin = await consumer.beginning_offsets(tps)
         end = await consumer.end_offsets(tps)
-        await consumer.seek_to_beginning(*tps)
-        total = sum(end[tp] - begin[tp] for tp in tps)
-        progress = Progress(total, mode=progress_mode, unit="records")
-        remaining = {tp for tp in tps if end[tp] > begin[tp]}
+        if from_ms is None:
+            start = await consumer.beginning_offsets(tps)
+        else:
+            found = await consumer.offsets_for_times({tp: from_ms for tp in tps})
+            # None: no record at or after T in the partition; nothing of it is read.
+            start = {tp: end[tp] if found[tp] is None else found[tp].offset for tp in tps}
+        for tp in tps:
+            consumer.seek(tp, start[tp])
+        total = sum(end[tp] - start[tp] for tp in tps)
+        progress = Progress(total, mode=progress_mode, unit="records", metrics=metrics)
+        remaining = {tp for tp in tps if end[tp] > start[tp]}
         consumer.pause(*[tp for tp in tps if tp not in remaining])
         core = WorkerCore(
             config,
@@ -125,6 +158,11 @@ async def rebuild_by_replay(
             projection_store=target,
             tables=MemoryTables(),
             outbox=SilentOutbox(),
+        )
+        result = ReplayRebuild(
+            partitions=len(tps),
+            from_timestamp_ms=from_ms,
+            start_offsets={str(tp.partition): start[tp] for tp in tps},
         )
         done = 0
         while remaining:
@@ -139,6 +177,7 @@ async def rebuild_by_replay(
                     remaining.discard(tp)
                     consumer.pause(tp)
             if records:
+                await _adopt_new_users(core, records, config.lanes, result, base)
                 await core.on_records(records)
                 done += len(records)
             await core.flush_due(wall_clock_ms())
@@ -147,15 +186,44 @@ async def rebuild_by_replay(
         await core.flush_all()  # the end of a replay input flushes everything
         progress.update(done, core.stats.projection_writes, final=True)
         stats = core.stats
-        return ReplayRebuild(
-            partitions=len(tps),
-            records=stats.records,
-            entries=stats.entries,
-            applied=stats.applied,
-            duplicates=stats.duplicates,
-            dead_letters=stats.dead_letters,
-            pending=sum(state.gate.pending_count for state in core.partitions.values()),
-            users=sum(len(state.projector.users) for state in core.partitions.values()),
-        )
+        result.records = stats.records
+        result.entries = stats.entries
+        result.applied = stats.applied
+        result.duplicates = stats.duplicates
+        result.dead_letters = stats.dead_letters
+        result.pending = sum(state.gate.pending_count for state in core.partitions.values())
+        result.users = sum(len(state.projector.users) for state in core.partitions.values())
+        return result
     finally:
         await consumer.stop()
+
+
+async def _adopt_new_users(
+    core: WorkerCore,
+    records: Sequence[RawRecord],
+    lanes: int,
+    result: ReplayRebuild,
+    base: BaseLoader | None,
+) -> None:
+    """Before a batch is applied: every user it names for the first time gets their state from
+    before the tail, in the partition their entries arrive on (the core keeps users per
+    partition). Entries are decoded here once more: the key is only a convention of the lanes,
+    the entry's user_id is the truth. A full replay has no base: nothing to do."""
+    if base is None:
+        return
+    first_seen: dict[int, int] = {}
+    seen = result.tail_users
+    for record in records:
+        decoded = decode_record(record.value, lanes)
+        if isinstance(decoded, DeadLetter | WatermarkMarker):
+            continue
+        user_id = decoded.user_id
+        if user_id not in seen and user_id not in first_seen:
+            first_seen[user_id] = record.partition
+    if not first_seen:
+        return
+    seen.update(first_seen)
+    loaded = await base(sorted(first_seen))
+    for user_id, (rows, version) in loaded.items():
+        core.partition(first_seen[user_id]).projector.adopt(user_id, rows, version, BASE_EVENT_ID)
+        result.users_from_state_base += 1

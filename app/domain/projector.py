@@ -133,6 +133,21 @@ class Projector:
             self.policy.window_start = now_ms
         return Applied.APPLIED
 
+    def adopt(self, user_id: int, rows: Iterable[ConversationState], version: int, event_id: str) -> None:
+        """Take a user's state from elsewhere (a rebuild's base, rows from durable state), as of
+        `version`: entries at or below it are duplicates from now on. Every row is dirty, so the
+        user's next flush writes the user whole; the badge is recomputed in full from the rows."""
+        if user_id in self.users:
+            raise ValueError(f"user {user_id} already has state here")
+        user = self.users[user_id] = UserState(user_id)
+        user.rows = {row.conversation_id: row for row in rows}
+        user.projection_mailbox_seq = version
+        user.driving_event_id = event_id
+        user.structure_version = 1
+        user.badge = full_recompute(user.rows.values(), self.config.include_muted)
+        for conversation_id in user.rows:
+            self.dirty.mark(user_id, conversation_id)
+
     # -- flushing -------------------------------------------------------------------------------
 
     def flush_due(self, now_ms: int) -> bool:

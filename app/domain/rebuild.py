@@ -84,3 +84,18 @@ def _set_head(row: ConversationState, head: Head | None, store: MessageStore, li
             row.received.add(top.conversation_seq)
             return
         upto -= limit
+
+
+def as_replay_base(row: ConversationState) -> ConversationState:
+    """A row rebuilt from state, made the base that later mailbox entries are applied on (a
+    rebuild by replay from a timestamp).
+
+    The core's recomputes read the MessageStore only for messages the user *received* (the
+    definition is over the user's own entries, DESIGN §3.6). A row from state knows no receipt
+    history: like its own recompute (which takes the MessageStore as it is), it takes every
+    stored message up to its head as received. A later entry for one of them is then a
+    message counted once, not a message counted for the first time.
+    """
+    if row.head_seq:
+        row.received.add_range(1, row.head_seq + 1)
+    return row

@@ -4,7 +4,8 @@ named metric is present and moves when it should.
 
 Not moved here: the unread audit's metrics (``projector_unread_*``: no round runs within this
 test at the default interval; tests/integration/test_unread_audit.py moves them) and the rebuild
-progress gauges (they live in the rebuild tool's process; the unit tests move them)."""
+progress gauges (they live in the rebuild tool's process, on its own `--metrics-port`:
+tests/integration/test_rebuild_from_timestamp.py scrapes them moving)."""
 
 from __future__ import annotations
 
