@@ -7,6 +7,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from app.api.http import ApiContext, Route, context, current_user, query
+from app.domain.badge import Badge, from_rows
 
 
 async def get_badge(request: web.Request) -> web.Response:
@@ -14,11 +15,19 @@ async def get_badge(request: web.Request) -> web.Response:
     user_id = current_user(request)
     query(request, frozenset())  # no parameters: an unexpected one is a client bug worth a 400
     meta = await ctx.deps.projections.meta(user_id)  # one HMGET
+    badge = Badge(meta.total_unread, meta.total_mention, meta.muted_unread)
+    filler = ctx.lists.state
+    if meta.version == 0 and filler is not None:
+        # Nothing stored for the user (projection lost, or not flushed yet): a login pull's rows
+        # come from UserConversationState (the fill-in). That pull is a reconcile (seed §3.4):
+        # its badge is the full recompute over those rows, not the zeros of an absent meta.
+        # The version stays 0: the rows are as of no flush, and any frame supersedes them.
+        badge = from_rows(await filler.rows(user_id, ()), ctx.settings.include_muted)
     return web.json_response(
         {
-            "total_unread": meta.total_unread,
-            "total_mention": meta.total_mention,
-            "muted_unread": meta.muted_unread,
+            "total_unread": badge.total_unread,
+            "total_mention": badge.total_mention,
+            "muted_unread": badge.muted_unread,
             "projection_mailbox_seq": meta.version,
         }
     )
@@ -31,7 +40,11 @@ def routes(ctx: ApiContext) -> list[Route]:
 OPERATION: Final[dict[str, Any]] = {
     "operationId": "getBadge",
     "summary": "The caller's badge totals",
-    "description": "As last flushed to the projection store; BADGE_UPDATE frames carry newer ones.",
+    "description": (
+        "As last flushed to the projection store; BADGE_UPDATE frames carry newer ones. When the "
+        "store holds nothing for the caller and rows are filled from state, the full recompute "
+        "over those rows (projection_mailbox_seq 0)."
+    ),
     "responses": {
         "200": {
             "description": "The badge",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 from app.domain.conversation import ConversationState
 
@@ -73,6 +73,25 @@ def full_recompute(rows: Iterable[ConversationState], include_muted: bool) -> Ba
     total_unread = total_mention = muted_unread = 0
     for row in rows:
         part = contribution(row, include_muted)
+        total_unread += part.total_unread
+        total_mention += part.total_mention
+        muted_unread += part.muted_unread
+    return Badge(total_unread, total_mention, muted_unread)
+
+
+def from_rows(rows: Iterable[Mapping[str, Any]], include_muted: bool) -> Badge:
+    """The full recompute over projection rows (DESIGN §4 dicts), for rows that no flush wrote
+    a badge with: a login pull's rows filled from UserConversationState."""
+    total_unread = total_mention = muted_unread = 0
+    for row in rows:
+        part = _contribution(
+            int(row["unread_count"]),
+            int(row["mention_count"]),
+            str(row["membership"]),
+            bool(row["archived"]),
+            bool(row["muted"]),
+            include_muted,
+        )
         total_unread += part.total_unread
         total_mention += part.total_mention
         muted_unread += part.muted_unread

@@ -677,6 +677,26 @@ async def test_a_login_pull_on_a_new_device_gets_the_exact_rows_missing_ones_fil
             assert now is not None
             assert of_row(dict(now)) == definition(everything, ME, convs[4])
             assert now["unread_count"] == 2
+
+            # Then the user's whole projection is lost. The next new device's pull is filled
+            # from state entirely, and its badge is the full recompute over those rows (a
+            # reconcile), not the zeros of an absent meta.
+            assert await store.client.delete(store.rows_key(ME), store.meta_key(ME)) == 2
+            expected_rows, expected_badges = replayed(stack, tmp_path, everything, "login-lost")
+            another = LiveSessionList(client, ME, limit=3)
+            await another.sync()
+
+            def knowable(rows: Iterable[Any]) -> list[dict[str, Any]]:
+                return [{k: v for k, v in r.items() if k != "projection_mailbox_seq"} for r in rows]
+
+            want = [dict(r) for r in sort_rows(r for r in expected_rows if r["listed"])]
+            assert knowable(sort_rows([*another.main(), *another.archived()])) == knowable(want)
+            badge = another.view.badge
+            assert badge is not None and badge.version == 0
+            assert {k: getattr(badge, k) for k in BADGE_FIELDS} == {
+                k: expected_badges[0][k] for k in BADGE_FIELDS
+            }
+            assert badge.total_unread > 0
     finally:
         await server.close()
         await store.aclose()
