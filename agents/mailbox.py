@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import faust
@@ -29,23 +28,16 @@ class MailboxIntake:
     """Between the consumer and the core: one batch at a time, stale batches dropped, offsets
     committed only once a batch's effects are durable in the changelog tables."""
 
-    def __init__(
-        self,
-        app: faust.App,
-        core_ref: dict[str, WorkerCore],
-        topic: str,
-        commit_interval_s: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, app: faust.App, core_ref: dict[str, WorkerCore], topic: str) -> None:
         self.app = app
         self.core_ref = core_ref
         self.topic = topic
-        self.commit_interval_s = commit_interval_s
-        self.clock = clock
         # Held while a batch is processed: a revocation waits for it, so no changelog record of a
         # partition is written after another worker may own it.
         self.lock = asyncio.Lock()
-        self.last_commit = clock()
+        # Commits run on their own timer, never inside a batch: faust's consumer thread serves a
+        # commit after its fetch in progress, which waits up to a second for records.
+        self.commit_lock = asyncio.Lock()
         self.stale_batches = 0
 
     async def process(self, batch: RecordBatch) -> None:
@@ -56,14 +48,6 @@ class MailboxIntake:
                 self.stale_batches += 1
                 return
             await self.core_ref["core"].on_records(batch.records)
-            if self.clock() - self.last_commit >= self.commit_interval_s:
-                await self._commit()
-
-    async def commit_due(self) -> None:
-        """From the timer: commit what became durable when no batch came to do it."""
-        if self.clock() - self.last_commit >= self.commit_interval_s:
-            async with self.lock:
-                await self._commit()
 
     async def revoke(self, partitions: Sequence[int]) -> None:
         """Before the partitions go: their hot state persisted and its offsets committed, so
@@ -71,22 +55,23 @@ class MailboxIntake:
         async with self.lock:
             core = self.core_ref["core"]
             await core.release(partitions)
-            await self._commit()
+            await self.commit()
             core.forget(partitions)
 
-    async def _commit(self) -> None:
+    async def commit(self) -> None:
         """Commit the offsets the core reports durable (its changelog records are handed to the
-        producer; faust's commit flushes the producer before committing)."""
-        self.last_commit = self.clock()
-        core = self.core_ref["core"]
-        offsets = core.durable_offsets()
-        if not offsets:
-            return
-        try:
-            if await commit_offsets(self.app, offsets, self.topic):
-                core.offsets_committed(offsets)
-        except Exception as exc:  # a failed commit only means re-reading (duplicates are dropped)
-            log.warning("offset commit failed (entries will be read again): %s", exc)
+        producer; faust's commit flushes the producer before committing). From the commit
+        timer and on revocation; serialized, so a committed offset only moves forward."""
+        async with self.commit_lock:
+            core = self.core_ref["core"]
+            offsets = core.durable_offsets()
+            if not offsets:
+                return
+            try:
+                if await commit_offsets(self.app, offsets, self.topic):
+                    core.offsets_committed(offsets)
+            except Exception as exc:  # a failed commit only means re-reading (duplicates dropped)
+                log.warning("offset commit failed (entries will be read again): %s", exc)
 
 
 def register_agent(app: ProjectorApp, topic: Any, intake: MailboxIntake) -> Any:

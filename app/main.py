@@ -17,6 +17,7 @@ from aiohttp import web
 
 from app.metrics import WorkerMetrics, metrics_handler
 from app.settings import Settings
+from app.worker.audit import AuditConfig, audit_tick
 from app.worker.batch_intake import ProjectorApp
 from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms
 from app.worker.kafka_batches import BatchSender
@@ -44,7 +45,7 @@ class KafkaOutbox:
         await self.sender.send_keyed(self.settings.topic_badge, badges)
 
 
-# Offsets of the mailbox topic are committed by the intake (once durable), at most this often.
+# Offsets of the mailbox topic are committed by the intake (what is durable), this often.
 COMMIT_INTERVAL_S = 1.0
 
 
@@ -91,7 +92,7 @@ def create_app(settings: Settings) -> tuple[faust.App, dict[str, WorkerCore]]:
 
     from agents.mailbox import MailboxIntake, register_agent
 
-    intake = MailboxIntake(app, core_ref, settings.topic_mailbox_tail, COMMIT_INTERVAL_S)
+    intake = MailboxIntake(app, core_ref, settings.topic_mailbox_tail)
     register_agent(app, mailbox, intake)
 
     @app.on_rebalance_complete.connect  # type: ignore[arg-type]  # mode's signal stubs want sync
@@ -120,9 +121,21 @@ def create_app(settings: Settings) -> tuple[faust.App, dict[str, WorkerCore]]:
         core = core_ref.get("core")
         if core is not None:
             await core.flush_due(wall_clock_ms())
-            await intake.commit_due()
             if metrics is not None:
                 metrics.sync(core)
+
+    @app.timer(interval=COMMIT_INTERVAL_S)  # type: ignore[untyped-decorator]  # same
+    async def commit_timer() -> None:
+        if "core" in core_ref:
+            await intake.commit()
+
+    audit = AuditConfig.from_settings(settings)
+
+    @app.timer(interval=audit.interval_ms / 1000)  # type: ignore[untyped-decorator]  # same
+    async def unread_audit() -> None:
+        core = core_ref.get("core")
+        if core is not None:
+            await audit_tick(core, audit, wall_clock_ms())
 
     core_ref["core"] = build_core(settings, tables, outbox, metrics)
     return app, core_ref

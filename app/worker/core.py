@@ -11,8 +11,9 @@ Hot state: the rows/users/gate/pending changes since the last persist stay in me
 written ONCE per row to the changelog tables at the partition's next persist: every flush
 (before the store write: durable before visible), at least once per window otherwise, and when
 the partition is revoked. Offsets follow it: only `durable_offsets()` (as of the last persist,
-which first waits for the Cassandra mirror writes) are committed, so a crash re-reads exactly what
-the changelog does not hold, and the gate's duplicate rule drops what it does.
+which first completes the Cassandra mirror writes of what it persists) are committed, so a crash
+re-reads exactly what the changelog does not hold, and the gate's duplicate rule drops what it
+does.
 
 Flushes (window on the wall clock, or early past max_dirty_rows) write each dirty user's batch
 to the projection store atomically, then emit one SESSION_DELTA and one BADGE_UPDATE per user.
@@ -194,7 +195,10 @@ class WorkerCore:
         self.partitions: dict[int, PartitionState] = {}
         self.stats = WorkerStats()
         self._flush_lock = asyncio.Lock()
-        self._mirror_task: asyncio.Future[None] | None = None
+        # Held while a batch is applied and while a partition is persisted: a persist snapshots
+        # rows, offsets and the Cassandra mirror at one point between batches.
+        self._state_lock = asyncio.Lock()
+        self._mirror_task: asyncio.Future[None] | None = None  # at most one mirror write in flight
 
     # -- partitions ---------------------------------------------------------------------------
 
@@ -285,24 +289,25 @@ class WorkerCore:
         """Process one batch in memory. Its effects reach the changelog tables with the
         partition's next persist (every flush, and at least once per window): until then its
         offsets are not `durable_offsets()`, so a crash re-reads it."""
-        now = self.clock()
-        by_partition: dict[int, list[RawRecord]] = {}
-        for record in records:
-            by_partition.setdefault(record.partition, []).append(record)
-        letters: list[tuple[bytes | None, bytes]] = []
-        for partition, batch in by_partition.items():
-            state = self.partition(partition)
-            self._process(state, batch, now, letters)
-            state.processed_offset = batch[-1].offset + 1
-            if state.unpersisted_since is None:
-                state.unpersisted_since = now
-        if letters:
-            await self.outbox.dead_letters(letters)
-        if self.state_writer is not None:
-            # The previous batch's write must have landed first (one in flight: backpressure);
-            # this batch's runs while the next batch is processed.
-            await self.state_mirrored()
-            self._mirror_task = asyncio.ensure_future(self._mirror_state(self.state_writer))
+        async with self._state_lock:
+            now = self.clock()
+            by_partition: dict[int, list[RawRecord]] = {}
+            for record in records:
+                by_partition.setdefault(record.partition, []).append(record)
+            letters: list[tuple[bytes | None, bytes]] = []
+            for partition, batch in by_partition.items():
+                state = self.partition(partition)
+                self._process(state, batch, now, letters)
+                state.processed_offset = batch[-1].offset + 1
+                if state.unpersisted_since is None:
+                    state.unpersisted_since = now
+            if letters:
+                await self.outbox.dead_letters(letters)
+            if self.state_writer is not None:
+                # The previous batch's mirror write must have landed first (one in flight:
+                # backpressure); this batch's runs while the next batch is processed.
+                await self._mirror_in_flight()
+                self._mirror_task = asyncio.ensure_future(self._mirror_state(self.state_writer))
         await self.flush_due(self.clock(), only_memory_bound=True)
 
     def durable_offsets(self) -> dict[int, int]:
@@ -323,22 +328,22 @@ class WorkerCore:
     async def persist(self, state: PartitionState) -> None:
         """Write what the partition's hot state changed to the changelog tables (once per row)
         and hand the records to the producer; its offsets become durable."""
-        # The Cassandra mirror first: once the changelog holds these entries, their re-reads are
-        # duplicates and would never stage their UserConversationState writes again.
-        await self.state_mirrored()
-        touched, state.unpersisted = state.unpersisted, _Touched()
-        offset, state.unpersisted_since = state.processed_offset, None
-        self._persist(state.partition, touched)
-        await self.tables.commit()
-        if offset is not None:
-            state.durable_offset = offset
+        async with self._state_lock:  # no batch is applied meanwhile: one consistent snapshot
+            # The Cassandra mirror first: once the changelog holds these entries, their re-reads
+            # are duplicates and would never stage their UserConversationState writes again.
+            await self._mirror_in_flight()
+            if self.state_writer is not None:
+                await self._mirror_state(self.state_writer)  # what was staged after it, if any
+            touched, state.unpersisted = state.unpersisted, _Touched()
+            offset, state.unpersisted_since = state.processed_offset, None
+            self._persist(state.partition, touched)
+            await self.tables.commit()
+            if offset is not None:
+                state.durable_offset = offset
 
-    async def state_mirrored(self) -> None:
-        """Returns once the UserConversationState/member writes of every batch processed so far
-        were attempted (a persist waits for it)."""
-        task = self._mirror_task
+    async def _mirror_in_flight(self) -> None:
+        task, self._mirror_task = self._mirror_task, None
         if task is not None:
-            self._mirror_task = None
             await task
 
     async def _mirror_state(self, writer: StateWriter) -> None:

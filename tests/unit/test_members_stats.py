@@ -161,10 +161,12 @@ async def test_worker_statistics_survive_a_crash_and_a_replay_does_not_double_co
     first = worker(tables, writer)
     half = len(lines) // 2
     await first.on_records(records(lines[:half]))
+    await first.flush_all()  # its window closed: the hot state is in the changelog tables
     # Crash: a new core restores from the changelog tables, then the whole log is replayed
     # (the first half again: duplicates by mailbox_seq, and the bitmaps would absorb them anyway).
     second = worker(tables, writer)
     await second.on_records(records(lines))
+    await second.flush_all()
     assert writer.member_stats[(CONV_A, ME)][:2] == (1, 1)
     restored = second.partition(0).member_stats[(ME, CONV_A)]
     assert restored.counts() == (1, 1)

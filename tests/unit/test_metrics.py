@@ -95,7 +95,8 @@ def test_revoked_partitions_stop_reporting_watermark_lag() -> None:
     metrics = WorkerMetrics()
     asyncio.run(core.on_records(records(s.lines)))
     assert 'partition="0"' in scrape(metrics, core)
-    core.revoke([0])
+    asyncio.run(core.release([0]))
+    core.forget([0])
     assert 'partition="0"' not in scrape(metrics, core)
 
 
