@@ -58,6 +58,16 @@ class MailboxIntake:
             await self.commit()
             core.forget(partitions)
 
+    async def stop(self) -> None:
+        """A clean stop: the batch in progress finished, everything flushed (hot state persisted
+        first) and its offsets committed, so a restart reads nothing again."""
+        async with self.lock:
+            core = self.core_ref.get("core")
+            if core is None:
+                return
+            await core.flush_all()
+            await self.commit()
+
     async def commit(self) -> None:
         """Commit the offsets the core reports durable (its changelog records are handed to the
         producer; faust's commit flushes the producer before committing). From the commit
@@ -81,6 +91,7 @@ def register_agent(app: ProjectorApp, topic: Any, intake: MailboxIntake) -> Any:
         await batches.send(value=batch)
 
     app.route_batches(topic, route)
+    app.before_consumer_stop.append(intake.stop)
 
     @app.agent(batches, name="project-mailbox")
     async def project(stream: Any) -> None:

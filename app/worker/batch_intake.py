@@ -144,7 +144,18 @@ class ProjectorApp(faust.App):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.batch_routes: dict[str, BatchRoute] = {}
+        # Run on a clean stop while the consumer and the tables still work (faust closes both
+        # before its own shutdown signal): the place to persist hot state and commit.
+        self.before_consumer_stop: list[Callable[[], Awaitable[None]]] = []
         super().__init__(*args, **kwargs)
+
+    async def _stop_consumer(self) -> None:
+        for hook in self.before_consumer_stop:
+            try:
+                await hook()
+            except Exception:  # a stop goes on: what was not committed is read again
+                self.log.exception("before_consumer_stop hook %r failed", hook)
+        await super()._stop_consumer()
 
     def _new_transport(self) -> Any:
         url = self.conf.broker_consumer[0]

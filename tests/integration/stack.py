@@ -186,6 +186,32 @@ class Stack:
             if own:
                 await producer.stop()
 
+    async def group_offsets(self) -> dict[int, int]:
+        """mailbox-tail offsets committed by the workers' consumer group, per partition."""
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
+        await admin.start()
+        try:
+            committed = await admin.list_consumer_group_offsets(self.settings.app_id)
+        finally:
+            await admin.close()
+        topic = self.settings.topic_mailbox_tail
+        return {tp.partition: meta.offset for tp, meta in committed.items() if tp.topic == topic}
+
+    async def end_offsets(self) -> dict[int, int]:
+        """mailbox-tail's end offsets, per partition."""
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        topic = self.settings.topic_mailbox_tail
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap, group_id=None)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(topic, p) for p in range(self.settings.topic_partitions)]
+            return {tp.partition: offset for tp, offset in (await consumer.end_offsets(tps)).items()}
+        finally:
+            await consumer.stop()
+
     async def cleanup(self) -> None:
         self.stop_workers(signal.SIGKILL)
         from aiokafka.admin import AIOKafkaAdminClient

@@ -373,22 +373,9 @@ async def test_mailbox_dirty_recomputes_a_drifted_row_and_the_badge_in_full(
 # -- 3. a replay from an older checkpoint --------------------------------------------------------
 
 
-async def group_offsets(stack: Stack) -> dict[int, int]:
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=stack.settings.kafka_bootstrap)
-    await admin.start()
-    try:
-        committed = await admin.list_consumer_group_offsets(stack.settings.app_id)
-    finally:
-        await admin.close()
-    topic = stack.settings.topic_mailbox_tail
-    return {tp.partition: meta.offset for tp, meta in committed.items() if tp.topic == topic}
-
-
 async def committed_up_to(stack: Stack, offsets: dict[int, int], alive: Callable[[], None]) -> dict[int, int]:
     deadline = time.monotonic() + 60
-    while (committed := await group_offsets(stack)) != offsets:
+    while (committed := await stack.group_offsets()) != offsets:
         alive()
         assert time.monotonic() < deadline, f"committed {committed}, want {offsets}"
         await asyncio.sleep(0.5)
@@ -414,20 +401,7 @@ async def rewind(stack: Stack, offsets: dict[int, int]) -> None:
         await consumer.commit(tps)
     finally:
         await consumer.stop()
-    assert await group_offsets(stack) == offsets
-
-
-async def end_offsets(stack: Stack) -> dict[int, int]:
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    topic = stack.settings.topic_mailbox_tail
-    consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.kafka_bootstrap, group_id=None)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(stack.settings.topic_partitions)]
-        return {tp.partition: offset for tp, offset in (await consumer.end_offsets(tps)).items()}
-    finally:
-        await consumer.stop()
+    assert await stack.group_offsets() == offsets
 
 
 async def entries_between(stack: Stack, start: dict[int, int], end: dict[int, int]) -> int:
@@ -504,7 +478,7 @@ async def test_a_replay_from_an_older_checkpoint_drops_duplicates_and_ends_exact
     await stack.wait_for_versions(versions, timeout=240, alive=running(stack))
     # The worker commits an offset once the batch's effects are durable (persisted at least
     # once per window): wait until everything read is committed, then stop.
-    processed = await end_offsets(stack)
+    processed = await stack.end_offsets()
     committed = await committed_up_to(stack, processed, running(stack))
     stack.stop_workers()
 
@@ -548,7 +522,7 @@ async def test_a_replay_from_an_older_checkpoint_drops_duplicates_and_ends_exact
     assert sample(text, "projector_entries_applied_total") == new  # dropped, never re-applied
     rows, badges = await stack.projection(sorted(final))
     assert rows == expected_rows and badges == expected_badges  # no double count anywhere
-    ends = await end_offsets(stack)
+    ends = await stack.end_offsets()
     await committed_up_to(stack, ends, running(stack))
     stack.stop_workers()
 
