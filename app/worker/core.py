@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import orjson
@@ -49,10 +49,7 @@ from app.domain.ports import MessageStore, ProjectionStore
 from app.domain.projector import Applied, Projector, ProjectorConfig, UserState
 from app.domain.watermark import Offer, WatermarkGate
 from app.members.stats import MemberStats
-from app.worker.ports import Outbox, RawRecord, StateTables, StateWriter
-
-if TYPE_CHECKING:
-    from app.metrics import WorkerMetrics
+from app.worker.ports import FlushObserver, Outbox, RawRecord, StateTables, StateWriter
 
 log = logging.getLogger("projector.worker")
 
@@ -179,7 +176,7 @@ class WorkerCore:
         state_writer: StateWriter | None = None,
         clock: Callable[[], int] = wall_clock_ms,
         after_store_write: Callable[[], None] | None = None,
-        metrics: WorkerMetrics | None = None,
+        metrics: FlushObserver | None = None,
     ) -> None:
         self.config = config
         self.message_store = message_store

@@ -80,3 +80,10 @@ class StateWriter(Protocol):
     ) -> None: ...
 
     async def flush(self) -> int: ...
+
+
+class FlushObserver(Protocol):
+    """Told how long each flush took (the worker's Prometheus metrics); the counters are pulled
+    from the core's stats instead, so the core never depends on the metrics module."""
+
+    def observe_flush(self, seconds: float) -> None: ...
