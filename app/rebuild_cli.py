@@ -35,11 +35,19 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from app.cli_args import non_negative_float, non_negative_int
+
+if TYPE_CHECKING:
+    from app.domain.ports import MessageStore, ProjectionStore
+    from app.metrics import RebuildMetrics
+    from app.rebuild_replay import BaseLoader, ReplayRebuild
+
 MAX_PORT = 65535
+MAX_HOLD_S = 3600  # a --metrics-hold longer than an hour is a mistake
 
 
 def _user_list(text: str) -> list[int]:
@@ -78,22 +86,16 @@ def _timestamp_ms(text: str) -> int:
 
 
 def _port(text: str) -> int:
-    try:
-        port = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a TCP port, got {text!r}") from None
-    if not 0 <= port <= MAX_PORT:
+    port = non_negative_int(text)
+    if port > MAX_PORT:
         raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0..{MAX_PORT}; 0 = off)")
     return port
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 <= value <= 3600:  # a hold longer than an hour is a mistake
-        raise argparse.ArgumentTypeError(f"{text} is not in 0..3600 seconds")
+    value = non_negative_float(text)
+    if value > MAX_HOLD_S:
+        raise argparse.ArgumentTypeError(f"{text} is not in 0..{MAX_HOLD_S} seconds")
     return value
 
 
@@ -230,9 +232,44 @@ async def _serve_metrics(metrics: Any, host: str, port: int) -> Any:
     return runner
 
 
+async def _replay_log(
+    settings: Any,
+    args: argparse.Namespace,
+    messages: MessageStore,
+    target: ProjectionStore,
+    metrics: RebuildMetrics,
+    *,
+    from_ms: int | None = None,
+    base: BaseLoader | None = None,
+) -> ReplayRebuild:
+    """mailbox-tail through the worker's core into `target`: from the beginning, or from
+    `from_ms` on the rows `base` loads (see app/rebuild_replay.py)."""
+    from app.rebuild_replay import rebuild_by_replay
+
+    return await rebuild_by_replay(
+        bootstrap=settings.kafka_bootstrap,
+        topic=settings.topic_mailbox_tail,
+        partitions=settings.topic_partitions,
+        config=worker_config(settings),
+        messages=messages,
+        target=target,
+        progress_mode=args.progress,
+        metrics=metrics,
+        from_ms=from_ms,
+        base=base,
+    )
+
+
+def _replay_report(replayed: ReplayRebuild) -> dict[str, Any]:
+    report = dataclasses.asdict(replayed)
+    # The users the tail named serve the split (the rest come from state); a set, possibly of every
+    # user: no figure for the report.
+    report.pop("tail_users")
+    return report
+
+
 async def _rebuild(settings: Any, args: argparse.Namespace, metrics: Any) -> int:
     from app.rebuild import Progress, StateBase, diff_namespaces, rebuild_from_state
-    from app.rebuild_replay import rebuild_by_replay
     from app.stores.cassandra_messages import CassandraMessageStore
     from app.stores.cassandra_session import open_cluster
     from app.stores.cassandra_state import UserConversationStateWriter
@@ -265,17 +302,8 @@ async def _rebuild(settings: Any, args: argparse.Namespace, metrics: Any) -> int
             async def load_base(user_ids: list[int]) -> Any:
                 return await asyncio.to_thread(base.load, user_ids)
 
-            replayed = await rebuild_by_replay(
-                bootstrap=settings.kafka_bootstrap,
-                topic=settings.topic_mailbox_tail,
-                partitions=settings.topic_partitions,
-                config=worker_config(settings),
-                messages=messages,
-                target=target,
-                progress_mode=args.progress,
-                metrics=metrics,
-                from_ms=args.from_timestamp,
-                base=load_base,
+            replayed = await _replay_log(
+                settings, args, messages, target, metrics, from_ms=args.from_timestamp, base=load_base
             )
             # Users the log from T does not name: from state alone (the log says nothing newer).
             known = set(await asyncio.to_thread(state.user_ids)) | set(await live.user_ids())
@@ -292,31 +320,18 @@ async def _rebuild(settings: Any, args: argparse.Namespace, metrics: Any) -> int
             )
             users = sorted(known | set(await target.user_ids()))
             diff = await diff_namespaces(live, target, users)
-            replay_report = dataclasses.asdict(replayed)
-            replay_report.pop("tail_users")
             report = {
                 "mode": "by-replay-from-timestamp",
-                "replay": replay_report,
+                "replay": _replay_report(replayed),
                 "users_from_state_only": from_state.users,
             }
             rebuilt_users, rebuilt_rows = replayed.users + from_state.users, diff.rows_rebuilt
         elif args.by_replay:
-            replayed = await rebuild_by_replay(
-                bootstrap=settings.kafka_bootstrap,
-                topic=settings.topic_mailbox_tail,
-                partitions=settings.topic_partitions,
-                config=worker_config(settings),
-                messages=messages,
-                target=target,
-                progress_mode=args.progress,
-                metrics=metrics,
-            )
+            replayed = await _replay_log(settings, args, messages, target, metrics)
             users = sorted(set(await target.user_ids()) | set(await live.user_ids()))
             # Same core, same entries: every field must agree, versions included.
             diff = await diff_namespaces(live, target, users, ignore=())
-            replay_report = dataclasses.asdict(replayed)
-            replay_report.pop("tail_users")
-            report = {"mode": "by-replay", "replay": replay_report}
+            report = {"mode": "by-replay", "replay": _replay_report(replayed)}
             rebuilt_users, rebuilt_rows = replayed.users, diff.rows_rebuilt
         else:
             if args.all_known:

@@ -41,6 +41,7 @@ from typing import Any
 
 from app.domain.badge import Badge, full_recompute
 from app.domain.conversation import ConversationState
+from app.domain.flush import badge_update_frame, session_delta_frame
 from app.domain.ports import MessageStore, StoredRows
 from app.domain.projector import UserState
 from app.domain.unread import UNREAD_PRECISE_LIMIT, recompute
@@ -177,28 +178,19 @@ class Correction:
         restate version V, so `prev_projection_mailbox_seq == projection_mailbox_seq`: no step in
         the chain. A client overwrites the rows it holds at a version <= V and keeps its chain
         position."""
-        return {
-            "type": "SESSION_DELTA",
-            "user_id": self.user_id,
-            "projection_mailbox_seq": self.version,
-            "prev_projection_mailbox_seq": self.version,
-            "driving_event_id": self.driving_event_id,
-            "driving_mailbox_seq": self.version,
-            "conversations": self.rows,
-            "correction": True,
-        }
+        frame = session_delta_frame(
+            self.user_id,
+            self.rows,
+            version=self.version,
+            prev_version=self.version,
+            driving_event_id=self.driving_event_id,
+            driving_mailbox_seq=self.version,
+        )
+        return {**frame, "correction": True}
 
     def badge_update(self) -> dict[str, Any]:
-        return {
-            "type": "BADGE_UPDATE",
-            "user_id": self.user_id,
-            "total_unread": self.badge.total_unread,
-            "total_mention": self.badge.total_mention,
-            "muted_unread": self.badge.muted_unread,
-            "projection_mailbox_seq": self.version,
-            "prev_projection_mailbox_seq": self.version,
-            "correction": True,
-        }
+        frame = badge_update_frame(self.user_id, self.badge, version=self.version, prev_version=self.version)
+        return {**frame, "correction": True}
 
 
 class Repair(Enum):

@@ -90,23 +90,55 @@ class UserFlush:
     driving_mailbox_seq: int
 
     def session_delta(self) -> dict[str, Any]:
-        return {
-            "type": "SESSION_DELTA",
-            "user_id": self.user_id,
-            "projection_mailbox_seq": self.projection_mailbox_seq,
-            "prev_projection_mailbox_seq": self.prev_projection_mailbox_seq,
-            "driving_event_id": self.driving_event_id,
-            "driving_mailbox_seq": self.driving_mailbox_seq,
-            "conversations": self.rows,
-        }
+        return session_delta_frame(
+            self.user_id,
+            self.rows,
+            version=self.projection_mailbox_seq,
+            prev_version=self.prev_projection_mailbox_seq,
+            driving_event_id=self.driving_event_id,
+            driving_mailbox_seq=self.driving_mailbox_seq,
+        )
 
     def badge_update(self) -> dict[str, Any]:
-        return {
-            "type": "BADGE_UPDATE",
-            "user_id": self.user_id,
-            "total_unread": self.badge.total_unread,
-            "total_mention": self.badge.total_mention,
-            "muted_unread": self.badge.muted_unread,
-            "projection_mailbox_seq": self.projection_mailbox_seq,
-            "prev_projection_mailbox_seq": self.prev_projection_mailbox_seq,
-        }
+        return badge_update_frame(
+            self.user_id,
+            self.badge,
+            version=self.projection_mailbox_seq,
+            prev_version=self.prev_projection_mailbox_seq,
+        )
+
+
+# The two frame layouts (DESIGN §4), built in one place for a flush and an audit correction
+# (app/domain/audit.py), which restates a version with the same frames plus a correction flag.
+
+
+def session_delta_frame(
+    user_id: int,
+    rows: list[dict[str, Any]],
+    *,
+    version: int,
+    prev_version: int,
+    driving_event_id: str,
+    driving_mailbox_seq: int,
+) -> dict[str, Any]:
+    return {
+        "type": "SESSION_DELTA",
+        "user_id": user_id,
+        "projection_mailbox_seq": version,
+        "prev_projection_mailbox_seq": prev_version,
+        "driving_event_id": driving_event_id,
+        "driving_mailbox_seq": driving_mailbox_seq,
+        "conversations": rows,
+    }
+
+
+def badge_update_frame(user_id: int, badge: Badge, *, version: int, prev_version: int) -> dict[str, Any]:
+    return {
+        "type": "BADGE_UPDATE",
+        "user_id": user_id,
+        "total_unread": badge.total_unread,
+        "total_mention": badge.total_mention,
+        "muted_unread": badge.muted_unread,
+        "projection_mailbox_seq": version,
+        "prev_projection_mailbox_seq": prev_version,
+    }

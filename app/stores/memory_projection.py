@@ -14,9 +14,9 @@ malformed batches, before anything is written.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -24,6 +24,7 @@ from app.domain.ports import StoredProjection, StoredRows
 
 if TYPE_CHECKING:
     from app.domain.audit import Correction
+    from app.domain.badge import Badge
     from app.domain.flush import UserFlush
 
 U64_LIMIT = 1 << 64
@@ -49,6 +50,29 @@ def _check_int(name: str, value: object, low: int, high: int = U64_LIMIT) -> int
     return value
 
 
+def _encode_rows(where: str, rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, bytes]]:
+    """(conversation_id, row JSON) per row, in order; `where` names the user in the error."""
+    encoded: list[tuple[str, bytes]] = []
+    for row in rows:
+        conversation_id = row.get("conversation_id")
+        if not isinstance(conversation_id, str) or not conversation_id:
+            raise ValueError(f"{where}: every row needs a conversation_id string, got {row!r}")
+        encoded.append((conversation_id, orjson.dumps(row)))
+    return encoded
+
+
+def _check_badge(where: str, badge: Badge) -> tuple[int, int, int]:
+    """(total_unread, total_mention, muted_unread), checked.
+
+    Badge totals can in principle be any int; only the type is checked (the core owns their
+    meaning). Redis stores them as decimal strings either way."""
+    return (
+        _check_int(f"{where}: total_unread", badge.total_unread, -U64_LIMIT),
+        _check_int(f"{where}: total_mention", badge.total_mention, -U64_LIMIT),
+        _check_int(f"{where}: muted_unread", badge.muted_unread, -U64_LIMIT),
+    )
+
+
 def encode_batches(batches: Sequence[UserFlush]) -> list[EncodedBatch]:
     """Validate and serialize every batch first, so a bad one fails the whole call before any
     user is written (a half-applied call would be safe — writes are idempotent — but confusing).
@@ -59,25 +83,20 @@ def encode_batches(batches: Sequence[UserFlush]) -> list[EncodedBatch]:
     for batch in batches:
         user_id = _check_int("user_id", batch.user_id, 0)
         where = f"user {user_id}"
-        rows: list[tuple[str, bytes]] = []
-        for row in batch.rows:
-            conversation_id = row.get("conversation_id")
-            if not isinstance(conversation_id, str) or not conversation_id:
-                raise ValueError(f"{where}: every row needs a conversation_id string, got {row!r}")
-            rows.append((conversation_id, orjson.dumps(row)))
-        badge = batch.badge
+        rows = _encode_rows(where, batch.rows)
+        # The stored version starts at 0 ("nothing stored"), so a version must be >= 1 to be
+        # writable at all; mailbox_seq is positive by contract (DESIGN §2).
+        version = _check_int(f"{where}: projection_mailbox_seq", batch.projection_mailbox_seq, 1)
+        structure_version = _check_int(f"{where}: structure_version", batch.structure_version, 0)
+        total_unread, total_mention, muted_unread = _check_badge(where, batch.badge)
         encoded.append(
             EncodedBatch(
                 user_id=user_id,
-                # The stored version starts at 0 ("nothing stored"), so a version must be >= 1
-                # to be writable at all; mailbox_seq is positive by contract (DESIGN §2).
-                version=_check_int(f"{where}: projection_mailbox_seq", batch.projection_mailbox_seq, 1),
-                structure_version=_check_int(f"{where}: structure_version", batch.structure_version, 0),
-                # Badge totals can in principle be any int; only the type is checked (the core owns
-                # their meaning). Redis stores them as decimal strings either way.
-                total_unread=_check_int(f"{where}: total_unread", badge.total_unread, -U64_LIMIT),
-                total_mention=_check_int(f"{where}: total_mention", badge.total_mention, -U64_LIMIT),
-                muted_unread=_check_int(f"{where}: muted_unread", badge.muted_unread, -U64_LIMIT),
+                version=version,
+                structure_version=structure_version,
+                total_unread=total_unread,
+                total_mention=total_mention,
+                muted_unread=muted_unread,
                 rows=rows,
             )
         )
@@ -102,20 +121,16 @@ def encode_corrections(corrections: Sequence[Correction]) -> list[EncodedCorrect
     for correction in corrections:
         user_id = _check_int("user_id", correction.user_id, 0)
         where = f"user {user_id}"
-        rows: list[tuple[str, bytes]] = []
-        for row in correction.rows:
-            conversation_id = row.get("conversation_id")
-            if not isinstance(conversation_id, str) or not conversation_id:
-                raise ValueError(f"{where}: every row needs a conversation_id string, got {row!r}")
-            rows.append((conversation_id, orjson.dumps(row)))
-        badge = correction.badge
+        rows = _encode_rows(where, correction.rows)
+        version = _check_int(f"{where}: version", correction.version, 1)
+        total_unread, total_mention, muted_unread = _check_badge(where, correction.badge)
         encoded.append(
             EncodedCorrection(
                 user_id=user_id,
-                version=_check_int(f"{where}: version", correction.version, 1),
-                total_unread=_check_int(f"{where}: total_unread", badge.total_unread, -U64_LIMIT),
-                total_mention=_check_int(f"{where}: total_mention", badge.total_mention, -U64_LIMIT),
-                muted_unread=_check_int(f"{where}: muted_unread", badge.muted_unread, -U64_LIMIT),
+                version=version,
+                total_unread=total_unread,
+                total_mention=total_mention,
+                muted_unread=muted_unread,
                 rows=rows,
             )
         )

@@ -70,6 +70,16 @@ META_FIELDS = ("version", "structure_version", "total_unread", "total_mention", 
 # How many fixed ARGV precede the (conversation_id, row) pairs in the write script.
 _FIXED_ARGS = 6
 
+# Both scripts' row write, spliced into each: HSET KEYS[1] with the (conversation_id, row JSON)
+# pairs ARGV[first..last] (locals of the script). In slices: unpack() of thousands of values
+# overflows Lua's C stack ("too many results to unpack"), and a heavy user has 5,000
+# conversations (10,000 values). The first HSET fails on a wrong-typed key before anything is
+# written, so an error cannot leave half a batch behind.
+_HSET_ROWS_LUA = """local slice = 1000
+for i = first, last, slice do
+  redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + slice - 1, last)))
+end"""
+
 # KEYS: rows, meta, writes. ARGV: version, structure_version, total_unread, total_mention,
 # muted_unread, count_writes ('1'/'0'), then conversation_id, row JSON, ...
 #
@@ -77,11 +87,8 @@ _FIXED_ARGS = 6
 # Lua numbers are doubles, and a mailbox_seq above 2^53 would compare wrongly and could let an
 # older batch overwrite a newer one. Python always sends str(int), so the strings are canonical.
 #
-# HSET gets the rows in slices: unpack() of thousands of values overflows Lua's C stack
-# ("too many results to unpack"), and a heavy user has 5,000 conversations (10,000 values).
-# The first HSET fails on a wrong-typed key before anything is written, so an error cannot
-# leave half a batch behind; the meta (version last) is written only after every row.
-WRITE_SCRIPT = """
+# The meta (version last) is written only after every row (_HSET_ROWS_LUA).
+WRITE_SCRIPT = f"""
 local stored = redis.call('HGET', KEYS[2], 'version')
 local incoming = ARGV[1]
 if stored then
@@ -93,10 +100,7 @@ else
 end
 local first = 7
 local last = #ARGV
-local slice = 1000
-for i = first, last, slice do
-  redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + slice - 1, last)))
-end
+{_HSET_ROWS_LUA}
 if ARGV[6] == '1' then
   for i = first, last, 2 do
     redis.call('HINCRBY', KEYS[3], ARGV[i], 1)
@@ -114,18 +118,15 @@ _WRITE_SHA = hashlib.sha1(WRITE_SCRIPT.encode(), usedforsecurity=False).hexdiges
 # JSON, ... Written only while the stored version is exactly that one (a flush in between, or a
 # store that never held it, refuses it: the next audit looks again); the version and the
 # structure version are left alone, so the flush path's "newer versions only" rule is untouched.
-# Same canonical decimal strings and HSET slices as WRITE_SCRIPT.
-CORRECT_SCRIPT = """
+# Same canonical decimal strings as WRITE_SCRIPT, and the same row write.
+CORRECT_SCRIPT = f"""
 local stored = redis.call('HGET', KEYS[2], 'version')
 if stored ~= ARGV[1] then
   return 0
 end
 local first = 5
 local last = #ARGV
-local slice = 1000
-for i = first, last, slice do
-  redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + slice - 1, last)))
-end
+{_HSET_ROWS_LUA}
 redis.call('HSET', KEYS[2], 'total_unread', ARGV[2], 'total_mention', ARGV[3], 'muted_unread', ARGV[4])
 return 1
 """

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 
 from app.settings import Settings
@@ -240,6 +242,44 @@ class Stack:
             session.execute(f"DROP KEYSPACE IF EXISTS {self.settings.cassandra_keyspace}", timeout=120)
         finally:
             cluster.shutdown()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a server a test starts (worker, API, rebuild)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def scrape_until(
+    url: str,
+    ready: Callable[[str], bool],
+    timeout: float,
+    alive: Callable[[], None],
+    *,
+    detail: Callable[[str], object] | None = None,
+) -> str:
+    """GET `url` (a /metrics) every half second until `ready` holds for its text, failing when
+    `alive` does (the server exited) or after `timeout` s; on timeout the message shows
+    `detail(last text)`, or the scrape's tail."""
+    deadline = time.monotonic() + timeout
+    text = ""
+    async with aiohttp.ClientSession() as http:
+        while True:
+            alive()
+            try:
+                async with http.get(url) as resp:
+                    if resp.status == 200:
+                        text = await resp.text()
+                        if ready(text):
+                            return text
+            except aiohttp.ClientConnectionError:
+                pass  # the server is still starting
+            if time.monotonic() > deadline:
+                shown = f"\n{text[-3000:]}" if detail is None else f" {detail(text)}"
+                raise AssertionError(f"{url}: not met after {timeout}s; last scrape:{shown}")
+            await asyncio.sleep(0.5)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -9,14 +9,11 @@ tests/integration/test_rebuild_from_timestamp.py scrapes them moving)."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -25,40 +22,12 @@ from app.api.sources import RedisProjectionReader
 from app.api.tokens import TokenSigner
 from app.metrics import API_METRICS, WORKER_METRICS, names, sample
 from app.stores.redis_projection import RedisProjectionStore
-from tests.integration.stack import Stack
+from tests.integration.stack import Stack, free_port, scrape_until
 from tests.unit.builders import CONV_B
 from tests.unit.builders import Stream as Builder
 from tests.unit.test_api_rows import SECRET
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-async def scrape_until(
-    url: str, ready: Callable[[str], bool], timeout: float, alive: Callable[[], None]
-) -> str:
-    deadline = time.monotonic() + timeout
-    text = ""
-    async with aiohttp.ClientSession() as http:
-        while True:
-            alive()
-            try:
-                async with http.get(url) as resp:
-                    if resp.status == 200:
-                        text = await resp.text()
-                        if ready(text):
-                            return text
-            except aiohttp.ClientConnectionError:
-                pass  # the worker is still starting
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{url}: not met after {timeout}s; last scrape:\n{text[-3000:]}")
-            await asyncio.sleep(0.5)
 
 
 async def test_worker_and_api_metrics_are_scraped_and_move(make_stack: Callable[..., Stack]) -> None:

@@ -23,8 +23,8 @@ import pytest
 
 from app.metrics import REBUILD_METRICS, names, sample
 from app.stores.redis_projection import RedisProjectionStore
-from tests.integration.stack import PROJECTOR, ROOT, Stack, read_jsonl
-from tests.integration.test_reconcile import free_port, store_messages
+from tests.integration.stack import PROJECTOR, ROOT, Stack, free_port, read_jsonl
+from tests.integration.test_reconcile import store_messages
 from tests.unit.builders import CONV_A, Stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

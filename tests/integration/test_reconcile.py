@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import socket
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -27,7 +26,7 @@ import pytest
 
 from app.domain.client import SessionView, sort_rows
 from app.settings import Settings
-from tests.integration.stack import Stack, read_jsonl
+from tests.integration.stack import Stack, free_port, read_jsonl, scrape_until
 from tests.unit.builders import CONV_A, CONV_B, Stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -183,13 +182,6 @@ async def settle(stack: Stack, s: Stream, everything: list[bytes], user: int = M
 def running(stack: Stack) -> Callable[[], None]:
     """Fails when the latest worker exited (the earlier ones were stopped on purpose)."""
     return stack.alive(len(stack.workers) - 1)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # -- 1. a read moved to a non-latest seq from another device -------------------------------------
@@ -433,30 +425,14 @@ async def entries_between(stack: Stack, start: dict[int, int], end: dict[int, in
 
 async def worker_metrics(port: int, ready: Callable[[str], bool], alive: Callable[[], None]) -> str:
     """Scrape the worker's /metrics until `ready`; the entry counters in the failure message."""
-    import aiohttp
-
     from app.metrics import sample
 
+    def entry_counters(text: str) -> dict[str, float]:
+        names = ("in_total", "applied_total", "duplicate_total", "pending")
+        return {name: sample(text, f"projector_entries_{name}") for name in names}
+
     url = f"http://127.0.0.1:{port}/metrics"
-    deadline = time.monotonic() + 180
-    text = ""
-    async with aiohttp.ClientSession() as http:
-        while True:
-            alive()
-            try:
-                async with http.get(url) as resp:
-                    text = await resp.text()
-                if ready(text):
-                    return text
-            except aiohttp.ClientConnectionError:
-                pass  # still starting
-            if time.monotonic() > deadline:
-                counters = {
-                    name: sample(text, f"projector_entries_{name}")
-                    for name in ("in_total", "applied_total", "duplicate_total", "pending")
-                }
-                raise AssertionError(f"{url}: not met after 180s: {counters}")
-            await asyncio.sleep(0.5)
+    return await scrape_until(url, ready, 180, alive, detail=entry_counters)
 
 
 async def test_a_replay_from_an_older_checkpoint_drops_duplicates_and_ends_exact(

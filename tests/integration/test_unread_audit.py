@@ -23,8 +23,7 @@ import redis.asyncio as redis
 from app.domain.client import ApplyStatus, SessionView
 from app.metrics import sample
 from app.stores.redis_projection import RedisProjectionStore
-from tests.integration.stack import Stack, read_jsonl
-from tests.integration.test_metrics_endpoints import free_port, scrape_until
+from tests.integration.stack import Stack, free_port, read_jsonl, scrape_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
