@@ -30,7 +30,8 @@ from typing import IO, Any, Final, Protocol
 from app.domain.badge import full_recompute
 from app.domain.conversation import ConversationState
 from app.domain.flush import UserFlush
-from app.domain.ports import MessageStore, ProjectionStore, StoredProjection
+from app.domain.ports import MessageStore
+from app.domain.projection_store import ProjectionStore, StoredProjection
 from app.domain.rebuild import Head, as_replay_base, row_from_state
 from app.metrics import RebuildMetrics
 

@@ -42,7 +42,8 @@ import orjson
 from app.cli_args import non_negative_float, non_negative_int
 
 if TYPE_CHECKING:
-    from app.domain.ports import MessageStore, ProjectionStore
+    from app.domain.ports import MessageStore
+    from app.domain.projection_store import ProjectionStore
     from app.metrics import RebuildMetrics
     from app.rebuild_replay import BaseLoader, ReplayRebuild
 

@@ -26,7 +26,8 @@ from typing import Final
 
 from app.domain.conversation import ConversationState
 from app.domain.entries import DeadLetter, WatermarkMarker, decode_record
-from app.domain.ports import MessageStore, ProjectionStore
+from app.domain.ports import MessageStore
+from app.domain.projection_store import ProjectionStore
 from app.metrics import RebuildMetrics
 from app.rebuild import Progress
 from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms

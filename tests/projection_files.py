@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from app.domain.ports import ProjectionStore
+from app.domain.projection_store import ProjectionStore
 
 
 async def as_replay_files(

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, Protocol
 import orjson
 from redis.exceptions import RedisError
 
-from app.domain.ports import StoredProjection
+from app.domain.projection_store import StoredProjection
 from app.domain.rebuild import Head, row_from_state
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.redis_projection import (

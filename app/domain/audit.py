@@ -37,12 +37,12 @@ import heapq
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any
 
 from app.domain.badge import Badge, full_recompute
 from app.domain.conversation import ConversationState
-from app.domain.flush import badge_update_frame, session_delta_frame
-from app.domain.ports import MessageStore, StoredRows
+from app.domain.flush import Correction
+from app.domain.ports import MessageStore
+from app.domain.projection_store import StoredRows
 from app.domain.projector import UserState
 from app.domain.unread import UNREAD_PRECISE_LIMIT, recompute
 
@@ -160,37 +160,6 @@ def adopt(live: ConversationState, recounted: ConversationState) -> None:
 
 
 # -- the verdict ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Correction:
-    """An in-place repair of one user's stored projection: these rows and this badge, at the
-    stored version (written only if the store still holds exactly that version)."""
-
-    user_id: int
-    version: int
-    rows: list[dict[str, Any]]
-    badge: Badge
-    driving_event_id: str = ""
-
-    def session_delta(self) -> dict[str, Any]:
-        """A correction frame (docs/contract-notes.md, "Unread audit"): absolute rows that
-        restate version V, so `prev_projection_mailbox_seq == projection_mailbox_seq`: no step in
-        the chain. A client overwrites the rows it holds at a version <= V and keeps its chain
-        position."""
-        frame = session_delta_frame(
-            self.user_id,
-            self.rows,
-            version=self.version,
-            prev_version=self.version,
-            driving_event_id=self.driving_event_id,
-            driving_mailbox_seq=self.version,
-        )
-        return {**frame, "correction": True}
-
-    def badge_update(self) -> dict[str, Any]:
-        frame = badge_update_frame(self.user_id, self.badge, version=self.version, prev_version=self.version)
-        return {**frame, "correction": True}
 
 
 class Repair(Enum):

@@ -109,7 +109,7 @@ class UserFlush:
 
 
 # The two frame layouts (DESIGN §4), built in one place for a flush and an audit correction
-# (app/domain/audit.py), which restates a version with the same frames plus a correction flag.
+# (`Correction`, from the unread audit), which restates a version with the same frames plus a correction flag.
 
 
 def session_delta_frame(
@@ -142,3 +142,34 @@ def badge_update_frame(user_id: int, badge: Badge, *, version: int, prev_version
         "projection_mailbox_seq": version,
         "prev_projection_mailbox_seq": prev_version,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class Correction:
+    """An in-place repair of one user's stored projection: these rows and this badge, at the
+    stored version (written only if the store still holds exactly that version)."""
+
+    user_id: int
+    version: int
+    rows: list[dict[str, Any]]
+    badge: Badge
+    driving_event_id: str = ""
+
+    def session_delta(self) -> dict[str, Any]:
+        """A correction frame (docs/contract-notes.md, "Unread audit"): absolute rows that
+        restate version V, so `prev_projection_mailbox_seq == projection_mailbox_seq`: no step in
+        the chain. A client overwrites the rows it holds at a version <= V and keeps its chain
+        position."""
+        frame = session_delta_frame(
+            self.user_id,
+            self.rows,
+            version=self.version,
+            prev_version=self.version,
+            driving_event_id=self.driving_event_id,
+            driving_mailbox_seq=self.version,
+        )
+        return {**frame, "correction": True}
+
+    def badge_update(self) -> dict[str, Any]:
+        frame = badge_update_frame(self.user_id, self.badge, version=self.version, prev_version=self.version)
+        return {**frame, "correction": True}

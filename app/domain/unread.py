@@ -17,19 +17,37 @@ exact when latest - base <= limit, else `unread_count = limit, unread_exact = fa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pyroaring import BitMap64
 
 from app.domain.ports import MessageStore, StoredMessage
 
-if TYPE_CHECKING:
-    from app.domain.conversation import ConversationState
-
 UNREAD_PRECISE_LIMIT = 200
 
 
-def derive_from_hand(row: ConversationState) -> None:
+class UnreadHand(Protocol):
+    """What the unread rules read and keep on a row (a `ConversationState`): its base and
+    latest, the hand and the counts. A protocol, so this module needs nothing from the row's."""
+
+    user_id: int
+    conversation_id: str
+    base: int
+    floor: int
+    received: BitMap64
+    counting: BitMap64
+    mentioning: BitMap64
+    recalled: BitMap64
+    unread_count: int
+    unread_exact: bool
+    mention_count: int
+    mention_first: int | None
+
+    @property
+    def latest(self) -> int: ...
+
+
+def derive_from_hand(row: UnreadHand) -> None:
     """Counts over (base, latest] from the hand; valid only when `row.floor <= base`."""
     base = row.base
     latest = row.latest
@@ -51,7 +69,7 @@ def _first_in(bitmap: BitMap64, after: int, upto: int) -> int | None:
     return candidate if candidate <= upto else None
 
 
-def prune_to_base(row: ConversationState) -> None:
+def prune_to_base(row: UnreadHand) -> None:
     """Drop hand entries at or below the base: they can no longer count. Recalls are kept: a
     join can move the base back down, and a recalled message must still never count."""
     base = row.base
@@ -61,7 +79,7 @@ def prune_to_base(row: ConversationState) -> None:
         row.floor = base
 
 
-def settle(row: ConversationState, store: MessageStore, limit: int) -> None:
+def settle(row: UnreadHand, store: MessageStore, limit: int) -> None:
     """Re-establish the counts after the base or the head moved (the three-state rule)."""
     base = row.base
     if row.floor <= base:  # (a) every seq above the base is in hand
@@ -76,7 +94,7 @@ def settle(row: ConversationState, store: MessageStore, limit: int) -> None:
         recompute(row, store, limit)
 
 
-def recompute(row: ConversationState, store: MessageStore, limit: int, *, received_only: bool = True) -> None:
+def recompute(row: UnreadHand, store: MessageStore, limit: int, *, received_only: bool = True) -> None:
     """Bounded recompute from the MessageStore (one single-partition range read).
 
     `received_only`: the store fills in what the pruned hand forgot about messages this user
@@ -107,7 +125,7 @@ def recompute(row: ConversationState, store: MessageStore, limit: int, *, receiv
     row.mention_first = _first_in(row.mentioning, low, latest) if row.mention_count else None
 
 
-def derive_over(row: ConversationState, base: int, latest: int) -> None:
+def derive_over(row: UnreadHand, base: int, latest: int) -> None:
     """Counts over (base, latest] from a hand known to be complete there."""
     row.unread_count = row.counting.range_cardinality(base + 1, latest + 1)
     row.mention_count = row.mentioning.range_cardinality(base + 1, latest + 1)
@@ -116,7 +134,7 @@ def derive_over(row: ConversationState, base: int, latest: int) -> None:
 
 
 def merge_stored(
-    row: ConversationState, messages: Sequence[StoredMessage], received_only: bool = True
+    row: UnreadHand, messages: Sequence[StoredMessage], received_only: bool = True
 ) -> None:
     """Fold MessageStore facts into the hand (idempotent: bitmaps)."""
     user = row.user_id

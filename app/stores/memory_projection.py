@@ -20,12 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from app.domain.ports import StoredProjection, StoredRows
+from app.domain.projection_store import StoredProjection, StoredRows
 
 if TYPE_CHECKING:
-    from app.domain.audit import Correction
     from app.domain.badge import Badge
-    from app.domain.flush import UserFlush
+    from app.domain.flush import Correction, UserFlush
 
 U64_LIMIT = 1 << 64
 

@@ -44,12 +44,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import redis.asyncio as redis
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from app.domain.ports import StoredProjection, StoredRows
+from app.domain.projection_store import StoredProjection, StoredRows
 from app.stores.memory_projection import EncodedBatch, decode_rows, encode_batches, encode_corrections
 
 if TYPE_CHECKING:
-    from app.domain.audit import Correction
-    from app.domain.flush import UserFlush
+    from app.domain.flush import Correction, UserFlush
     from app.settings import Settings
 
 _T = TypeVar("_T")

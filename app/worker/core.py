@@ -45,7 +45,8 @@ from app.domain.entries import (
     WatermarkMarker,
     decode_record,
 )
-from app.domain.ports import MessageStore, ProjectionStore
+from app.domain.ports import MessageStore
+from app.domain.projection_store import ProjectionStore
 from app.domain.projector import Applied, Projector, ProjectorConfig, UserState
 from app.domain.watermark import Offer, WatermarkGate
 from app.members.stats import MemberStats

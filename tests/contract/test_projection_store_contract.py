@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 import redis.asyncio as redis
 
-from app.domain.audit import Correction
 from app.domain.badge import Badge
-from app.domain.flush import UserFlush
-from app.domain.ports import ProjectionStore, StoredProjection, StoredRows
+from app.domain.flush import Correction, UserFlush
+from app.domain.projection_store import ProjectionStore, StoredProjection, StoredRows
 from app.settings import Settings
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.redis_projection import ProjectionStoreError, RedisProjectionStore

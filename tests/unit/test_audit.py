@@ -8,7 +8,6 @@ import pytest
 
 from app.domain.audit import (
     AuditPolicy,
-    Correction,
     Repair,
     Sampler,
     audit_user,
@@ -20,7 +19,8 @@ from app.domain.audit import (
 )
 from app.domain.badge import Badge, full_recompute
 from app.domain.conversation import ConversationState
-from app.domain.ports import StoredRows
+from app.domain.flush import Correction
+from app.domain.projection_store import StoredRows
 from app.domain.projector import Projector, UserState
 from app.replay import Replayer, ReplayOptions
 from tests.strategies import BASE_TS, Builder

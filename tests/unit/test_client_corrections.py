@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.domain.audit import Correction
 from app.domain.badge import Badge as Totals
 from app.domain.client import ApplyStatus, Badge, DeltaMerger, FrameError, SessionView
+from app.domain.flush import Correction
 from tests.unit.test_client import C1, C2, C3, USER, badge, delta, row
 
 ZERO = Totals()

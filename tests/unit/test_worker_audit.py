@@ -14,10 +14,11 @@ import orjson
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from app.domain.audit import AuditPolicy, Correction, eligible
+from app.domain.audit import AuditPolicy, eligible
 from app.domain.badge import Badge
 from app.domain.client import ApplyStatus, SessionView
 from app.domain.conversation import ConversationState
+from app.domain.flush import Correction
 from app.domain.memory_store import InMemoryMessageStore
 from app.metrics import WorkerMetrics, names, sample
 from app.replay import ReplayOptions, ReplayResult, run_replay
