@@ -38,20 +38,32 @@ class MailboxIntake:
         # Commits run on their own timer, never inside a batch: faust's consumer thread serves a
         # commit after its fetch in progress, which waits up to a second for records.
         self.commit_lock = asyncio.Lock()
+        # The mailbox-tail partitions this worker owns: set when a rebalance completes (before
+        # faust resumes fetching), cleared for the revoked ones as soon as a revocation starts.
+        self.assigned: set[int] = set()
         self.stale_batches = 0
 
     async def process(self, batch: RecordBatch) -> None:
         async with self.lock:
-            if batch.generation != self.app.consumer_generation_id:
-                # Fetched under an older assignment: the partition was revoked (its new owner reads
-                # it from the committed offset) or re-assigned (the seek reads it again).
+            if batch.generation != self.app.consumer_generation_id or batch.partition not in self.assigned:
+                # Fetched under an older assignment, or queued before a revocation: the partition
+                # is another worker's now (it reads from the committed offset) or was re-assigned
+                # (the seek reads it again). Applying it would write a partition we do not own.
                 self.stale_batches += 1
                 return
             await self.core_ref["core"].on_records(batch.records)
 
+    async def assign(self, partitions: Sequence[int]) -> None:
+        """A rebalance completed: these partitions are ours; their state is restored now, so
+        work applied but never flushed is flushed even if no new record arrives."""
+        async with self.lock:
+            self.assigned = set(partitions)
+            await self.core_ref["core"].restore_assigned(sorted(partitions))
+
     async def revoke(self, partitions: Sequence[int]) -> None:
         """Before the partitions go: their hot state persisted and its offsets committed, so
         the new owner restores it instead of reading it again."""
+        self.assigned.difference_update(partitions)  # batches still queued for them are dropped
         async with self.lock:
             core = self.core_ref["core"]
             await core.release(partitions)

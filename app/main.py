@@ -100,7 +100,7 @@ def create_app(settings: Settings) -> tuple[faust.App, dict[str, WorkerCore]]:
         assigned = [
             tp.partition for tp in app.assignor.assigned_actives() if tp.topic == settings.topic_mailbox_tail
         ]
-        await core_ref["core"].restore_assigned(sorted(assigned))
+        await intake.assign(assigned)
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # same
     async def on_revoked(sender: Any, revoked: Any, **_: Any) -> None:
