@@ -3,9 +3,10 @@
 Per batch of records (one fetch of one partition, `app.worker.batch_intake`):
   (partition, [record]) → decode → dead letters out | markers → gate | entries → gate
   → released entries applied to the partition's Projector (wall-clock time), in memory
-  → UserConversationState changes staged and written in one batched call in the background
-    (one in flight), with the member directory's rows (group_members from join/leave) and
-    statistics (member_stats from message/recall/delete entries, app/members/stats.py).
+  → UserConversationState changes staged and written in batched calls by a background task
+    (rounds of whatever was staged meanwhile), with the member directory's rows (group_members
+    from join/leave) and statistics (member_stats from message/recall/delete entries,
+    app/members/stats.py).
 
 Hot state: the rows/users/gate/pending changes since the last persist stay in memory and are
 written ONCE per row to the changelog tables at the partition's next persist: every flush
@@ -53,6 +54,10 @@ from app.members.stats import MemberStats
 from app.worker.ports import FlushObserver, Outbox, RawRecord, StateTables, StateWriter
 
 log = logging.getLogger("projector.worker")
+
+# Batches that may stage Cassandra mirror writes while a mirror round is still writing, before
+# the next batch waits for it (memory bound on staged writes; a persist waits for all of them).
+MIRROR_BACKLOG_BATCHES = 8
 
 # Fields of a row that UserConversationState keeps (what a rebuild from Cassandra needs).
 _STATE_FIELDS = (
@@ -196,7 +201,11 @@ class WorkerCore:
         # Held while a batch is applied and while a partition is persisted: a persist snapshots
         # rows, offsets and the Cassandra mirror at one point between batches.
         self._state_lock = asyncio.Lock()
-        self._mirror_task: asyncio.Future[None] | None = None  # at most one mirror write in flight
+        # The Cassandra mirror runs beside the batches: one writer task, writing round after
+        # round whatever the batches staged meanwhile, so a slow round (the cold start's joins)
+        # does not hold the next batches up; past MIRROR_BACKLOG_BATCHES waiting, they wait.
+        self._mirror_task: asyncio.Future[None] | None = None
+        self._mirror_backlog = 0  # batches staged since the current round began
 
     # -- partitions ---------------------------------------------------------------------------
 
@@ -302,10 +311,12 @@ class WorkerCore:
             if letters:
                 await self.outbox.dead_letters(letters)
             if self.state_writer is not None:
-                # The previous batch's mirror write must have landed first (one in flight:
-                # backpressure); this batch's runs while the next batch is processed.
-                await self._mirror_in_flight()
-                self._mirror_task = asyncio.ensure_future(self._mirror_state(self.state_writer))
+                self._mirror_backlog += 1
+                task = self._mirror_task
+                if task is None or task.done():
+                    self._mirror_task = asyncio.ensure_future(self._mirror_rounds(self.state_writer))
+                elif self._mirror_backlog > MIRROR_BACKLOG_BATCHES:
+                    await self._mirror_in_flight()  # backpressure: Cassandra is behind
         await self.flush_due(self.clock(), only_memory_bound=True)
 
     def durable_offsets(self) -> dict[int, int]:
@@ -343,6 +354,12 @@ class WorkerCore:
         task, self._mirror_task = self._mirror_task, None
         if task is not None:
             await task
+
+    async def _mirror_rounds(self, writer: StateWriter) -> None:
+        """Write what is staged; again while batches staged more during the round."""
+        while self._mirror_backlog:
+            self._mirror_backlog = 0
+            await self._mirror_state(writer)
 
     async def _mirror_state(self, writer: StateWriter) -> None:
         try:
