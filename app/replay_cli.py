@@ -78,15 +78,10 @@ class _Progress:
             sys.stderr.write("\n")
 
 
-def _chunks(stream: IO[bytes], size: int = 8192) -> Iterator[list[bytes]]:
-    """Lines in chunks, so progress is updated per chunk rather than per line."""
-    chunk: list[bytes] = []
-    for line in stream:
-        chunk.append(line)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
+def _chunks(stream: IO[bytes], size: int = 1 << 20) -> Iterator[list[bytes]]:
+    """Lines in chunks of about `size` bytes (whole lines), so progress is updated per chunk
+    rather than per line; `readlines` splits them in C instead of a Python loop per line."""
+    while chunk := stream.readlines(size):
         yield chunk
 
 
