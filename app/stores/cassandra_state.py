@@ -3,8 +3,8 @@
 ``user_conversation_state`` is the authority for *which* conversations a user has (DESIGN §5)
 and the rebuild fallback when the mailbox log is past retention (§6); ``group_members`` backs the
 member directory (§8). The worker keeps the live state in its changelog tables and mirrors it
-here after each batch (in the background, one write in flight, awaited before the state is
-persisted), so the writer is built for that rhythm:
+here after each batch (one background writer task, a round of whatever was staged meanwhile,
+waited for before the state is persisted), so the writer is built for that rhythm:
 
 * ``stage``/``stage_member`` only accumulate in memory (last write per key wins within a batch,
   field by field); ``flush`` writes everything staged at once: one statement per row, rows of

@@ -342,7 +342,8 @@ class WorkerCore:
             # are duplicates and would never stage their UserConversationState writes again.
             await self._mirror_in_flight()
             if self.state_writer is not None:
-                await self._mirror_state(self.state_writer)  # what was staged after it, if any
+                # Rounds run only when batches stage: this one retries what a failed round kept.
+                await self._mirror_state(self.state_writer)
             touched, state.unpersisted = state.unpersisted, _Touched()
             offset, state.unpersisted_since = state.processed_offset, None
             self._persist(state.partition, touched)
@@ -365,7 +366,7 @@ class WorkerCore:
         try:
             self.stats.state_writes += await writer.flush()
         except Exception as exc:  # Cassandra is a mirror here: never stop the projection for it
-            # The writer keeps what it could not write and retries with the next batch.
+            # The writer keeps what it could not write and retries with its next round.
             self.stats.state_write_failures += 1
             log.error("UserConversationState write failed (will retry): %s", exc)
 

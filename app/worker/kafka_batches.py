@@ -1,6 +1,6 @@
 """Produce many records with few calls: one aiokafka batch per (topic, partition).
 
-The worker writes thousands of changelog records and frames per batch. Through faust's per-record
+The worker writes thousands of changelog records and frames per persist and flush. Through faust's per-record
 send path each cost ~150-500 µs (ProducerBuffer hand-offs, futures, attachments); appending to a
 `BatchBuilder` costs a few µs and `send_batch` hands a whole partition's records over at once.
 Delivery is confirmed by faust's offset commit, which flushes the producer before it commits.

@@ -46,7 +46,7 @@ class StateTables(Protocol):
         ...
 
     async def commit(self) -> None:
-        """End of a batch: the changelog records of its writes are on their way."""
+        """End of a persist: the changelog records of its writes are on their way."""
         ...
 
 
