@@ -78,6 +78,8 @@ def test_settings_are_frozen() -> None:
         ({"PROJECTOR_INCLUDE_MUTED": "maybe"}, "expected a boolean"),
         ({"PROJECTOR_LANES": "0"}, "lanes: 0 must be >= 1"),
         ({"PROJECTOR_TOPIC_PARTITIONS": "-1"}, "topic_partitions: -1 must be >= 1"),
+        ({"PROJECTOR_INTAKE_BATCH_MAX_RECORDS": "0"}, "intake_batch_max_records: 0 must be >= 1"),
+        ({"PROJECTOR_INTAKE_FETCH_MAX_BYTES": "100"}, "intake_fetch_max_bytes: 100 must be >= 1024"),
         ({"PROJECTOR_CASSANDRA_PORT": "70000"}, "cassandra_port: 70000 is not a TCP port"),
         ({"PROJECTOR_KAFKA_BOOTSTRAP": "localhost"}, "'localhost' is not HOST:PORT"),
         ({"PROJECTOR_REDIS_URL": "http://x"}, "redis_url"),
