@@ -153,11 +153,17 @@ class SlowCache(SqliteMemberCache):
         super().__init__(*args, clock_ms=clock.now_ms, **kwargs)  # type: ignore[arg-type]
         self.clock = clock
         self.delay_s = delay_s
+        self.read = asyncio.Event()
 
     async def load(self, key: CacheKey):  # type: ignore[no-untyped-def]
         roster = await super().load(key)
+        self.read.set()  # the virtual delay is registered before the waiting test resumes
         await self.clock.sleep(self.delay_s)
         return roster
+
+    async def wait_read(self) -> None:
+        """Real time for the cache thread; virtual time does not move meanwhile."""
+        await asyncio.wait_for(self.read.wait(), 10)
 
 
 async def test_a_late_cache_result_cannot_overwrite_the_server(tmp_path: Path) -> None:
@@ -172,7 +178,7 @@ async def test_a_late_cache_result_cannot_overwrite_the_server(tmp_path: Path) -
     cache = SlowCache(tmp_path / "members.sqlite", SIGNING_KEY, clock=clock, delay_s=5.0)
     late = MemberDirectory(KEY, server, cache)
     late.subscribe()
-    await asyncio.sleep(0.05)  # the cache thread has read; its result waits 5 virtual seconds
+    await cache.wait_read()  # the cache thread has read; its result waits 5 virtual seconds
     await clock.advance(2.0)  # the first page lands first
     assert len(late.members) == 50
     await clock.advance(3.5)
@@ -198,7 +204,7 @@ async def test_access_denial_clears_memory_and_disk(tmp_path: Path, code: int) -
         server.disabled = True
     directory.invalidate()
     await clock.advance(2.0)
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(directory.settled(), 10)  # the denial's disk delete runs in a thread
     assert isinstance(directory.error, MemberAccessDenied) and directory.error.code == code
     assert directory.members == {} and directory.self_role is None
     assert await cache.load(KEY) is None
@@ -230,7 +236,7 @@ async def test_denial_cancels_a_late_cache_restore(tmp_path: Path) -> None:
     cache = SlowCache(tmp_path / "members.sqlite", SIGNING_KEY, clock=clock, delay_s=5.0)
     directory = MemberDirectory(KEY, server, cache)
     directory.subscribe()
-    await asyncio.sleep(0.05)
+    await cache.wait_read()
     await clock.advance(2.0)  # 2001 arrives before the cache result
     await clock.advance(5.0)
     assert directory.members == {}
@@ -406,7 +412,7 @@ async def test_a_network_failure_still_shows_the_cached_list(tmp_path: Path) -> 
     cache = SlowCache(tmp_path / "members.sqlite", SIGNING_KEY, clock=clock, delay_s=1.0)
     directory = MemberDirectory(KEY, server, cache)
     directory.subscribe()
-    await asyncio.sleep(0.05)
+    await cache.wait_read()
     await clock.advance(0.1)
     assert isinstance(directory.error, MemberUnavailable)
     await clock.advance(1.0)
