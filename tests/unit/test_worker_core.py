@@ -17,7 +17,7 @@ from app.domain.entries import DeleteMessageEntry, MessageEntry, RecallEntry, de
 from app.domain.memory_store import InMemoryMessageStore
 from app.replay import ReplayOptions, run_replay
 from app.stores.memory_projection import InMemoryProjectionStore
-from app.worker.core import WorkerConfig, WorkerCore
+from app.worker.core import MIRROR_BACKLOG_BATCHES, WorkerConfig, WorkerCore
 from app.worker.ports import PartitionSnapshot, RawRecord
 from tests.projection_files import as_replay_files
 from tests.strategies import Stream, scenarios, streams
@@ -320,3 +320,87 @@ def test_values_cassandra_cannot_hold_are_not_mirrored_and_a_failing_mirror_neve
     assert core.stats.applied == 2
     stored = asyncio.run(projections.load(7))
     assert stored.rows[CONV_A]["pinned"] is False and stored.projection_mailbox_seq == 2**63 + 5
+
+
+class GatedWriter(RecordingWriter):
+    """A StateWriter whose flushes wait for a gate: Cassandra slower than the batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.rounds = 0
+        self.written = 0
+
+    async def flush(self) -> int:
+        self.rounds += 1
+        await self.gate.wait()
+        count, self.written = len(self.staged) - self.written, len(self.staged)
+        return count
+
+
+def pin_batch(offset: int) -> list[RawRecord]:
+    """One pin (staged for the mirror) and the watermark that releases it."""
+    seq = offset + 1
+    pin = {
+        "type": "pin",
+        "mailbox_seq": seq,
+        "lane": 0,
+        "ts": seq,
+        "event_id": f"e{seq}",
+        "user_id": 7,
+        "conversation_id": CONV_A,
+        "pin_rank": seq,
+    }
+    mark = {"type": "watermark", "lane": 0, "watermark": seq, "ts": seq}
+    return [
+        RawRecord("mailbox-tail", 0, 2 * offset, b"k", orjson.dumps(pin)),
+        RawRecord("mailbox-tail", 0, 2 * offset + 1, b"k", orjson.dumps(mark)),
+    ]
+
+
+def test_a_slow_mirror_holds_batches_back_only_past_its_backlog_bound_and_a_persist_waits_for_it() -> None:
+    writer = GatedWriter()
+    config = WorkerConfig(
+        lanes=1, window_ms=100_000, max_dirty_rows=100_000, include_muted=False, unread_precise_limit=200
+    )
+    core = WorkerCore(
+        config,
+        message_store=InMemoryMessageStore(),
+        projection_store=InMemoryProjectionStore(),
+        tables=DictTables(),
+        outbox=Outbox(),
+        state_writer=writer,
+        clock=Clock(),
+    )
+
+    async def run() -> None:
+        # The first batch starts a mirror round, which Cassandra holds; the next
+        # MIRROR_BACKLOG_BATCHES batches are applied meanwhile without waiting for it.
+        for offset in range(MIRROR_BACKLOG_BATCHES + 1):
+            await asyncio.wait_for(core.on_records(pin_batch(offset)), 10)
+        assert writer.rounds == 1 and writer.written == 0 and core.stats.applied == MIRROR_BACKLOG_BATCHES + 1
+        # One more and the backlog is past its bound: this batch waits for the mirror.
+        held = asyncio.ensure_future(core.on_records(pin_batch(MIRROR_BACKLOG_BATCHES + 1)))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert not held.done()
+        writer.gate.set()
+        await asyncio.wait_for(held, 10)
+        # Round 1 wrote the first batch's staging; round 2 everything staged while it waited.
+        assert writer.rounds == 2 and writer.written == len(writer.staged) == MIRROR_BACKLOG_BATCHES + 2
+        assert core.stats.state_writes == writer.written
+
+        # A persist (here at the final flush) waits for the round in flight before the
+        # changelog holds these entries: their re-reads would be duplicates, never mirrored again.
+        writer.gate.clear()
+        await core.on_records(pin_batch(MIRROR_BACKLOG_BATCHES + 2))
+        flushing = asyncio.ensure_future(core.flush_all())
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert not flushing.done() and core.durable_offsets() == {}
+        writer.gate.set()
+        await asyncio.wait_for(flushing, 10)
+        assert writer.written == len(writer.staged) == MIRROR_BACKLOG_BATCHES + 3
+        assert core.durable_offsets() == {0: 2 * (MIRROR_BACKLOG_BATCHES + 3)}
+
+    asyncio.run(run())
