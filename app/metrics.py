@@ -43,6 +43,10 @@ WORKER_METRICS: Final = (
     "projector_unread_drift_ratio",
     "projector_unread_audited_rows_total",
     "projector_unread_drift_corrected_rows_total",
+    "projector_state_writes_total",
+    "projector_state_write_failures_total",
+    "projector_state_owed_rows_total",
+    "projector_state_restaged_rows_total",
 )
 API_METRICS: Final = (
     "projector_snapshot_hits_total",
@@ -156,6 +160,26 @@ class WorkerMetrics:
             "Drifted rows the unread audit corrected (in place, or through the next flush)",
             registry=r,
         )
+        self.state_writes = Counter(
+            "projector_state_writes",
+            "Rows written to the Cassandra mirror (user_conversation_state, group_members, member_stats)",
+            registry=r,
+        )
+        self.state_write_failures = Counter(
+            "projector_state_write_failures",
+            "Cassandra mirror writes that failed (kept and retried; the projection goes on)",
+            registry=r,
+        )
+        self.state_owed_rows = Counter(
+            "projector_state_owed_rows",
+            "Rows persisted to the changelog with Cassandra mirror writes still owed",
+            registry=r,
+        )
+        self.state_restaged_rows = Counter(
+            "projector_state_restaged_rows",
+            "Rows whose owed Cassandra mirror writes were staged again after a restart",
+            registry=r,
+        )
         self._seen = _Seen()
         self._lag_partitions: set[int] = set()
 
@@ -176,6 +200,10 @@ class WorkerMetrics:
         self.unread_audited_rows.inc(seen.delta("audited_rows", stats.audited_rows))
         self.unread_drift_corrected_rows.inc(seen.delta("audit_corrected_rows", stats.audit_corrected_rows))
         self.unread_drift_ratio.set(stats.audit_drift_ratio)
+        self.state_writes.inc(seen.delta("state_writes", stats.state_writes))
+        self.state_write_failures.inc(seen.delta("state_write_failures", stats.state_write_failures))
+        self.state_owed_rows.inc(seen.delta("state_owed_rows", stats.state_owed_rows))
+        self.state_restaged_rows.inc(seen.delta("state_restaged_rows", stats.state_restaged_rows))
         if stats.projection_writes:
             self.compression_ratio.set(stats.applied / stats.projection_writes)
         pending = 0

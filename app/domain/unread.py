@@ -133,9 +133,7 @@ def derive_over(row: UnreadHand, base: int, latest: int) -> None:
     row.unread_exact = True
 
 
-def merge_stored(
-    row: UnreadHand, messages: Sequence[StoredMessage], received_only: bool = True
-) -> None:
+def merge_stored(row: UnreadHand, messages: Sequence[StoredMessage], received_only: bool = True) -> None:
     """Fold MessageStore facts into the hand (idempotent: bitmaps)."""
     user = row.user_id
     received = row.received

@@ -148,18 +148,7 @@ class UserConversationStateWriter:
         """Stage state fields for (user, conversation); later stages of a field win, except
         ``first_seen_*`` (the pair with the lowest ``first_seen_mailbox_seq`` wins). Fields are
         column names or the core's short names (:data:`ALIASES`: ``read_seq``, ``joined_at``)."""
-        unknown = fields.keys() - _KNOWN_FIELDS
-        if unknown:
-            raise ValueError(f"unknown user_conversation_state fields: {sorted(unknown)}")
-        _check_choice("membership", fields.get("membership"), _MEMBERSHIPS)
-        _check_choice("role", fields.get("role"), _ROLES)
-        if "first_seen_ts" in fields or "first_seen_mailbox_seq" in fields:
-            seq = fields.get("first_seen_mailbox_seq")
-            # The seq is the cell timestamp's source: it must come with the ts, as a real seq.
-            if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < FIRST_SEEN_CEILING:
-                raise ValueError(
-                    f"first_seen_* needs first_seen_mailbox_seq as an int in [0, 2^50), got {seq!r}"
-                )
+        _check_fields(fields)
         key = (check_user_id(user_id), _canonical(conversation_id))
         staged = self._state.get(key)
         if staged is None:
@@ -210,6 +199,38 @@ class UserConversationStateWriter:
         staged = self._member_stats.get(key)
         if staged is None or staged[2] <= mailbox_seq:
             self._member_stats[key] = (record_count, mention_count, mailbox_seq)
+
+    def owed(self) -> dict[StateKey, dict[str, Any]]:
+        """What is staged and not written yet, per (user, conversation): ``state`` (the fields),
+        ``member`` (the group_members row) and ``stats`` ([record_count, mention_count, seq]).
+        Plain values, so the worker can keep them in a changelog record; :meth:`restage` takes
+        them back after a restart."""
+        owed: dict[StateKey, dict[str, Any]] = {}
+        for key, fields in self._state.items():
+            owed[key] = {"state": dict(fields)}
+        for (conversation_id, user_id), row in self._members.items():
+            owed.setdefault((user_id, conversation_id), {})["member"] = dict(row)
+        for (conversation_id, user_id), values in self._member_stats.items():
+            owed.setdefault((user_id, conversation_id), {})["stats"] = list(values)
+        return owed
+
+    def restage(self, user_id: int, conversation_id: str, owed: Mapping[str, Any]) -> None:
+        """Stage again what :meth:`owed` returned (anything staged since for the key wins)."""
+        fields = owed.get("state")
+        if fields:
+            _check_fields(fields)
+            key = (check_user_id(user_id), _canonical(conversation_id))
+            self._restore({key: {ALIASES.get(name, name): value for name, value in fields.items()}}, {})
+        member = owed.get("member")
+        if member is not None:
+            row = {name: member.get(name) for name in MEMBER_FIELDS}
+            _check_choice("role", row["role"], _ROLES)
+            _check_choice("state", row["state"], _MEMBERSHIPS)
+            self._members.setdefault((_canonical(conversation_id), check_user_id(user_id)), row)
+        stats = owed.get("stats")
+        if stats is not None:
+            record_count, mention_count, mailbox_seq = stats
+            self.stage_member_stats(conversation_id, user_id, record_count, mention_count, mailbox_seq)
 
     @property
     def staged(self) -> int:
@@ -349,6 +370,19 @@ def _merge_first_seen(staged: dict[str, Any], fields: Mapping[str, Any]) -> None
 def _canonical(conversation_id: str) -> str:
     # One key per conversation however the caller spells it (ValueError when not a UUID).
     return str(uuid.UUID(conversation_id))
+
+
+def _check_fields(fields: Mapping[str, Any]) -> None:
+    unknown = fields.keys() - _KNOWN_FIELDS
+    if unknown:
+        raise ValueError(f"unknown user_conversation_state fields: {sorted(unknown)}")
+    _check_choice("membership", fields.get("membership"), _MEMBERSHIPS)
+    _check_choice("role", fields.get("role"), _ROLES)
+    if "first_seen_ts" in fields or "first_seen_mailbox_seq" in fields:
+        seq = fields.get("first_seen_mailbox_seq")
+        # The seq is the cell timestamp's source: it must come with the ts, as a real seq.
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < FIRST_SEEN_CEILING:
+            raise ValueError(f"first_seen_* needs first_seen_mailbox_seq as an int in [0, 2^50), got {seq!r}")
 
 
 def _check_choice(name: str, value: Any, allowed: frozenset[str]) -> None:

@@ -76,6 +76,8 @@ _STATE_FIELDS = (
 _STATS_ENTRIES = frozenset({MessageEntry, RecallEntry, DeleteMessageEntry})
 # Key of the member statistics inside a row's changelog record (ConversationState.load ignores it).
 _STATS_KEY = "member_stats"
+# Key of the Cassandra writes a row's record still owes (the mirror failed at its persist).
+_OWED_KEY = "mirror_owed"
 
 
 CQL_BIGINT_MAX = 2**63 - 1
@@ -102,6 +104,10 @@ class WorkerStats:
     state_writes: int = 0
     state_write_failures: int = 0
     state_unmirrorable: int = 0
+    # Rows persisted while their mirror write was still owed (Cassandra failing), and owed
+    # writes staged again from the changelog after a restart.
+    state_owed_rows: int = 0
+    state_restaged_rows: int = 0
     last_flush_ms: float = 0.0
     # The unread audit (app/worker/audit.py): totals, and the last round's drifted/audited share.
     audit_rounds: int = 0
@@ -141,6 +147,8 @@ class PartitionState:
         # Per (user, conversation): the seq bitmaps behind the member directory's statistics.
         # Persisted inside the row's changelog record, so they survive exactly as the row does.
         self.member_stats: dict[tuple[int, str], MemberStats] = {}
+        # Rows whose changelog record carries Cassandra writes still owed (see WorkerCore.persist).
+        self.owing: set[tuple[int, str]] = set()
         # Highest mailbox_seq of any entry read here: minus gate.hi, the watermark lag (metrics).
         self.max_seen_seq = 0
         # Hot state: what the records read so far changed and the tables do not hold yet. The
@@ -231,12 +239,17 @@ class WorkerCore:
         lanes = self.config.lanes
         rows = []
         member_stats: dict[tuple[int, str], MemberStats] = {}
+        owing: set[tuple[int, str]] = set()
         for blob in snapshot.rows:
             record = msgspec.msgpack.decode(blob)
             row = ConversationState.load(record)
             rows.append(row)
+            key = (row.user_id, row.conversation_id)
             if _STATS_KEY in record:
-                member_stats[(row.user_id, row.conversation_id)] = MemberStats.load(record[_STATS_KEY])
+                member_stats[key] = MemberStats.load(record[_STATS_KEY])
+            if _OWED_KEY in record:
+                owing.add(key)
+                self._restage(key, record[_OWED_KEY])
         users = {"users": [msgspec.msgpack.decode(blob) for blob in snapshot.users], "rows": []}
         projector = Projector.restore(config, self.message_store, users)
         for row in rows:
@@ -268,6 +281,9 @@ class WorkerCore:
             )
         state = PartitionState(partition, gate, projector)
         state.member_stats = member_stats
+        state.owing = owing
+        if owing:
+            self._mirror_soon()
         state.max_seen_seq = max([gate.hi, *(entry.mailbox_seq for entry in waiting)])
         return state
 
@@ -310,13 +326,8 @@ class WorkerCore:
                     state.unpersisted_since = now
             if letters:
                 await self.outbox.dead_letters(letters)
-            if self.state_writer is not None:
-                self._mirror_backlog += 1
-                task = self._mirror_task
-                if task is None or task.done():
-                    self._mirror_task = asyncio.ensure_future(self._mirror_rounds(self.state_writer))
-                elif self._mirror_backlog > MIRROR_BACKLOG_BATCHES:
-                    await self._mirror_in_flight()  # backpressure: Cassandra is behind
+            if self._mirror_soon() and self._mirror_backlog > MIRROR_BACKLOG_BATCHES:
+                await self._mirror_in_flight()  # backpressure: Cassandra is behind
         await self.flush_due(self.clock(), only_memory_bound=True)
 
     def durable_offsets(self) -> dict[int, int]:
@@ -341,15 +352,64 @@ class WorkerCore:
             # The Cassandra mirror first: once the changelog holds these entries, their re-reads
             # are duplicates and would never stage their UserConversationState writes again.
             await self._mirror_in_flight()
+            owed: dict[tuple[int, str], dict[str, Any]] = {}
             if self.state_writer is not None:
                 # Rounds run only when batches stage: this one retries what a failed round kept.
                 await self._mirror_state(self.state_writer)
+                # Still owed (Cassandra failing): the rows' records carry it, so a crash before
+                # the retry succeeds cannot lose it (the entries will be read as duplicates).
+                owed = self.state_writer.owed()
             touched, state.unpersisted = state.unpersisted, _Touched()
             offset, state.unpersisted_since = state.processed_offset, None
-            self._persist(state.partition, touched)
+            self._owe(state, touched, owed)
+            self._persist(state.partition, touched, owed)
             await self.tables.commit()
             if offset is not None:
                 state.durable_offset = offset
+
+    def _mirror_soon(self) -> bool:
+        """Count staged work for the mirror and start a round unless one runs (then True)."""
+        writer = self.state_writer
+        if writer is None:
+            return False
+        self._mirror_backlog += 1
+        task = self._mirror_task
+        if task is not None and not task.done():
+            return True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a restore outside the worker's loop: the next persist writes
+            return False
+        self._mirror_task = loop.create_task(self._mirror_rounds(writer))
+        return False
+
+    def _owe(
+        self, state: PartitionState, touched: _Touched, owed: dict[tuple[int, str], dict[str, Any]]
+    ) -> None:
+        """Which rows' records carry owed writes from this persist on: rows newly owing or no
+        longer owing are written again (an untouched row that still owes keeps its record)."""
+        if not owed and not state.owing:
+            return
+        users = state.projector.users
+        owing: set[tuple[int, str]] = set()
+        for user_id, conversation_id in owed:
+            user = users.get(user_id)
+            if user is not None and conversation_id in user.rows:
+                owing.add((user_id, conversation_id))
+        touched.rows.update(owing ^ state.owing)
+        state.owing = owing
+        self.stats.state_owed_rows += len(owing & touched.rows)
+
+    def _restage(self, key: tuple[int, str], owed: Any) -> None:
+        writer = self.state_writer
+        if writer is None:
+            return
+        try:
+            writer.restage(key[0], key[1], owed)
+        except (ValueError, TypeError, KeyError) as exc:  # a record this version cannot read
+            log.error("owed Cassandra writes of %s not restaged: %s", key, exc)
+            return
+        self.stats.state_restaged_rows += 1
 
     async def _mirror_in_flight(self) -> None:
         task, self._mirror_task = self._mirror_task, None
@@ -465,9 +525,12 @@ class WorkerCore:
                 entry.conversation_id, entry.user_id, record_count, mention_count, entry.mailbox_seq
             )
 
-    def _persist(self, partition: int, touched: _Touched) -> None:
+    def _persist(
+        self, partition: int, touched: _Touched, owed: dict[tuple[int, str], dict[str, Any]]
+    ) -> None:
         """Write what changed to the changelog tables: once per row, not per entry."""
         state = self.partitions[partition]
+        owing = state.owing
         tables = self.tables
         users = state.projector.users
         for (user_id, mailbox_seq), raw in touched.pending_added.items():
@@ -479,6 +542,8 @@ class WorkerCore:
             stats = state.member_stats.get((user_id, conversation_id))
             if stats is not None:
                 record[_STATS_KEY] = stats.dump()
+            if (user_id, conversation_id) in owing:
+                record[_OWED_KEY] = owed[(user_id, conversation_id)]
             tables.put_row(partition, user_id, conversation_id, msgspec.msgpack.encode(record))
         for user_id in touched.users:
             tables.put_user(partition, user_id, msgspec.msgpack.encode(users[user_id].dump()))

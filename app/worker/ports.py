@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 
 class RawRecord(NamedTuple):
@@ -80,6 +80,14 @@ class StateWriter(Protocol):
     ) -> None: ...
 
     async def flush(self) -> int: ...
+
+    def owed(self) -> dict[tuple[int, str], dict[str, Any]]:
+        """Staged and not written yet, per (user, conversation), as plain values."""
+        ...
+
+    def restage(self, user_id: int, conversation_id: str, owed: Mapping[str, Any]) -> None:
+        """Stage again what `owed` returned before a restart."""
+        ...
 
 
 class FlushObserver(Protocol):

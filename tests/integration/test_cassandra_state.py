@@ -305,3 +305,51 @@ async def test_the_cores_field_names_are_accepted(writer: UserConversationStateW
         True,
         55,
     )
+
+
+async def test_owed_writes_restaged_by_a_new_writer_land_as_the_first_would_have_written_them(
+    writer: UserConversationStateWriter, counting: CountingSession, schema: str, cassandra_session: Any
+) -> None:
+    """A worker persists what its failed flushes still owe (`owed`) and a restarted one stages
+    it again (`restage`): the rows end as if the first writer's flush had gone through."""
+    c = conv(20)
+    writer.stage(
+        21, c, {"read_seq": 4, "membership": "active", "first_seen_mailbox_seq": 9, "first_seen_ts": 90}
+    )
+    writer.stage_member(c, 21, "admin", "active", 2, None)
+    writer.stage_member_stats(c, 21, 5, 1, 300)
+    real = counting.session
+    counting.session = FailingSession()
+    with pytest.raises(StoreError):
+        await writer.flush()
+    counting.session = real
+    owed = writer.owed()
+    assert set(owed) == {(21, c)} and set(owed[(21, c)]) == {"state", "member", "stats"}
+
+    restarted = UserConversationStateWriter(counting, schema)
+    # Something newer was staged for the same row before the owed writes came back: it wins.
+    restarted.stage(21, c, {"read_seq": 6, "first_seen_mailbox_seq": 11, "first_seen_ts": 110})
+    for (user_id, conversation_id), writes in owed.items():
+        restarted.restage(user_id, conversation_id, writes)
+    assert restarted.owed().keys() == owed.keys()
+    assert await restarted.flush() == 3 and restarted.owed() == {}
+    (row,) = writer.load_user(21)
+    assert (row["read_conversation_seq"], row["membership"]) == (6, "active")
+    assert (row["first_seen_mailbox_seq"], row["first_seen_ts"]) == (9, 90)  # the lowest seq stays
+    (member,) = writer.load_members(c)
+    assert (member["role"], member["state"], member["joined_at_conversation_seq"]) == ("admin", "active", 2)
+    stats = cassandra_session.execute(
+        f"SELECT record_count, mention_count FROM {schema}.member_stats WHERE conversation_id = %s",
+        (uuid.UUID(c),),
+    ).one()
+    assert (stats.record_count, stats.mention_count) == (5, 1)
+
+
+def test_restage_refuses_what_it_cannot_write(writer: UserConversationStateWriter) -> None:
+    with pytest.raises(ValueError):
+        writer.restage(1, conv(21), {"member": {"role": "king", "state": "active"}})
+    with pytest.raises(ValueError):
+        writer.restage(1, conv(21), {"stats": [1, 0, 0]})  # not a mailbox_seq
+    with pytest.raises(ValueError, match="unknown"):
+        writer.restage(1, conv(21), {"state": {"unread_count": 3}})
+    assert writer.staged == 0

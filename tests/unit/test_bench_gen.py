@@ -37,8 +37,7 @@ def test_every_marker_follows_all_entries_of_its_lane_at_or_below_it(params: Par
         lane, w = marker["lane"], marker["watermark"]
         later = stream[position + 1 :]
         assert not any(
-            r["type"] != "watermark" and r["lane"] == lane and r["mailbox_seq"] <= w
-            for r in later
+            r["type"] != "watermark" and r["lane"] == lane and r["mailbox_seq"] <= w for r in later
         ), f"marker {marker} precedes an entry of its lane at or below it"
     # Every lane reports at least once per message batch.
     per_lane = Counter(r["lane"] for _, r in markers)

@@ -349,9 +349,7 @@ def frame_chains(draw: st.DrawFn) -> list[dict[str, object]]:
     for step in steps:
         version = prev + step
         touched = draw(st.lists(st.sampled_from(CONVERSATIONS), min_size=1, unique=True))
-        rows = [
-            row(c, draw(st.integers(0, 300)), listed=draw(st.booleans())) for c in sorted(touched)
-        ]
+        rows = [row(c, draw(st.integers(0, 300)), listed=draw(st.booleans())) for c in sorted(touched)]
         frames.append(delta(version, prev, rows))
         prev = version
     return frames

@@ -107,9 +107,7 @@ def read_jsonl(path: Path) -> list[dict[str, object]]:
 
 
 @pytest.fixture(scope="module", params=[3, 11])
-def replayed(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Replayed:
+def replayed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Replayed:
     """(frames in emission order, final rows by user and conversation, final badge by user)."""
     folder = tmp_path_factory.mktemp(f"replay{request.param}")
     source = folder / "in.jsonl"
@@ -129,18 +127,14 @@ def replayed(
     return frames, rows, badges
 
 
-Replayed = tuple[
-    list[dict[str, object]], dict[int, dict[str, dict[str, object]]], dict[int, object]
-]
+Replayed = tuple[list[dict[str, object]], dict[int, dict[str, dict[str, object]]], dict[int, object]]
 
 
 def frames_of(frames: list[dict[str, object]], user: int) -> list[dict[str, object]]:
     return [f for f in frames if f["user_id"] == user]
 
 
-def assert_matches(
-    view: SessionView, rows: dict[str, dict[str, object]], badge: object
-) -> None:
+def assert_matches(view: SessionView, rows: dict[str, dict[str, object]], badge: object) -> None:
     assert view.known() == rows
     assert isinstance(badge, dict)
     assert view.badge is not None
@@ -150,9 +144,7 @@ def assert_matches(
         badge["muted_unread"],
     )
     assert view.badge.version == badge["projection_mailbox_seq"]
-    assert {r["conversation_id"] for r in view.listed()} == {
-        c for c, r in rows.items() if r["listed"]
-    }
+    assert {r["conversation_id"] for r in view.listed()} == {c for c, r in rows.items() if r["listed"]}
 
 
 def test_frames_in_order_reproduce_rows_and_badges(replayed: Replayed) -> None:

@@ -34,9 +34,7 @@ def _env(service: dict[str, Any]) -> dict[str, str]:
     env = service.get("environment", {})
     if isinstance(env, list):  # the `- KEY=value` form
         env = dict(item.split("=", 1) for item in env)
-    return {
-        str(k): _REQUIRED_FROM_HOST.sub(lambda m: HOST_VALUES[m["name"]], str(v)) for k, v in env.items()
-    }
+    return {str(k): _REQUIRED_FROM_HOST.sub(lambda m: HOST_VALUES[m["name"]], str(v)) for k, v in env.items()}
 
 
 def test_the_stack_has_every_role(compose: dict[str, Any]) -> None:
@@ -48,9 +46,7 @@ def test_the_stack_has_every_role(compose: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("role", PROJECTOR_SERVICES)
-def test_every_projector_variable_is_a_known_setting_and_valid(
-    compose: dict[str, Any], role: str
-) -> None:
+def test_every_projector_variable_is_a_known_setting_and_valid(compose: dict[str, Any], role: str) -> None:
     env = _env(compose["services"][role])
     known = Settings.env_names()
     ours = {k: v for k, v in env.items() if k.startswith("PROJECTOR_")}
@@ -85,9 +81,7 @@ def test_kafka_listens_where_settings_point_and_never_auto_creates(compose: dict
 
 
 def test_published_ports_are_loopback_only_and_match_the_api(compose: dict[str, Any]) -> None:
-    published = {
-        name: service.get("ports", []) for name, service in compose["services"].items()
-    }
+    published = {name: service.get("ports", []) for name, service in compose["services"].items()}
     for name, ports in published.items():
         for spec in ports:
             assert str(spec).startswith("127.0.0.1:"), f"{name} publishes {spec} beyond loopback"

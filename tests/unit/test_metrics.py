@@ -20,7 +20,9 @@ from app.metrics import (
     sample,
 )
 from app.stores.memory_projection import InMemoryProjectionStore
+from tests.unit.builders import CONV_A
 from tests.unit.builders import Stream as Builder
+from tests.unit.mirror_writer import MirrorWriter
 from tests.unit.test_api_http import SETTINGS, Api, Clock
 from tests.unit.test_api_rows import flush, make_row
 from tests.unit.test_worker_core import Clock as CoreClock
@@ -84,6 +86,34 @@ def test_worker_metrics_move_with_the_core() -> None:
     assert first < second
     # A second scrape with no new work adds nothing (deltas, not totals, go into the counters).
     assert sample(scrape(metrics, core), "projector_entries_in_total") == 5
+
+
+def test_mirror_failures_owed_rows_and_their_restaging_are_counted() -> None:
+    s = Builder()
+    s.message(7, 1)
+    s.message(8, 1)
+    store = InMemoryMessageStore()
+    tables, cassandra = DictTables(), {}  # type: ignore[var-annotated]
+    down = MirrorWriter(cassandra)
+    down.down = True
+    core = make_core(1, tables, store, InMemoryProjectionStore(), Outbox(), CoreClock())
+    core.state_writer = down
+    metrics = WorkerMetrics()
+    asyncio.run(core.on_records(records(s.close())))
+    asyncio.run(core.flush_all())
+    text = scrape(metrics, core)
+    assert sample(text, "projector_state_writes_total") == 0
+    assert sample(text, "projector_state_write_failures_total") == 2  # the batch's round, the persist's retry
+    assert sample(text, "projector_state_owed_rows_total") == 2  # two rows went to the changelog owing
+
+    restarted = make_core(1, tables, store, InMemoryProjectionStore(), Outbox(), CoreClock())
+    restarted.state_writer = MirrorWriter(cassandra)
+    asyncio.run(restarted.restore_assigned([0]))
+    asyncio.run(restarted.flush_all())
+    text = scrape(WorkerMetrics(), restarted)
+    assert sample(text, "projector_state_restaged_rows_total") == 2
+    assert sample(text, "projector_state_writes_total") == 2
+    assert set(cassandra) == {(7, CONV_A), (8, CONV_A)}
 
 
 def test_revoked_partitions_stop_reporting_watermark_lag() -> None:
