@@ -32,6 +32,7 @@ def run_id() -> str:
 def unique_name(run_id: str) -> Callable[..., str]:
     """``unique_name("orders")`` -> ``"t-orders-1a2b3c4d-0"``; ``unique_name("ks", sep="_")``
     gives a CQL-safe identifier (letters, digits, ``_``; starts with a letter; <= 48 chars)."""
+
     def make(prefix: str, sep: str = "-") -> str:
         # One counter for the whole run: two tests must never share a topic, group or keyspace
         # (a group left by a killed worker would stall the next test's join).

@@ -37,7 +37,7 @@ waited for before the state is persisted), so the writer is built for that rhyth
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from app.stores.cassandra_exec import (
@@ -231,6 +231,15 @@ class UserConversationStateWriter:
         if stats is not None:
             record_count, mention_count, mailbox_seq = stats
             self.stage_member_stats(conversation_id, user_id, record_count, mention_count, mailbox_seq)
+
+    def drop(self, keys: Iterable[StateKey]) -> None:
+        """Forget what is staged for these (user, conversation) keys: another writer took them
+        over (a partition handed to another worker, which restages them from its changelog)."""
+        for user_id, conversation_id in keys:
+            cid = _canonical(conversation_id)
+            self._state.pop((user_id, cid), None)
+            self._members.pop((cid, user_id), None)
+            self._member_stats.pop((cid, user_id), None)
 
     @property
     def staged(self) -> int:

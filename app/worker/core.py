@@ -300,7 +300,7 @@ class WorkerCore:
         for partition in partitions:
             state = self.partitions.get(partition)
             if state is not None:
-                await self.persist(state)
+                await self.persist(state, handing_over=True)
 
     def forget(self, partitions: Sequence[int]) -> None:
         for partition in partitions:
@@ -345,9 +345,10 @@ class WorkerCore:
             if state is not None:
                 state.committed_offset = offset
 
-    async def persist(self, state: PartitionState) -> None:
+    async def persist(self, state: PartitionState, *, handing_over: bool = False) -> None:
         """Write what the partition's hot state changed to the changelog tables (once per row)
-        and hand the records to the producer; its offsets become durable."""
+        and hand the records to the producer; its offsets become durable. `handing_over`: the
+        partition goes to another worker, which takes over the Cassandra writes it still owes."""
         async with self._state_lock:  # no batch is applied meanwhile: one consistent snapshot
             # The Cassandra mirror first: once the changelog holds these entries, their re-reads
             # are duplicates and would never stage their UserConversationState writes again.
@@ -363,6 +364,10 @@ class WorkerCore:
             offset, state.unpersisted_since = state.processed_offset, None
             self._owe(state, touched, owed)
             self._persist(state.partition, touched, owed)
+            if handing_over and state.owing and self.state_writer is not None:
+                # The new owner restages them from the records; a late write from here could
+                # land after its newer ones (state columns are last-write-wins).
+                self.state_writer.drop(state.owing)
             await self.tables.commit()
             if offset is not None:
                 state.durable_offset = offset

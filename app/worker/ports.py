@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 
@@ -87,6 +87,10 @@ class StateWriter(Protocol):
 
     def restage(self, user_id: int, conversation_id: str, owed: Mapping[str, Any]) -> None:
         """Stage again what `owed` returned before a restart."""
+        ...
+
+    def drop(self, keys: Iterable[tuple[int, str]]) -> None:
+        """Forget what is staged for these (user, conversation) keys (another worker owes it now)."""
         ...
 
 

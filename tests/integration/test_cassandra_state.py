@@ -353,3 +353,15 @@ def test_restage_refuses_what_it_cannot_write(writer: UserConversationStateWrite
     with pytest.raises(ValueError, match="unknown"):
         writer.restage(1, conv(21), {"state": {"unread_count": 3}})
     assert writer.staged == 0
+
+
+async def test_dropped_keys_are_not_written(writer: UserConversationStateWriter) -> None:
+    c, other = conv(22), conv(23)
+    writer.stage(22, c.upper(), {"read_seq": 1})
+    writer.stage_member(c, 22, "member", "active", 1, None)
+    writer.stage_member_stats(c, 22, 1, 0, 5)
+    writer.stage(22, other, {"read_seq": 2})
+    writer.drop([(22, c)])  # any spelling of the conversation id
+    assert set(writer.owed()) == {(22, other)}
+    assert await writer.flush() == 1
+    assert [row["conversation_id"] for row in writer.load_user(22)] == [other]

@@ -9,7 +9,7 @@ mailbox_seq. `down` makes a flush fail and keep what it staged, as the real writ
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 Key = tuple[int, str]
@@ -85,6 +85,10 @@ class MirrorWriter:
 
     def owed(self) -> dict[Key, dict[str, Any]]:
         return copy.deepcopy(self.pending)
+
+    def drop(self, keys: Iterable[Key]) -> None:
+        for key in keys:
+            self.pending.pop(key, None)
 
     def restage(self, user_id: int, conversation_id: str, owed: Mapping[str, Any]) -> None:
         key = (user_id, conversation_id)

@@ -137,6 +137,9 @@ class RecordingWriter:
     def restage(self, user_id: int, conversation_id: str, owed: Any) -> None:
         raise AssertionError("nothing was owed")
 
+    def drop(self, keys: Any) -> None:
+        raise AssertionError("nothing was owed")
+
 
 def worker(tables: DictTables, writer: RecordingWriter) -> Any:
     core = make_core(1, tables, InMemoryMessageStore(), InMemoryProjectionStore(), Outbox(), Clock())

@@ -263,6 +263,10 @@ class RecordingWriter:
     def restage(self, user_id: int, conversation_id: str, owed: Any) -> None:
         self.unwritten[(user_id, conversation_id)] = owed
 
+    def drop(self, keys: Any) -> None:
+        for key in keys:
+            self.unwritten.pop(key, None)
+
     def stage_member(self, *args: object) -> None:
         pass
 
@@ -473,3 +477,43 @@ def test_cassandra_writes_owed_at_a_crash_are_written_after_the_restart(stream: 
     expected = asyncio.run(never_failing())
     got, _ = asyncio.run(failing_then_killed())
     assert got == expected
+
+
+def test_a_partition_handed_over_takes_its_owed_cassandra_writes_along() -> None:
+    """Worker A persists rows owing Cassandra writes and hands the partition over; worker B
+    restages and writes them, then newer ones. A's writer must not write them late (state
+    columns are last-write-wins: B's newer values would be overwritten)."""
+    s = Builder()
+    s.message(7, 1)
+    s.message(7, 2)
+    first = s.close()
+    s.lines = []
+    s.read(7, 2)
+    second = s.close()
+    cassandra: dict[tuple[int, str], dict[str, Any]] = {}
+    store = message_store_for([*first, *second], 1)
+    tables = DictTables()
+    writer_a, writer_b = MirrorWriter(cassandra), MirrorWriter(cassandra)
+    worker_a = make_core(1, tables, store, InMemoryProjectionStore(), Outbox(), Clock())
+    worker_a.state_writer = writer_a
+    worker_b = make_core(1, tables, store, InMemoryProjectionStore(), Outbox(), Clock())
+    worker_b.state_writer = writer_b
+
+    async def run() -> None:
+        writer_a.down = True
+        await worker_a.on_records(records(first))
+        await worker_a.release([0])
+        worker_a.forget([0])
+        assert writer_a.pending == {}  # handed over with the records
+        await worker_b.restore_assigned([0])
+        offset = len(first)
+        await worker_b.on_records(
+            [RawRecord("mailbox-tail", 0, offset + i, b"k", raw) for i, raw in enumerate(second)]
+        )
+        await worker_b.flush_all()
+        writer_a.down = False
+        assert await writer_a.flush() == 0
+
+    asyncio.run(run())
+    assert cassandra[(7, CONV_A)]["state"]["read_conversation_seq"] == 2
+    assert worker_b.stats.state_restaged_rows == 1
