@@ -411,7 +411,7 @@ class WorkerCore:
             return
         try:
             writer.restage(key[0], key[1], owed)
-        except (ValueError, TypeError, KeyError) as exc:  # a record this version cannot read
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # a record it cannot read
             log.error("owed Cassandra writes of %s not restaged: %s", key, exc)
             return
         self.stats.state_restaged_rows += 1

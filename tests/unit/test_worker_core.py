@@ -517,3 +517,27 @@ def test_a_partition_handed_over_takes_its_owed_cassandra_writes_along() -> None
     asyncio.run(run())
     assert cassandra[(7, CONV_A)]["state"]["read_conversation_seq"] == 2
     assert worker_b.stats.state_restaged_rows == 1
+
+
+def test_an_unreadable_owed_record_is_logged_and_the_partition_still_restores() -> None:
+    import msgspec
+
+    s = Builder()
+    s.message(7, 1)
+    tables, store = DictTables(), InMemoryMessageStore()
+    down = MirrorWriter({})
+    down.down = True
+    core = make_core(1, tables, store, InMemoryProjectionStore(), Outbox(), Clock())
+    core.state_writer = down
+    asyncio.run(core.on_records(records(s.close())))
+    asyncio.run(core.flush_all())
+    (key,) = tables.data["rows"]
+    record = msgspec.msgpack.decode(tables.data["rows"][key])
+    assert set(record["mirror_owed"]) == {"state"}
+    record["mirror_owed"] = [1, 2]  # not what this version writes
+    tables.data["rows"][key] = msgspec.msgpack.encode(record)
+    restarted = make_core(1, tables, store, InMemoryProjectionStore(), Outbox(), Clock())
+    restarted.state_writer = MirrorWriter({})
+    asyncio.run(restarted.restore_assigned([0]))
+    assert restarted.stats.state_restaged_rows == 0
+    assert restarted.partitions[0].projector.users[7].rows[CONV_A].unread_count == 1
