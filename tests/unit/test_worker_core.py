@@ -9,6 +9,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -520,8 +521,6 @@ def test_a_partition_handed_over_takes_its_owed_cassandra_writes_along() -> None
 
 
 def test_an_unreadable_owed_record_is_logged_and_the_partition_still_restores() -> None:
-    import msgspec
-
     s = Builder()
     s.message(7, 1)
     tables, store = DictTables(), InMemoryMessageStore()
