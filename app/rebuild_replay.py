@@ -31,7 +31,7 @@ from app.domain.projection_store import ProjectionStore
 from app.metrics import RebuildMetrics
 from app.rebuild import Progress
 from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms
-from app.worker.ports import PartitionSnapshot, RawRecord
+from app.worker.ports import PartitionSnapshot, RawRecord, raw_record
 
 FETCH_RECORDS = 5000
 BASE_EVENT_ID: Final = "rebuild-base-from-state"
@@ -172,7 +172,7 @@ async def rebuild_by_replay(
             for tp, batch in fetched.items():
                 for m in batch:
                     if m.offset < end[tp]:  # later records arrived after the start: not ours
-                        records.append(RawRecord(m.topic, m.partition, m.offset, m.key, m.value))
+                        records.append(raw_record(m.topic, m.partition, m.offset, m.key, m.value))
             for tp in list(remaining):  # by position: offsets may skip (compaction, markers)
                 if await consumer.position(tp) >= end[tp]:
                     remaining.discard(tp)

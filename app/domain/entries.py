@@ -177,6 +177,8 @@ _decoder: msgspec.json.Decoder[Record] = msgspec.json.Decoder(Record)
 
 def decode_record(raw: bytes, lanes: int) -> Record | DeadLetter:
     """Decode one wire record; every failure becomes a `DeadLetter` with a reason."""
+    if not raw:
+        return DeadLetter(reason="empty record: no value (a null or zero-length Kafka value)", raw=raw)
     try:
         record = _decoder.decode(raw)
     except msgspec.DecodeError as exc:

@@ -29,7 +29,7 @@ from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 
-from app.worker.ports import RawRecord
+from app.worker.ports import RawRecord, raw_record
 
 
 class RecordBatch(NamedTuple):
@@ -97,7 +97,7 @@ class BatchIntakeConsumer(aiokafka_driver.Consumer):
                         continue
                     read_from = read_offsets.get(tp)
                     batch = [
-                        RawRecord(r.topic, r.partition, r.offset, r.key, r.value)
+                        raw_record(r.topic, r.partition, r.offset, r.key, r.value)
                         for r in fetched
                         if read_from is None or r.offset >= read_from
                     ]

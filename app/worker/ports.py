@@ -16,6 +16,12 @@ class RawRecord(NamedTuple):
     value: bytes
 
 
+def raw_record(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> RawRecord:
+    """A consumed record as the core takes it: a null value (a tombstone, or a producer that
+    sent none) becomes empty, which the decoder dead-letters with its reason."""
+    return RawRecord(topic, partition, offset, key, value if value is not None else b"")
+
+
 class PartitionSnapshot(NamedTuple):
     """What the changelog tables hold for one partition."""
 

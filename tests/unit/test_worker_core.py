@@ -19,7 +19,7 @@ from app.domain.memory_store import InMemoryMessageStore
 from app.replay import ReplayOptions, run_replay
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.worker.core import MIRROR_BACKLOG_BATCHES, WorkerConfig, WorkerCore
-from app.worker.ports import PartitionSnapshot, RawRecord
+from app.worker.ports import PartitionSnapshot, RawRecord, raw_record
 from tests.projection_files import as_replay_files
 from tests.strategies import Stream, scenarios, streams
 from tests.unit.builders import CONV_A
@@ -220,6 +220,20 @@ def test_dead_letters_carry_reason_and_origin() -> None:
     assert letter["topic"] == "mailbox-tail" and letter["partition"] == 0 and letter["offset"] == 0
     assert letter["value"] == "{oops" and "malformed" in letter["reason"].lower()
     assert core.stats.dead_letters == 1 and core.stats.applied == 1
+
+
+def test_a_null_or_empty_value_is_a_dead_letter_with_its_reason() -> None:
+    s = Builder()
+    s.message(7, 1)
+    tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), Clock()
+    core = make_core(1, tables, InMemoryMessageStore(), projections, outbox, clock)
+    tombstone = raw_record("mailbox-tail", 0, 0, b"7", None)
+    empty = RawRecord("mailbox-tail", 0, 1, b"7", b"")
+    good = [record._replace(offset=record.offset + 2) for record in records(s.close())]
+    asyncio.run(core.on_records([tombstone, empty, *good]))
+    assert [(letter["offset"], letter["value"]) for letter in outbox.letters] == [(0, ""), (1, "")]
+    assert all("empty record" in letter["reason"] for letter in outbox.letters)
+    assert core.stats.dead_letters == 2 and core.stats.applied == 1
 
 
 def test_pending_entries_survive_a_crash_in_the_tables() -> None:
