@@ -4,6 +4,7 @@ as the mailbox entries say; the member API then pages what the worker wrote."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -138,6 +139,59 @@ async def test_worker_writes_member_rows_and_statistics_the_api_serves(stack: St
         for user_id in active[:50]:
             assert shown.stats[user_id] == want_stats.get((group, user_id), (0, 0))
         assert uuid.UUID(group)
+    finally:
+        cluster.shutdown()
+        stack.stop_workers()
+
+
+async def test_writes_owed_while_cassandra_failed_are_written_after_a_kill(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The member tables are gone while the worker applies a stream (every mirror write fails;
+    the projection goes on and each persist records what the rows still owe); the worker is
+    then SIGKILLed with every offset committed, so no entry is ever read again. Once the tables
+    are back, the restarted worker writes the member rows and statistics from its records."""
+    stream = tmp_path / "stream.jsonl"
+    cluster, session = open_cluster(stack.settings)
+    keyspace = stack.settings.cassandra_keyspace
+    try:
+        stack.start_worker()
+        # The worker prepares its statements at start: wait until it is ready.
+        deadline = time.monotonic() + 120
+        while "Worker ready" not in stack.log_tail(lines=400):
+            stack.alive()()
+            assert time.monotonic() < deadline, stack.log_tail()
+            await asyncio.sleep(0.5)
+        for table in ("group_members", "member_stats"):
+            session.execute(f"DROP TABLE {keyspace}.{table}", timeout=60)
+        stack.run(
+            "simulate",
+            "--users", "30", "--conversations", "8", "--group-size", "20", "--messages", "300",
+            "--rate", "0", "--lanes", "2", "--seed", "29", "--out", str(stream), "--progress", "never",
+        )  # fmt: skip
+        want_members, want_stats = expected_from_stream(read_jsonl(stream))
+        end = await stack.end_offsets()
+        deadline = time.monotonic() + 240
+        while await stack.group_offsets() != end:  # committed = persisted: all in the records
+            stack.alive()()
+            assert time.monotonic() < deadline, stack.log_tail()
+            await asyncio.sleep(0.5)
+        stack.stop_workers(signal.SIGKILL)
+
+        stack.run("bootstrap")  # the tables come back, empty
+        assert await asyncio.to_thread(read_back, session, keyspace) == ({}, {})
+        stack.start_worker()  # same data dir: restores the partitions from its local store
+        deadline = time.monotonic() + 240
+        while True:
+            members, stats = await asyncio.to_thread(read_back, session, keyspace)
+            if members == want_members and all(stats.get(k, (0, 0)) == v for k, v in want_stats.items()):
+                break
+            stack.alive(1)()
+            assert time.monotonic() < deadline, (
+                f"{len(members)}/{len(want_members)} member rows back\n{stack.log_tail(1)}"
+            )
+            await asyncio.sleep(1)
+        assert await stack.group_offsets() == end  # nothing was read again
     finally:
         cluster.shutdown()
         stack.stop_workers()
