@@ -87,13 +87,19 @@ def read_back(session: Any, keyspace: str) -> tuple[dict[Any, Any], dict[Any, An
     return members, stats
 
 
+def simulate(
+    stack: Stack, out: Path, *, users: int, conversations: int, group_size: int, messages: int, seed: int
+) -> None:
+    """`projector simulate` into the stack, all at once, its entries also written to `out`."""
+    sizes = {"users": users, "conversations": conversations, "group-size": group_size, "messages": messages}
+    args = [arg for name, value in sizes.items() for arg in (f"--{name}", str(value))]
+    stack.run("simulate", *args, "--rate", "0", "--lanes", str(stack.settings.lanes), "--seed", str(seed),
+              "--out", str(out), "--progress", "never")  # fmt: skip
+
+
 async def test_worker_writes_member_rows_and_statistics_the_api_serves(stack: Stack, tmp_path: Path) -> None:
     stream = tmp_path / "stream.jsonl"
-    stack.run(
-        "simulate",
-        "--users", "40", "--conversations", "10", "--group-size", "25", "--messages", "500",
-        "--rate", "0", "--lanes", "2", "--seed", "23", "--out", str(stream), "--progress", "never",
-    )  # fmt: skip
+    simulate(stack, stream, users=40, conversations=10, group_size=25, messages=500, seed=23)
     want_members, want_stats = expected_from_stream(read_jsonl(stream))
     assert want_members and any(r != (0, 0) for r in want_stats.values())
     assert any(state != "active" for _, state, _, _ in want_members.values()), "the mix has no leave"
@@ -164,11 +170,7 @@ async def test_writes_owed_while_cassandra_failed_are_written_after_a_kill(
             await asyncio.sleep(0.5)
         for table in ("group_members", "member_stats"):
             session.execute(f"DROP TABLE {keyspace}.{table}", timeout=60)
-        stack.run(
-            "simulate",
-            "--users", "30", "--conversations", "8", "--group-size", "20", "--messages", "300",
-            "--rate", "0", "--lanes", "2", "--seed", "29", "--out", str(stream), "--progress", "never",
-        )  # fmt: skip
+        simulate(stack, stream, users=30, conversations=8, group_size=20, messages=300, seed=29)
         want_members, want_stats = expected_from_stream(read_jsonl(stream))
         end = await stack.end_offsets()
         deadline = time.monotonic() + 240
