@@ -110,7 +110,6 @@ redis.call('HSET', KEYS[2], 'structure_version', ARGV[2], 'total_unread', ARGV[3
 return stored
 """
 
-_WRITE_SHA = hashlib.sha1(WRITE_SCRIPT.encode(), usedforsecurity=False).hexdigest()
 
 # The unread audit's repair (ProjectionStore.correct). KEYS: rows, meta. ARGV: the version the
 # audit compared against, total_unread, total_mention, muted_unread, then conversation_id, row
@@ -130,7 +129,13 @@ redis.call('HSET', KEYS[2], 'total_unread', ARGV[2], 'total_mention', ARGV[3], '
 return 1
 """
 
-_CORRECT_SHA = hashlib.sha1(CORRECT_SCRIPT.encode(), usedforsecurity=False).hexdigest()
+
+class _Script:
+    """A Lua script run by digest (EVALSHA); `sha` is replaced when the server reloads it."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
 
 
 class ProjectionStoreError(RuntimeError):
@@ -171,8 +176,8 @@ class RedisProjectionStore:
         self.count_writes = count_writes
         self.max_users_per_trip = max_users_per_trip
         self.max_fields_per_trip = max_fields_per_trip
-        self._sha = _WRITE_SHA
-        self._correct_sha = _CORRECT_SHA
+        self._write_script = _Script(WRITE_SCRIPT)
+        self._correct_script = _Script(CORRECT_SCRIPT)
         self._owns_client = False
         # Only keys of exactly this layout are ever deleted by delete_all.
         self._own_key = re.compile(rf"{re.escape(namespace)}:(rows|meta|writes):\{{(\d+)\}}")
@@ -326,7 +331,7 @@ class RedisProjectionStore:
                 args.append(conversation_id)
                 args.append(row)
             calls.append((keys, args))
-        replies = await self._guard("correct", self._run_correct(calls))
+        replies = await self._guard("correct", self._eval_each(self._correct_script, calls))
         results: list[bool] = []
         for correction, reply in zip(encoded, replies, strict=True):
             if isinstance(reply, Exception):
@@ -336,24 +341,6 @@ class RedisProjectionStore:
                 )
             results.append(int(reply) == 1)
         return results
-
-    async def _run_correct(self, calls: list[tuple[list[str], list[str | bytes]]]) -> list[Any]:
-        """Corrections are few (drifted users only): one pipelined trip, NOSCRIPT reloaded and
-        exactly those calls re-sent, as in `_write_trip`."""
-
-        async def run(batch: list[tuple[list[str], list[str | bytes]]]) -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
-            for keys, args in batch:
-                pipe.evalsha(self._correct_sha, len(keys), *keys, *args)
-            return list(await pipe.execute(raise_on_error=False))
-
-        replies = await run(calls)
-        retry = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-        if retry:
-            self._correct_sha = _text(await self.client.script_load(CORRECT_SCRIPT))
-            for i, reply in zip(retry, await run([calls[i] for i in retry]), strict=True):
-                replies[i] = reply
-        return replies
 
     # -- rebuild / test helpers -----------------------------------------------------------------
 
@@ -435,16 +422,7 @@ class RedisProjectionStore:
     async def _write_trip(self, trip: list[EncodedBatch]) -> list[int | None]:
         # (keys, args) per user, in order
         calls = [self._script_call(batch) for batch in trip]
-        replies = await self._run_scripts(calls)
-        if any(isinstance(reply, NoScriptError) for reply in replies):
-            # The server lost the script (restart, SCRIPT FLUSH, failover). A NOSCRIPT reply
-            # means that call did not run, so loading the script and re-sending exactly those
-            # calls is safe (and the version check would refuse a repeat anyway).
-            self._sha = _text(await self.client.script_load(WRITE_SCRIPT))
-            retry = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-            again = await self._run_scripts([calls[i] for i in retry])
-            for i, reply in zip(retry, again, strict=True):
-                replies[i] = reply
+        replies = await self._eval_each(self._write_script, calls)
         results: list[int | None] = []
         for batch, reply in zip(trip, replies, strict=True):
             if isinstance(reply, Exception):
@@ -455,13 +433,31 @@ class RedisProjectionStore:
             results.append(None if reply is None else int(_text(reply)))
         return results
 
-    async def _run_scripts(self, calls: list[tuple[list[str], list[str | bytes]]]) -> list[Any]:
+    async def _eval_each(
+        self, script: _Script, calls: list[tuple[list[str], list[str | bytes]]]
+    ) -> list[Any]:
+        """`script` once per (keys, args) call, in one pipelined trip; a reply per call, errors
+        in place. If the server lost the script (restart, SCRIPT FLUSH, failover), it is loaded
+        and exactly the calls that got NOSCRIPT are re-sent: a NOSCRIPT call did not run, so
+        that is safe (and both scripts' version checks would refuse a repeat anyway)."""
+        replies = await self._evalsha_trip(script, calls)
+        retry = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if retry:
+            script.sha = _text(await self.client.script_load(script.text))
+            again = await self._evalsha_trip(script, [calls[i] for i in retry])
+            for i, reply in zip(retry, again, strict=True):
+                replies[i] = reply
+        return replies
+
+    async def _evalsha_trip(
+        self, script: _Script, calls: list[tuple[list[str], list[str | bytes]]]
+    ) -> list[Any]:
         # transaction=False: each script is atomic on its own; MULTI around many users would
         # only add a server-side queue, not safety. Errors come back in place (raise_on_error
         # False) so one bad user cannot hide which others were written.
         pipe = self.client.pipeline(transaction=False)
         for keys, args in calls:
-            pipe.evalsha(self._sha, len(keys), *keys, *args)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
         return list(await pipe.execute(raise_on_error=False))
 
     async def _guard(self, what: str, call: Awaitable[_T]) -> _T:

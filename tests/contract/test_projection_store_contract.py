@@ -433,10 +433,10 @@ async def test_redis_layout_uses_namespaced_hash_tagged_keys(
 async def test_redis_falls_back_when_the_server_lost_the_script(redis_store: RedisProjectionStore) -> None:
     # As after a restart or SCRIPT FLUSH: the digest the store holds is unknown to the server.
     # (A bogus digest instead of SCRIPT FLUSH, which would disturb other tests on the server.)
-    redis_store._sha = "0" * 40
+    redis_store._write_script.sha = "0" * 40
     assert await redis_store.write([flush(7, 2, [conv(1)]), flush(8, 2, [conv(1)])]) == [0, 0]
     assert await redis_store.versions([7, 8]) == [2, 2]
-    assert redis_store._sha != "0" * 40  # reloaded: the next write goes by digest again
+    assert redis_store._write_script.sha != "0" * 40  # reloaded: the next write goes by digest again
 
 
 @redis_only
@@ -444,11 +444,11 @@ async def test_redis_correction_survives_a_server_that_lost_its_script(
     redis_store: RedisProjectionStore,
 ) -> None:
     await redis_store.write([flush(7, 2, [conv(1)]), flush(8, 2, [conv(1)])])
-    redis_store._correct_sha = "0" * 40  # as in the write test: a digest the server does not know
+    redis_store._correct_script.sha = "0" * 40  # as in the write test: a digest the server does not know
     fixes = [Correction(u, 2, [row(u, conv(1), 2, unread_count=0)], Badge()) for u in (7, 8)]
     assert await redis_store.correct(fixes) == [True, True]
     assert [(await redis_store.load(u)).rows[conv(1)]["unread_count"] for u in (7, 8)] == [0, 0]
-    assert redis_store._correct_sha != "0" * 40  # reloaded
+    assert redis_store._correct_script.sha != "0" * 40  # reloaded
 
 
 @redis_only
