@@ -70,21 +70,14 @@ def contribution(row: ConversationState, include_muted: bool) -> Badge:
 
 def full_recompute(rows: Iterable[ConversationState], include_muted: bool) -> Badge:
     """The badge from scratch: run after every reconcile to cancel any accumulated drift."""
-    total_unread = total_mention = muted_unread = 0
-    for row in rows:
-        part = contribution(row, include_muted)
-        total_unread += part.total_unread
-        total_mention += part.total_mention
-        muted_unread += part.muted_unread
-    return Badge(total_unread, total_mention, muted_unread)
+    return _total(contribution(row, include_muted) for row in rows)
 
 
 def from_rows(rows: Iterable[Mapping[str, Any]], include_muted: bool) -> Badge:
     """The full recompute over projection rows (DESIGN §4 dicts), for rows that no flush wrote
     a badge with: a login pull's rows filled from UserConversationState."""
-    total_unread = total_mention = muted_unread = 0
-    for row in rows:
-        part = _contribution(
+    return _total(
+        _contribution(
             int(row["unread_count"]),
             int(row["mention_count"]),
             str(row["membership"]),
@@ -92,6 +85,13 @@ def from_rows(rows: Iterable[Mapping[str, Any]], include_muted: bool) -> Badge:
             bool(row["muted"]),
             include_muted,
         )
+        for row in rows
+    )
+
+
+def _total(parts: Iterable[Badge]) -> Badge:
+    total_unread = total_mention = muted_unread = 0
+    for part in parts:
         total_unread += part.total_unread
         total_mention += part.total_mention
         muted_unread += part.muted_unread
