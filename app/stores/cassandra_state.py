@@ -170,16 +170,13 @@ class UserConversationStateWriter:
         left_at: int | None,
     ) -> None:
         """Stage a member directory row from a join or leave (the whole row: last one wins)."""
-        _check_choice("role", role, _ROLES)
-        _check_choice("state", state, _MEMBERSHIPS)
-        key = (_canonical(conversation_id), check_user_id(user_id))
         row = {
             "role": role,
             "state": state,
             "joined_at_conversation_seq": joined_at,
             "left_at_conversation_seq": left_at,
         }
-        self._members[key] = row
+        self._members[(_canonical(conversation_id), check_user_id(user_id))] = _checked_member_row(row)
 
     def stage_member_stats(
         self, conversation_id: str, user_id: int, record_count: int, mention_count: int, mailbox_seq: int
@@ -223,10 +220,8 @@ class UserConversationStateWriter:
             self._restore({key: {ALIASES.get(name, name): value for name, value in fields.items()}}, {})
         member = owed.get("member")
         if member is not None:
-            row = {name: member.get(name) for name in MEMBER_FIELDS}
-            _check_choice("role", row["role"], _ROLES)
-            _check_choice("state", row["state"], _MEMBERSHIPS)
-            self._members.setdefault((_canonical(conversation_id), check_user_id(user_id)), row)
+            member_key = (_canonical(conversation_id), check_user_id(user_id))
+            self._members.setdefault(member_key, _checked_member_row(member))
         stats = owed.get("stats")
         if stats is not None:
             record_count, mention_count, mailbox_seq = stats
@@ -392,6 +387,13 @@ def _check_fields(fields: Mapping[str, Any]) -> None:
         # The seq is the cell timestamp's source: it must come with the ts, as a real seq.
         if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < FIRST_SEEN_CEILING:
             raise ValueError(f"first_seen_* needs first_seen_mailbox_seq as an int in [0, 2^50), got {seq!r}")
+
+
+def _checked_member_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A group_members row (MEMBER_FIELDS), its role and state checked."""
+    _check_choice("role", row.get("role"), _ROLES)
+    _check_choice("state", row.get("state"), _MEMBERSHIPS)
+    return {name: row.get(name) for name in MEMBER_FIELDS}
 
 
 def _check_choice(name: str, value: Any, allowed: frozenset[str]) -> None:
