@@ -214,7 +214,7 @@ async def _run(settings: Any, args: argparse.Namespace) -> int:
             await server.cleanup()
 
 
-async def _serve_metrics(metrics: Any, host: str, port: int) -> Any:
+async def _serve_metrics(metrics: RebuildMetrics, host: str, port: int) -> Any:
     """GET /metrics with the rebuild's gauges: a small aiohttp server of this process."""
     from aiohttp import web
 
@@ -269,7 +269,7 @@ def _replay_report(replayed: ReplayRebuild) -> dict[str, Any]:
     return report
 
 
-async def _rebuild(settings: Any, args: argparse.Namespace, metrics: Any) -> int:
+async def _rebuild(settings: Any, args: argparse.Namespace, metrics: RebuildMetrics) -> int:
     from app.rebuild import Progress, StateBase, diff_namespaces, rebuild_from_state
     from app.stores.cassandra_messages import CassandraMessageStore
     from app.stores.cassandra_session import open_cluster
