@@ -363,7 +363,7 @@ class WorkerCore:
             touched, state.unpersisted = state.unpersisted, _Touched()
             offset, state.unpersisted_since = state.processed_offset, None
             self._owe(state, touched, owed)
-            self._persist(state.partition, touched, owed)
+            self._persist(state, touched, owed)
             if handing_over and state.owing and self.state_writer is not None:
                 # The new owner restages them from the records; a late write from here could
                 # land after its newer ones (state columns are last-write-wins).
@@ -531,10 +531,10 @@ class WorkerCore:
             )
 
     def _persist(
-        self, partition: int, touched: _Touched, owed: dict[tuple[int, str], dict[str, Any]]
+        self, state: PartitionState, touched: _Touched, owed: dict[tuple[int, str], dict[str, Any]]
     ) -> None:
         """Write what changed to the changelog tables: once per row, not per entry."""
-        state = self.partitions[partition]
+        partition = state.partition
         owing = state.owing
         tables = self.tables
         users = state.projector.users
