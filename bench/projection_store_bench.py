@@ -142,7 +142,7 @@ async def main(argv: list[str] | None = None) -> int:
     finally:
         await store.delete_all()
         for ns in (naive_ns, pipelined_ns):
-            doomed = [k async for k in client.scan_iter(match=f"{ns}:*", count=1000)]
+            doomed = list({k async for k in client.scan_iter(match=f"{ns}:*", count=1000)})
             for start in range(0, len(doomed), 1000):
                 await client.unlink(*doomed[start : start + 1000])
         await client.aclose()

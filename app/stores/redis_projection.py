@@ -366,21 +366,22 @@ class RedisProjectionStore:
         """Delete this namespace (SCAN + UNLINK in batches); returns how many users it held."""
 
         async def run() -> int:
-            users = 0
+            users: set[str] = set()  # SCAN may return a key more than once: count each user once
             doomed: list[str] = []
             async for key in self.client.scan_iter(match=f"{self.namespace}:*", count=1000):
                 name = _text(key)
                 m = self._own_key.fullmatch(name)
                 if m is None:
                     continue  # someone else's key that happens to share the prefix: keep it
-                users += m[1] == "meta"
+                if m[1] == "meta":
+                    users.add(m[2])
                 doomed.append(name)
                 if len(doomed) >= 1000:
                     await self.client.unlink(*doomed)
                     doomed.clear()
             if doomed:
                 await self.client.unlink(*doomed)
-            return users
+            return len(users)
 
         return await self._guard("delete_all", run())
 

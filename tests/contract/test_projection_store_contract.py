@@ -417,7 +417,8 @@ async def test_redis_layout_uses_namespaced_hash_tagged_keys(
     store = make_redis_store(count_writes=True)
     await store.write([flush(42, 3, [conv(1)], Badge(1, 2, 3), structure_version=4)])
     ns = store.namespace
-    keys = sorted([k.decode() async for k in redis_client.scan_iter(match=f"{ns}:*")])
+    # A set: SCAN may return a key more than once (while Redis resizes its table).
+    keys = sorted({k.decode() async for k in redis_client.scan_iter(match=f"{ns}:*")})
     # {42} is a hash tag: one cluster slot per user, so the per-user script may touch all three.
     assert keys == [f"{ns}:meta:{{42}}", f"{ns}:rows:{{42}}", f"{ns}:writes:{{42}}"]
     assert await redis_client.hgetall(f"{ns}:meta:{{42}}") == {
@@ -540,6 +541,31 @@ async def test_redis_delete_all_keeps_other_keys_and_namespaces(
         assert await neighbour.versions([1]) == [1]
     finally:
         await redis_client.delete(foreign)
+
+
+class _RepeatingScan(redis.Redis):
+    """A real client whose SCAN returns every key twice, as Redis may while it resizes its table."""
+
+    async def scan_iter(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        async for key in super().scan_iter(*args, **kwargs):
+            yield key
+            yield key
+
+
+@redis_only
+async def test_redis_user_listing_and_delete_count_each_user_once_when_scan_repeats(
+    settings: Settings, unique_name: Callable[..., str]
+) -> None:
+    client = _RepeatingScan.from_url(settings.redis_url)
+    store = RedisProjectionStore(client, unique_name("proj"), count_writes=True)
+    try:
+        await store.write([flush(user, 1, [conv(1), conv(2)]) for user in (3, 1, 2)])
+        assert await store.user_ids() == [1, 2, 3]
+        assert await store.delete_all() == 3
+        assert await store.user_ids() == []
+    finally:
+        await store.delete_all()
+        await client.aclose()
 
 
 def test_redis_namespace_and_trip_bounds_are_checked() -> None:
