@@ -125,17 +125,25 @@ async def test_a_cancelled_request_does_not_cancel_the_shared_load() -> None:
     store = InMemoryProjectionStore()
     await store.write([flush(5, [make_row(5, n, act=n) for n in range(1, 5)], 1, 1)])
 
-    class Slow(MemoryProjectionReader):
+    started, release = asyncio.Event(), asyncio.Event()
+
+    class Held(MemoryProjectionReader):
+        """The load waits for the test's go-ahead (no real-time guesses about who runs first)."""
+
         async def load_rows(self, user_id: int) -> LoadedRows:
-            await asyncio.sleep(0.05)
+            started.set()
+            await release.wait()
             return await super().load_rows(user_id)
 
-    lists = SessionLists(Slow(store), SnapshotCache(1000, 10_000, Clock()), max_rows=5000)
+    lists = SessionLists(Held(store), SnapshotCache(1000, 10_000, Clock()), max_rows=5000)
     first = asyncio.create_task(lists.page(5, Folder.MAIN, 10, None))
-    await asyncio.sleep(0.01)
+    await started.wait()  # the shared load is under way for `first`
     second = asyncio.create_task(lists.page(5, Folder.MAIN, 10, None))
-    await asyncio.sleep(0.01)
-    first.cancel()  # its client went away
+    for _ in range(10):
+        await asyncio.sleep(0)  # let `second` reach the shared load and wait on it
+    first.cancel()  # its client went away, while the load is still held
+    await asyncio.sleep(0)
+    release.set()
     page = await second
     assert len(page.items) == 4 and lists.loads == 1
     assert first.cancelled()

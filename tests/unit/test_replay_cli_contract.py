@@ -62,7 +62,11 @@ def small_stream() -> list[bytes]:
 
 
 # deadline off: each example starts two processes
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(
     stream=streams(),
     window_ms=st.sampled_from((1, 30, 5000)),
