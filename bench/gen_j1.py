@@ -82,8 +82,7 @@ def generate(params: Params) -> Iterator[dict[str, object]]:
     lane_high = [0] * params.lanes  # highest mailbox_seq each lane has written
     # Positions (number of members written) after which the batch's markers go out.
     marker_at = {
-        params.members * (k + 1) // params.markers_per_batch
-        for k in range(params.markers_per_batch)
+        params.members * (k + 1) // params.markers_per_batch for k in range(params.markers_per_batch)
     }
     for message in range(1, params.messages + 1):
         ts = params.t0_ms + (message - 1) * params.step_ms

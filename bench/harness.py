@@ -220,9 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         "notes": notes,
     }
 
-    naive_stats = next(
-        (orjson.loads(r.stdout) for r in ok_runs if r.command == "naive"), None
-    )
+    naive_stats = next((orjson.loads(r.stdout) for r in ok_runs if r.command == "naive"), None)
     replay_stats = None
     stats_path = args.replay_out / "stats.json"
     if "replay" in summary and stats_path.exists():

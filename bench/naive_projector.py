@@ -81,9 +81,7 @@ def run(path: Path) -> dict[str, object]:
             elif kind == "read":
                 read = max(row["read_conversation_seq"], entry["read_conversation_seq"])
                 row["read_conversation_seq"] = read
-                if row["latest_conversation_seq"] is not None and read >= row[
-                    "latest_conversation_seq"
-                ]:
+                if row["latest_conversation_seq"] is not None and read >= row["latest_conversation_seq"]:
                     row["unread_count"] = 0
                     row["mention_count"] = 0
             row["projection_mailbox_seq"] = seq

@@ -69,8 +69,9 @@ def main(argv: list[str]) -> int:
 
     for conv, who in members.items():
         for user in who:
-            entry("join", user, conv, joined_at_conversation_seq=0,
-                  role="owner" if user == who[0] else "member")
+            entry(
+                "join", user, conv, joined_at_conversation_seq=0, role="owner" if user == who[0] else "member"
+            )
     markers()
 
     for i in range(args.messages):
@@ -82,16 +83,32 @@ def main(argv: list[str]) -> int:
         mentioned = rng.choice(members[conv]) if i % 7 == 0 else None
         activity = f"{ts:016x}{rng.getrandbits(64):016x}"
         for user in members[conv]:
-            entry("message", user, conv, conversation_seq=seq, message_id=f"m-{conv[:8]}-{seq}",
-                  activity_id=activity, sender_id=sender, created_at=ts, counts_unread=True,
-                  mention=user == mentioned and user != sender)
+            entry(
+                "message",
+                user,
+                conv,
+                conversation_seq=seq,
+                message_id=f"m-{conv[:8]}-{seq}",
+                activity_id=activity,
+                sender_id=sender,
+                created_at=ts,
+                counts_unread=True,
+                mention=user == mentioned and user != sender,
+            )
         if i % 5 == 4:  # somebody catches up
             reader = rng.choice(members[conv])
             entry("read", reader, conv, read_conversation_seq=seq)
         if i == args.messages // 2:  # the sender takes the message back
             for user in members[conv]:
-                entry("recall", user, conv, target_conversation_seq=seq, target_sender_id=sender,
-                      target_counts_unread=True, target_mention=user == mentioned)
+                entry(
+                    "recall",
+                    user,
+                    conv,
+                    target_conversation_seq=seq,
+                    target_sender_id=sender,
+                    target_counts_unread=True,
+                    target_mention=user == mentioned,
+                )
         markers()
 
     ts += 1000

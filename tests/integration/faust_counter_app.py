@@ -11,7 +11,9 @@ Records on ``topic`` (JSON values, string keys):
   {"op": "report", "id": ID}  sent once to every partition; when every partition has delivered
                               it, writes ``reports/ID.json`` = {"counts": {...}, "adds_this_run": K}
 Because a stream's records are processed in order per partition, a report seen on every
-partition means every earlier "add" has been applied.
+partition means every earlier "add" has been applied. Delivery is at least once (a rebalance
+while the worker settles in seeks back to the last commit), so the table also holds, per source
+partition, the next offset to apply, written with the count it guards: an "add" re-read is skipped.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ source = app.topic(
 )
 counts = app.Table("counts", default=int, partitions=CONFIG["partitions"])
 
+OFFSET_PREFIX = "@next-offset:"
 _adds_this_run = 0
 _reported: dict[str, set[int]] = {}
 
@@ -55,13 +58,20 @@ async def process(stream: Any) -> None:
     async for event in stream.events():
         key, value = event.key, event.value
         if value["op"] == "add":
+            # Same table, same partition as the count (faust writes a table's changelog to the
+            # event's partition), so the guard comes back from the changelog with the counts.
+            guard = f"{OFFSET_PREFIX}{event.message.partition}"
+            if event.message.offset < counts[guard]:
+                continue  # applied before this rebalance's seek back
             counts[key] += int(value["n"])
+            counts[guard] = event.message.offset + 1
             _adds_this_run += 1
         elif value["op"] == "report":
             seen = _reported.setdefault(value["id"], set())
             seen.add(event.message.partition)
             if len(seen) == CONFIG["partitions"]:
-                report = {"counts": dict(counts.items()), "adds_this_run": _adds_this_run}
+                kept = {k: v for k, v in counts.items() if not k.startswith(OFFSET_PREFIX)}
+                report = {"counts": kept, "adds_this_run": _adds_this_run}
                 target = Path(CONFIG["reports"]) / f"{value['id']}.json"
                 tmp = target.with_suffix(".tmp")
                 tmp.write_text(json.dumps(report))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -244,12 +245,39 @@ class Stack:
             cluster.shutdown()
 
 
+def _ephemeral_ports() -> range:
+    """The kernel's range for outgoing connections' local ports (Linux default if unreadable)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+_PORTS = random.Random()
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, for a server a test starts (worker, API, rebuild)."""
-    with socket.socket() as sock:
+    """A TCP port free on 127.0.0.1 now, for a server a test starts (worker, API, rebuild).
+
+    Picked below the ephemeral range: a server binds it seconds later, and meanwhile the tests
+    open many client connections, whose local ports come from that range (one could take a port
+    the kernel handed out as "free" from it)."""
+    ephemeral = _ephemeral_ports()
+    for _ in range(200):
+        port = _PORTS.randrange(20000, 32000)
+        if port in ephemeral:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken: try another
+            return port
+    with socket.socket() as sock:  # the range is unusual here: any port the kernel calls free
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        found: int = sock.getsockname()[1]
+        return found
 
 
 async def scrape_until(
@@ -259,8 +287,9 @@ async def scrape_until(
     alive: Callable[[], None],
     *,
     detail: Callable[[str], object] | None = None,
+    every: float = 0.5,
 ) -> str:
-    """GET `url` (a /metrics) every half second until `ready` holds for its text, failing when
+    """GET `url` (a /metrics) every `every` s until `ready` holds for its text, failing when
     `alive` does (the server exited) or after `timeout` s; on timeout the message shows
     `detail(last text)`, or the scrape's tail."""
     deadline = time.monotonic() + timeout
@@ -279,7 +308,7 @@ async def scrape_until(
             if time.monotonic() > deadline:
                 shown = f"\n{text[-3000:]}" if detail is None else f" {detail(text)}"
                 raise AssertionError(f"{url}: not met after {timeout}s; last scrape:{shown}")
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(every)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -369,7 +369,7 @@ async def test_projector_api_and_token_commands(env: Env, schema: str) -> None:
         "PROJECTOR_LOG_LEVEL": "WARNING",
     }
     token = subprocess.run(
-        [sys.executable, "-m", "app.cli", "token", str(ME), "--ttl", "60"],
+        [sys.executable, "-m", "app.cli", "token", str(ME), "--ttl", "3600"],
         cwd=ROOT,
         env=run_env,
         capture_output=True,

@@ -108,8 +108,17 @@ async def test_pages_badges_live_frames_and_fill_from_state_equal_replay(
             versions = {u: b["projection_mailbox_seq"] for u, b in badges.items()}
             await stack.wait_for_versions(versions, timeout=300, alive=stack.alive())
             deadline = time.monotonic() + 60
-            while live.view.version < versions[busiest]:
-                assert time.monotonic() < deadline, f"frames stopped at {live.view.version}"
+
+            def behind() -> bool:  # deltas and badges come on two topics: wait for both
+                held = live.view.badge
+                return (
+                    live.view.version < versions[busiest] or held is None or held.version < versions[busiest]
+                )
+
+            while behind():
+                assert time.monotonic() < deadline, (
+                    f"frames stopped at {live.view.version}, {live.view.badge}"
+                )
                 await follower.poll(timeout_ms=200)
             assert follower.applied > 0
             fresh_main = await sdk.walk("main", 7)

@@ -49,7 +49,9 @@ async def test_worker_and_api_metrics_are_scraped_and_move(make_stack: Callable[
     entries = [line for line in s.lines if b'"message"' in line]
     await stack.produce([*s.lines, b"{oops"])  # no user: goes to every partition, dead-lettered
     text = await scrape_until(url, lambda t: sample(t, "projector_entries_in_total") >= 6, 120, alive)
-    assert sample(text, "projector_entries_dead_lettered_total") == stack.settings.topic_partitions
+    # At least: delivery is at least once (a rebalance while the worker settles in may re-read an
+    # uncommitted record and dead-letter it again).
+    assert sample(text, "projector_entries_dead_lettered_total") >= stack.settings.topic_partitions
     assert sample(text, "projector_entries_pending") >= 1
     lags = [sample(text, "projector_watermark_lag", [("partition", str(p))]) for p in range(2)]
     assert max(lags) >= 1
@@ -73,8 +75,8 @@ async def test_worker_and_api_metrics_are_scraped_and_move(make_stack: Callable[
     assert sample(text, "projector_flush_latency_seconds_count") >= 1
 
     await stack.produce(entries)  # again: every one is a duplicate
-    text = await scrape_until(url, lambda t: sample(t, "projector_entries_duplicate_total") == 4, 120, alive)
-    assert sample(text, "projector_entries_applied_total") == 4
+    text = await scrape_until(url, lambda t: sample(t, "projector_entries_duplicate_total") >= 4, 120, alive)
+    assert sample(text, "projector_entries_applied_total") == 4  # a re-read is a duplicate, never applied
     assert sample(text, "projector_unread_drift_ratio") == 0  # no audit round yet: exported at 0
 
     # The API over what the worker wrote; a cache bound of one row: each load evicts the other user.

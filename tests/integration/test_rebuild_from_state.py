@@ -258,7 +258,7 @@ async def test_a_rebuild_beside_a_running_worker_serves_nothing_until_swap(
 
             await until(7, 3)
             assert await cleanup.delete_all() == 2  # the projection is lost
-            await until(7, 0, timeout=5)
+            await until(7, 0)
             stack.run(
                 "rebuild", "--by-replay", "--namespace", namespaces[0], "--report", str(tmp_path / "a.json")
             )
@@ -270,7 +270,7 @@ async def test_a_rebuild_beside_a_running_worker_serves_nothing_until_swap(
                 *("rebuild", "--by-replay", "--namespace", namespaces[1], "--swap"),
                 *("--report", str(tmp_path / "b.json")),
             )
-            await until(7, 3, timeout=10)
+            await until(7, 3)
             s.lines = []
             s.message(7, 4)
             await stack.produce(s.close())

@@ -194,7 +194,7 @@ async def test_a_rebuild_serves_its_progress_gauges_and_they_move(
         [
             *PROJECTOR,
             *("rebuild", "--by-replay", "--namespace", f"{stack.settings.projection_namespace}-m"),
-            *("--metrics-port", str(port), "--metrics-hold", "5", "--progress", "never"),
+            *("--metrics-port", str(port), "--metrics-hold", "20", "--progress", "never"),
             *("--report", str(tmp_path / "m.json")),
         ],
         cwd=ROOT,

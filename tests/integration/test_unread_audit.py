@@ -94,13 +94,21 @@ async def test_drift_injected_into_redis_is_found_corrected_and_reported(
     try:
         pulled_before = await store.load(first["user_id"])
         wrong = {**first, "unread_count": first["unread_count"] + 7}
-        await client.hset(store.rows_key(first["user_id"]), first["conversation_id"], orjson.dumps(wrong))
         lost_mention = {**second, "mention_count": second["mention_count"] + 1}
-        await client.hset(
-            store.rows_key(second["user_id"]), second["conversation_id"], orjson.dumps(lost_mention)
+        # All of it in one round's reach: right after a round ended (rounds are 5 s apart), in
+        # one MULTI, so no round sees part of it and corrects the rest a round later.
+        audited = sample(text, "projector_unread_audited_rows_total")
+        text = await scrape_until(
+            url, lambda t: sample(t, "projector_unread_audited_rows_total") > audited, 60, alive
         )
-        await client.hdel(store.rows_key(third["user_id"]), third["conversation_id"])
-        await client.hset(store.meta_key(badge_user), "total_unread", 999)
+        async with client.pipeline(transaction=True) as drift:
+            drift.hset(store.rows_key(first["user_id"]), first["conversation_id"], orjson.dumps(wrong))
+            drift.hset(
+                store.rows_key(second["user_id"]), second["conversation_id"], orjson.dumps(lost_mention)
+            )
+            drift.hdel(store.rows_key(third["user_id"]), third["conversation_id"])
+            drift.hset(store.meta_key(badge_user), "total_unread", 999)
+            await drift.execute()
         # A client pulls user `first`'s drifted list at the stored version.
         pulled = await store.load(first["user_id"])
         assert pulled.projection_mailbox_seq == pulled_before.projection_mailbox_seq
