@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup run test test-fast lint typecheck check services-up services-down services-status bench clean proto bench-api
+.PHONY: help setup tools run test test-fast lint typecheck check services-up services-down services-status bench clean proto bench-api
 
 help: ## List the targets with what they do
 	@awk 'BEGIN {FS = ":.*?## "} /^[a-zA-Z_-]+:.*?## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -21,6 +21,9 @@ setup: $(VENV_OK) ## Create .venv and install the project with its dev tools
 services-up: setup ## Install (first time) and start Kafka, Redis and Cassandra on 127.0.0.1, create schema and topics
 	bash scripts/services.sh up
 
+tools: setup ## Install the extra tools the tests use (scripts/tools.d/: browser, promtool, proxies...)
+	bash scripts/tools.sh
+
 services-down: ## Stop the local Kafka, Redis and Cassandra
 	bash scripts/services.sh down
 
@@ -30,7 +33,7 @@ services-status: ## Show which local servers are running
 run: services-up ## Set up, start the servers and run the main job (worker fed by the simulator)
 	bash scripts/run.sh
 
-test: services-up ## Set up, start the servers and run the whole test suite
+test: services-up tools ## Set up, start the servers, install the test tools and run the whole test suite
 	$(PY) -m pytest -q
 
 test-fast: setup ## Run the unit, property and contract tests only (no servers)
