@@ -161,10 +161,11 @@ class Consumer:
         self.committed: int | None = None
         self.flow_active = True
         self.places: list[dict[int, int | None]] = []
+        self.fetch_size: int | None = None  # records per fetch; None: 1..9 at random
 
     def fetch(self) -> RecordBatch | None:
         start = self.position
-        size = self.rnd.randint(1, 9)
+        size = self.fetch_size or self.rnd.randint(1, 9)
         records: list[RawRecord] = []
         offset = start
         while offset < self.log.end and len(records) < size:
@@ -257,7 +258,7 @@ class World:
 
 def simple_lines() -> list[bytes]:
     s = Builder()
-    for seq in range(1, 13):
+    for seq in range(1, 41):
         s.message(7 + seq % 3, seq)
     return s.close()
 
@@ -317,23 +318,22 @@ def test_a_batch_lost_on_its_way_is_never_skipped(lost: str) -> None:
     lines = simple_lines()
     rnd = random.Random(2)
     world = World(lines, 1, Log(lines, rnd), rnd)
+    world.consumer.fetch_size = 4
+    lose_at = {"first": 1, "middle": 5, "last": -1}[lost]
 
     async def run() -> None:
         await world.assigned()
         fetches = 0
         dropped = False
-        for _ in range(200):
-            got = world.consumer.fetch()
-            if got is not None:
+        for _ in range(100):
+            for _ in range(2):  # two fetches before the agent runs: the next one is queued
+                got = world.consumer.fetch()
+                if got is None:
+                    continue
                 fetches += 1
                 world.intake.fetched(0, got.fetch_to)
                 at_end = world.consumer.position >= world.consumer.log.end
-                drop = not dropped and (
-                    (lost == "first" and fetches == 1)
-                    or (lost == "middle" and fetches == 2)
-                    or (lost == "last" and at_end)
-                )
-                if drop:
+                if not dropped and (fetches == lose_at or (lose_at < 0 and at_end)):
                     dropped = True  # fetched, never delivered
                 else:
                     await world.deliver(got)
