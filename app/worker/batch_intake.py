@@ -64,8 +64,8 @@ class BatchSink(Protocol):
         ...
 
     def fetched(self, partition: int, fetch_to: int) -> None:
-        """A fetch of the partition ended at `fetch_to`, delivered or not (the intake's check
-        that nothing fetched went missing)."""
+        """A fetch of the partition ended at `fetch_to` and its batch is NOT delivered (the
+        intake's check that nothing fetched went missing; `deliver` says it for the others)."""
         ...
 
     def placements(self, partitions: Iterable[int]) -> dict[int, int | None]:
@@ -214,10 +214,6 @@ class BatchIntakeConsumer(aiokafka_driver.Consumer):
                 await self.sleep(0)
                 if self.should_stop:
                     break
-                for tp, (_, fetch_to) in positions.items():
-                    sink = sinks.get(tp.topic)
-                    if sink is not None:
-                        sink.fetched(tp.partition, fetch_to)
                 if not self.flow_active:
                     # Fetched while the flow was stopped (a rebalance): faust's rule is to drop
                     # them and go back to the committed offsets.
@@ -235,6 +231,8 @@ class BatchIntakeConsumer(aiokafka_driver.Consumer):
                     if not self.flow_active or self.app.consumer_generation_id != generation:
                         break  # a rebalance began: the rest is re-read after its seek
                     if active is not None and tp not in active and tp not in self._buffered_partitions:
+                        if tp in positions and tp.topic in sinks:  # fetched, never delivered
+                            sinks[tp.topic].fetched(tp.partition, positions[tp][1])
                         continue
                     self.app.monitor.track_tp_end_offset(tp, self.highwater(tp))
                     sink = sinks.get(tp.topic)
