@@ -15,6 +15,7 @@ from typing import Any
 import faust
 from aiohttp import web
 
+from app.connections import faust_credentials
 from app.metrics import WorkerMetrics, metrics_handler
 from app.settings import Settings
 from app.worker.audit import AuditConfig, audit_tick
@@ -55,6 +56,7 @@ def create_app(settings: Settings) -> tuple[faust.App, dict[str, WorkerCore]]:
     app = ProjectorApp(
         settings.app_id,
         broker=f"kafka://{settings.kafka_bootstrap}",
+        broker_credentials=faust_credentials(settings),  # SASL/TLS (app/connections.py)
         store="rocksdb://",
         # One folder per app id: a store left by another app (or by deleted topics) must never
         # be mistaken for this app's state.
