@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -29,7 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()  # a SettingsError is reported by app.cli.main
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from app.logs import configure_logging
+
+    configure_logging(settings, "api")  # PROJECTOR_LOG_FORMAT, PROJECTOR_LOG_LEVEL
     host = args.host or settings.api_host
     port = settings.api_port if args.port is None else args.port
     try:
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
 @contextlib.asynccontextmanager
 async def open_deps(settings: Settings) -> AsyncIterator[Any]:
     """The API's dependencies from the settings; closes what it opened."""
+    from app.api.health import cassandra_check
     from app.api.http import Deps
     from app.api.members import SERVICE_KEY, build_member_service
     from app.api.sources import CassandraStateFiller, RedisProjectionReader
@@ -68,6 +70,7 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
             projections=RedisProjectionReader(store),
             state=state,
             extra={SERVICE_KEY: build_member_service(settings, session)},
+            readiness={"cassandra": cassandra_check(session)},  # GET /readyz
         )
     finally:
         await store.aclose()
@@ -79,16 +82,18 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     from aiohttp import web
 
     from app.api import create_app
+    from app.logs import access_logger, announce
 
     async with open_deps(settings) as deps:
         app = create_app(settings, deps)
-        runner = web.AppRunner(app, access_log=None)  # one log line per page would dominate the cost
+        # PROJECTOR_API_ACCESS_LOG: off by default, one log line per page would dominate the cost.
+        runner = web.AppRunner(app, access_log=access_logger(settings))
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()
         bound = runner.addresses  # (host, port, ...) per listening socket: port 0 resolved
         where = ", ".join(f"http://{addr[0]}:{addr[1]}" for addr in bound) or f"http://{host}:{port}"
-        print(f"projector api: listening on {where} (description at /openapi.json)", flush=True)
+        announce(settings, "api", f"projector api: listening on {where} (description at /openapi.json)")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

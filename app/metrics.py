@@ -19,13 +19,37 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.exposition import generate_latest
+
+from app.build import build_info
+from app.domain.entries import DEAD_LETTER_KINDS
 
 if TYPE_CHECKING:
     from app.worker.core import WorkerCore
 
 PREFIX: Final = "projector_"
+
+# Every process (worker, API, rebuild) also exports these (:func:`add_process_metrics`): the
+# client library's process and Python collectors, and which build runs.
+PROCESS_METRICS: Final = (
+    "projector_build_info",
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "process_start_time_seconds",
+    "process_open_fds",
+    "python_info",
+    "python_gc_collections_total",
+)
 
 # Exposition names (counters get ``_total`` appended by the client library on exposition).
 WORKER_METRICS: Final = (
@@ -33,6 +57,7 @@ WORKER_METRICS: Final = (
     "projector_entries_applied_total",
     "projector_entries_duplicate_total",
     "projector_entries_dead_lettered_total",
+    "projector_dead_letters_total",
     "projector_entries_pending",
     "projector_watermark_lag",
     "projector_flushes_total",
@@ -56,6 +81,8 @@ API_METRICS: Final = (
     "projector_snapshot_loads_total",
     "projector_snapshot_evictions_total",
     "projector_page_latency_seconds",
+    "projector_api_requests_total",
+    "projector_api_request_duration_seconds",
 )
 REBUILD_METRICS: Final = (
     "projector_rebuild_work_items",
@@ -64,6 +91,23 @@ REBUILD_METRICS: Final = (
 )
 
 _LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def add_process_metrics(registry: CollectorRegistry) -> None:
+    """Process (CPU, memory, file descriptors, start time), Python (version, GC) and
+    ``projector_build_info{version,python,compiled} 1`` on ``registry`` (each process has its
+    own registry, so the library's default one is never used)."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    info = build_info()
+    build = Gauge(
+        "projector_build_info",
+        "Always 1: the package version, the Python version and whether the compiled build runs",
+        list(info.labels()),
+        registry=registry,
+    )
+    build.labels(**info.labels()).set(1)
 
 
 def exposition(registry: CollectorRegistry) -> bytes:
@@ -120,6 +164,14 @@ class WorkerMetrics:
         self.entries_dead_lettered = Counter(
             "projector_entries_dead_lettered", "Records sent to the dead-letter topic", registry=r
         )
+        self.dead_letters = Counter(
+            "projector_dead_letters",
+            "Records sent to the dead-letter topic, by reason (app.domain.entries.DEAD_LETTER_KINDS)",
+            ["reason"],
+            registry=r,
+        )
+        for kind in DEAD_LETTER_KINDS:  # every reason exported from the start, at 0
+            self.dead_letters.labels(kind)
         self.entries_pending = Gauge(
             "projector_entries_pending", "Entries waiting above the watermark (all partitions)", registry=r
         )
@@ -201,6 +253,7 @@ class WorkerMetrics:
             "compacted or expired records)",
             registry=r,
         )
+        add_process_metrics(r)
         self._seen = _Seen()
         self._lag_partitions: set[int] = set()
 
@@ -215,6 +268,9 @@ class WorkerMetrics:
         self.entries_applied.inc(seen.delta("applied", stats.applied))
         self.entries_duplicate.inc(seen.delta("duplicates", stats.duplicates))
         self.entries_dead_lettered.inc(seen.delta("dead_letters", stats.dead_letters))
+        for kind, total in list(stats.dead_letter_kinds.items()):
+            label = kind if kind in DEAD_LETTER_KINDS else "schema"  # the label set stays closed
+            self.dead_letters.labels(label).inc(seen.delta("dead_letters:" + kind, total))
         self.flushes.inc(seen.delta("flushes", stats.flushes))
         self.projection_writes.inc(seen.delta("projection_writes", stats.projection_writes))
         self.frames_emitted.inc(seen.delta("frames", stats.frames))
@@ -274,7 +330,28 @@ class ApiMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # route: the served route's path template (never the raw path: ids would make the label
+        # set unbounded), "unmatched" for anything the router does not know; method: the served
+        # methods, "other" for the rest; code: the status the API answered.
+        self.requests = Counter(
+            "projector_api_requests",
+            "HTTP requests answered, by route template, method and status code",
+            ["route", "method", "code"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "projector_api_request_duration_seconds",
+            "HTTP request time in the API (every route, errors included), by route template and method",
+            ["route", "method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        add_process_metrics(r)
         self._seen = _Seen()
+
+    def observe_request(self, route: str, method: str, code: int, seconds: float) -> None:
+        self.requests.labels(route, method, str(code)).inc()
+        self.request_duration.labels(route, method).observe(seconds)
 
     def sync(self, source: SnapshotSource) -> None:
         self.snapshot_hits.inc(self._seen.delta("hits", source.hits))
@@ -300,6 +377,7 @@ class RebuildMetrics:
         self.progress = Gauge(
             "projector_rebuild_progress_ratio", "Share of the running rebuild done (0..1)", registry=r
         )
+        add_process_metrics(r)
 
     def update(self, done: int, total: int) -> None:
         self.users_total.set(total)

@@ -891,8 +891,10 @@ async def _open_producer(settings: Any, connect_timeout_s: float) -> tuple[Any, 
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaError
 
+    from app.connections import kafka_client_options
+
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap,
+        **kafka_client_options(settings),
         acks="all",
         # Idempotence keeps each partition in send order across retries: a marker can never
         # overtake the entries it covers.

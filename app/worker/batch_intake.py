@@ -38,6 +38,7 @@ from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 
+from app.connections import faust_credentials
 from app.settings import Settings
 from app.worker.ports import RawRecord, raw_record
 
@@ -375,6 +376,7 @@ def new_faust_app(settings: Settings) -> ProjectorApp:
     return ProjectorApp(
         settings.app_id,
         broker=f"kafka://{settings.kafka_bootstrap}",
+        broker_credentials=faust_credentials(settings),  # SASL/TLS (app/connections.py)
         store="rocksdb://",
         # One folder per app id: a store left by another app (or by deleted topics) must never
         # be mistaken for this app's state.
