@@ -135,7 +135,9 @@ async def _headers(request: web.Request, handler: Handler) -> web.StreamResponse
     response.headers["Content-Security-Policy"] = _CSP
     response.headers["X-Frame-Options"] = "DENY"
     response.headers["X-Content-Type-Options"] = "nosniff"
-    response.headers["Referrer-Policy"] = "no-referrer"
+    # Not "no-referrer": with it Chromium sends `Origin: null` on the page's own form posts,
+    # which the Origin check (rightly) refuses. same-origin leaks nothing to other sites.
+    response.headers["Referrer-Policy"] = "same-origin"
     response.headers["Cache-Control"] = "no-store"
     return response
 
@@ -143,7 +145,8 @@ async def _headers(request: web.Request, handler: Handler) -> web.StreamResponse
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     state = _state(request)
-    is_page = request.method == "GET" and request.path == "/ops/"
+    # The sign-in form posts to /ops/login: its refusals are the form again, not JSON.
+    is_page = (request.method == "GET" and request.path == "/ops/") or request.path == "/ops/login"
     try:
         if request.path == "/ops/login":
             check_origin(request)  # login CSRF: no session yet, so Origin is the defence
