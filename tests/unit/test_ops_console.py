@@ -214,19 +214,21 @@ async def console() -> AsyncIterator[Console]:
     async def serving() -> str:
         return "proj"
 
-    ops = OpsDeps(store=store, state=state, messages=messages, members=members, serving=serving, bus=bus)
-
     async def fetch(url: str) -> str:
         return worker_metrics_text()
 
+    ops = OpsDeps(
+        store=store,
+        state=state,
+        messages=messages,
+        members=members,
+        serving=serving,
+        bus=bus,
+        metrics_fetch=fetch,
+    )
+
     deps = Deps(projections=MemoryProjectionReader(store), extra={OPS_KEY: ops})
     app = create_app(SETTINGS, deps)
-    # The fleet's scrapes go to the fake (the mount is done inside create_app with the default
-    # fetch): swap it on the console's Fleet.
-    from app.api.ops.views import STATE
-
-    sub = next(r for r in app.router.resources() if hasattr(r, "_app"))._app  # the /ops sub-app
-    sub[STATE].fleet.fetch = fetch
     client = TestClient(TestServer(app))
     await client.start_server()
     try:
@@ -542,7 +544,11 @@ def test_settings_keep_the_operator_secret_apart() -> None:
         dataclasses.replace(SETTINGS, ops_secret=""),
         Deps(projections=MemoryProjectionReader(InMemoryProjectionStore())),
     )
-    assert not any(hasattr(r, "_app") for r in app.router.resources())
+    assert not any(r.canonical.startswith("/ops") for r in app.router.resources())
+    with_console = create_app(SETTINGS, Deps(projections=MemoryProjectionReader(InMemoryProjectionStore())))
+    assert not any(
+        r.canonical.startswith("/ops") for r in with_console.router.resources()
+    )  # no deps, no console
 
 
 def test_projector_token_operator(tmp_path: Path) -> None:

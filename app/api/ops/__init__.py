@@ -9,13 +9,14 @@ from typing import Final
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from app.api.tokens import TokenSigner
 from app.metrics import OpsMetrics
 from app.settings import Settings
 
 from .auth import Gatekeeper, OperatorSigner
-from .fleet import Fetch, Fleet, http_fetch
+from .fleet import Fleet, http_fetch
 from .ports import OPS_KEY, OpsDeps
 
 PREFIX: Final = "/ops"
@@ -31,19 +32,14 @@ def mount(
     app: web.Application,
     settings: Settings,
     deps: OpsDeps | None,
-    metrics_registry: object,
-    *,
-    fetch: Fetch | None = None,
+    metrics_registry: CollectorRegistry,
 ) -> bool:
     """Serve the console under /ops/ on `app` when it is configured (an ops secret and its
     dependencies); returns whether it was mounted."""
     if not settings.ops_secret or deps is None:
         return False
-    from prometheus_client import CollectorRegistry
-
     from . import views
 
-    assert isinstance(metrics_registry, CollectorRegistry)
     gate = Gatekeeper(
         OperatorSigner(settings.ops_secret), TokenSigner(settings.api_secret) if settings.api_secret else None
     )
@@ -60,7 +56,7 @@ def mount(
         urls=settings.ops_metrics_urls,
         partitions=settings.topic_partitions,
         base_namespace=settings.projection_namespace,
-        fetch=fetch or default_fetch,
+        fetch=deps.metrics_fetch or default_fetch,
     )
     console = views.build(settings, deps, gate, OpsMetrics(metrics_registry), fleet)
 

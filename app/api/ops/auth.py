@@ -123,13 +123,14 @@ class Gatekeeper:
             scheme, _, token = header.partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
                 raise Denied(401, "Authorization must be 'Bearer <operator token>'")
-            return Operator(self._verify(token.strip(), now_s), token.strip(), by_cookie=False)
+            return Operator(self.verify(token.strip(), now_s), token.strip(), by_cookie=False)
         cookie = request.cookies.get(SESSION_COOKIE)
         if cookie:
-            return Operator(self._verify(cookie, now_s), cookie, by_cookie=True)
+            return Operator(self.verify(cookie, now_s), cookie, by_cookie=True)
         raise Denied(401, "an operator token is required (projector token --operator NAME)")
 
-    def _verify(self, token: str, now_s: float) -> str:
+    def verify(self, token: str, now_s: float) -> str:
+        """The operator a token names; Denied(403) for a user token, Denied(401) otherwise."""
         try:
             return self.operators.verify(token, now_s)
         except OperatorTokenError as exc:

@@ -8,7 +8,7 @@ and Redis are the adapters the API already has. Tests inject in-memory ones.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -120,3 +120,5 @@ class OpsDeps:
     members: MemberAccess
     serving: ServingNamespace
     bus: OpsBus | None = None  # None: the Kafka figures are shown as unavailable
+    # GET of a /metrics URL (text); None = aiohttp's client (tests pass their own)
+    metrics_fetch: Callable[[str], Awaitable[str]] | None = None

@@ -201,7 +201,7 @@ async def login(request: web.Request) -> web.StreamResponse:
         return _login_page("an operator token is required", 401)
     token = token.strip()
     try:
-        operator = state.gate._verify(token, time.time())
+        operator = state.gate.verify(token, time.time())
     except Denied as exc:
         return _login_page(exc.message, exc.status)
     secure = request.scheme == "https"
