@@ -94,6 +94,7 @@ class Members:
 class Bus:
     published: list[tuple[int, list[bytes], list[bytes]]] = field(default_factory=list)
     dead: list[TopicRecord] = field(default_factory=list)
+    down: bool = False
 
     def partition_of(self, user_id: int) -> int:
         return user_id % 2
@@ -106,6 +107,8 @@ class Bus:
         return frames[-limit:]
 
     async def tail(self, topic: str, limit: int, partition: int | None = None) -> list[TopicRecord]:
+        if self.down:
+            raise ConnectionError("kafka is away")
         return [r for r in self.dead if partition is None or r.partition == partition][:limit]
 
     async def group_offsets(self) -> list[PartitionOffsets]:
@@ -497,6 +500,11 @@ async def test_conversation_view_dead_letters_and_fleet(console: Console) -> Non
     for bad in ("limit=0", "limit=999", "partition=-1", "limit=x"):
         async with c.get(f"/ops/api/dead-letters?{bad}", headers=console.bearer()) as resp:
             assert resp.status == 400, bad
+
+    console.bus.down = True
+    async with c.get("/ops/api/dead-letters", headers=console.bearer()) as resp:
+        assert resp.status == 503
+    console.bus.down = False
 
     async with c.get("/ops/api/fleet", headers=console.bearer()) as resp:
         fleet = await resp.json()

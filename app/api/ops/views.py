@@ -443,7 +443,13 @@ async def dead_letters_view(request: web.Request) -> web.Response:
     bus = state.deps.bus
     if bus is None:
         raise ApiError(503, "unavailable", "no Kafka adapter configured")
-    records = await bus.tail(state.settings.topic_dead_letter, limit, partition)
+    try:
+        records = await bus.tail(state.settings.topic_dead_letter, limit, partition)
+    except Exception as exc:  # Kafka away or the topic missing: the operator's answer, not a 500
+        log.warning("ops console: reading the dead-letter topic failed: %s", exc)
+        raise ApiError(
+            503, "unavailable", f"the dead-letter topic cannot be read now: {type(exc).__name__}"
+        ) from None
     return _json({"topic": state.settings.topic_dead_letter, "items": [_dead_letter(r) for r in records]})
 
 
