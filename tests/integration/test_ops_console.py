@@ -19,12 +19,14 @@ scripts/tools.d/chromium.sh) driven by Playwright for Python:
 And over plain HTTP against the same server: no token → 401 and a user token → 403 on every
 /ops/ route and action, a cookie-authenticated POST without the CSRF token → 403.
 
-Screenshots go to docs/ops-console-*.png (kept in the repository).
+Screenshots go to the test's tmp dir, or to $OPS_SCREENSHOTS_DIR when set (the ones in docs/ were
+taken with OPS_SCREENSHOTS_DIR=docs), so a test run leaves the checkout as it was.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import subprocess
 import time
@@ -45,7 +47,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 API_SECRET = "integration-api-secret-0123456789-abcdef"
 OPS_SECRET = "integration-ops-secret-0123456789-abcdef"
-DOCS = ROOT / "docs"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
     "--headless",
@@ -137,6 +138,8 @@ def pick_victim(rows: list[dict[str, Any]]) -> dict[str, Any]:
 async def test_console_in_a_real_browser(make_stack: Callable[..., Stack], tmp_path: Path) -> None:
     from playwright.async_api import async_playwright, expect
 
+    shots = Path(os.environ.get("OPS_SCREENSHOTS_DIR") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
     metrics_port, api_port = free_port(), free_port()
     stack = make_stack("opsc", partitions=2, lanes=2, PROJECTOR_WORKER_METRICS_PORT=str(metrics_port))
     stream = tmp_path / "stream.jsonl"
@@ -201,7 +204,7 @@ async def test_console_in_a_real_browser(make_stack: Callable[..., Stack], tmp_p
                 await expect(cell.locator("td.recomputed")).to_have_text(str(right["unread_count"]))
                 await expect(page.locator("details.row[data-status=drifted]")).to_have_count(1)
                 await expect(page.locator("#gate-hi")).not_to_have_text("—")
-                await page.screenshot(path=str(DOCS / "ops-console-inspector-drift.png"), full_page=True)
+                await page.screenshot(path=str(shots / "ops-console-inspector-drift.png"), full_page=True)
 
                 await page.click("#reconcile")
                 await expect(page.locator("#action-result")).to_have_attribute(
@@ -220,12 +223,15 @@ async def test_console_in_a_real_browser(make_stack: Callable[..., Stack], tmp_p
                 (correction,) = [f for f in frames if f.get("correction") and f["user_id"] == user_id]
                 assert [r["conversation_id"] for r in correction["conversations"]] == [cid]
                 assert correction["conversations"][0]["unread_count"] == right["unread_count"]
-                # The inspector's frame list shows it too (re-inspect: frames are read on load).
-                await page.click("#inspect")
-                await expect(page.locator('#frames-delta details.frame[data-correction="1"]')).to_have_count(
-                    1, timeout=WAIT_MS
+                # The inspector reloads after the action (its output is hidden while it loads): the
+                # frame list read then shows the correction frame (published before the answer).
+                await expect(page.locator("#user-out")).to_be_visible(timeout=WAIT_MS)
+                correction_frames = page.locator('#frames-delta details.frame[data-correction="1"]')
+                await expect(correction_frames).to_have_count(1, timeout=WAIT_MS)
+                await expect(correction_frames).to_be_visible()
+                await page.screenshot(
+                    path=str(shots / "ops-console-inspector-reconciled.png"), full_page=True
                 )
-                await page.screenshot(path=str(DOCS / "ops-console-inspector-reconciled.png"), full_page=True)
 
                 # The conversation: its head, its members with their read and unread positions.
                 await page.goto(base + f"/ops/#conversation={cid}")
@@ -235,7 +241,7 @@ async def test_console_in_a_real_browser(make_stack: Callable[..., Stack], tmp_p
                 member = page.locator(f'#members tr[data-user="{user_id}"] td')
                 await expect(member.nth(6)).to_have_text(str(right["unread_count"]))
                 await expect(member.nth(9)).to_have_text(str(right["read_conversation_seq"]))
-                await page.screenshot(path=str(DOCS / "ops-console-conversation.png"), full_page=True)
+                await page.screenshot(path=str(shots / "ops-console-conversation.png"), full_page=True)
 
                 # The fleet while the worker runs.
                 await page.goto(base + "/ops/#fleet")
@@ -248,7 +254,7 @@ async def test_console_in_a_real_browser(make_stack: Callable[..., Stack], tmp_p
                 await expect(page.locator("#tab-fleet")).to_have_attribute(
                     "data-samples", re.compile(r"^([3-9]|[1-9][0-9]+)$"), timeout=WAIT_MS
                 )
-                await page.screenshot(path=str(DOCS / "ops-console-fleet.png"), full_page=True)
+                await page.screenshot(path=str(shots / "ops-console-fleet.png"), full_page=True)
 
                 # A dead letter, opened.
                 await page.goto(base + "/ops/#dead-letters")
@@ -260,7 +266,7 @@ async def test_console_in_a_real_browser(make_stack: Callable[..., Stack], tmp_p
                 assert reason and "missing" in reason, reason
                 await expect(page.locator("#dl-record")).to_have_text(BAD_RECORD.decode())
                 assert await page.evaluate("window.__pwned") is None  # shown as text, never run
-                await page.screenshot(path=str(DOCS / "ops-console-dead-letter.png"), full_page=True)
+                await page.screenshot(path=str(shots / "ops-console-dead-letter.png"), full_page=True)
                 assert errors == []
             finally:
                 await browser.close()
