@@ -54,6 +54,7 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
 
     store = RedisProjectionStore.from_settings(settings)  # follows {ns}:serving
     cluster = None
+    ops = None
     try:
         # Cassandra serves the member directory and the fill-in of rows the store lacks; it is
         # needed at start (a clear error now rather than 503s later).
@@ -66,13 +67,21 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
                 CassandraMessageStore(session, keyspace),
                 settings.unread_precise_limit,
             )
+        extra: dict[str, Any] = {SERVICE_KEY: build_member_service(settings, session)}
+        if settings.ops_secret:  # the operator console (app/api/ops; Kafka through app/ops_kafka.py)
+            from app.api.ops import OPS_KEY
+            from app.ops_kafka import open_ops
+
+            ops = extra[OPS_KEY] = open_ops(settings, session, store)
         yield Deps(
             projections=RedisProjectionReader(store),
             state=state,
-            extra={SERVICE_KEY: build_member_service(settings, session)},
+            extra=extra,
             readiness={"cassandra": cassandra_check(session)},  # GET /readyz
         )
     finally:
+        if ops is not None:
+            await ops.bus.aclose()
         await store.aclose()
         if cluster is not None:
             cluster.shutdown()

@@ -14,6 +14,7 @@ aiohttp server, never faust's web server (which several workers per host cannot 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol
@@ -75,6 +76,12 @@ WORKER_METRICS: Final = (
     "projector_intake_gaps_refused_total",
     "projector_intake_records_skipped_total",
     "projector_intake_hole_offsets_total",
+    # Per-partition figures of the operator console's fleet view (issue 17).
+    "projector_watermark_hi",
+    "projector_watermark_lane",
+    "projector_partition_pending",
+    "projector_partition_owed_rows",
+    "projector_last_flush_timestamp_seconds",
 )
 API_METRICS: Final = (
     "projector_snapshot_hits_total",
@@ -84,10 +91,16 @@ API_METRICS: Final = (
     "projector_api_requests_total",
     "projector_api_request_duration_seconds",
 )
+# The operator console (app/api/ops), in the API's registry when the console is served.
+OPS_METRICS: Final = (
+    "projector_ops_actions_total",
+    "projector_ops_corrected_rows_total",
+)
 REBUILD_METRICS: Final = (
     "projector_rebuild_work_items",
     "projector_rebuild_work_done",
     "projector_rebuild_progress_ratio",
+    "projector_rebuild_info",
 )
 
 _LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -254,11 +267,44 @@ class WorkerMetrics:
             registry=r,
         )
         add_process_metrics(r)
+        # Per partition, for the operator console's fleet view: the gate (hi and each lane's
+        # last marker), what waits above it, and rows still owing Cassandra mirror writes.
+        self.watermark_hi = Gauge(
+            "projector_watermark_hi",
+            "The watermark gate's position hi (min over lanes of the last marker), per partition",
+            ["partition"],
+            registry=r,
+        )
+        self.watermark_lane = Gauge(
+            "projector_watermark_lane",
+            "The last watermark marker of each lane, per partition (absent until the lane reported)",
+            ["partition", "lane"],
+            registry=r,
+        )
+        self.partition_pending = Gauge(
+            "projector_partition_pending",
+            "Entries waiting above the watermark, per partition",
+            ["partition"],
+            registry=r,
+        )
+        self.partition_owed_rows = Gauge(
+            "projector_partition_owed_rows",
+            "Rows whose changelog record still owes Cassandra mirror writes, per partition",
+            ["partition"],
+            registry=r,
+        )
+        self.last_flush = Gauge(
+            "projector_last_flush_timestamp_seconds",
+            "Unix time at which the last flush that wrote anything ended (0 before the first)",
+            registry=r,
+        )
         self._seen = _Seen()
         self._lag_partitions: set[int] = set()
+        self._lanes: set[tuple[str, str]] = set()
 
     def observe_flush(self, seconds: float) -> None:
         self.flush_latency.observe(seconds)
+        self.last_flush.set(time.time())
 
     def sync(self, core: WorkerCore) -> None:
         """Pull the core's totals and gauges into the metrics (cheap: a few dict reads)."""
@@ -288,13 +334,31 @@ class WorkerMetrics:
             self.compression_ratio.set(stats.applied / stats.projection_writes)
         pending = 0
         current: set[int] = set()
+        lanes: set[tuple[str, str]] = set()
         for partition, state in list(core.partitions.items()):
+            label = str(partition)
             pending += state.gate.pending_count
-            self.watermark_lag.labels(str(partition)).set(max(0, state.max_seen_seq - state.gate.hi))
+            self.watermark_lag.labels(label).set(max(0, state.max_seen_seq - state.gate.hi))
+            self.watermark_hi.labels(label).set(state.gate.hi)
+            self.partition_pending.labels(label).set(state.gate.pending_count)
+            self.partition_owed_rows.labels(label).set(len(state.owing))
+            for lane, mark in enumerate(state.gate.dump()["marks"]):
+                if mark is not None:
+                    self.watermark_lane.labels(label, str(lane)).set(mark)
+                    lanes.add((label, str(lane)))
             current.add(partition)
         for gone in self._lag_partitions - current:  # revoked: another worker reports it now
-            self.watermark_lag.remove(str(gone))
+            for gauge in (
+                self.watermark_lag,
+                self.watermark_hi,
+                self.partition_pending,
+                self.partition_owed_rows,
+            ):
+                gauge.remove(str(gone))
+        for pair in self._lanes - lanes:
+            self.watermark_lane.remove(*pair)
         self._lag_partitions = current
+        self._lanes = lanes
         self.entries_pending.set(pending)
 
 
@@ -359,13 +423,44 @@ class ApiMetrics:
         self.snapshot_evictions.inc(self._seen.delta("evictions", source.evictions))
 
 
+# -- operator console -----------------------------------------------------------------------------
+
+
+class OpsMetrics:
+    """The operator console's actions (app/api/ops), registered in the API's own registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.actions = Counter(
+            "projector_ops_actions",
+            "Operator console actions (reconcile, rebuild a user) by outcome",
+            ["action", "outcome"],
+            registry=registry,
+        )
+        self.corrected_rows = Counter(
+            "projector_ops_corrected_rows",
+            "Rows the operator console's actions rewrote in the projection store",
+            ["action"],
+            registry=registry,
+        )
+
+
 # -- rebuild --------------------------------------------------------------------------------------
 
 
 class RebuildMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, namespace: str | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        # Which namespace the rebuild writes: the operator console shows it next to the serving
+        # one (an info gauge, always 1; no sample until the namespace is known).
+        self.info = Gauge(
+            "projector_rebuild_info",
+            "The namespace this rebuild writes (value always 1)",
+            ["namespace"],
+            registry=r,
+        )
+        if namespace is not None:
+            self.info.labels(namespace).set(1)
         self.users_total = Gauge(
             "projector_rebuild_work_items",
             "Work items of the running rebuild (users from state, entries by replay)",

@@ -200,7 +200,7 @@ def worker_config(settings: Any) -> Any:
 async def _run(settings: Any, args: argparse.Namespace) -> int:
     from app.metrics import RebuildMetrics
 
-    metrics = RebuildMetrics()
+    metrics = RebuildMetrics(namespace=args.namespace)  # the console shows which namespace
     server = (
         await _serve_metrics(metrics, args.metrics_host, args.metrics_port) if args.metrics_port else None
     )

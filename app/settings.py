@@ -206,6 +206,22 @@ class Settings:
     # them (identities are never held back). The seed's budget is 2 s.
     members_stats_budget_ms: int = 2000
 
+    # --- operator console (issue 17; app/api/ops, served by `projector api` under /ops/) ----------
+    # Signs operator tokens (`projector token --operator NAME`); separate from api_secret so a user
+    # token can never open the console. Empty = the console is not served (/ops/ is 404).
+    ops_secret: str = dataclasses.field(default="", repr=False)
+    # Lifetime of an operator token minted without --ttl (a working shift).
+    ops_token_ttl_s: int = 28_800
+    # The workers' (and a running rebuild's) Prometheus endpoints the fleet view scrapes,
+    # comma-separated http(s) URLs (each worker's PROJECTOR_WORKER_METRICS_PORT). Configured, not
+    # discovered: the consumer group does not know where a member serves /metrics.
+    ops_metrics_urls: tuple[str, ...] = ()
+    # Records read back per topic partition for "the user's last frames" and the dead-letter
+    # browser (a bound on what one console request may read from Kafka).
+    ops_scan_records: int = 2000
+    # The charts: the console samples the fleet this often and keeps the last 120 samples.
+    ops_sample_interval_ms: int = 5000
+
     env_prefix: ClassVar[str] = ENV_PREFIX
 
     def __post_init__(self) -> None:
@@ -360,6 +376,7 @@ class Settings:
             )
         if self.api_fill_from_state not in _FILL_MODES:
             p.append(f"api_fill_from_state: {self.api_fill_from_state!r} is not one of always, empty, never")
+        p.extend(_ops_problems(self))
         if not 1 <= self.members_stats_budget_ms <= 60_000:
             # Above a minute a "budget" would hold HTTP requests open instead of bounding them.
             p.append(f"members_stats_budget_ms: {self.members_stats_budget_ms} is not in 1..60000")
@@ -481,6 +498,28 @@ def _tls_file_problems(
         # Checked at start, with every other problem: not at the first connect, minutes later.
         if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
             p.append(f"{name}: {path!r} is not a readable file")
+    return p
+
+
+def _ops_problems(settings: Settings) -> list[str]:
+    p: list[str] = []
+    if settings.ops_secret:
+        if len(settings.ops_secret) < API_SECRET_MIN_CHARS:
+            p.append(
+                f"ops_secret: {len(settings.ops_secret)} characters; use at least {API_SECRET_MIN_CHARS}"
+            )
+        if settings.ops_secret == settings.api_secret:
+            # One secret for both would make every user token an operator credential's sibling.
+            p.append("ops_secret: must differ from api_secret")
+    for url in settings.ops_metrics_urls:
+        if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
+            p.append(f"ops_metrics_urls: {url!r} is not an http(s) URL")
+    if settings.ops_token_ttl_s < 1:
+        p.append(f"ops_token_ttl_s: {settings.ops_token_ttl_s} must be >= 1")
+    if not 1 <= settings.ops_scan_records <= 100_000:
+        p.append(f"ops_scan_records: {settings.ops_scan_records} is not in 1..100000")
+    if not 500 <= settings.ops_sample_interval_ms <= 3_600_000:
+        p.append(f"ops_sample_interval_ms: {settings.ops_sample_interval_ms} is not in 500..3600000")
     return p
 
 

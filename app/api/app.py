@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from app.api import badge, health, members, sessions
+from app.api import badge, health, members, ops, sessions
 from app.api.cursor import CursorCodec
 from app.api.http import (
     CONTEXT,
@@ -106,6 +106,8 @@ def create_app(settings: Settings, deps: Deps) -> web.Application:
             app.router.add_get(route.path, route.handler, allow_head=False)
         else:
             app.router.add_route(route.method, route.path, route.handler)
+    # The operator console (issue 17): under /ops/, with its own credential (app/api/ops).
+    ops.mount(app, settings, deps.extra.get(ops.OPS_KEY), ctx.metrics.registry)
     return app
 
 
@@ -188,7 +190,7 @@ async def _timing(request: web.Request, handler: Handler) -> web.StreamResponse:
 def _auth(ctx: ApiContext, public: frozenset[str]) -> Any:
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in public:
+        if request.path not in public and not ops.is_console_path(request.path):
             request[USER] = _authenticate(ctx, request.headers.get("Authorization"))
         return await handler(request)
 
