@@ -1,7 +1,7 @@
 """Each client's connection options from Settings: the one place security and topology are applied.
 
 Every Kafka client the product builds (aiokafka's consumer, producer and admin client; faust's
-broker connection), every Cassandra cluster and every Redis client takes its options from a
+broker connection, through `faust_credentials` beside the faust App), every Cassandra cluster and every Redis client takes its options from a
 function here, so a SASL password, a CA file or a local data center set in the environment
 reaches all of them, and a new client cannot forget one. The settings are validated as a whole
 in app/settings.py (TLS files exist, SASL has credentials, ...); this module only translates.
@@ -57,30 +57,6 @@ def kafka_security_options(settings: Settings) -> dict[str, Any]:
         options["sasl_plain_username"] = settings.kafka_sasl_username
         options["sasl_plain_password"] = settings.kafka_sasl_password
     return options
-
-
-def faust_credentials(settings: Settings) -> Any:
-    """faust's ``broker_credentials`` for the settings (None for PLAINTEXT). faust's aiokafka
-    driver turns them into the same options as :func:`kafka_client_options` for every consumer
-    and producer it builds (its own and the changelogs')."""
-    protocol = settings.kafka_security_protocol
-    if protocol == "PLAINTEXT":
-        return None
-    from faust.auth import SASLCredentials, SSLCredentials
-
-    context = kafka_tls(settings)
-    if protocol == "SSL":
-        return SSLCredentials(context)
-    # faust picks SASL_SSL when a context is given, SASL_PLAINTEXT otherwise.
-    return SASLCredentials(
-        username=settings.kafka_sasl_username,
-        password=settings.kafka_sasl_password,
-        ssl_context=context,
-        mechanism=settings.kafka_sasl_mechanism,
-    )
-
-
-# -- Cassandra ------------------------------------------------------------------------------------
 
 
 def cassandra_cluster_options(settings: Settings) -> dict[str, Any]:

@@ -34,11 +34,12 @@ from typing import Any, NamedTuple, Protocol, cast
 from urllib.parse import urlparse
 
 import faust
+from faust.auth import SASLCredentials, SSLCredentials
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 
-from app.connections import faust_credentials
+from app.connections import kafka_tls
 from app.settings import Settings
 from app.worker.ports import RawRecord, raw_record
 
@@ -405,4 +406,23 @@ def new_faust_app(settings: Settings) -> ProjectorApp:
         broker_max_poll_records=settings.intake_batch_max_records,
         consumer_max_fetch_size=settings.intake_fetch_max_bytes,
         producer_max_batch_size=512 * 1024,
+    )
+
+
+def faust_credentials(settings: Settings) -> Any:
+    """faust's ``broker_credentials`` for the settings (None for PLAINTEXT). faust's aiokafka
+    driver turns them into the same options as :func:`app.connections.kafka_client_options` for every consumer
+    and producer it builds (its own and the changelogs')."""
+    protocol = settings.kafka_security_protocol
+    if protocol == "PLAINTEXT":
+        return None
+    context = kafka_tls(settings)
+    if protocol == "SSL":
+        return SSLCredentials(context)
+    # faust picks SASL_SSL when a context is given, SASL_PLAINTEXT otherwise.
+    return SASLCredentials(
+        username=settings.kafka_sasl_username,
+        password=settings.kafka_sasl_password,
+        ssl_context=context,
+        mechanism=settings.kafka_sasl_mechanism,
     )

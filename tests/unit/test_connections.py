@@ -18,7 +18,6 @@ import trustme
 
 from app.connections import (
     cassandra_cluster_options,
-    faust_credentials,
     kafka_client_options,
     kafka_security_options,
     keyspace_replication,
@@ -26,6 +25,7 @@ from app.connections import (
 )
 from app.settings import Settings, SettingsError
 from app.stores.schema import create_keyspace_cql
+from app.worker.batch_intake import faust_credentials
 
 
 @pytest.fixture(scope="module")
