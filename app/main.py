@@ -141,15 +141,8 @@ def build_core(
     from app.stores.redis_projection import RedisProjectionStore
 
     _, session = open_cluster(settings)
-    config = WorkerConfig(
-        lanes=settings.lanes,
-        window_ms=settings.projection_compaction_window_ms,
-        max_dirty_rows=settings.max_dirty_rows,
-        include_muted=settings.include_muted,
-        unread_precise_limit=settings.unread_precise_limit,
-    )
     return WorkerCore(
-        config,
+        WorkerConfig.from_settings(settings),
         after_store_write=_kill_after(settings.fault_kill_after_store_writes),
         message_store=CassandraMessageStore(session, settings.cassandra_keyspace),
         # No namespace: the store follows {projection_namespace}:serving (a rebuild's --swap).

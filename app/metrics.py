@@ -337,12 +337,14 @@ class WorkerMetrics:
         lanes: set[tuple[str, str]] = set()
         for partition, state in list(core.partitions.items()):
             label = str(partition)
-            pending += state.gate.pending_count
-            self.watermark_lag.labels(label).set(max(0, state.max_seen_seq - state.gate.hi))
-            self.watermark_hi.labels(label).set(state.gate.hi)
-            self.partition_pending.labels(label).set(state.gate.pending_count)
+            processor = state.processor
+            gate = processor.gate
+            pending += gate.pending_count
+            self.watermark_lag.labels(label).set(max(0, processor.max_seen_seq - gate.hi))
+            self.watermark_hi.labels(label).set(gate.hi)
+            self.partition_pending.labels(label).set(gate.pending_count)
             self.partition_owed_rows.labels(label).set(len(state.owing))
-            for lane, mark in enumerate(state.gate.dump()["marks"]):
+            for lane, mark in enumerate(gate.dump()["marks"]):
                 if mark is not None:
                     self.watermark_lane.labels(label, str(lane)).set(mark)
                     lanes.add((label, str(lane)))

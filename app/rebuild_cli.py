@@ -188,13 +188,7 @@ class RebuildRefused(Exception):
 def worker_config(settings: Any) -> Any:
     from app.worker.core import WorkerConfig
 
-    return WorkerConfig(
-        lanes=settings.lanes,
-        window_ms=settings.projection_compaction_window_ms,
-        max_dirty_rows=settings.max_dirty_rows,
-        include_muted=settings.include_muted,
-        unread_precise_limit=settings.unread_precise_limit,
-    )
+    return WorkerConfig.from_settings(settings)
 
 
 async def _run(settings: Any, args: argparse.Namespace) -> int:

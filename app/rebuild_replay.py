@@ -197,8 +197,8 @@ async def rebuild_by_replay(
         result.applied = stats.applied
         result.duplicates = stats.duplicates
         result.dead_letters = stats.dead_letters
-        result.pending = sum(state.gate.pending_count for state in core.partitions.values())
-        result.users = sum(len(state.projector.users) for state in core.partitions.values())
+        result.pending = sum(state.processor.pending_count for state in core.partitions.values())
+        result.users = sum(len(state.processor.users) for state in core.partitions.values())
         return result
     finally:
         await consumer.stop()
@@ -231,5 +231,5 @@ async def _adopt_new_users(
     seen.update(first_seen)
     loaded = await base(sorted(first_seen))
     for user_id, (rows, version) in loaded.items():
-        core.partition(first_seen[user_id]).projector.adopt(user_id, rows, version, BASE_EVENT_ID)
+        core.partition(first_seen[user_id]).processor.projector.adopt(user_id, rows, version, BASE_EVENT_ID)
         result.users_from_state_base += 1

@@ -1,7 +1,9 @@
-"""Replay mode (DESIGN §7): mailbox entries from a file through exactly the worker's core.
+"""Replay mode (DESIGN §7): mailbox entries from a file through the worker's processing object.
 
-The clock is the `ts` of the entry being applied; the MessageStore is in memory, fed by the
-`message`, `recall` and `delete_message` entries replay applies (for any user).
+A thin driver of `app.domain.processor.PartitionProcessor` (the one decode → gate → apply →
+flush loop the worker runs too): the clock is the `ts` of the entry being applied (event time);
+the MessageStore is in memory and learns the `message`, `recall` and `delete_message` entries the
+processor applies (for any user); the flushes are the projection store and the frames.
 """
 
 from __future__ import annotations
@@ -12,19 +14,10 @@ from typing import Any
 
 import msgspec
 
-from app.domain.entries import (
-    DeadLetter,
-    DeleteMessageEntry,
-    Entry,
-    MessageEntry,
-    RecallEntry,
-    WatermarkMarker,
-    decode_record,
-)
 from app.domain.flush import UserFlush
 from app.domain.memory_store import InMemoryMessageStore
-from app.domain.projector import Applied, Projector, ProjectorConfig
-from app.domain.watermark import Offer, WatermarkGate
+from app.domain.processor import PartitionProcessor, ProcessingStats, Snapshot
+from app.domain.projector import Projector, ProjectorConfig
 
 Frame = dict[str, Any]
 
@@ -82,94 +75,50 @@ class ReplayResult:
 
 
 class Replayer:
-    """Drives the gate and the projector over a stream of raw lines."""
+    """The replay driver: raw lines through one `PartitionProcessor` on event time (each entry's
+    `ts` is the clock), its flushes recorded as the projection store and the frames."""
 
     def __init__(self, options: ReplayOptions, on_frame: Callable[[Frame], None]) -> None:
         self.options = options
         self.store = InMemoryMessageStore()
-        self.projector = Projector(
-            ProjectorConfig(
-                window_ms=options.window_ms,
-                max_dirty_rows=options.max_dirty_rows,
-                include_muted=options.include_muted,
-            ),
-            self.store,
-        )
-        self.gate = WatermarkGate(options.lanes)
         self.stats = ReplayStats()
+        self.processing = ProcessingStats()
+        self.processor = self._processor(lambda config, store, **kw: PartitionProcessor(config, store, **kw))
         self.on_frame = on_frame
         self.final_rows: dict[tuple[int, str], dict[str, Any]] = {}
         self.writes: dict[tuple[int, str], int] = {}
         self.dead_letter_reasons: list[str] = []
 
+    def _processor(self, make: Callable[..., PartitionProcessor]) -> PartitionProcessor:
+        options = self.options
+        config = ProjectorConfig(
+            window_ms=options.window_ms,
+            max_dirty_rows=options.max_dirty_rows,
+            include_muted=options.include_muted,
+        )
+        return make(config, self.store, lanes=options.lanes, stats=self.processing, learn_messages=True)
+
+    @property
+    def projector(self) -> Projector:
+        return self.processor.projector
+
     def feed(self, raw: bytes) -> None:
         self.feed_many((raw,))
 
     def feed_many(self, lines: Iterable[bytes]) -> int:
-        """Feed raw lines; returns how many were read. The hot loop: locals, no per-line calls
-        beyond decode, gate and apply."""
-        lanes = self.options.lanes
-        stats = self.stats
-        gate = self.gate
-        apply = self._apply
-        count = 0
-        for raw in lines:
-            count += 1
-            if not raw or raw.isspace():
-                continue
-            record = decode_record(raw, lanes)
-            kind = type(record)
-            if kind is WatermarkMarker:
-                for entry in gate.mark(record):  # type: ignore[arg-type]
-                    apply(entry)
-                continue
-            stats.entries += 1
-            if kind is DeadLetter:
-                stats.dead_letters += 1
-                if len(self.dead_letter_reasons) < 1000:
-                    self.dead_letter_reasons.append(record.reason)  # type: ignore[union-attr]
-                continue
-            offer = gate.offer(record)  # type: ignore[arg-type]  # neither marker nor dead letter
-            if offer is Offer.READY:
-                apply(record)  # type: ignore[arg-type]
-            elif offer is Offer.DUPLICATE:
-                stats.duplicates += 1
-        return count
+        """Feed raw lines; returns how many were read. Blank lines are skipped, not counted."""
+        read = lines if isinstance(lines, list) else list(lines)
+        batch = [line for line in read if line and not line.isspace()]
+        step = self.processor.on_records(batch, None)
+        for batches in step.flushes:
+            self._flushed(batches)
+        if step.dead_letters:
+            reasons = self.dead_letter_reasons
+            for _, letter in step.dead_letters[: max(0, 1000 - len(reasons))]:
+                reasons.append(letter.reason)
+        return len(read)
 
-    def _apply(self, entry: Entry) -> None:
-        stats = self.stats
-        projector = self.projector
-        policy = projector.policy
-        if policy.window_elapsed(entry.ts) and not projector.is_duplicate(entry):
-            self._flush()  # the window is over: it closes before this entry opens the next
-        if projector.apply(entry, entry.ts) is Applied.DUPLICATE:
-            stats.duplicates += 1
-            return
-        stats.applied += 1
-        kind = type(entry)
-        if kind is MessageEntry:
-            stats.applied_messages += 1
-            message: MessageEntry = entry  # type: ignore[assignment]
-            # The in-memory MessageStore learns what replay applies, for any user.
-            self.store.record_message(
-                message.conversation_id,
-                message.conversation_seq,
-                message_id=message.message_id,
-                activity_id=message.activity_id,
-                sender_id=message.sender_id,
-                counts_unread=message.counts_unread,
-                mentioned_user=message.user_id if message.mention else None,
-            )
-        elif kind is RecallEntry or kind is DeleteMessageEntry:
-            target: RecallEntry = entry  # type: ignore[assignment]
-            self.store.record_recall(target.conversation_id, target.target_conversation_seq)
-        if policy.over_memory_bound(projector.dirty.row_count):
-            self._flush()
-
-    def _flush(self) -> None:
-        batches = self.projector.flush()
-        if not batches:
-            return
+    def _flushed(self, batches: list[UserFlush]) -> None:
         self.stats.flushes += 1
         for batch in batches:
             self._record(batch)
@@ -191,12 +140,15 @@ class Replayer:
     def checkpoint(self) -> bytes:
         """What survives a crash: the changelog tables' content (rows, users, the gate and its
         waiting entries), serialized. Not the dirty set and not the flush window."""
-        state = {
-            "projector": self.projector.dump(),
-            "gate": self.gate.dump(),
-            "waiting": [msgspec.json.encode(entry) for entry in self.gate.waiting()],
-        }
-        return msgspec.msgpack.encode(state)
+        snapshot = self.processor.snapshot()
+        return msgspec.msgpack.encode(
+            {
+                "rows": snapshot.rows,
+                "users": snapshot.users,
+                "gate": snapshot.gate,
+                "pending": snapshot.pending,
+            }
+        )
 
     @classmethod
     def restart(
@@ -210,25 +162,32 @@ class Replayer:
         outlive the process (Cassandra and Redis in the worker): they are taken from `crashed`."""
         replayer = cls(options, on_frame)
         state = msgspec.msgpack.decode(checkpoint)
-        store = replayer.store = crashed.store
+        replayer.store = crashed.store
         replayer.final_rows = crashed.final_rows
-        replayer.projector = Projector.restore(replayer.projector.config, store, state["projector"])
-        waiting = [decode_record(raw, options.lanes) for raw in state["waiting"]]
-        replayer.gate = WatermarkGate.load(
-            options.lanes,
-            state["gate"],
-            [entry for entry in waiting if not isinstance(entry, DeadLetter | WatermarkMarker)],
+        snapshot = Snapshot(state["rows"], state["users"], state["gate"], state["pending"])
+        replayer.processor = replayer._processor(
+            lambda config, store, **kw: PartitionProcessor.restore(config, store, snapshot, **kw)
         )
         return replayer
 
     def finish(self) -> ReplayResult:
         """End of input flushes everything; entries still above the watermark stay pending."""
-        self._flush()
-        self.stats.pending = self.gate.pending_count
+        processor = self.processor
+        batches = processor.on_end()
+        if batches:
+            self._flushed(batches)
+        processing = self.processing
+        stats = self.stats
+        stats.entries = processing.entries
+        stats.applied = processing.applied
+        stats.duplicates = processing.duplicates
+        stats.dead_letters = processing.dead_letters
+        stats.applied_messages = processing.applied_messages
+        stats.pending = processor.pending_count
         projections = [self.final_rows[key] for key in sorted(self.final_rows)]
         badges = []
-        for user_id in sorted(self.projector.users):
-            user = self.projector.users[user_id]
+        for user_id in sorted(processor.users):
+            user = processor.users[user_id]
             badges.append(
                 {
                     "user_id": user_id,
@@ -242,7 +201,7 @@ class Replayer:
             projections=projections,
             badges=badges,
             frames=[],
-            stats=self.stats.as_dict(),
+            stats=stats.as_dict(),
             dead_letter_reasons=self.dead_letter_reasons,
         )
 

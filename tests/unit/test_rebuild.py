@@ -174,6 +174,7 @@ def test_the_replay_rebuilds_tables_give_the_replayed_projection() -> None:
     """rebuild --by-replay's in-memory tables and silent outbox under the worker core."""
     import asyncio
 
+    from app.domain.projector import ProjectorConfig
     from app.rebuild_replay import MemoryTables, SilentOutbox
     from app.replay import run_replay
     from app.worker.core import WorkerConfig, WorkerCore
@@ -190,7 +191,8 @@ def test_the_replay_rebuilds_tables_give_the_replayed_projection() -> None:
     target = InMemoryProjectionStore()
     core = WorkerCore(
         WorkerConfig(
-            lanes=2, window_ms=1000, max_dirty_rows=100_000, include_muted=False, unread_precise_limit=200
+            lanes=2,
+            projector=ProjectorConfig(window_ms=1000, max_dirty_rows=100_000, unread_precise_limit=200),
         ),
         message_store=message_store_for(lines, 2),
         projection_store=target,
