@@ -10,6 +10,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from app.domain.wire_ids import row_from_client
+
 
 class ClientError(Exception):
     """The API answered with an error (status, code and message from its JSON body)."""
@@ -89,7 +91,8 @@ class SessionsClient:
             params["cursor"] = cursor
         body = await self._get("/v1/sessions", params)
         return Page(
-            items=body["items"],
+            # Rows carry user_id as a decimal string (DESIGN §9); Python holds it as an int.
+            items=[row_from_client(row) for row in body["items"]],
             next_cursor=body["next_cursor"],
             snapshot_revision=body["snapshot_revision"],
             projection_complete=body["projection_complete"],
