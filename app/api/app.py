@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from app.api import badge, members, sessions
+from app.api import badge, members, sessions, stream, web_client
 from app.api.cursor import CursorCodec
 from app.api.http import (
     CONTEXT,
@@ -46,6 +46,8 @@ RESOURCES: Final[tuple[tuple[Callable[[ApiContext], list[Route]], dict[str, Any]
     (sessions.routes, sessions.SCHEMAS),
     (badge.routes, badge.SCHEMAS),
     (members.routes, members.SCHEMAS),  # its service comes in deps.extra["members"], else 503
+    (stream.routes, stream.SCHEMAS),  # /v1/stream: its gateway comes in deps.extra["stream"], else 503
+    (web_client.routes, {}),  # the browser client's static files (public)
 )
 
 OPENAPI_PATH: Final = "/openapi.json"
@@ -99,6 +101,7 @@ def create_app(settings: Settings, deps: Deps) -> web.Application:
     public = frozenset(r.path for r in routes if r.public)
     app = web.Application(middlewares=[_errors, _timing, _auth(ctx, public)])
     app[CONTEXT] = ctx
+    stream.install(app, ctx)  # open streams end at shutdown (aiohttp waits for handlers)
     for route in routes:
         # No implicit HEAD: every served method is one the description names.
         if route.method == "GET":
@@ -226,7 +229,11 @@ def openapi(routes: Sequence[Route], schemas: dict[str, Any]) -> dict[str, Any]:
         "security": [{"bearer": []}],
         "paths": paths,
         "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                # /v1/stream only: a short-lived ticket (POST /v1/stream/ticket) for EventSource.
+                "streamTicket": {"type": "apiKey", "in": "query", "name": "access_token"},
+            },
             "schemas": {
                 **schemas,
                 "Error": {

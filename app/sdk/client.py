@@ -56,6 +56,17 @@ class SessionsClient:
         self._session = session
         self._owns_session = session is None
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The authentication headers of every request (the live stream sends them too)."""
+        return dict(self._headers)
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
     async def __aenter__(self) -> SessionsClient:
         return self
 
