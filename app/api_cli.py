@@ -45,6 +45,8 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
     from app.api.http import Deps
     from app.api.members import SERVICE_KEY, build_member_service
     from app.api.sources import CassandraStateFiller, RedisProjectionReader
+    from app.api.stream import STREAM_KEY
+    from app.gateway.wiring import open_gateway
     from app.stores.cassandra_messages import CassandraMessageStore
     from app.stores.cassandra_session import open_cluster
     from app.stores.cassandra_state import UserConversationStateWriter
@@ -64,11 +66,12 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
                 CassandraMessageStore(session, keyspace),
                 settings.unread_precise_limit,
             )
-        yield Deps(
-            projections=RedisProjectionReader(store),
-            state=state,
-            extra={SERVICE_KEY: build_member_service(settings, session)},
-        )
+        # The live stream (issue 16): its Kafka consumer lives in app/gateway, injected here.
+        async with open_gateway(settings, store.client) as gateway:
+            extra: dict[str, Any] = {SERVICE_KEY: build_member_service(settings, session)}
+            if gateway is not None:
+                extra[STREAM_KEY] = gateway
+            yield Deps(projections=RedisProjectionReader(store), state=state, extra=extra)
     finally:
         await store.aclose()
         if cluster is not None:

@@ -3,6 +3,7 @@ frame path touches a metric object)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -58,6 +59,16 @@ class GatewayCollector(Collector):
             "Presence writes that failed (Redis)",
             self.gateway.presence_failures,
         )
+
+        for prefix, stats, what in (
+            ("projector_gateway_topic_", self.gateway.source_stats, "frame topics"),
+            ("projector_push_", self.gateway.push_stats, "offline badge pushes"),
+        ):
+            if stats is None or not dataclasses.is_dataclass(stats) or isinstance(stats, type):
+                continue
+            for name, value in dataclasses.asdict(stats).items():
+                if isinstance(value, int):
+                    yield CounterMetricFamily(prefix + name, f"{what}: {name.replace('_', ' ')}", value)
 
 
 def register(registry: CollectorRegistry, gateway: Gateway) -> None:

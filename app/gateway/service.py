@@ -12,7 +12,7 @@ import contextlib
 import logging
 import secrets
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.gateway.hub import FrameHub
 
@@ -48,6 +48,11 @@ class Gateway:
         self.sweep_s = sweep_s
         self._tasks: list[asyncio.Task[None]] = []
         self.presence_failures = 0
+        # Counters of the adapters the process wiring started next to it (for /metrics): a
+        # dataclass of ints each (kafka_frames.SourceStats, push.PushStats), or None.
+        self.source_stats: object | None = None
+        self.push_stats: object | None = None
+        self.push: Any = None  # the process's PushProducer, if it runs one (introspection, tests)
 
     # -- what the route asks ---------------------------------------------------------------
 
