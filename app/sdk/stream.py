@@ -45,6 +45,7 @@ class StreamStats:
     applied: int = 0
     malformed: int = 0
     notices: int = 0
+    notices_repeated: int = 0  # delivered again (at least once) and not passed on
     repull_events: int = 0
     heartbeats: int = 0
     disconnects: int = 0
@@ -82,6 +83,7 @@ class LiveStream:
         self.connected = False
         self.last_hello: dict[str, Any] | None = None
         self._changed = asyncio.Event()
+        self._notices_seen: dict[tuple[object, object, object], None] = {}  # insertion-ordered
 
     @property
     def url(self) -> str:
@@ -160,6 +162,14 @@ class LiveStream:
             except ValueError:
                 self.stats.malformed += 1
             else:
+                # At least once (a resume may replay one): (conversation, kind, seq) names it.
+                key = (notice.get("conversation_id"), notice.get("kind"), notice.get("conversation_seq"))
+                if key in self._notices_seen:
+                    self.stats.notices_repeated += 1
+                    return
+                self._notices_seen[key] = None
+                if len(self._notices_seen) > 1000:
+                    del self._notices_seen[next(iter(self._notices_seen))]
                 if self.on_notice is not None:
                     self.on_notice(notice)
         elif name == "repull":
