@@ -127,6 +127,7 @@ def create_app(settings: Settings) -> tuple[faust.App, dict[str, WorkerCore]]:
     @app.timer(interval=COMMIT_INTERVAL_S)  # type: ignore[untyped-decorator]  # same
     async def commit_timer() -> None:
         if "core" in core_ref:
+            await intake.check_fetched()
             await intake.commit()
 
     audit = AuditConfig.from_settings(settings)
