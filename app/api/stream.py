@@ -147,11 +147,12 @@ async def stream(request: web.Request) -> web.StreamResponse:
     last = False
     try:
         # Read after attach: every frame newer than this version is logged for the connection.
-        badge, version = await read_badge(ctx, user_id)
+        async with gateway.starting:
+            badge, version = await read_badge(ctx, user_id)
         start = hub.start(conn, version, last_event_id)
         response = web.StreamResponse(status=200, headers=_HEADERS)
         await response.prepare(request)
-        await gateway.opened(user_id)
+        gateway.opened(user_id)
         hello = {
             "type": "hello",
             "user_id": id_text(user_id),
@@ -188,7 +189,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     finally:
         last = hub.detach(conn)
         if response is not None and response.prepared:
-            await gateway.closed(user_id, last)
+            gateway.closed(user_id, last)
     if response is None:  # the client left before the stream began
         raise ApiError(503, "unavailable", "the stream could not start")
     return response
@@ -197,7 +198,8 @@ async def stream(request: web.Request) -> web.StreamResponse:
 async def _write(response: web.StreamResponse, data: bytes, timeout_s: float) -> None:
     # A client that takes nothing for a whole beat (its socket and ours full) is cut off: its
     # buffer is bounded by the hub, and what is on the wire by this timeout.
-    await asyncio.wait_for(response.write(data), timeout=max(timeout_s, 1.0))
+    async with asyncio.timeout(max(timeout_s, 1.0)):  # a timer, not a task per write (wait_for)
+        await response.write(data)
 
 
 def install(app: web.Application, ctx: ApiContext) -> None:

@@ -18,11 +18,13 @@ from app.gateway.hub import FrameHub
 
 log = logging.getLogger("projector.gateway")
 
+OPEN_CONCURRENCY = 32
+
 
 class Presence(Protocol):
     async def claim(self, user_ids: list[int]) -> bool: ...
 
-    async def release(self, user_id: int) -> bool: ...
+    async def release(self, user_ids: list[int]) -> bool: ...
 
 
 class Gateway:
@@ -53,6 +55,13 @@ class Gateway:
         self.source_stats: object | None = None
         self.push_stats: object | None = None
         self.push: Any = None  # the process's PushProducer, if it runs one (introspection, tests)
+        self._presence_changed: set[int] = set()
+        self._presence_due = asyncio.Event()
+        # Stream starts read the store (the hello's badge and version) at most this many at a
+        # time: after a gateway restart every client reconnects at once, and an unbounded herd
+        # would exhaust the store client's connection pool (redis-py's default: 100, then
+        # "Too many connections") and fail page requests of the same process too.
+        self.starting = asyncio.Semaphore(OPEN_CONCURRENCY)
 
     # -- what the route asks ---------------------------------------------------------------
 
@@ -63,14 +72,31 @@ class Gateway:
         partition = self.partition_of(user_id)
         return None if partition in self.partitions else partition
 
-    async def opened(self, user_id: int) -> None:
-        """A stream of ``user_id`` is live here (claim presence on its first one)."""
-        if self.presence is not None and not await self.presence.claim([user_id]):
-            self.presence_failures += 1
+    def opened(self, user_id: int) -> None:
+        """A stream of ``user_id`` is live here: its presence is claimed with the next batch."""
+        if self.presence is not None:
+            self._presence_changed.add(user_id)
+            self._presence_due.set()
 
-    async def closed(self, user_id: int, last: bool) -> None:
-        if last and self.presence is not None and not await self.presence.release(user_id):
-            self.presence_failures += 1
+    def closed(self, user_id: int, last: bool) -> None:
+        if last and self.presence is not None:
+            self._presence_changed.add(user_id)
+            self._presence_due.set()
+
+    async def write_presence(self) -> None:
+        """Write the presence changes since the last batch: each user as the hub has it NOW
+        (connected: claim; not: release), so an open and a close in one batch cannot reorder."""
+        if self.presence is None or not self._presence_changed:
+            return
+        changed, self._presence_changed = self._presence_changed, set()
+        here = [u for u in changed if self.hub.is_connected(u)]
+        gone = [u for u in changed if not self.hub.is_connected(u)]
+        for ok in (
+            not here or await self.presence.claim(here),
+            not gone or await self.presence.release(gone),
+        ):
+            if not ok:
+                self.presence_failures += 1
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -78,6 +104,7 @@ class Gateway:
         loops = [self._every(self.heartbeat_s / 2, self._beat), self._every(self.sweep_s, self._sweep)]
         if self.presence is not None:
             loops.append(self._every(self.presence_refresh_s, self._refresh))
+            loops.append(self._presence_batches())
         self._tasks = [asyncio.create_task(loop) for loop in loops]
 
     async def stop(self) -> None:
@@ -88,6 +115,22 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        if self.presence is not None:
+            # This instance serves nobody any more: say so now rather than when the TTL runs out.
+            leaving = sorted(set(self.hub.connected_users()) | self._presence_changed)
+            self._presence_changed = set()
+            if leaving and not await self.presence.release(leaving):
+                self.presence_failures += 1
+
+    async def _presence_batches(self, every_s: float = 0.1) -> None:
+        while True:
+            await self._presence_due.wait()
+            self._presence_due.clear()
+            await asyncio.sleep(every_s)  # what opens or closes meanwhile joins this batch
+            try:
+                await self.write_presence()
+            except Exception:
+                log.exception("presence batch failed")
 
     async def _every(self, interval_s: float, step: Callable[[], object]) -> None:
         while True:

@@ -38,6 +38,10 @@ async def run_async(stack: Stack, *args: str) -> None:
     assert proc.returncode == 0, f"projector {' '.join(args)}: {err.decode()[-2000:]}"
 
 
+async def _online_is(presence: RedisPresence, users: list[int], expected: set[int]) -> bool:
+    return await presence.online(users) == expected
+
+
 async def consume_push(
     stack: Stack, done: Callable[[list[dict[str, Any]]], bool], timeout: float
 ) -> list[Any]:
@@ -125,7 +129,8 @@ async def test_two_instances_stream_online_users_and_push_offline_ones(
             client = redis.Redis.from_url(stack.settings.redis_url)
             presence = RedisPresence(client, stack.settings.projection_namespace, "probe", 6000)
             try:
-                assert await presence.online(users) == online  # both instances' claims, one view
+                # Both instances' claims (written in batches), one view.
+                await eventually(lambda: _online_is(presence, users, online), 30, "presence")
             finally:
                 await client.aclose()
 

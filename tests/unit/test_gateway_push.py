@@ -69,3 +69,44 @@ def test_a_revoked_partition_is_left_to_its_next_owner() -> None:
     window.forget_partitions([3])
     records, _ = window.take(set())
     assert [key for key, _ in records] == [b"1"]
+
+
+# -- presence batches (app/gateway/service.py) ------------------------------------------------------
+
+
+class FakePresence:
+    def __init__(self) -> None:
+        self.claims: list[list[int]] = []
+        self.releases: list[list[int]] = []
+
+    async def claim(self, user_ids: list[int]) -> bool:
+        self.claims.append(sorted(user_ids))
+        return True
+
+    async def release(self, user_ids: list[int]) -> bool:
+        self.releases.append(sorted(user_ids))
+        return True
+
+
+async def test_presence_is_written_in_batches_as_the_hub_has_it_at_write_time() -> None:
+    from app.gateway.hub import FrameHub
+    from app.gateway.service import Gateway
+
+    hub, presence = FrameHub(), FakePresence()
+    gateway = Gateway(hub, heartbeat_s=1.0, presence=presence)
+    tabs = [hub.attach(1), hub.attach(1), hub.attach(2)]
+    for conn in tabs:
+        gateway.opened(conn.user_id)
+    gone = hub.attach(3)
+    gateway.opened(3)
+    gateway.closed(3, hub.detach(gone))  # opened and closed within one batch: never claimed
+    await gateway.write_presence()
+    assert presence.claims == [[1, 2]] and presence.releases == [[3]]
+    gateway.closed(1, hub.detach(tabs[0]))  # another tab of user 1 is still open
+    await gateway.write_presence()
+    assert presence.releases == [[3]]
+    gateway.closed(1, hub.detach(tabs[1]))
+    await gateway.write_presence()
+    assert presence.releases == [[3], [1]]
+    await gateway.stop()  # an instance that stops releases whom it still served
+    assert presence.releases == [[3], [1], [2]]
