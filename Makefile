@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup tools run test test-fast lint typecheck check services-up services-down services-status bench clean proto bench-api
+.PHONY: help setup tools run test test-fast chaos-crash lint typecheck check services-up services-down services-status bench clean proto bench-api
 
 help: ## List the targets with what they do
 	@awk 'BEGIN {FS = ":.*?## "} /^[a-zA-Z_-]+:.*?## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -34,10 +34,17 @@ run: services-up ## Set up, start the servers and run the main job (worker fed b
 	bash scripts/run.sh
 
 test: services-up tools ## Set up, start the servers, install the test tools and run the whole test suite
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not chaos"
 
 test-fast: setup ## Run the unit, property and contract tests only (no servers)
-	$(PY) -m pytest -q -m "not integration"
+	$(PY) -m pytest -q -m "not integration and not chaos"
+
+CHAOS_RUNS ?= 20
+chaos-crash: services-up ## Issue 11's crash run at full size, CHAOS_RUNS times in a row (default 20), one seed each
+	@for i in $$(seq 1 $(CHAOS_RUNS)); do \
+		echo "== crash run $$i/$(CHAOS_RUNS)"; \
+		$(PY) -m pytest -q -s -m chaos tests/integration/test_crash_safety.py --chaos-seed $$i -p no:cacheprovider || exit 1; \
+	done
 
 lint: setup ## ruff + import rules (the domain core stays pure)
 	.venv/bin/ruff check app agents tables tests bench

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import faust
@@ -24,6 +25,10 @@ from app.worker.core import WorkerCore
 from app.worker.offsets import Verdict
 
 log = logging.getLogger("projector.worker")
+
+# A partition whose state has not moved for this long while a fetch ended ahead of it and batches
+# were counted on their way: they are taken for lost (a batch normally reaches the core in ms).
+STALLED_S = 15.0
 
 # Batches waiting for the agent: enough to overlap fetching with processing, few enough that a
 # rebalance leaves little stale work queued (it is dropped by the ownership checks or the offset rule).
@@ -35,8 +40,15 @@ class MailboxIntake:
     applied without holes, offsets committed only once a batch's effects are durable in the
     changelog tables."""
 
-    def __init__(self, app: faust.App, core_ref: dict[str, WorkerCore], topic: str) -> None:
+    def __init__(
+        self,
+        app: faust.App,
+        core_ref: dict[str, WorkerCore],
+        topic: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.app = app
+        self.clock = clock
         self.core_ref = core_ref
         self.topic = topic
         self.channel: Any = None  # set by register_agent
@@ -55,6 +67,8 @@ class MailboxIntake:
         # its way to the core went missing (`check_fetched`).
         self.fetched_to: dict[int, int] = {}
         self.in_flight: dict[int, int] = {}
+        # Per partition with a fetch ahead of its state: (the state's offset, since when).
+        self.behind: dict[int, tuple[int, float]] = {}
         self.seeks = 0
 
     # -- BatchSink: the consumer's side ----------------------------------------------------------
@@ -64,6 +78,8 @@ class MailboxIntake:
 
     async def deliver(self, batch: RecordBatch) -> None:
         partition = batch.partition
+        # Before any await: the check never sees the fetch without the batch on its way.
+        self.fetched_to[partition] = batch.fetch_to
         self.in_flight[partition] = self.in_flight.get(partition, 0) + 1
         try:
             await self.channel.send(value=batch)
@@ -120,21 +136,29 @@ class MailboxIntake:
         """A fetch that ended past where the state stands while no batch of that partition is on
         its way to the core never arrived (dropped somewhere between the consumer and the agent):
         read it again. Without this, a lost LAST batch would leave its entries unapplied until
-        more records came — forever, at the end of a stream."""
+        more records came — forever, at the end of a stream. "On its way" is a count kept by
+        `deliver` and `process`; should a batch vanish after `deliver` counted it (a queue emptied
+        behind our back), the partition's state not moving for STALLED_S with a fetch ahead of
+        it counts as lost too."""
         if not getattr(self.app.consumer, "flow_active", False):
             return  # a rebalance is under way: its seek places every partition again
         async with self.lock:
             core = self.core_ref["core"]
+            now = self.clock()
             for partition in sorted(self.assigned):
                 fetched_to = self.fetched_to.get(partition)
                 expected = core.expected_offset(partition)
-                if (
-                    fetched_to is None
-                    or expected is None
-                    or fetched_to <= expected
-                    or self.in_flight.get(partition, 0) > 0
-                ):
+                if fetched_to is None or expected is None or fetched_to <= expected:
+                    self.behind.pop(partition, None)
                     continue
+                since = self.behind.get(partition)
+                if since is None or since[0] != expected:
+                    self.behind[partition] = since = (expected, now)
+                in_flight = self.in_flight.get(partition, 0)
+                if in_flight > 0 and now - since[1] < STALLED_S:
+                    continue
+                self.in_flight[partition] = 0  # what it counted never arrives now
+                self.behind.pop(partition, None)
                 core.stats.intake_gaps_refused += 1
                 log.warning(
                     "partition %d: fetched up to offset %d but the state stands at %d and nothing "

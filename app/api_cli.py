@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -29,7 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()  # a SettingsError is reported by app.cli.main
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from app.logs import configure_logging
+
+    configure_logging(settings, "api")  # PROJECTOR_LOG_FORMAT, PROJECTOR_LOG_LEVEL
     host = args.host or settings.api_host
     port = settings.api_port if args.port is None else args.port
     try:
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
 @contextlib.asynccontextmanager
 async def open_deps(settings: Settings) -> AsyncIterator[Any]:
     """The API's dependencies from the settings; closes what it opened."""
+    from app.api.health import cassandra_check
     from app.api.http import Deps
     from app.api.members import SERVICE_KEY, build_member_service
     from app.api.sources import CassandraStateFiller, RedisProjectionReader
@@ -54,6 +56,7 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
 
     store = RedisProjectionStore.from_settings(settings)  # follows {ns}:serving
     cluster = None
+    ops = None
     try:
         # Cassandra serves the member directory and the fill-in of rows the store lacks; it is
         # needed at start (a clear error now rather than 503s later).
@@ -66,13 +69,25 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
                 CassandraMessageStore(session, keyspace),
                 settings.unread_precise_limit,
             )
+        extra: dict[str, Any] = {SERVICE_KEY: build_member_service(settings, session)}
+        if settings.ops_secret:  # the operator console (app/api/ops; Kafka through app/ops_kafka.py)
+            from app.api.ops import OPS_KEY
+            from app.ops_kafka import open_ops
+
+            ops = extra[OPS_KEY] = open_ops(settings, session, store)
         # The live stream (issue 16): its Kafka consumer lives in app/gateway, injected here.
         async with open_gateway(settings, store.client) as gateway:
-            extra: dict[str, Any] = {SERVICE_KEY: build_member_service(settings, session)}
             if gateway is not None:
                 extra[STREAM_KEY] = gateway
-            yield Deps(projections=RedisProjectionReader(store), state=state, extra=extra)
+            yield Deps(
+                projections=RedisProjectionReader(store),
+                state=state,
+                extra=extra,
+                readiness={"cassandra": cassandra_check(session)},  # GET /readyz
+            )
     finally:
+        if ops is not None:
+            await ops.bus.aclose()
         await store.aclose()
         if cluster is not None:
             cluster.shutdown()
@@ -82,16 +97,18 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     from aiohttp import web
 
     from app.api import create_app
+    from app.logs import access_logger, announce
 
     async with open_deps(settings) as deps:
         app = create_app(settings, deps)
-        runner = web.AppRunner(app, access_log=None)  # one log line per page would dominate the cost
+        # PROJECTOR_API_ACCESS_LOG: off by default, one log line per page would dominate the cost.
+        runner = web.AppRunner(app, access_log=access_logger(settings))
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()
         bound = runner.addresses  # (host, port, ...) per listening socket: port 0 resolved
         where = ", ".join(f"http://{addr[0]}:{addr[1]}" for addr in bound) or f"http://{host}:{port}"
-        print(f"projector api: listening on {where} (description at /openapi.json)", flush=True)
+        announce(settings, "api", f"projector api: listening on {where} (description at /openapi.json)")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.connections import kafka_client_options, keyspace_replication
 from app.settings import Settings
 from app.stores.cassandra_session import CassandraUnavailable, open_cluster
 from app.stores.schema import TABLES, create_keyspace_cql
@@ -87,7 +88,9 @@ def ensure_cassandra_schema(
     try:
         report.created_keyspace = ks not in cluster.metadata.keyspaces
         # DDL through the driver waits for schema agreement before returning.
-        session.execute(create_keyspace_cql(ks, settings.cassandra_replication_factor))
+        session.execute(
+            create_keyspace_cql(ks, settings.cassandra_replication_factor, keyspace_replication(settings))
+        )
         for table in TABLES:
             existing = _table_columns(session, ks, table.name)
             if existing is None:
@@ -133,9 +136,7 @@ async def ensure_topics(
     wanted = partitions or settings.topic_partitions
     names = list(settings.topics if topics is None else topics)
     report = TopicReport(partitions=wanted)
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=int(timeout_s * 1000)
-    )
+    admin = AIOKafkaAdminClient(**kafka_client_options(settings), request_timeout_ms=int(timeout_s * 1000))
     try:
         try:
             await asyncio.wait_for(admin.start(), timeout=timeout_s)

@@ -26,6 +26,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="projector", description=__doc__)
+    parser.add_argument(
+        "--version", action=_Version, nargs=0, help="print the version and build (compiled or not) and exit"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = next((arg for arg in argv if arg in SUBCOMMANDS), None)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
@@ -36,6 +39,16 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
             runner: Callable[[argparse.Namespace], int] = module.run
             sub_parser.set_defaults(runner=runner)
     return parser
+
+
+class _Version(argparse.Action):
+    """--version, resolved only when asked (reading the installed metadata costs a few ms)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        from app.build import build_info
+
+        print(build_info().line())
+        parser.exit()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

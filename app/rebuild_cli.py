@@ -200,7 +200,7 @@ def worker_config(settings: Any) -> Any:
 async def _run(settings: Any, args: argparse.Namespace) -> int:
     from app.metrics import RebuildMetrics
 
-    metrics = RebuildMetrics()
+    metrics = RebuildMetrics(namespace=args.namespace)  # the console shows which namespace
     server = (
         await _serve_metrics(metrics, args.metrics_host, args.metrics_port) if args.metrics_port else None
     )
@@ -245,6 +245,7 @@ async def _replay_log(
 ) -> ReplayRebuild:
     """mailbox-tail through the worker's core into `target`: from the beginning, or from
     `from_ms` on the rows `base` loads (see app/rebuild_replay.py)."""
+    from app.connections import kafka_security_options
     from app.rebuild_replay import rebuild_by_replay
 
     return await rebuild_by_replay(
@@ -258,6 +259,7 @@ async def _replay_log(
         metrics=metrics,
         from_ms=from_ms,
         base=base,
+        kafka_options=kafka_security_options(settings),
     )
 
 

@@ -20,9 +20,9 @@ rebuilt from state alone by the caller.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from app.domain.conversation import ConversationState
 from app.domain.entries import DeadLetter, WatermarkMarker, decode_record
@@ -125,13 +125,18 @@ async def rebuild_by_replay(
     metrics: RebuildMetrics | None = None,
     from_ms: int | None = None,
     base: BaseLoader | None = None,
+    kafka_options: Mapping[str, Any] | None = None,
 ) -> ReplayRebuild:
     """Replay mailbox-tail into `target`: from the beginning, or from `from_ms` (Kafka record
     time, ms) with `base` giving the tail's users their state from before it."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, auto_offset_reset="earliest"
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        auto_offset_reset="earliest",
+        **dict(kafka_options or {}),  # security options (app/connections.kafka_security_options)
     )
     await consumer.start()
     try:

@@ -17,6 +17,11 @@ def run(args: argparse.Namespace) -> int:
     from app.settings import Settings
 
     settings = Settings.from_env()  # a SettingsError is reported by app.cli.main
+    from app.logs import configure_logging, faust_worker_options
+
+    # Before app.main builds the app (its imports and connects log); faust's worker then applies
+    # the same set-up when it starts (faust_worker_options), so one format covers every line.
+    configure_logging(settings, "worker")
     from app.stores.cassandra_session import CassandraUnavailable
 
     try:
@@ -26,6 +31,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     from faust import Worker
 
-    worker = Worker(app, loglevel=settings.log_level.lower())
+    worker = Worker(app, loglevel=settings.log_level.lower(), **faust_worker_options(settings))
     worker.execute_from_commandline()  # runs until stopped (SIGTERM/SIGINT); exits the process
     return 0

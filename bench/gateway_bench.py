@@ -640,21 +640,29 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 def render(report: dict[str, Any]) -> str:
     lat, idle, fan = report["latency"], report["idle"], report["fanout"]
     e2e, hop = lat["entry_to_event_ms"], lat["frame_to_event_ms"]
+
+    def line(label: str, figures: dict[str, Any], n: bool = True) -> str:
+        count = f"  (n={figures['n']})" if n else ""
+        return f"  {label:<30}p50 {figures['p50']} ms  p99 {figures['p99']} ms{count}"
+
     return "\n".join(
         [
-            f"gateway bench ({lat['users']} SDK streams, {lat['rate_per_s']} entries/s, window {lat['window_ms']} ms)",
-            f"  entry produced -> SDK event   p50 {e2e['sdk']['p50']} ms  p99 {e2e['sdk']['p99']} ms  (n={e2e['sdk']['n']})",
-            f"    plain consumer of frames    p50 {e2e['plain_consumer']['p50']} ms  p99 {e2e['plain_consumer']['p99']} ms",
-            f"  frame produced -> SDK event   p50 {hop['sdk']['p50']} ms  p99 {hop['sdk']['p99']} ms  (n={hop['sdk']['n']})",
-            f"    plain consumer              p50 {hop['plain_consumer']['p50']} ms  p99 {hop['plain_consumer']['p99']} ms",
-            f"  idle SSE connections held     {idle['connections']} in one process: RSS {idle['rss_mib_held']} MiB "
-            f"(before: {idle['rss_mib_before']} MiB, {idle['kib_per_connection']} KiB each), "
-            f"every one beaten >= {idle['heartbeats_min_per_connection']}x at {idle['heartbeat_ms']} ms; "
+            f"gateway bench ({lat['users']} SDK streams, {lat['rate_per_s']} entries/s, "
+            f"window {lat['window_ms']} ms)",
+            line("entry produced -> SDK event", e2e["sdk"]),
+            line("  plain consumer of frames", e2e["plain_consumer"], n=False),
+            line("frame produced -> SDK event", hop["sdk"]),
+            line("  plain consumer", hop["plain_consumer"], n=False),
+            f"  idle SSE connections held     {idle['connections']} in one process: "
+            f"RSS {idle['rss_mib_held']} MiB (before: {idle['rss_mib_before']} MiB, "
+            f"{idle['kib_per_connection']} KiB each), every one beaten >= "
+            f"{idle['heartbeats_min_per_connection']}x at {idle['heartbeat_ms']} ms; "
             f"opened in {idle['open_seconds']} s",
             f"  fan-out                       {fan['gateway_frames_per_s_median']} frames/s "
-            f"({fan['gateway_frames_per_cpu_s_median']} per gateway CPU second) to {fan['users']} users "
-            f"({fan['connections_open']} connections open) = "
-            f"{fan['throughput_ratio_gateway_over_plain_median']} x a plain consumer's read+decode rate",
+            f"({fan['gateway_frames_per_cpu_s_median']} per gateway CPU second) to "
+            f"{fan['users']} users ({fan['connections_open']} connections open) = "
+            f"{fan['throughput_ratio_gateway_over_plain_median']} x a plain consumer's "
+            "read+decode rate",
         ]
     )
 

@@ -30,6 +30,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 
+from app.connections import kafka_client_options
 from app.gateway.hub import FrameHub
 from app.settings import Settings
 
@@ -55,9 +56,9 @@ def partition_of(user_id: int, partitions: int) -> int:
     return (hashed & 0x7FFFFFFF) % partitions
 
 
-async def topic_partitions(bootstrap: str, topics: Sequence[str]) -> dict[str, int]:
+async def topic_partitions(settings: Settings, topics: Sequence[str]) -> dict[str, int]:
     """Partition counts of existing topics (the admin client's metadata)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**kafka_client_options(settings))
     await admin.start()
     try:
         described = await admin.describe_topics(list(topics))
@@ -88,7 +89,7 @@ class KafkaFrameSource:
 
     async def start(self) -> None:
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.settings.kafka_bootstrap,
+            **kafka_client_options(self.settings),  # servers, SASL/TLS (app/connections.py)
             group_id=None,
             enable_auto_commit=False,
             client_id=f"{self.settings.app_id}-gateway",
@@ -127,7 +128,7 @@ class KafkaFrameSource:
                 f"frame topic(s) {missing} not found on {self.settings.kafka_bootstrap}: run "
                 "`projector bootstrap` (or set PROJECTOR_GATEWAY_ENABLED=false)"
             )
-        counts = await topic_partitions(self.settings.kafka_bootstrap, self.topics)
+        counts = await topic_partitions(self.settings, self.topics)
         if len(set(counts.values())) != 1:
             raise GatewayStartError(
                 f"the frame topics must have the same partition count (a user's frames share a "

@@ -9,9 +9,10 @@ user, as in the projection store)::
 An instance adds itself when a user's first stream opens there, refreshes the claims of all its
 connected users every third of the TTL, and removes itself when the user's last stream there
 ends (opens and ends are written in batches, a pipeline every 100 ms: 10,000 streams opening
-at once cost a few round trips, not 10,000 concurrent ones). A user is online while any claim's expiry is in the future, so several instances agree
-without talking to each other, and a crashed instance's users count as offline once its claims
-run out (at most ``gateway_presence_ttl_ms``). The key itself expires a TTL after its last
+at once cost a few round trips, not 10,000 concurrent ones). A user is online while any
+claim's expiry is in the future, so several instances agree without talking to each other,
+and a crashed instance's users count as offline once its claims run out (at most
+``gateway_presence_ttl_ms``). The key itself expires a TTL after its last
 refresh, so nothing is left behind. Instances' clocks are assumed NTP-close (skew eats into the
 TTL).
 

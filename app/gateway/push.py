@@ -40,6 +40,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
+from app.connections import kafka_client_options
 from app.domain.wire_ids import id_text
 from app.gateway.kafka_frames import GatewayStartError
 from app.settings import Settings
@@ -171,7 +172,7 @@ class PushProducer:
     async def start(self) -> None:
         s = self.settings
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.kafka_bootstrap,
+            **kafka_client_options(s),  # servers, SASL/TLS (app/connections.py)
             group_id=self.group,
             client_id=f"{s.app_id}-push",
             enable_auto_commit=False,
@@ -180,7 +181,7 @@ class PushProducer:
             fetch_max_wait_ms=100,
         )
         producer = AIOKafkaProducer(
-            bootstrap_servers=s.kafka_bootstrap, client_id=f"{s.app_id}-push", linger_ms=5, acks="all"
+            **kafka_client_options(s), client_id=f"{s.app_id}-push", linger_ms=5, acks="all"
         )
         try:
             await consumer.start()

@@ -194,7 +194,10 @@ class RedisProjectionStore:
 
         Without `namespace`: the serving namespace of `settings.projection_namespace`, followed
         (see :meth:`follow_serving`); with one: exactly that namespace."""
-        client = redis.Redis.from_url(settings.redis_url)
+        from app.connections import redis_client_options
+
+        # Credentials and TLS files next to the URL: app/connections.py, for every Redis client.
+        client = redis.Redis.from_url(settings.redis_url, **redis_client_options(settings))
         base = settings.projection_namespace
         store = cls(client, namespace or base, count_writes, max_users_per_trip=settings.flush_batch_size)
         store._owns_client = True

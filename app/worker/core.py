@@ -125,6 +125,8 @@ class WorkerStats:
     audit_drifted_rows: int = 0
     audit_corrected_rows: int = 0
     audit_drift_ratio: float = 0.0
+    # Dead letters by kind (app.domain.entries.DEAD_LETTER_KINDS): the metrics' reason label.
+    dead_letter_kinds: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -534,6 +536,7 @@ class WorkerCore:
             stats.entries += 1
             if isinstance(decoded, DeadLetter):
                 stats.dead_letters += 1
+                stats.dead_letter_kinds[decoded.kind] = stats.dead_letter_kinds.get(decoded.kind, 0) + 1
                 letters.append((record.key, dead_letter_envelope(record, decoded.reason)))
                 log.warning(
                     "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, decoded.reason

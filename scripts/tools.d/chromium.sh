@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Headless Chromium (Debian's package) and Playwright for Python (the driver only, into .venv):
-# the browser tests (tests/integration/test_browser_client.py). Never `playwright install`: its
-# browser downloads are not reachable here; tests point Playwright at /usr/bin/chromium
-# (executable_path). Idempotent: quick when both are present.
+# the browser tests (tests/integration/test_ops_console.py, test_browser_client.py). Never
+# `playwright install`: its browser downloads are not reachable here; tests point Playwright at
+# /usr/bin/chromium (executable_path). Idempotent: quick when both are present.
 set -euo pipefail
 ROOT="${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
 if ! command -v chromium >/dev/null 2>&1; then

@@ -367,9 +367,10 @@ async def test_every_route_is_described(api: Api) -> None:
     for path, ops in doc["paths"].items():
         for method, op in ops.items():
             assert op["responses"]["200"], (path, method)
-            # The only public routes: the description, metrics and the browser client's files
-            # (the page asks for a token itself).
-            if path not in ("/openapi.json", "/metrics") and not path.startswith("/app/"):
+            # The only public routes: the description, metrics, health and the browser client's
+            # files (the page asks for a token itself).
+            public = ("/openapi.json", "/metrics", "/livez", "/readyz")
+            if path not in public and not path.startswith("/app/"):
                 assert "401" in op["responses"]
             else:
                 assert op["security"] == []

@@ -222,7 +222,12 @@ class World:
             self.lanes, self.tables, self.store, self.projections, self.outbox, self.clock, window_ms=50
         )
         app = SimpleNamespace(consumer_generation_id=1, consumer=self.consumer)
-        self.intake = MailboxIntake(app, {"core": self.core}, "mailbox-tail")  # type: ignore[arg-type]
+        self.intake = MailboxIntake(
+            app,  # type: ignore[arg-type]
+            {"core": self.core},
+            "mailbox-tail",
+            clock=lambda: self.clock.now / 1000,
+        )
         self.intake.channel = BatchChannel(self.faust_app, maxsize=4)
         self.agent = self.intake.channel.__aiter__()
         self.faust_app.flow_control.resume()
@@ -294,11 +299,9 @@ def test_the_recovery_resume_between_two_batches_loses_nothing() -> None:
         await world.assigned()
         first = world.consumer.fetch()
         assert first is not None
-        world.intake.fetched(0, first.fetch_to)
         await world.deliver(first)
         world.faust_app.flow_control.resume()  # faust: after its seek to the committed offsets
         while (rest := world.consumer.fetch()) is not None:
-            world.intake.fetched(0, rest.fetch_to)
             await world.deliver(rest)
             while await world.agent_step():
                 pass
@@ -309,7 +312,7 @@ def test_the_recovery_resume_between_two_batches_loses_nothing() -> None:
     assert world.core.stats.intake_gaps_refused == 0
 
 
-@pytest.mark.parametrize("lost", ["first", "middle", "last"])
+@pytest.mark.parametrize("lost", ["first", "middle", "last", "vanished"])
 def test_a_batch_lost_on_its_way_is_never_skipped(lost: str) -> None:
     """Whatever loses a batch between the consumer and the core (a cleared queue, an abandoned
     hand-off, a bug not found yet): the next batch does not continue the state and is refused,
@@ -319,7 +322,7 @@ def test_a_batch_lost_on_its_way_is_never_skipped(lost: str) -> None:
     rnd = random.Random(2)
     world = World(lines, 1, Log(lines, rnd), rnd)
     world.consumer.fetch_size = 4
-    lose_at = {"first": 1, "middle": 5, "last": -1}[lost]
+    lose_at = {"first": 1, "middle": 5, "last": -1, "vanished": -1}[lost]
 
     async def run() -> None:
         await world.assigned()
@@ -331,15 +334,20 @@ def test_a_batch_lost_on_its_way_is_never_skipped(lost: str) -> None:
                 if got is None:
                     continue
                 fetches += 1
-                world.intake.fetched(0, got.fetch_to)
                 at_end = world.consumer.position >= world.consumer.log.end
                 if not dropped and (fetches == lose_at or (lose_at < 0 and at_end)):
-                    dropped = True  # fetched, never delivered
+                    dropped = True  # fetched, never delivered (the consumer may or may not know)
+                    if lost == "last":
+                        world.intake.fetched(0, got.fetch_to)  # the drain dropped it, knowingly
+                    elif lost == "vanished":
+                        await world.deliver(got)  # counted on its way, then the queue is emptied
+                        world.agent.queue.clear()
                 else:
                     await world.deliver(got)
             while await world.agent_step():
                 pass
             await world.tick()
+            world.clock.now += 1000  # a second between the worker's checks
         await world.core.flush_all()
         assert dropped
 
@@ -383,10 +391,11 @@ def test_no_entry_is_lost_whatever_happens_between_the_consumer_and_the_core(
                 world.faust_app.flow_control.resume()
             got = world.consumer.fetch()
             if got is not None:
-                world.intake.fetched(0, got.fetch_to)
                 fate = rnd.random()
-                if fate < 0.1:
-                    pass  # lost on the way
+                if fate < 0.05:
+                    world.intake.fetched(0, got.fetch_to)  # dropped where the consumer sees it
+                elif fate < 0.1:
+                    pass  # lost where nobody sees it
                 elif fate < 0.15:
                     await world.deliver(got)
                     await world.deliver(got)  # delivered twice
@@ -402,7 +411,6 @@ def test_no_entry_is_lost_whatever_happens_between_the_consumer_and_the_core(
             await world.tick()
             got = world.consumer.fetch()
             if got is not None:
-                world.intake.fetched(0, got.fetch_to)
                 await world.deliver(got)
             elif world.core.expected_offset(0) == log.end and world.agent.queue.empty():
                 break
