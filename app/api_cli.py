@@ -77,13 +77,12 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
             ops = extra[OPS_KEY] = open_ops(settings, session, store)
         # The live stream (issue 16): its Kafka consumer lives in app/gateway, injected here.
         async with open_gateway(settings, store.client) as gateway:
+            readiness = {"cassandra": cassandra_check(session)}  # GET /readyz
             if gateway is not None:
                 extra[STREAM_KEY] = gateway
+                readiness["live_stream"] = gateway.ready
             yield Deps(
-                projections=RedisProjectionReader(store),
-                state=state,
-                extra=extra,
-                readiness={"cassandra": cassandra_check(session)},  # GET /readyz
+                projections=RedisProjectionReader(store), state=state, extra=extra, readiness=readiness
             )
     finally:
         if ops is not None:

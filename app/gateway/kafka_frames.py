@@ -87,6 +87,10 @@ class KafkaFrameSource:
     def partition_of(self, user_id: int) -> int:
         return partition_of(user_id, self.partitions)
 
+    def alive(self) -> bool:
+        """The read loop runs (it survives fetch errors; only a bug would end it)."""
+        return self._task is not None and not self._task.done()
+
     async def start(self) -> None:
         consumer = AIOKafkaConsumer(
             **kafka_client_options(self.settings),  # servers, SASL/TLS (app/connections.py)

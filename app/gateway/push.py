@@ -203,6 +203,9 @@ class PushProducer:
         self._consumer, self._producer = consumer, producer
         self._task = asyncio.create_task(self._run(consumer, producer))
 
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
     def assigned(self) -> set[int]:
         """The badge topic's partitions this process produces pushes for now."""
         consumer = self._consumer

@@ -57,6 +57,8 @@ class Gateway:
         self.push: Any = None  # the process's PushProducer, if it runs one (introspection, tests)
         self._presence_changed: set[int] = set()
         self._presence_due = asyncio.Event()
+        # name -> "still running?" of the adapters started next to it (readiness)
+        self.parts: dict[str, Callable[[], bool]] = {}
         # Stream starts read the store (the hello's badge and version) at most this many at a
         # time: after a gateway restart every client reconnects at once, and an unbounded herd
         # would exhaust the store client's connection pool (redis-py's default: 100, then
@@ -97,6 +99,12 @@ class Gateway:
         ):
             if not ok:
                 self.presence_failures += 1
+
+    async def ready(self) -> None:
+        """A readiness check (GET /readyz): every part the process wiring started still runs."""
+        dead = [name for name, alive in self.parts.items() if not alive()]
+        if dead:
+            raise RuntimeError(f"live stream parts stopped: {', '.join(dead)}")
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -72,6 +72,9 @@ async def open_gateway(settings: Settings, redis_client: Any) -> AsyncIterator[G
         gateway.source_stats = source.stats
         gateway.push_stats = push.stats if push is not None else None
         gateway.push = push
+        gateway.parts["frame topics"] = source.alive
+        if push is not None:
+            gateway.parts["push producer"] = push.alive
         gateway.start()
         try:
             yield gateway

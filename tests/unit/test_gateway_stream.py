@@ -340,3 +340,26 @@ async def test_the_browser_client_is_served_with_a_strict_policy(served: Served)
                 assert resp.status == 200 and resp.content_type == kind
                 assert "script-src 'self'" in resp.headers["Content-Security-Policy"]
                 assert resp.headers["Referrer-Policy"] == "no-referrer"
+
+
+async def test_readiness_fails_when_a_part_of_the_live_stream_stopped() -> None:
+    hub = FrameHub()
+    gateway = Gateway(hub, heartbeat_s=1.0)
+    running = {"frame topics": True}
+    gateway.parts["frame topics"] = lambda: running["frame topics"]
+    deps = Deps(
+        projections=MemoryProjectionReader(InMemoryProjectionStore()),
+        extra={STREAM_KEY: gateway},
+        readiness={"live_stream": gateway.ready},
+    )
+    server = TestServer(create_app(SETTINGS, deps), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(str(server.make_url("/readyz"))) as resp:
+                assert resp.status == 200
+            running["frame topics"] = False  # e.g. the Kafka read loop died
+            async with http.get(str(server.make_url("/readyz"))) as resp:
+                assert resp.status == 503 and (await resp.json())["checks"]["live_stream"] == "unavailable"
+    finally:
+        await server.close()
