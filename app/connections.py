@@ -1,8 +1,8 @@
 """Each client's connection options from Settings: the one place security and topology are applied.
 
 Every Kafka client the product builds (aiokafka's consumer, producer and admin client; faust's
-broker connection, through `faust_credentials` beside the faust App), every Cassandra cluster and every Redis client takes its options from a
-function here, so a SASL password, a CA file or a local data center set in the environment
+broker connection, through `faust_credentials` beside the faust App), every Cassandra cluster
+and every Redis client takes its options from a function here, so a SASL password, a CA file or a local data center set in the environment
 reaches all of them, and a new client cannot forget one. The settings are validated as a whole
 in app/settings.py (TLS files exist, SASL has credentials, ...); this module only translates.
 
