@@ -3,8 +3,9 @@
 Every Kafka client the product builds (aiokafka's consumer, producer and admin client; faust's
 broker connection, through `faust_credentials` beside the faust App), every Cassandra cluster
 and every Redis client takes its options from a function here, so a SASL password, a CA file or
-a local data center set in the environment reaches all of them, and a new client cannot forget one. The settings are validated as a whole
-in app/settings.py (TLS files exist, SASL has credentials, ...); this module only translates.
+a local data center set in the environment reaches all of them, and a new client cannot forget
+one. The settings are validated as a whole in app/settings.py (TLS files exist, SASL has
+credentials, ...); this module only translates.
 
 The client libraries are imported inside the functions: importing this module stays cheap, and
 ``app.api`` (which must not import faust or aiokafka) can use the Redis and Cassandra parts.
