@@ -47,6 +47,8 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
     from app.api.http import Deps
     from app.api.members import SERVICE_KEY, build_member_service
     from app.api.sources import CassandraStateFiller, RedisProjectionReader
+    from app.api.stream import STREAM_KEY
+    from app.gateway.wiring import open_gateway
     from app.stores.cassandra_messages import CassandraMessageStore
     from app.stores.cassandra_session import open_cluster
     from app.stores.cassandra_state import UserConversationStateWriter
@@ -73,12 +75,15 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
             from app.ops_kafka import open_ops
 
             ops = extra[OPS_KEY] = open_ops(settings, session, store)
-        yield Deps(
-            projections=RedisProjectionReader(store),
-            state=state,
-            extra=extra,
-            readiness={"cassandra": cassandra_check(session)},  # GET /readyz
-        )
+        # The live stream (issue 16): its Kafka consumer lives in app/gateway, injected here.
+        async with open_gateway(settings, store.client) as gateway:
+            readiness = {"cassandra": cassandra_check(session)}  # GET /readyz
+            if gateway is not None:
+                extra[STREAM_KEY] = gateway
+                readiness["live_stream"] = gateway.ready
+            yield Deps(
+                projections=RedisProjectionReader(store), state=state, extra=extra, readiness=readiness
+            )
     finally:
         if ops is not None:
             await ops.bus.aclose()

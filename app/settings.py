@@ -36,6 +36,7 @@ _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 # An unquoted CQL identifier (Cassandra caps keyspace names at 48 characters).
 _KEYSPACE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,47}")
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_PARTITION_RANGE_RE = re.compile(r"(?P<low>[0-9]{1,6})(?:-(?P<high>[0-9]{1,6}))?")
 _HOST_PORT_RE = re.compile(r"(?P<host>[^\s:,]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
 
 
@@ -110,6 +111,8 @@ class Settings:
     topic_session_delta: str = "session-delta"
     topic_badge: str = "badge"
     topic_dead_letter: str = "mailbox-dead-letter"
+    # Offline badge pushes (DESIGN §9): APNs/FCM-shaped records for users with no live stream.
+    topic_push: str = "push"
     # Every topic bootstrap creates gets this many partitions, so a table's changelog and its
     # source topic always agree (faust's co-partitioning requirement).
     topic_partitions: int = 4
@@ -206,6 +209,39 @@ class Settings:
     # them (identities are never held back). The seed's budget is 2 s.
     members_stats_budget_ms: int = 2000
 
+    # --- live stream gateway (issue 16; GET /v1/stream in the API process, app/gateway) --------
+    # The API process also serves /v1/stream: it reads the session-delta and badge topics and
+    # forwards each connected user's frames. false = pages and badge only (no Kafka consumer).
+    gateway_enabled: bool = True
+    # Which partitions of the frame topics this instance reads: "" = all (any instance serves any
+    # user), or a list/ranges ("0,1", "0-3,8"): only those partitions' users (a user of another
+    # partition gets 421 Misdirected Request naming the partition). docs/gateway.md, "Scaling".
+    gateway_partitions: str = ""
+    # A heartbeat event on every connection this often (keeps proxies and NATs open; lets the
+    # client notice a dead connection after ~3 missed beats).
+    gateway_heartbeat_ms: int = 15_000
+    # Bytes of events one connection may have queued; beyond, the client is too slow: it gets a
+    # `repull` event and the connection is closed (memory stays bounded).
+    gateway_buffer_bytes: int = 1_048_576
+    # Resume after a short disconnect without a re-pull: per user, the last frames (count and
+    # bytes) are kept while connected and for gateway_resume_window_ms after, for at most
+    # gateway_resume_users disconnected users (oldest dropped first).
+    gateway_resume_frames: int = 64
+    gateway_resume_bytes: int = 262_144
+    gateway_resume_window_ms: int = 120_000
+    gateway_resume_users: int = 50_000
+    # Browsers' EventSource cannot send headers: POST /v1/stream/ticket (bearer) gives a ticket for
+    # ?access_token= that opens /v1/stream only and expires after this many seconds.
+    gateway_ticket_ttl_s: int = 60
+    # Streams one process holds at most (more: 503 with Retry-After).
+    gateway_max_connections: int = 20_000
+    # Presence in Redis (who has a live stream, on any instance): an entry per (user, instance)
+    # refreshed every third of the TTL; a crashed instance's users count as offline after it.
+    gateway_presence_ttl_ms: int = 30_000
+    # Offline badge pushes: the API processes share the badge topic's partitions in one consumer
+    # group (exactly one producer per user), and send at most one record per user per window.
+    push_enabled: bool = True
+    push_window_ms: int = 2000
     # --- operator console (issue 17; app/api/ops, served by `projector api` under /ops/) ----------
     # Signs operator tokens (`projector token --operator NAME`); separate from api_secret so a user
     # token can never open the console. Empty = the console is not served (/ops/ is 404).
@@ -282,9 +318,39 @@ class Settings:
             self.topic_session_delta,
             self.topic_badge,
             self.topic_dead_letter,
+            self.topic_push,
         )
 
     # ------------------------------------------------------------------------------------------
+    def _gateway_problems(self) -> list[str]:
+        p: list[str] = []
+        try:
+            parts = gateway_partition_set(self.gateway_partitions)
+        except ValueError as exc:
+            p.append(f"gateway_partitions: {exc}")
+        else:
+            if parts is not None and max(parts) >= self.topic_partitions:
+                p.append(
+                    f"gateway_partitions: {max(parts)} is not a partition of the frame topics "
+                    f"(0..{self.topic_partitions - 1})"
+                )
+        for name, low, high in (
+            ("gateway_heartbeat_ms", 100, 300_000),
+            ("gateway_buffer_bytes", 4096, 1 << 30),
+            ("gateway_resume_frames", 0, 100_000),
+            ("gateway_resume_bytes", 0, 1 << 30),
+            ("gateway_resume_window_ms", 0, 86_400_000),
+            ("gateway_resume_users", 0, 10_000_000),
+            ("gateway_ticket_ttl_s", 5, 3600),
+            ("gateway_max_connections", 1, 10_000_000),
+            ("gateway_presence_ttl_ms", 1000, 3_600_000),
+            ("push_window_ms", 10, 3_600_000),
+        ):
+            value = getattr(self, name)
+            if not low <= value <= high:
+                p.append(f"{name}: {value} is not in {low}..{high}")
+        return p
+
     def _problems(self) -> list[str]:
         p: list[str] = []
         if not self.kafka_bootstrap.strip():
@@ -318,7 +384,7 @@ class Settings:
             p.append(f"projection_namespace: {self.projection_namespace!r} must match [A-Za-z0-9._-]{{1,64}}")
         topics = self.topics
         for name, topic in zip(
-            ("topic_mailbox_tail", "topic_session_delta", "topic_badge", "topic_dead_letter"),
+            ("topic_mailbox_tail", "topic_session_delta", "topic_badge", "topic_dead_letter", "topic_push"),
             topics,
             strict=True,
         ):
@@ -390,6 +456,7 @@ class Settings:
             p.append(f"unread_audit_idle_ms: {self.unread_audit_idle_ms} must be >= 0")
         if self.unread_audit_max_rows < 1:
             p.append(f"unread_audit_max_rows: {self.unread_audit_max_rows} must be >= 1")
+        p.extend(self._gateway_problems())
         if self.log_format not in _LOG_FORMATS:
             p.append(f"log_format: {self.log_format!r} is not one of json, text")
         p.extend(_security_problems(self))
@@ -397,6 +464,23 @@ class Settings:
             levels = ", ".join(sorted(_LOG_LEVELS))
             p.append(f"log_level: {self.log_level!r} is not one of {levels}")
         return p
+
+
+def gateway_partition_set(text: str) -> frozenset[int] | None:
+    """``gateway_partitions`` as a set (None = every partition); ValueError when malformed."""
+    if not text.strip():
+        return None
+    out: set[int] = set()
+    for part in text.split(","):
+        m = _PARTITION_RANGE_RE.fullmatch(part.strip())
+        if m is None:
+            raise ValueError(f"{part.strip()!r} is not a partition or a range (e.g. 0,3 or 0-3)")
+        low = int(m["low"])
+        high = int(m["high"]) if m["high"] is not None else low
+        if high < low or high > 100_000:
+            raise ValueError(f"{part.strip()!r} is not a range of partitions")
+        out.update(range(low, high + 1))
+    return frozenset(out)
 
 
 _KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")

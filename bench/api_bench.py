@@ -152,6 +152,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "PROJECTOR_PROJECTION_NAMESPACE": namespace,
         "PROJECTOR_API_FILL_FROM_STATE": "never",
         "PROJECTOR_LOG_LEVEL": "WARNING",
+        "PROJECTOR_GATEWAY_ENABLED": "false",  # pages only (bench/gateway_bench.py times the stream)
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "api", "--host", "127.0.0.1", "--port", "0"],

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from app.api import badge, health, members, ops, sessions
+from app.api import badge, health, members, ops, sessions, stream, web_client
 from app.api.cursor import CursorCodec
 from app.api.http import (
     CONTEXT,
@@ -47,6 +47,8 @@ RESOURCES: Final[tuple[tuple[Callable[[ApiContext], list[Route]], dict[str, Any]
     (badge.routes, badge.SCHEMAS),
     (members.routes, members.SCHEMAS),  # its service comes in deps.extra["members"], else 503
     (health.routes, health.SCHEMAS),  # /livez, /readyz: public
+    (stream.routes, stream.SCHEMAS),  # /v1/stream: its gateway comes in deps.extra["stream"], else 503
+    (web_client.routes, {}),  # the browser client's static files (public)
 )
 
 OPENAPI_PATH: Final = "/openapi.json"
@@ -100,6 +102,7 @@ def create_app(settings: Settings, deps: Deps) -> web.Application:
     public = frozenset(r.path for r in routes if r.public)
     app = web.Application(middlewares=[_observed, _retry_after, _errors, _timing, _auth(ctx, public)])
     app[CONTEXT] = ctx
+    stream.install(app, ctx)  # open streams end at shutdown (aiohttp waits for handlers)
     for route in routes:
         # No implicit HEAD: every served method is one the description names.
         if route.method == "GET":
@@ -252,13 +255,20 @@ def openapi(routes: Sequence[Route], schemas: dict[str, Any]) -> dict[str, Any]:
                 "route but this description, /metrics, /livez and /readyz needs "
                 "`Authorization: Bearer <token>` "
                 "(`projector token USER_ID` mints one). Errors are JSON: "
-                "{error: {status, code, message}}; bad input is 400, never 500."
+                "{error: {status, code, message}}; bad input is 400, never 500. 64-bit ids "
+                "(user_id, sender_id, next_user_id, the member id lists) are decimal strings "
+                "(format uint64): a JavaScript number cannot hold them exactly. Requests may name "
+                "members by that string (or by a JSON integer)."
             ),
         },
         "security": [{"bearer": []}],
         "paths": paths,
         "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                # /v1/stream only: a short-lived ticket (POST /v1/stream/ticket) for EventSource.
+                "streamTicket": {"type": "apiKey", "in": "query", "name": "access_token"},
+            },
             "schemas": {
                 **schemas,
                 "Error": {

@@ -4,8 +4,8 @@
 * live: the process serves HTTP (restart it when this fails);
 * ready: every backing store the API reads answers now (take it out of rotation when this fails):
   the projection store (Redis, through the same reader the pages use: the serving pointer
-  included) and whatever ``Deps.readiness`` adds (``projector api``: Cassandra). The API holds no
-  Kafka client, so Kafka is not part of its readiness.
+  included) and whatever ``Deps.readiness`` adds (``projector api``: Cassandra, and the live
+  stream's Kafka side when it runs: app/gateway, injected).
 
 Each check has :data:`CHECK_TIMEOUT_S`; a check that fails or times out makes /readyz 503 with
 ``Retry-After`` and names the check (the reason goes to the log, not to the unauthenticated

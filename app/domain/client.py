@@ -246,6 +246,15 @@ class SessionView:
         if badge is not None:
             self._badge = badge
 
+    def offer_badge(self, badge: Badge) -> bool:
+        """A badge from a pull or the live stream's hello (absolute totals as of
+        ``badge.version``): taken only when newer than the one held, as a BADGE_UPDATE is."""
+        held = self._badge
+        if held is not None and badge.version <= held.version:
+            return False
+        self._badge = badge
+        return True
+
     def apply(self, frame: Frame) -> ApplyResult:
         """Apply one frame by the client rule; see the module docstring."""
         kind = frame.get("type")

@@ -37,6 +37,7 @@ class SessionDeltaFollower:
         self.applied = 0
         self.frames = 0  # this user's frames seen
         self.malformed = 0
+        self.notices = 0  # MEMBER_NOTICE frames of this user (skipped here)
 
     async def __aenter__(self) -> SessionDeltaFollower:
         await self.start()
@@ -89,6 +90,11 @@ class SessionDeltaFollower:
                     self.malformed += 1
                     continue
                 if frame.get("user_id") != self.live.user_id:
+                    continue
+                if frame.get("type") == "MEMBER_NOTICE":
+                    # Shares the session-delta topic; not a list frame (LiveStream's on_notice
+                    # is where devices get them).
+                    self.notices += 1
                     continue
                 self.frames += 1
                 try:

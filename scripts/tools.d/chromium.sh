@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Headless Chromium (Debian's package) and Playwright for Python (the driver only, into .venv):
-# the operator console's browser tests (tests/integration/test_ops_console.py). Never
+# the browser tests (tests/integration/test_ops_console.py, test_browser_client.py). Never
 # `playwright install`: its browser downloads are not reachable here; tests point Playwright at
 # /usr/bin/chromium (executable_path). Idempotent: quick when both are present.
 set -euo pipefail

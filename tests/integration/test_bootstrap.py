@@ -42,6 +42,7 @@ async def test_bootstrap_twice_is_idempotent(
         "PROJECTOR_TOPIC_SESSION_DELTA": unique_name("session-delta"),
         "PROJECTOR_TOPIC_BADGE": unique_name("badge"),
         "PROJECTOR_TOPIC_DEAD_LETTER": unique_name("dead-letter"),
+        "PROJECTOR_TOPIC_PUSH": unique_name("push"),
     }
     topics_to_delete.extend(topics.values())
     env = {
