@@ -1,4 +1,4 @@
-"""Replay mode (DESIGN §7): mailbox entries from a file through exactly the worker's core.
+"""Replay mode (docs/contract.md §7): mailbox entries from a file through exactly the worker's core.
 
 The clock is the `ts` of the entry being applied; the MessageStore is in memory, fed by the
 `message`, `recall` and `delete_message` entries replay applies (for any user).

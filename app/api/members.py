@@ -1,4 +1,4 @@
-"""Member directory routes (DESIGN §8, seed 004), same bearer authentication as the rest.
+"""Member directory routes (docs/contract.md §8, seed 004), same bearer authentication as the rest.
 
 * ``POST /api/v1/chats/members/page`` — one keyset page of a group's roster.
 * ``POST /api/v1/chats/members/by-user-ids`` — 1..50 members (active or not, marked), with

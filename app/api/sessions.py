@@ -1,4 +1,4 @@
-"""GET /v1/sessions: one page of the caller's conversation list (DESIGN §5)."""
+"""GET /v1/sessions: one page of the caller's conversation list (docs/contract.md §5)."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ _NULLABLE_SEQ = {"type": ["integer", "null"], "minimum": 0}
 SCHEMAS: Final[dict[str, Any]] = {
     "SessionRow": {
         "type": "object",
-        "description": "A projection row (DESIGN §4)",
+        "description": "A projection row (docs/contract.md §4)",
         "properties": {
             "user_id": _SEQ,
             "conversation_id": {"type": "string", "format": "uuid"},

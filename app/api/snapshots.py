@@ -1,4 +1,4 @@
-"""Per-user in-memory snapshots and the pages cut from them (DESIGN §5, seed §6.1-6.3).
+"""Per-user in-memory snapshots and the pages cut from them (docs/contract.md §5, seed §6.1-6.3).
 
 A snapshot is one user's list, both folders, in order, as of one load (one Redis round trip:
 rows and meta together). Rows are held as the JSON bytes the store returned: a warm page is a

@@ -1,9 +1,9 @@
-"""Reference model of the processing core: the definitions of DESIGN §2-§4/§7, evaluated directly.
+"""Reference model of the processing core: the definitions of docs/contract.md §2-§4/§7, evaluated directly.
 
 Deliberately naive and written without looking at `app/`: it validates every line, runs the
 watermark gate literally (one partition), keeps the list of entries applied per user, and then
 evaluates the definitions for each (user, conversation) from those entries, with no incremental
-state at all. Where DESIGN.md is silent it follows docs/contract-notes.md.
+state at all. Where docs/contract.md is silent it follows docs/contract-notes.md.
 
 What it does NOT model: frame contents (only which rows each flush writes: `flush_schedule`),
 and unread_exact (the model is always exact; the tests check the core's inexact rows against the
@@ -209,7 +209,7 @@ def run_model(lines: Iterable[bytes], lanes: int = 1, include_muted: bool = Fals
 
 
 def evaluate_row(pair: tuple[int, str], entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """The definitions (DESIGN §3.4, §3.7, §4), evaluated over one row's applied entries."""
+    """The definitions (docs/contract.md §3.4, §3.7, §4), evaluated over one row's applied entries."""
     user, conversation = pair
     membership, joined_at, left_at = "active", 0, None
     read = hidden = deleted = 0
@@ -290,7 +290,7 @@ def base_of(row: dict[str, Any]) -> int:
 
 
 def badge_of(user: int, rows: Iterable[dict[str, Any]], version: int, include_muted: bool) -> dict[str, Any]:
-    """DESIGN §3.8 over a user's rows (whatever their unread_count is: model's or core's)."""
+    """docs/contract.md §3.8 over a user's rows (whatever their unread_count is: model's or core's)."""
     rows = list(rows)
     active = [r for r in rows if r["membership"] == "active"]
     return {
