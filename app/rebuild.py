@@ -1,4 +1,4 @@
-"""Rebuild from state (DESIGN §6, issue 7): every user's rows from UserConversationState and the
+"""Rebuild from state (docs/contract.md §6, issue 7): every user's rows from UserConversationState and the
 MessageStore heads (:func:`app.domain.rebuild.row_from_state`, bounded recompute), written into a
 fresh projection namespace; then a diff against the live namespace.
 

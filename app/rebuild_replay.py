@@ -1,4 +1,4 @@
-"""Rebuild by replay (DESIGN §6, issue 7): re-consume every mailbox-tail partition from its
+"""Rebuild by replay (docs/contract.md §6, issue 7): re-consume every mailbox-tail partition from its
 beginning up to the end offsets seen at the start, through the worker's own core
 (:class:`app.worker.core.WorkerCore`) with in-memory tables, into a fresh projection namespace.
 

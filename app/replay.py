@@ -1,4 +1,4 @@
-"""Replay mode (DESIGN §7): mailbox entries from a file through the worker's processing object.
+"""Replay mode (docs/contract.md §7): mailbox entries from a file through the worker's processing object.
 
 A thin driver of `app.domain.processor.PartitionProcessor` (the one decode → gate → apply →
 flush loop the worker runs too): the clock is the `ts` of the entry being applied (event time);

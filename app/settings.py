@@ -111,14 +111,14 @@ class Settings:
     topic_session_delta: str = "session-delta"
     topic_badge: str = "badge"
     topic_dead_letter: str = "mailbox-dead-letter"
-    # Offline badge pushes (DESIGN §9): APNs/FCM-shaped records for users with no live stream.
+    # Offline badge pushes (docs/contract.md §9): APNs/FCM-shaped records for users with no live stream.
     topic_push: str = "push"
     # Every topic bootstrap creates gets this many partitions, so a table's changelog and its
     # source topic always agree (faust's co-partitioning requirement).
     topic_partitions: int = 4
     topic_replication_factor: int = 1
 
-    # --- processing (DESIGN.md §2-§3) ----------------------------------------------------------
+    # --- processing (docs/contract.md §2-§3) ----------------------------------------------------------
     lanes: int = 1
     projection_compaction_window_ms: int = 5000
     max_dirty_rows: int = 100_000
@@ -136,7 +136,7 @@ class Settings:
     # --- projection store (Redis) -----------------------------------------------------------------
     # Key prefix of the serving projection; a rebuild writes another namespace and swaps.
     projection_namespace: str = "proj"
-    # Count persistent writes per (user, conversation) in the store (audit of DESIGN §3.9's bound).
+    # Count persistent writes per (user, conversation) in the store (audit of docs/contract.md §3.9's bound).
     projection_count_writes: bool = False
 
     # --- unread audit (issue 7; app/worker/audit.py) ----------------------------------------------
@@ -151,7 +151,7 @@ class Settings:
     # Cassandra partition per audited row; a heavy user whose 5,000 conversations all sat unread
     # and idle costs 3,600 reads a day (one per 24 s), a worker holding 2 million such rows ~17
     # reads/s spread over the day, and `unread_audit_max_rows` caps any round whatever the row
-    # count (20,000 per 10 min = 33 reads/s per worker at most). docs/contract-notes.md ("Unread audit").
+    # count (20,000 per 10 min = 33 reads/s per worker at most). docs/contract.md §3.4 ("Unread audit").
     unread_audit_sample_rate: float = 0.005
     unread_audit_interval_ms: int = 600_000
     # "No change for 24 h" (issue 7): a row still changing is not worth a read (its next entry
@@ -185,7 +185,7 @@ class Settings:
     # thousands of pages a second the lines would cost more than the pages.
     api_access_log: bool = False
 
-    # --- query API (DESIGN §5; `projector api`, `projector token`) -----------------------------
+    # --- query API (docs/contract.md §5; `projector api`, `projector token`) -----------------------------
     # HMAC-SHA256 key for bearer tokens and page cursors. Empty = not configured: `projector api`
     # and `projector token` refuse to start, so no deployment runs on a guessable default.
     # Generate one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`.
@@ -198,13 +198,13 @@ class Settings:
     api_snapshot_max_rows: int = 5000
     # LRU bound on the rows held by all snapshots together (memory: ~1 KB per row).
     api_snapshot_cache_rows: int = 500_000
-    # When the API fills rows missing from the projection store from Cassandra (DESIGN §5):
+    # When the API fills rows missing from the projection store from Cassandra (docs/contract.md §5):
     # "empty" = only when the store holds nothing for the user (projection lost, user not yet
     # flushed), "always" = join UserConversationState on every snapshot load (also catches
     # single lost rows; one Cassandra partition read per load), "never".
     api_fill_from_state: str = "empty"
 
-    # --- member directory (DESIGN §8, seed 004) ---------------------------------------------------
+    # --- member directory (docs/contract.md §8, seed 004) ---------------------------------------------------
     # Time the presentation call may spend on record_count/mention_count before answering without
     # them (identities are never held back). The seed's budget is 2 s.
     members_stats_budget_ms: int = 2000

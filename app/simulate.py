@@ -5,10 +5,10 @@ Two halves, kept apart so the first can be unit tested without servers:
 * :class:`Workload` — a pure, seeded, deterministic generator. Users (random u64 ids), 1:1 chats,
   small groups and big groups; every message is fanned out to every active member (sender
   included); reads (often below latest), recalls and deletes, bursts whose fan-out reaches each
-  recipient in a different order (DESIGN §3.6 disorder: a message after a newer one, a recall
+  recipient in a different order (docs/contract.md §3.6 disorder: a message after a newer one, a recall
   before its message), pin/mute/archive toggles, clear/delete conversation, joins and leaves,
   the odd ``mailbox_dirty``. It yields :class:`Batch` es: the messages and recalls to store, the
-  mailbox entries (DESIGN §2) and the lanes' watermark markers.
+  mailbox entries (docs/contract.md §2) and the lanes' watermark markers.
 * :func:`drive` — the I/O. Per chunk of batches it writes the messages, recall flags and heads
   to the MessageStore FIRST (a worker that reads the store for an entry must find the message),
   then produces the entries (key = ``str(user_id)``) and, for each marker of lane L with

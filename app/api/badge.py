@@ -1,4 +1,4 @@
-"""GET /v1/badge: the caller's app-icon totals from the projection store's meta (DESIGN §3.8)."""
+"""GET /v1/badge: the caller's app-icon totals from the projection store's meta (docs/contract.md §3.8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Member directory routes (DESIGN §8, seed 004), same bearer authentication as the rest.
+"""Member directory routes (docs/contract.md §8, seed 004), same bearer authentication as the rest.
 
 * ``POST /api/v1/chats/members/page`` — one keyset page of a group's roster.
 * ``POST /api/v1/chats/members/by-user-ids`` — 1..50 members (active or not, marked), with
@@ -105,7 +105,7 @@ def _user_id(value: object, name: str) -> int:
 
 
 def _member_json(member: BaseMember) -> dict[str, Any]:
-    # The u64 id as a decimal string: JavaScript cannot hold it as a number (DESIGN §9).
+    # The u64 id as a decimal string: JavaScript cannot hold it as a number (docs/contract.md §9).
     return {**member.to_wire(), "user_id": id_text(member.user_id)}
 
 

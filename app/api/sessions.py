@@ -1,4 +1,4 @@
-"""GET /v1/sessions: one page of the caller's conversation list (DESIGN §5)."""
+"""GET /v1/sessions: one page of the caller's conversation list (docs/contract.md §5)."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ SCHEMAS: Final[dict[str, Any]] = {
     "SessionRow": {
         "type": "object",
         "description": (
-            "A projection row (DESIGN §4). user_id is a decimal string (a u64 does not fit a "
+            "A projection row (docs/contract.md §4). user_id is a decimal string (a u64 does not fit a "
             "JavaScript number); sequence numbers and counts are JSON integers."
         ),
         "properties": {

@@ -1,4 +1,4 @@
-"""Per-user in-memory snapshots and the pages cut from them (DESIGN §5, seed §6.1-6.3).
+"""Per-user in-memory snapshots and the pages cut from them (docs/contract.md §5, seed §6.1-6.3).
 
 A snapshot is one user's list, both folders, in order, as of one load (one Redis round trip:
 rows and meta together). Rows are held as the JSON bytes the store returned (with the user id
@@ -244,7 +244,7 @@ class SessionLists:
             except msgspec.DecodeError:  # not a JSON object: one bad row must not hide the list
                 unreadable += 1
                 continue
-            # Held (and served) as clients get it: the u64 user id as a string (DESIGN §9).
+            # Held (and served) as clients get it: the u64 user id as a string (docs/contract.md §9).
             items.append((fields, row_json_to_client(data)))
             if isinstance(fields.conversation_id, str):
                 known.add(fields.conversation_id)

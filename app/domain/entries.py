@@ -1,4 +1,4 @@
-"""Mailbox entries: the typed wire contract (DESIGN §2) and its one validating decoder.
+"""Mailbox entries: the typed wire contract (docs/contract.md §2) and its one validating decoder.
 
 Raw bytes are decoded exactly once, straight into frozen typed structs (msgspec, a tagged
 union on `type`). Anything that does not fit becomes a `DeadLetter` with a readable reason;

@@ -1,5 +1,5 @@
 """Member statistics as stream aggregates: ``record_count`` and ``mention_count`` per
-(group, member), derived from the member's own mailbox entries (DESIGN §8).
+(group, member), derived from the member's own mailbox entries (docs/contract.md §8).
 
 Why bitmaps and absolute values, not counters:
 

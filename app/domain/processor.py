@@ -67,7 +67,7 @@ _STATS_ENTRIES = frozenset({MessageEntry, RecallEntry, DeleteMessageEntry})
 
 
 class LearningMessageStore(MessageStore, Protocol):
-    """A MessageStore that learns what is applied (replay's in-memory store, DESIGN §7)."""
+    """A MessageStore that learns what is applied (replay's in-memory store, docs/contract.md §7)."""
 
     def record_message(
         self,

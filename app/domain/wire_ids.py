@@ -1,4 +1,4 @@
-"""64-bit ids towards clients: decimal strings (DESIGN §9 "Ids towards clients").
+"""64-bit ids towards clients: decimal strings (docs/contract.md §9 "Ids towards clients").
 
 A u64 user id does not survive JavaScript's doubles (``11982011376358104761`` reads back as
 ``11982011376358105000``), so every JSON the system sends to a client carries user ids as

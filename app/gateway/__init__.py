@@ -1,4 +1,4 @@
-"""The live push gateway (issue 16, DESIGN §9): frames from the topics to connected devices.
+"""The live push gateway (issue 16, docs/contract.md §9): frames from the topics to connected devices.
 
 * :mod:`app.gateway.hub` — who is connected, per-connection bounded buffers, per-user recent
   frames for resume, heartbeats. asyncio and the stdlib only (the API imports it).

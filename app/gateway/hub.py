@@ -2,7 +2,7 @@
 
 Frames come in through :meth:`FrameHub.publish` (the Kafka adapter calls it for every frame of a
 user the hub :meth:`wants`); each frame is encoded once as a Server-Sent Event (ids as decimal
-strings, DESIGN §9) and queued on every live connection of its user. Everything here runs on
+strings, docs/contract.md §9) and queued on every live connection of its user. Everything here runs on
 the event loop and never awaits while it changes state, so a frame is either before or after a
 connection's start, never half of both.
 
@@ -76,7 +76,7 @@ class Entry:
     kind: str
     version: int  # the frame's projection_mailbox_seq
     prev: int | None  # prev_projection_mailbox_seq (SESSION_DELTA, BADGE_UPDATE); None: notice
-    correction: bool  # an audit correction restating `version` (docs/contract-notes.md)
+    correction: bool  # an audit correction restating `version` (docs/contract.md §4, "Correction frames")
     event: bytes  # the SSE event, encoded once for every connection of the user
 
     @property

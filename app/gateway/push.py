@@ -1,4 +1,4 @@
-"""Offline badge pushes (DESIGN §9, seed 000 §4: online -> BADGE_UPDATE, offline -> APNs/FCM badge).
+"""Offline badge pushes (docs/contract.md §9, seed 000 §4: online -> BADGE_UPDATE, offline -> APNs/FCM badge).
 
 Who produces them, and why exactly one party per user: the API processes (gateway instances)
 form ONE consumer group (``{app_id}-push``) over the badge topic. Kafka gives each partition of
@@ -16,7 +16,7 @@ in the window and who has no live stream at the window's end, ONE record on topi
 
 with the newest badge of the window (coalesced: one push per user per window, not per message)
 and its version V, so a delivery service drops a record whose version is not above the last
-it delivered (a late or repeated one). Audit corrections (same version, DESIGN §4 notes) are
+it delivered (a late or repeated one). Audit corrections (same version, docs/contract.md §4 notes) are
 not pushed: the version rule would drop them anyway.
 
 Delivery is at least once: the badge topic's offsets are committed after the window's records

@@ -1,4 +1,4 @@
-"""Group member directory (DESIGN §8, seed 004): the client store and the server's helpers.
+"""Group member directory (docs/contract.md §8, seed 004): the client store and the server's helpers.
 
 Client side (asyncio, no server imports): :mod:`app.members.model` (member objects and the
 wire shapes), :mod:`app.members.source` (the member API as a port, plus its HTTP client),

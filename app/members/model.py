@@ -212,7 +212,7 @@ class Profile:
 
 
 def _user_id(value: object) -> int:
-    # Responses carry u64 ids as decimal strings (DESIGN §9: a JS number cannot hold them);
+    # Responses carry u64 ids as decimal strings (docs/contract.md §9: a JS number cannot hold them);
     # requests may too, or (older clients) JSON integers. Only the canonical decimal form: no
     # sign, space, leading zero or non-ASCII digit ('٣'.isdigit() is true).
     try:

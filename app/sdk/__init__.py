@@ -7,7 +7,7 @@ runs), and a Kafka follower of the frame topics (for back-end tools).
         stream = LiveStream(live, on_notice=members_to(registry))   # GET /v1/stream (SSE)
         await stream.run(stop)           # live.main(), live.view.badge stay current
 
-Ids arrive as decimal strings (DESIGN §9) and come out as ints.
+Ids arrive as decimal strings (docs/contract.md §9) and come out as ints.
 """
 
 from app.sdk.client import ClientError, Page, SessionsClient, TooManyRestarts, Walk

@@ -102,7 +102,7 @@ class SessionsClient:
             params["cursor"] = cursor
         body = await self._get("/v1/sessions", params)
         return Page(
-            # Rows carry user_id as a decimal string (DESIGN §9); Python holds it as an int.
+            # Rows carry user_id as a decimal string (docs/contract.md §9); Python holds it as an int.
             items=[row_from_client(row) for row in body["items"]],
             next_cursor=body["next_cursor"],
             snapshot_revision=body["snapshot_revision"],

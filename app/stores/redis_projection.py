@@ -1,4 +1,4 @@
-"""Redis projection store: the serving copy of every user's conversation list (DESIGN §3.9, §5).
+"""Redis projection store: the serving copy of every user's conversation list (docs/contract.md §3.9, §5).
 
 Layout (``ns`` = the namespace, default ``proj``; ``{42}`` is a literal Redis Cluster hash tag, so
 all of one user's keys land on one slot and one Lua script may touch them together)::

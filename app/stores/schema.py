@@ -7,9 +7,9 @@ is not (Cassandra refuses it): add a new column instead.
 
 Id encodings (chosen once; every adapter must follow them):
 
-* ``user_id`` / ``sender_id`` are unsigned 64-bit ints (DESIGN.md §2). They are stored as CQL
+* ``user_id`` / ``sender_id`` are unsigned 64-bit ints (docs/contract.md §2). They are stored as CQL
   ``varint``: exact for all of ``[0, 2^64)``, and it *sorts numerically*, which keyset paging of
-  ``group_members`` by ``user_id`` (DESIGN.md §8) needs. A signed ``bigint`` would need a mapping
+  ``group_members`` by ``user_id`` (docs/contract.md §8) needs. A signed ``bigint`` would need a mapping
   that either breaks that order (two's complement puts ids >= 2^63 first) or makes every stored
   id unreadable (offset by 2^63); the python driver maps ``varint`` to ``int`` with no code at all.
 * ``conversation_id`` is a CQL ``uuid`` (pass ``uuid.UUID``; the driver refuses strings).

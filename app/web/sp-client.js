@@ -6,7 +6,7 @@
 //   stream.start();                      // hello -> first page -> frames, reconnects by itself
 //   list.visible(); list.view.badge;     // what to show; list.nextPage() walks on
 //
-// The client rule (DESIGN §4; the Python twin is app/domain/client.py): frames carry ABSOLUTE
+// The client rule (docs/contract.md §4; the Python twin is app/domain/client.py): frames carry ABSOLUTE
 // rows; a row is applied only when its frame's projection_mailbox_seq is above the version held
 // for that conversation, by overwriting it (never `+=` on a count); a SESSION_DELTA whose
 // prev_projection_mailbox_seq is not the version this client holds means frames were lost:
@@ -32,7 +32,7 @@ function idString(obj, key) {
   return v;
 }
 
-// List order (DESIGN §5): pinned zone by pin_rank ASC, then last_activity_id DESC (null last),
+// List order (docs/contract.md §5): pinned zone by pin_rank ASC, then last_activity_id DESC (null last),
 // then conversation_id ASC; the normal zone the same without pin_rank.
 export function compareRows(a, b) {
   const za = a.pin_rank === null || a.pin_rank === undefined ? 1 : 0;

@@ -13,7 +13,7 @@ One round (`audit_tick`):
     names the repair of the store:
       CORRECT    → ProjectionStore.correct (only while the store still holds the version it was
                    compared at), then correction frames: SESSION_DELTA with the corrected rows,
-                   BADGE_UPDATE if the stored badge was off (docs/contract-notes.md, "Unread
+                   BADGE_UPDATE if the stored badge was off (docs/contract.md §3.4, "Unread
                    audit")
       REFLUSH_*  → the rows are marked dirty: the user's next flush writes them at a newer
                    version, with ordinary frames

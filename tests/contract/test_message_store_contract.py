@@ -263,7 +263,7 @@ def test_recalled_and_deleted_messages_are_flagged(writer: Writer, conv: Callabl
 
 
 def test_recall_before_its_message(writer: Writer, conv: Callable[[], str]) -> None:
-    """Disorder is normal (DESIGN §3.6): the recall may be stored first. Until the message
+    """Disorder is normal (docs/contract.md §3.6): the recall may be stored first. Until the message
     arrives the store does not hold it; once it does, it is recalled."""
     c = conv()
     writer.given([message(c, 1)])

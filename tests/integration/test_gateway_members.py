@@ -1,4 +1,4 @@
-"""Member notifications through the gateway (seed 004, DESIGN §9): MEMBER_NOTICE frames on the
+"""Member notifications through the gateway (seed 004, docs/contract.md §9): MEMBER_NOTICE frames on the
 session-delta topic (keyed by user, as the worker produces them) reach each member's device over
 /v1/stream, and the SDK's MemberDirectory reacts: t=24 (a member joined a 500-member group) makes
 the other members' directories re-read the roster; t=27 (a member left, history) also drops the

@@ -99,7 +99,7 @@ async def test_frames_go_to_every_live_connection_of_their_user_only() -> None:
     for conn in (tab1, tab2):
         [(name, body, event_id)] = await drain(conn)
         assert name == "SESSION_DELTA" and event_id == "5"
-        # Ids go out as exact decimal strings (DESIGN §9), rows included.
+        # Ids go out as exact decimal strings (docs/contract.md §9), rows included.
         assert body["user_id"] == "11982011376358104761"
         assert body["conversations"][0]["user_id"] == "11982011376358104761"
         assert frame_from_client(body) == delta(5, 2, row("a", 3))

@@ -102,7 +102,7 @@ async def test_500_members_page_in_10_pages_without_duplicates_or_other_groups(a
     assert len(pages) == 10
     got = [int(item["user_id"]) for page in pages for item in page["items"]]
     assert got == sorted([*ids, ME]) and len(set(got)) == 500
-    # u64 ids go out as decimal strings (DESIGN §9), next_user_id too, and come back as such.
+    # u64 ids go out as decimal strings (docs/contract.md §9), next_user_id too, and come back as such.
     assert all(isinstance(item["user_id"], str) for page in pages for item in page["items"])
     assert all(isinstance(page["next_user_id"], str) for page in pages[:-1])
     assert all(page["self_role"] == "admin" for page in pages)

@@ -1,4 +1,4 @@
-"""`projector replay` as a process (DESIGN §7): the four output files are run_replay's results,
+"""`projector replay` as a process (docs/contract.md §7): the four output files are run_replay's results,
 stdin works, and bad invocations fail with a clear message and no traceback."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Ids towards clients (DESIGN §9): u64 ids as decimal strings, and back, exactly."""
+"""Ids towards clients (docs/contract.md §9): u64 ids as decimal strings, and back, exactly."""
 
 from __future__ import annotations
 

@@ -293,7 +293,7 @@ def _frame(record: TopicRecord) -> dict[str, Any]:
     except ValueError:
         value = record.value.decode("utf-8", "replace")
     if isinstance(value, dict) and isinstance(value.get("user_id"), int):
-        value["user_id"] = str(value["user_id"])  # 64-bit ids travel as strings (DESIGN §9)
+        value["user_id"] = str(value["user_id"])  # 64-bit ids travel as strings (docs/contract.md §9)
     return {
         "partition": record.partition,
         "offset": record.offset,
