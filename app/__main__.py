@@ -1,4 +1,4 @@
-"""``python -m app``: the ``projector`` command (app/cli.py), for environments without the script."""
+"""``python -m app``: the ``projector`` command (app/cli/__init__.py), for environments without the script."""
 
 import sys
 

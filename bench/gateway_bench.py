@@ -205,7 +205,7 @@ class Bench:
 
     def projector(self, *args: str, **popen: Any) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", *args],
+            [sys.executable, "-m", "app", *args],
             cwd=ROOT,
             env=self.env,
             preexec_fn=raise_fd_limit,
@@ -217,7 +217,7 @@ class Bench:
     async def setup(self) -> None:
         done = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "app.cli", "bootstrap"],
+            [sys.executable, "-m", "app", "bootstrap"],
             cwd=ROOT,
             env=self.env,
             capture_output=True,

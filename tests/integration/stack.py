@@ -22,7 +22,7 @@ from app.settings import Settings
 from tests.projection_files import as_replay_files
 
 ROOT = Path(__file__).resolve().parents[2]
-PROJECTOR = [sys.executable, "-m", "app.cli"]
+PROJECTOR = [sys.executable, "-m", "app"]
 
 
 class Stack:

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 def _bootstrap(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", "bootstrap", *args],
+        [sys.executable, "-m", "app", "bootstrap", *args],
         env={**os.environ, **env},
         capture_output=True,
         text=True,

@@ -41,7 +41,7 @@ BY_IDS = "/api/v1/chats/members/by-user-ids"
 
 @pytest.fixture(scope="module")
 def schema(servers: Settings, cassandra_session: Any) -> Iterator[str]:
-    from app.bootstrap import ensure_cassandra_schema
+    from app.cli.bootstrap import ensure_cassandra_schema
 
     keyspace = f"t_members_{uuid.uuid4().hex[:12]}"
     ensure_cassandra_schema(servers, keyspace=keyspace)

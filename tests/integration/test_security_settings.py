@@ -44,7 +44,7 @@ def test_bootstrap_creates_the_keyspace_in_the_local_data_center(
     }
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "app.cli", "bootstrap", "--skip-kafka"],
+            [sys.executable, "-m", "app", "bootstrap", "--skip-kafka"],
             env=env,
             capture_output=True,
             text=True,

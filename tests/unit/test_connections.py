@@ -23,9 +23,9 @@ from app.connections import (
     keyspace_replication,
     redis_client_options,
 )
+from app.runtime.app import faust_credentials
 from app.settings import Settings, SettingsError
 from app.stores.schema import create_keyspace_cql
-from app.worker.batch_intake import faust_credentials
 
 
 @pytest.fixture(scope="module")
@@ -188,11 +188,11 @@ def _secured(kwargs: dict[str, Any]) -> bool:
 async def test_bootstrap_simulate_and_rebuild_build_their_kafka_clients_with_the_settings(
     pki: dict[str, str], captured: list[dict[str, Any]]
 ) -> None:
-    from app.bootstrap import KafkaUnavailable, ensure_topics
-    from app.domain.memory_store import InMemoryMessageStore
-    from app.rebuild_cli import worker_config
-    from app.rebuild_replay import rebuild_by_replay
-    from app.simulate import SimulateError, _open_producer
+    from app.cli.bootstrap import KafkaUnavailable, ensure_topics
+    from app.rebuild.by_replay import rebuild_by_replay
+    from app.rebuild.cli import worker_config
+    from app.simulate.drive import SimulateError, _open_producer
+    from app.stores.memory_messages import InMemoryMessageStore
     from app.stores.memory_projection import InMemoryProjectionStore
 
     settings = sasl_ssl(pki)

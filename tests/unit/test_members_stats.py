@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from app.domain.entries import DeleteMessageEntry, Entry, MessageEntry, RecallEntry, decode_record
 from app.domain.member_stats import MemberStats
-from app.domain.memory_store import InMemoryMessageStore
+from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
 from tests.unit.builders import CONV_A, CONV_B, Stream
 from tests.unit.test_worker_core import Clock, DictTables, Outbox, make_core, records

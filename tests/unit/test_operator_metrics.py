@@ -11,8 +11,8 @@ import pytest
 
 from app.build import build_info
 from app.domain.entries import DEAD_LETTER_KINDS, DeadLetter, decode_record
-from app.domain.memory_store import InMemoryMessageStore
 from app.metrics import PROCESS_METRICS, RebuildMetrics, WorkerMetrics, names, sample
+from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
 from tests.unit.builders import Stream as Builder
 from tests.unit.test_metrics import metrics_text, scrape

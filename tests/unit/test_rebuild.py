@@ -13,8 +13,8 @@ import pytest
 from app.domain.badge import Badge
 from app.domain.flush import UserFlush
 from app.metrics import exposition, sample
-from app.rebuild import UNKNOWABLE_FROM_STATE, Progress, diff_namespaces, rebuild_from_state
-from app.rebuild_cli import _user_list
+from app.rebuild.cli import _user_list
+from app.rebuild.from_state import UNKNOWABLE_FROM_STATE, Progress, diff_namespaces, rebuild_from_state
 from app.replay import Replayer, ReplayOptions
 from app.stores.memory_projection import InMemoryProjectionStore
 from tests.unit.builders import CONV_A, CONV_B, Stream
@@ -164,7 +164,7 @@ def test_user_list_argument() -> None:
 
 
 def test_no_state_means_no_batch() -> None:
-    from app.rebuild import rebuild_user
+    from app.rebuild.from_state import rebuild_user
 
     replayer, _ = scenario()
     assert rebuild_user(1, [], {}, replayer.store, limit=200, include_muted=False) is None
@@ -175,7 +175,7 @@ def test_the_replay_rebuilds_tables_give_the_replayed_projection() -> None:
     import asyncio
 
     from app.domain.projector import ProjectorConfig
-    from app.rebuild_replay import MemoryTables, SilentOutbox
+    from app.rebuild.by_replay import MemoryTables, SilentOutbox
     from app.replay import run_replay
     from app.worker.core import WorkerConfig, WorkerCore
     from tests.unit.test_worker_core import final_projection, message_store_for, records

@@ -229,7 +229,7 @@ def test_invalid_unread_audit_values_give_clear_errors(env: dict[str, str], frag
 def test_kafka_group_settings_reach_the_faust_consumer() -> None:
     """The group protocol is set through validated PROJECTOR_* settings (faust's own BROKER_*
     variables bypassed the check) and reaches the consumer faust builds."""
-    from app.worker.batch_intake import new_faust_app
+    from app.runtime.app import new_faust_app
 
     settings = Settings.from_env(
         {

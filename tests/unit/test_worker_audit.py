@@ -19,9 +19,9 @@ from app.domain.badge import Badge
 from app.domain.client import ApplyStatus, SessionView
 from app.domain.conversation import ConversationState
 from app.domain.flush import Correction
-from app.domain.memory_store import InMemoryMessageStore
 from app.metrics import WorkerMetrics, names, sample
 from app.replay import ReplayOptions, ReplayResult, run_replay
+from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.worker.audit import AuditConfig, AuditReport, audit_tick
 from app.worker.core import WorkerCore

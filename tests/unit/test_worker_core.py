@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.domain.entries import DeleteMessageEntry, MessageEntry, RecallEntry, decode_record
-from app.domain.memory_store import InMemoryMessageStore
 from app.domain.projector import ProjectorConfig
 from app.replay import ReplayOptions, run_replay
+from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.worker.core import MIRROR_BACKLOG_BATCHES, WorkerConfig, WorkerCore
 from app.worker.ports import PartitionSnapshot, RawRecord, raw_record

@@ -1,6 +1,6 @@
 """The operator console (issue 17), served by the API process under /ops/ when
 ``PROJECTOR_OPS_SECRET`` is set; see views.py for the routes and auth.py for the credential and
-the CSRF defence. Its Kafka side comes in through the `OpsBus` port (app/ops_kafka.py): this
+the CSRF defence. Its Kafka side comes in through the `OpsBus` port (app/kafka/ops.py): this
 package imports no faust, mode or aiokafka."""
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ import orjson
 from app.domain.badge import Badge, from_rows
 from app.domain.flush import Correction, UserFlush
 from app.domain.projection_store import StoredProjection
-from app.rebuild import BADGE_FIELDS, UNKNOWABLE_FROM_STATE, rebuild_user
+from app.rebuild.from_state import BADGE_FIELDS, UNKNOWABLE_FROM_STATE, rebuild_user
 from app.settings import Settings
 
 from .ports import OpsDeps

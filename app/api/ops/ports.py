@@ -2,7 +2,7 @@
 
 The console runs inside the API process, which must not import faust, mode or aiokafka: the Kafka
 side (frames, dead letters, consumer-group offsets, correction frames out) is the `OpsBus` port,
-implemented by app/ops_kafka.py and injected where the API is built (`projector api`); Cassandra
+implemented by app/kafka/ops.py and injected where the API is built (`projector api`); Cassandra
 and Redis are the adapters the API already has. Tests inject in-memory ones.
 """
 
@@ -16,7 +16,7 @@ from app.domain.flush import Correction, UserFlush
 from app.domain.ports import MessageStore
 from app.domain.projection_store import StoredProjection, StoredRows
 from app.members.model import BaseMember
-from app.rebuild import HeadLike
+from app.rebuild.from_state import HeadLike
 
 OPS_KEY: Final = "ops"  # Deps.extra[OPS_KEY]: the console's OpsDeps
 

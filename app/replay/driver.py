@@ -15,9 +15,9 @@ from typing import Any
 import msgspec
 
 from app.domain.flush import UserFlush
-from app.domain.memory_store import InMemoryMessageStore
 from app.domain.processor import PartitionProcessor, ProcessingStats, Snapshot
 from app.domain.projector import Projector, ProjectorConfig
+from app.stores.memory_messages import InMemoryMessageStore
 
 Frame = dict[str, Any]
 

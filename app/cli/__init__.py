@@ -6,19 +6,27 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-# subcommand -> (module, help). Each module exposes `add_arguments(parser)` and `run(args) -> int`.
-# Only the chosen subcommand's module is imported, so `projector replay` never pays for faust or
-# the database drivers, and one broken optional module cannot take the others down.
+if TYPE_CHECKING:
+    from app.settings import Settings
+
+# subcommand -> (module, help). Each module exposes `add_arguments(parser)` and
+# `run(settings, args) -> int`. Only the chosen subcommand's module is imported, so `projector
+# replay` never pays for faust or the database drivers, and one broken optional module cannot take
+# the others down. The Settings are built once, here, and handed to the command.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "replay": ("app.replay_cli", "Run mailbox entries from a file through the core; write projections"),
-    "bootstrap": ("app.bootstrap", "Create the Cassandra schema and the Kafka topics (idempotent)"),
-    "worker": ("app.worker_cli", "Run a projector worker (faust) on mailbox-tail; settings from PROJECTOR_*"),
-    "simulate": ("app.simulate", "Generate mailbox traffic: messages stored first, then entries and markers"),
-    "api": ("app.api_cli", "Serve the query API (session list pages, badge) over HTTP"),
-    "token": ("app.api.token_cli", "Mint a bearer token for the query API: token USER_ID [--ttl SECONDS]"),
+    "replay": ("app.replay.cli", "Run mailbox entries from a file through the core; write projections"),
+    "bootstrap": ("app.cli.bootstrap", "Create the Cassandra schema and the Kafka topics (idempotent)"),
+    "worker": ("app.cli.worker", "Run a projector worker (faust) on mailbox-tail; settings from PROJECTOR_*"),
+    "simulate": (
+        "app.simulate.cli",
+        "Generate mailbox traffic: messages stored first, then entries and markers",
+    ),
+    "api": ("app.cli.api", "Serve the query API (session list pages, badge) over HTTP"),
+    "token": ("app.cli.token", "Mint a bearer token for the query API: token USER_ID [--ttl SECONDS]"),
     "rebuild": (
-        "app.rebuild_cli",
+        "app.rebuild.cli",
         "Rebuild projections from Cassandra state into a fresh namespace, diff with the live one, --swap",
     ),
 }
@@ -36,7 +44,7 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         if name == chosen:
             module = importlib.import_module(module_name)
             module.add_arguments(sub_parser)
-            runner: Callable[[argparse.Namespace], int] = module.run
+            runner: Callable[[Settings, argparse.Namespace], int] = module.run
             sub_parser.set_defaults(runner=runner)
     return parser
 
@@ -54,11 +62,11 @@ class _Version(argparse.Action):
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(arguments).parse_args(arguments)
-    runner: Callable[[argparse.Namespace], int] = args.runner
-    from app.settings import SettingsError
+    runner: Callable[[Settings, argparse.Namespace], int] = args.runner
+    from app.settings import Settings, SettingsError
 
     try:
-        return runner(args)
+        return runner(Settings.from_env(), args)
     except SettingsError as exc:  # every subcommand reads the environment the same way
         print(f"projector {args.command}: {exc}", file=sys.stderr)
         return 2

@@ -29,7 +29,7 @@ from app.domain.entries import DeadLetter, WatermarkMarker, decode_record
 from app.domain.ports import MessageStore
 from app.domain.projection_store import ProjectionStore
 from app.metrics import RebuildMetrics
-from app.rebuild import Progress
+from app.rebuild.from_state import Progress
 from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms
 from app.worker.ports import PartitionSnapshot, RawRecord, raw_record
 

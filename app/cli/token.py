@@ -32,10 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(settings: Settings, args: argparse.Namespace) -> int:
     from app.api.tokens import TokenSigner
-
-    settings = Settings.from_env()  # a SettingsError is reported by app.cli.main
     if args.operator:
         return _operator(settings, args)
     if not settings.api_secret:

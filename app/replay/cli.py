@@ -13,8 +13,9 @@ from typing import IO, Any
 
 import orjson
 
-from app.cli_args import non_negative_int, positive_int
+from app.cli.args import non_negative_int, positive_int
 from app.replay import Frame, Replayer, ReplayOptions
+from app.settings import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +86,7 @@ def _chunks(stream: IO[bytes], size: int = 1 << 20) -> Iterator[list[bytes]]:
         yield chunk
 
 
-def run(args: argparse.Namespace) -> int:
+def run(settings: Settings, args: argparse.Namespace) -> int:
     # The hot loop allocates many short-lived tuples and almost no reference cycles; the default
     # GC thresholds would rescan the growing state every few hundred allocations.
     gc.set_threshold(200_000, 50, 100)

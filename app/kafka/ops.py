@@ -1,7 +1,7 @@
 """Kafka for the operator console (issue 17): the `OpsBus` port of app/api/ops on aiokafka.
 
 Lives outside app/api (which must not import aiokafka) and is injected where the API is built
-(`projector api`, app/api_cli.py). Everything it reads is bounded:
+(`projector api`, app/cli/api.py). Everything it reads is bounded:
 
 * a user's last frames: the key's partition of the frame topic (the producers' default
   partitioner, murmur2 of the key), read from at most ``ops_scan_records`` records before its end;

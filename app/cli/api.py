@@ -26,8 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()  # a SettingsError is reported by app.cli.main
+def run(settings: Settings, args: argparse.Namespace) -> int:
     from app.logs import configure_logging
 
     configure_logging(settings, "api")  # PROJECTOR_LOG_FORMAT, PROJECTOR_LOG_LEVEL
@@ -70,9 +69,9 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
                 settings.unread_precise_limit,
             )
         extra: dict[str, Any] = {SERVICE_KEY: build_member_service(settings, session)}
-        if settings.ops_secret:  # the operator console (app/api/ops; Kafka through app/ops_kafka.py)
+        if settings.ops_secret:  # the operator console (app/api/ops; Kafka through app/kafka/ops.py)
             from app.api.ops import OPS_KEY
-            from app.ops_kafka import open_ops
+            from app.kafka.ops import open_ops
 
             ops = extra[OPS_KEY] = open_ops(settings, session, store)
         # The live stream (issue 16): its Kafka consumer lives in app/gateway, injected here.

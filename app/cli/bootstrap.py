@@ -187,8 +187,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()  # a SettingsError is reported by app.cli.main
+def run(settings: Settings, args: argparse.Namespace) -> int:
     status = 0
     if not args.skip_cassandra:
         try:

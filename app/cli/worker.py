@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from app.settings import Settings
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
@@ -13,19 +15,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    from app.settings import Settings
-
-    settings = Settings.from_env()  # a SettingsError is reported by app.cli.main
+def run(settings: Settings, args: argparse.Namespace) -> int:
     from app.logs import configure_logging, faust_worker_options
 
-    # Before app.main builds the app (its imports and connects log); faust's worker then applies
+    # Before the app is built (its imports and connects log); faust's worker then applies
     # the same set-up when it starts (faust_worker_options), so one format covers every line.
     configure_logging(settings, "worker")
     from app.stores.cassandra_session import CassandraUnavailable
 
     try:
-        from app.main import app
+        from app.runtime.worker import create_app
+
+        app, _ = create_app(settings)
     except CassandraUnavailable as exc:
         print(f"projector worker: {exc}", file=sys.stderr)
         return 1

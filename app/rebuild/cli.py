@@ -1,8 +1,8 @@
 """`projector rebuild (--from-state (--users ID,...|--all-known) | --by-replay [--from-timestamp T])
 --namespace NS [--swap] [--metrics-port PORT]`.
 
-Rebuilds users' rows into the fresh Redis namespace NS from Cassandra (app/rebuild.py) or by
-re-consuming mailbox-tail through the worker's core (app/rebuild_replay.py), with a progress
+Rebuilds users' rows into the fresh Redis namespace NS from Cassandra (app/rebuild/from_state.py) or by
+re-consuming mailbox-tail through the worker's core (app/rebuild/by_replay.py), with a progress
 line, then diffs NS against the live (serving) namespace: rows added/removed/changed per
 field and badge differences, printed and written as JSON (``--report``). ``--swap`` then makes NS
 the serving namespace (``SET {base}:serving NS``, atomic; the worker and the API follow it).
@@ -39,13 +39,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from app.cli_args import non_negative_float, non_negative_int
+from app.cli.args import non_negative_float, non_negative_int
+from app.settings import Settings
 
 if TYPE_CHECKING:
     from app.domain.ports import MessageStore
     from app.domain.projection_store import ProjectionStore
     from app.metrics import RebuildMetrics
-    from app.rebuild_replay import BaseLoader, ReplayRebuild
+    from app.rebuild.by_replay import BaseLoader, ReplayRebuild
 
 MAX_PORT = 65535
 MAX_HOLD_S = 3600  # a --metrics-hold longer than an hour is a mistake
@@ -161,10 +162,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    from app.settings import Settings
-
-    settings = Settings.from_env()  # a SettingsError is reported by app.cli.main
+def run(settings: Settings, args: argparse.Namespace) -> int:
     if args.from_state and args.users is None and not args.all_known:
         print("projector rebuild: --from-state needs --users ID,... or --all-known", file=sys.stderr)
         return 2
@@ -238,9 +236,9 @@ async def _replay_log(
     base: BaseLoader | None = None,
 ) -> ReplayRebuild:
     """mailbox-tail through the worker's core into `target`: from the beginning, or from
-    `from_ms` on the rows `base` loads (see app/rebuild_replay.py)."""
+    `from_ms` on the rows `base` loads (see app/rebuild/by_replay.py)."""
     from app.connections import kafka_security_options
-    from app.rebuild_replay import rebuild_by_replay
+    from app.rebuild.by_replay import rebuild_by_replay
 
     return await rebuild_by_replay(
         bootstrap=settings.kafka_bootstrap,
@@ -266,7 +264,7 @@ def _replay_report(replayed: ReplayRebuild) -> dict[str, Any]:
 
 
 async def _rebuild(settings: Any, args: argparse.Namespace, metrics: RebuildMetrics) -> int:
-    from app.rebuild import Progress, StateBase, diff_namespaces, rebuild_from_state
+    from app.rebuild.from_state import Progress, StateBase, diff_namespaces, rebuild_from_state
     from app.stores.cassandra_messages import CassandraMessageStore
     from app.stores.cassandra_session import open_cluster
     from app.stores.cassandra_state import UserConversationStateWriter
