@@ -51,15 +51,14 @@ class FlushPolicy:
 class DirtySet:
     """Dirty users in a RoaringBitmap plus their dirty conversations.
 
-    Not checkpointed: after a restart `lost` is set, and the next flush writes every row of every
-    user — more writes, never wrong data.
+    Not checkpointed: after a restart every row of every user with work not yet flushed is marked
+    again (`Projector.lose_dirty_set`) — more writes, never wrong data.
     """
 
-    def __init__(self, lost: bool = False) -> None:
+    def __init__(self) -> None:
         self.users = BitMap64()
         self.rows: dict[int, set[str]] = {}
         self.row_count = 0
-        self.lost = lost
 
     def mark(self, user_id: int, conversation_id: str) -> None:
         conversations = self.rows.get(user_id)
@@ -74,7 +73,6 @@ class DirtySet:
         self.users = BitMap64()
         self.rows = {}
         self.row_count = 0
-        self.lost = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -198,12 +198,6 @@ class Projector:
         user = self.users.get(user_id)
         return user.badge if user else ZERO
 
-    def recompute_badge(self, user_id: int) -> Badge:
-        """Full recompute entry point (reconcile, audits)."""
-        user = self.users[user_id]
-        user.badge = full_recompute(user.rows.values(), self.config.include_muted)
-        return user.badge
-
     # -- persistence ----------------------------------------------------------------------------
 
     def dump(self) -> dict[str, Any]:
@@ -246,7 +240,7 @@ class Projector:
         that are not newer. A user whose version was flushed is complete in the store and in the
         frames already; a frame for it could only repeat its version, which breaks the chain.
         """
-        self.dirty = DirtySet(lost=True)
+        self.dirty = DirtySet()
         for user_id, user in self.users.items():
             if user.projection_mailbox_seq > user.flushed_seq:
                 for conversation_id in user.rows:

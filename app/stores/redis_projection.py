@@ -45,7 +45,7 @@ import redis.asyncio as redis
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from app.domain.projection_store import StoredProjection, StoredRows
-from app.stores.memory_projection import EncodedBatch, decode_rows, encode_batches, encode_corrections
+from app.stores.projection_codec import EncodedBatch, decode_rows, encode_batches, encode_corrections
 
 if TYPE_CHECKING:
     from app.domain.flush import Correction, UserFlush
