@@ -26,8 +26,7 @@ class FlushPolicy:
     """
 
     def __init__(self, window_ms: int, max_dirty_rows: int) -> None:
-        if window_ms < 0 or max_dirty_rows < 0:
-            raise ValueError("window_ms and max_dirty_rows must be >= 0")
+        # Bounds: app.domain.projector.ProjectorConfig (the one place they are declared).
         self.window_ms = window_ms
         self.max_dirty_rows = max_dirty_rows
         self.window_start: int | None = None
