@@ -10,10 +10,10 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from app.cli.rebuild import _user_list
 from app.domain.badge import Badge
 from app.domain.flush import UserFlush
 from app.metrics import exposition, sample
-from app.rebuild.cli import _user_list
 from app.rebuild.diff import diff_namespaces
 from app.rebuild.from_state import UNKNOWABLE_FROM_STATE, rebuild_from_state
 from app.rebuild.progress import Progress
