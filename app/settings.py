@@ -140,6 +140,11 @@ class Settings:
     # records' total size is also capped per partition and fetch by intake_fetch_max_bytes.
     intake_batch_max_records: int = bounded(20_000, 1)
     intake_fetch_max_bytes: int = bounded(4 * 1024 * 1024, 1024)
+    # The worker's hot set: at most this many (user, conversation) rows per partition stay in
+    # memory; the rest live in the RocksDB changelog tables and are read on first touch (one
+    # multi-get per batch). ~500 bytes of RAM per resident row (README "Sizing a worker"): the
+    # default is ~256 MiB per partition at most. Clean rows beyond it leave memory after a persist.
+    hot_rows: int = bounded(500_000, 1000)
     # Beyond this distance between base and latest, unread becomes inexact (shown as 99+).
     unread_precise_limit: int = bounded(200, UNREAD_PRECISE_LIMIT_MIN)
 
