@@ -4,7 +4,8 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup tools run test test-fast lint typecheck check services-up services-down services-status bench clean proto bench-api
+.PHONY: help setup tools run test test-fast lint typecheck check services-up services-down services-status bench clean proto bench-api \
+	redis-cluster-up redis-cluster-down redis-cluster-status
 
 help: ## List the targets with what they do
 	@awk 'BEGIN {FS = ":.*?## "} /^[a-zA-Z_-]+:.*?## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -29,6 +30,15 @@ services-down: ## Stop the local Kafka, Redis and Cassandra
 
 services-status: ## Show which local servers are running
 	bash scripts/services.sh status
+
+redis-cluster-up: ## Start (idempotent; reuses/repairs) the local Redis Cluster: 3 masters + 3 replicas on 127.0.0.1:7101-7106
+	bash scripts/redis_cluster.sh up
+
+redis-cluster-down: ## Stop this checkout's Redis Cluster nodes and forget the cluster (the next up creates it anew)
+	bash scripts/redis_cluster.sh down
+
+redis-cluster-status: ## Health of the local Redis Cluster, one line per node
+	bash scripts/redis_cluster.sh status
 
 run: services-up ## Set up, start the servers and run the main job (worker fed by the simulator)
 	bash scripts/run.sh

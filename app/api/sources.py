@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 import orjson
-from redis.exceptions import RedisError
 
 from app.domain.projection_store import StoredProjection
 from app.domain.rebuild import Head, row_from_state
@@ -27,6 +26,7 @@ from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.redis_projection import (
     META_FIELDS,
     SERVING_RECHECK_S,
+    STORE_ERRORS,
     ProjectionStoreError,
     RedisProjectionStore,
 )
@@ -81,7 +81,7 @@ class RedisProjectionReader:
         pipe.hmget(self.store.meta_key(user_id), list(META_FIELDS))
         try:
             raw_rows, raw_meta = await pipe.execute()
-        except (RedisError, OSError) as exc:
+        except STORE_ERRORS as exc:
             raise ProjectionStoreError(
                 f"projection store unreachable during load: {type(exc).__name__}: {exc}"
             ) from None
@@ -92,7 +92,7 @@ class RedisProjectionReader:
         key = self.store.meta_key(user_id)
         try:
             raw = await self.store.client.hmget(key, list(META_FIELDS))
-        except (RedisError, OSError) as exc:  # the store is down or refused: 503, not the caller's fault
+        except STORE_ERRORS as exc:  # the store is down or refused: 503, not the caller's fault
             raise ProjectionStoreError(
                 f"projection store unreachable during meta: {type(exc).__name__}: {exc}"
             ) from None
