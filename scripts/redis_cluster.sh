@@ -5,6 +5,7 @@
 #   scripts/redis_cluster.sh up      start what is missing, create the cluster, wait for health
 #   scripts/redis_cluster.sh down    stop the nodes this checkout started and forget the cluster
 #   scripts/redis_cluster.sh status  health, then one line per node (role, slots)
+#   scripts/redis_cluster.sh start-node PORT DIR   (tests: start a killed node again)
 #
 # Ports: nodes 7101-7106 (cluster bus +10000: 17101-17106), below the ephemeral port range.
 # Everything a node writes lives under .local/redis-cluster/<port>/ (nodes.conf, the replicas'
@@ -117,15 +118,16 @@ ensure_redis_installed() {
     fi
 }
 
-start_node() {
-    local port="$1" dir="$LOCAL/$1"
+start_node() { # PORT [DIR]: DIR defaults to this checkout's; pid file and log go beside it
+    local port="$1" dir="${2:-$LOCAL/$1}"
+    local pid_file="$(dirname "$dir")/redis-$port.pid" log_file="$(dirname "$dir")/redis-$port.log"
     mkdir -p "$dir"
-    [[ -f "$(logfile "$port")" ]] && mv -f "$(logfile "$port")" "$(logfile "$port").1"
+    [[ -f "$log_file" ]] && mv -f "$log_file" "$log_file.1"
     # Foreground (daemon.py detaches it and records the real pid). No RDB, no AOF: nothing
     # survives a restart but nodes.conf, the node's identity and view of the cluster. A replica's
     # full sync starts at once (no 5 s diskless-sync delay): a node that rejoins is a usable
     # replica again within a second, which the failover tests wait for.
-    python3 "$ROOT/scripts/daemon.py" "$(pidfile "$port")" "$(logfile "$port")" -- \
+    python3 "$ROOT/scripts/daemon.py" "$pid_file" "$log_file" -- \
         redis-server --bind "$HOST" --port "$port" --protected-mode yes \
         --cluster-enabled yes --cluster-config-file nodes.conf \
         --cluster-node-timeout "$NODE_TIMEOUT_MS" --cluster-require-full-coverage yes \
@@ -215,10 +217,20 @@ cmd_up() {
     if ((have_conf)); then
         log "not healthy ($(why_unhealthy)): starting this checkout's missing nodes from their nodes.conf"
         started="$(start_missing)"
-        log "started $started node(s); waiting up to ${TIMEOUT}s for the cluster to agree"
-        if wait_healthy "$TIMEOUT"; then
+        # Nothing to start: a failover, a replica sync or a migration may still be settling.
+        local wait_s=$((started > 0 ? TIMEOUT : 10))
+        log "started $started node(s); waiting up to ${wait_s}s for the cluster to agree"
+        if wait_healthy "$wait_s"; then
             log "repaired in $((SECONDS - t0))s"
             return 0
+        fi
+        if [[ "$(why_unhealthy)" == *half-migrated* ]]; then
+            log "closing the half-migrated slots with redis-cli --cluster fix"
+            timeout 120 redis-cli --cluster fix "$HOST:${PORTS[0]}" --cluster-yes >"$LOCAL/fix.log" 2>&1 || true
+            if wait_healthy 10; then
+                log "repaired in $((SECONDS - t0))s"
+                return 0
+            fi
         fi
         log "still not healthy ($(why_unhealthy)): recreating it from empty nodes"
     fi
@@ -270,5 +282,8 @@ case "${1:-}" in
     up) lock; cmd_up ;;
     down) lock; cmd_down ;;
     status) cmd_status ;;
-    *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+    # For the tests: start one node again exactly as `up` does, from DIR (its nodes.conf), after
+    # a test killed it (`CONFIG GET dir` told the test where it lived).
+    start-node) start_node "$2" "$3" ;;
+    *) echo "usage: $0 up|down|status|start-node PORT DIR" >&2; exit 2 ;;
 esac

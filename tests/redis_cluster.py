@@ -146,26 +146,19 @@ def wait_healthy(timeout: float = 120) -> None:
 
 @dataclass
 class KilledNode:
-    """A node killed with SIGKILL, with what it takes to start it again exactly as it ran."""
+    """A node killed with SIGKILL, and where it kept its nodes.conf."""
 
     port: int
-    argv: list[str]
-    cwd: str
+    data_dir: str
 
     def restart(self) -> None:
-        """Start it again (detached, as scripts/redis_cluster.sh does, with its pid file and
-        log beside its --dir): it rejoins from its nodes.conf, as a replica if it was failed over."""
-        data_dir = Path(self.argv[self.argv.index("--dir") + 1])
-        pidfile, logfile = (
-            data_dir.parent / f"redis-{self.port}.pid",
-            data_dir.parent / f"redis-{self.port}.log",
-        )
+        """Start it again as scripts/redis_cluster.sh starts nodes: it rejoins from its
+        nodes.conf (as a replica of its successor when it was failed over)."""
         subprocess.run(
-            ["python3", str(ROOT / "scripts/daemon.py"), str(pidfile), str(logfile), "--", *self.argv],
-            cwd=self.cwd,
+            ["bash", str(ROOT / "scripts/redis_cluster.sh"), "start-node", str(self.port), self.data_dir],
             check=True,
             capture_output=True,
-            timeout=30,
+            timeout=60,
         )
         wait_until(f"node {self.port} answering again", lambda: answers(self.port), 30)
 
@@ -174,11 +167,10 @@ def kill_node(port: int) -> KilledNode:
     """SIGKILL the redis-server on `port` (whichever checkout started it)."""
     with client(port) as c:
         pid = int(c.info("server")["process_id"])
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
-    cwd = os.readlink(f"/proc/{pid}/cwd")
+        data_dir = str(c.config_get("dir")["dir"])
     os.kill(pid, signal.SIGKILL)
     wait_until(f"node {port} gone", lambda: not answers(port), 30)
-    return KilledNode(port, [a.decode() for a in argv], cwd)
+    return KilledNode(port, data_dir)
 
 
 def wait_failover(dead: Node, timeout: float = 90) -> Node:
@@ -220,6 +212,23 @@ def reshard(source: Node, target: Node, count: int) -> str:
     )
     if done.returncode != 0:
         raise AssertionError(f"redis-cli --cluster reshard exited {done.returncode}:\n{done.stdout[-3000:]}")
+    return done.stdout
+
+
+def rebalance() -> str:
+    """`redis-cli --cluster rebalance`: even out the masters' slots (moves nothing when they
+    are within its 2 % threshold)."""
+    done = subprocess.run(
+        ["redis-cli", "--cluster", "rebalance", f"{HOST}:{PORTS[0]}", "--cluster-use-empty-masters"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise AssertionError(
+            f"redis-cli --cluster rebalance exited {done.returncode}:\n{done.stdout[-3000:]}"
+        )
     return done.stdout
 
 

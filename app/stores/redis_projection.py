@@ -176,8 +176,8 @@ for i = first, last, slice do
   redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + slice - 1, last)))
 end"""
 
-# KEYS: rows, meta, writes. ARGV: version, structure_version, total_unread, total_mention,
-# muted_unread, count_writes ('1'/'0'), then conversation_id, row JSON, ...
+# KEYS: rows, meta[, writes (only when counting)]. ARGV: version, structure_version, total_unread,
+# total_mention, muted_unread, count_writes ('1'/'0'), then conversation_id, row JSON, ...
 #
 # Versions are compared as canonical decimal strings (length, then bytes), not with tonumber():
 # Lua numbers are doubles, and a mailbox_seq above 2^53 would compare wrongly and could let an
@@ -225,6 +225,28 @@ local last = #ARGV
 redis.call('HSET', KEYS[2], 'total_unread', ARGV[2], 'total_mention', ARGV[3], 'muted_unread', ARGV[4])
 return 1
 """
+
+
+# A user's rows and meta read in one atomic step, for a cluster (see `read_user`). KEYS: rows,
+# meta. ARGV: 'all' (every row: HGETALL), or 'some' then the conversation ids (HMGET, in slices
+# for the same unpack() limit as the writes). Returns {rows, meta}; a missing row or meta field
+# is false in Lua and comes back as nil.
+READ_SCRIPT = """
+local rows
+if ARGV[1] == 'all' then
+  rows = redis.call('HGETALL', KEYS[1])
+else
+  rows = {}
+  local slice = 1000
+  for i = 2, #ARGV, slice do
+    local part = redis.call('HMGET', KEYS[1], unpack(ARGV, i, math.min(i + slice - 1, #ARGV)))
+    for j = 1, #part do
+      rows[#rows + 1] = part[j]
+    end
+  end
+end
+return {rows, redis.call('HMGET', KEYS[2], META)}
+""".replace("META", ", ".join(f"'{name}'" for name in META_FIELDS))
 
 
 class _Script:
@@ -279,6 +301,7 @@ class RedisProjectionStore:
         self.max_fields_per_trip = max_fields_per_trip
         self._write_script = _Script(WRITE_SCRIPT)
         self._correct_script = _Script(CORRECT_SCRIPT)
+        self._read_script = _Script(READ_SCRIPT)
         self._owns_client = False
         # Only keys of exactly this layout are ever deleted by delete_all.
         self._own_key = re.compile(rf"{re.escape(namespace)}:(rows|meta|writes):\{{(\d+)\}}")
@@ -379,15 +402,7 @@ class RedisProjectionStore:
         return out
 
     async def load(self, user_id: int) -> StoredProjection:
-        # MULTI: rows and meta from the same instant (a flush between the two reads would
-        # otherwise pair old rows with a new badge). Same slot, so this also works on a cluster.
-        async def read() -> list[Any]:
-            pipe = self.client.pipeline(transaction=True)
-            pipe.hgetall(self.rows_key(user_id))
-            pipe.hmget(self.meta_key(user_id), list(META_FIELDS))
-            return list(await pipe.execute())
-
-        raw_rows, meta = await self._guard("load", read)
+        raw_rows, meta = await self.read_user(user_id)
         try:
             values = [0 if value is None else int(_text(value)) for value in meta]
             rows = decode_rows({_text(k): v for k, v in raw_rows.items()})
@@ -408,18 +423,10 @@ class RedisProjectionStore:
         )
 
     async def load_rows(self, user_id: int, conversation_ids: Sequence[str]) -> StoredRows:
-        # MULTI, as `load`: the rows and the meta of one instant (one slot: cluster-safe).
         wanted = list(conversation_ids)
-
-        async def read() -> list[Any]:
-            pipe = self.client.pipeline(transaction=True)
-            if wanted:
-                pipe.hmget(self.rows_key(user_id), wanted)
-            pipe.hmget(self.meta_key(user_id), list(META_FIELDS))
-            return list(await pipe.execute())
-
-        replies = await self._guard("load_rows", read)
-        raw_rows, meta = (replies[0], replies[1]) if wanted else ([], replies[0])
+        raw_rows, meta = (
+            await self.read_some(user_id, wanted) if wanted else ([], await self.read_meta(user_id))
+        )
         try:
             version, _, total_unread, total_mention, muted_unread = (
                 0 if value is None else int(_text(value)) for value in meta
@@ -439,6 +446,62 @@ class RedisProjectionStore:
             muted_unread=muted_unread,
             projection_mailbox_seq=version,
         )
+
+    async def read_user(self, user_id: int) -> tuple[dict[Any, bytes], list[Any]]:
+        """Every row of the user (conversation id -> row JSON, as stored) and the META_FIELDS
+        values (bytes or None), from the same instant: a flush between two separate reads would
+        pair old rows with a new badge."""
+        if isinstance(self.client, RedisCluster):
+            rows, meta = await self._guard("load", lambda: self._read_script_call(user_id, ["all"]))
+            return dict(zip(rows[::2], rows[1::2], strict=True)), meta
+
+        async def multi() -> list[Any]:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hgetall(self.rows_key(user_id))
+            pipe.hmget(self.meta_key(user_id), list(META_FIELDS))
+            return list(await pipe.execute())
+
+        raw_rows, meta = await self._guard("load", multi)
+        return raw_rows, meta
+
+    async def read_some(self, user_id: int, wanted: Sequence[str]) -> tuple[list[Any], list[Any]]:
+        """As `read_user`, for the rows of `wanted` only (None where the store has none)."""
+        if isinstance(self.client, RedisCluster):
+            rows, meta = await self._guard(
+                "load_rows", lambda: self._read_script_call(user_id, ["some", *wanted])
+            )
+            return rows, meta
+
+        async def multi() -> list[Any]:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hmget(self.rows_key(user_id), list(wanted))
+            pipe.hmget(self.meta_key(user_id), list(META_FIELDS))
+            return list(await pipe.execute())
+
+        rows, meta = await self._guard("load_rows", multi)
+        return rows, meta
+
+    async def read_meta(self, user_id: int) -> list[Any]:
+        """The META_FIELDS values of the user (one HMGET: atomic on its own)."""
+        meta: list[Any] = await self._guard(
+            "meta", lambda: self.client.hmget(self.meta_key(user_id), list(META_FIELDS))
+        )
+        return meta
+
+    async def _read_script_call(self, user_id: int, args: list[str]) -> list[Any]:
+        # Why a script and not MULTI on a cluster: redis-py's asyncio cluster client (8.1) runs
+        # every command queued in a cluster MULTI through asyncio.run() in a helper thread, which
+        # opens (topology refresh) or uses connections on a throwaway event loop ("attached to a
+        # different loop", "Event loop is closed"). One read-only script over the user's two
+        # keys (one slot) is just as atomic and follows MOVED/ASK/TRYAGAIN like any command.
+        keys = [self.rows_key(user_id), self.meta_key(user_id)]
+        script = self._read_script
+        try:
+            reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            script.sha = _text(await self.client.script_load(script.text))
+            reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
+        return list(reply)
 
     async def correct(self, corrections: Sequence[Correction]) -> list[bool]:
         encoded = encode_corrections(corrections)  # ValueError/TypeError before any I/O
@@ -532,7 +595,12 @@ class RedisProjectionStore:
         return trips
 
     def _script_call(self, batch: EncodedBatch) -> tuple[list[str], list[str | bytes]]:
-        keys = [self.rows_key(batch.user_id), self.meta_key(batch.user_id), self.writes_key(batch.user_id)]
+        keys = [self.rows_key(batch.user_id), self.meta_key(batch.user_id)]
+        if self.count_writes:
+            # Only then: while a cluster slot migrates, a multi-key command naming a key that
+            # does not exist is answered TRYAGAIN until the migration ends, and the writes key
+            # never exists unless writes are counted.
+            keys.append(self.writes_key(batch.user_id))
         args: list[str | bytes] = [
             str(batch.version),
             str(batch.structure_version),

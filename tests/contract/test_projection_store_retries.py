@@ -21,6 +21,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from app.domain.badge import Badge
+from app.settings import Settings
 from app.stores.redis_projection import ProjectionStoreError, RedisProjectionStore, is_transient
 from tests import redis_cluster
 from tests.contract.conftest import MakeRedisStore
@@ -116,3 +117,24 @@ async def test_cluster_writes_reload_scripts_every_master_lost(make_cluster_stor
                 c.script_flush()
     assert await store.write([flush(u, 2, [conv(2)]) for u in range(50)]) == [1] * 50
     assert await store.versions(list(range(50))) == [2] * 50
+
+
+@pytest.mark.integration
+async def test_a_fresh_cluster_store_from_settings_writes_and_reads_atomically(
+    unique_name: Callable[..., str],
+) -> None:
+    # Its first command is a read: the cluster client starts (reads the slot map) inside it.
+    # (redis-py 8.1's asyncio cluster MULTI ran its commands on a throwaway event loop here.)
+    settings = Settings(redis_url=redis_cluster.URL)
+    store = RedisProjectionStore.from_settings(settings, unique_name("proj"))
+    try:
+        assert (await store.load(7)).projection_mailbox_seq == 0
+        assert await store.write([flush(7, 4, [conv(1), conv(2)], Badge(2, 1, 0))]) == [0]
+        got = await store.load(7)
+        assert (got.projection_mailbox_seq, got.total_unread, sorted(got.rows)) == (4, 2, [conv(1), conv(2)])
+        some = await store.load_rows(7, [conv(2), conv(9)])
+        assert some.rows[conv(9)] is None and some.rows[conv(2)] == got.rows[conv(2)]
+        assert (await store.load_rows(7, [])).total_mention == 1
+    finally:
+        await store.delete_all()
+        await store.aclose()
