@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup tools run test test-fast lint typecheck check services-up services-down services-status bench clean proto bench-api \
+.PHONY: help setup tools run test test-fast chaos-crash lint typecheck check services-up services-down services-status bench clean proto bench-api \
 	redis-cluster-up redis-cluster-down redis-cluster-status kafka-cluster-up kafka-cluster-down kafka-cluster-status \
 	chaos-infra-check
 
@@ -60,7 +60,14 @@ test: services-up tools ## Set up, start the servers, install the test tools and
 	$(PY) -m pytest -q -m "not chaos"
 
 test-fast: setup ## Run the unit, property and contract tests only (no servers)
-	$(PY) -m pytest -q -m "not integration"
+	$(PY) -m pytest -q -m "not integration and not chaos"
+
+CHAOS_RUNS ?= 20
+chaos-crash: services-up ## Issue 11's crash run at full size, CHAOS_RUNS times in a row (default 20), one seed each
+	@for i in $$(seq 1 $(CHAOS_RUNS)); do \
+		echo "== crash run $$i/$(CHAOS_RUNS)"; \
+		$(PY) -m pytest -q -s -m chaos tests/integration/test_crash_safety.py --chaos-seed $$i -p no:cacheprovider || exit 1; \
+	done
 
 lint: setup ## ruff + import rules (the domain core stays pure)
 	.venv/bin/ruff check app agents tables tests bench

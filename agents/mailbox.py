@@ -1,37 +1,57 @@
 """The mailbox-tail agent: one fetch batch of raw records at a time into the worker core.
 
 The consumer (`app.worker.batch_intake`) sends each fetch's records of a partition as one
-`RecordBatch` to an in-memory faust channel; this agent iterates it. No business branching
-here: decode, gating, state and flushing live in `app.worker.core` and the pure core under it.
+`RecordBatch` to an in-memory channel; this agent iterates it. No business branching here:
+decode, gating, state and flushing live in `app.worker.core` and the pure core under it.
+
+What the intake does own is the promise that the log is applied without a hole: a batch the core
+refuses (it does not continue the partition's state in the log: app/worker/offsets.py) makes the
+consumer read again from where the state stands, and so does a fetch that never reached the core
+(`check_fetched`, on the commit timer), whatever lost it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import faust
 
-from app.worker.batch_intake import ProjectorApp, RecordBatch, commit_offsets
+from app.worker.batch_intake import BatchChannel, ProjectorApp, RecordBatch, commit_offsets
 from app.worker.core import WorkerCore
+from app.worker.offsets import Verdict
 
 log = logging.getLogger("projector.worker")
 
+# A partition whose state has not moved for this long while a fetch ended ahead of it and batches
+# were counted on their way: they are taken for lost (a batch normally reaches the core in ms).
+STALLED_S = 15.0
+
 # Batches waiting for the agent: enough to overlap fetching with processing, few enough that a
-# rebalance drops little (a flow stop clears the channel; the seek reads it again).
+# rebalance leaves little stale work queued (it is dropped by the ownership checks or the offset rule).
 CHANNEL_BATCHES = 4
 
 
 class MailboxIntake:
-    """Between the consumer and the core: one batch at a time, stale batches dropped, offsets
-    committed only once a batch's effects are durable in the changelog tables."""
+    """Between the consumer and the core: one batch at a time, stale batches dropped, the log
+    applied without holes, offsets committed only once a batch's effects are durable in the
+    changelog tables."""
 
-    def __init__(self, app: faust.App, core_ref: dict[str, WorkerCore], topic: str) -> None:
+    def __init__(
+        self,
+        app: faust.App,
+        core_ref: dict[str, WorkerCore],
+        topic: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.app = app
+        self.clock = clock
         self.core_ref = core_ref
         self.topic = topic
+        self.channel: Any = None  # set by register_agent
         # Held while a batch is processed: a revocation waits for it, so no changelog record of a
         # partition is written after another worker may own it.
         self.lock = asyncio.Lock()
@@ -42,22 +62,120 @@ class MailboxIntake:
         # faust resumes fetching), cleared for the revoked ones as soon as a revocation starts.
         self.assigned: set[int] = set()
         self.stale_batches = 0
+        # Per partition: where the consumer's last fetch ended, and batches handed to the channel
+        # and not processed yet. A fetch that ended past the state's offset while nothing is on
+        # its way to the core went missing (`check_fetched`).
+        self.fetched_to: dict[int, int] = {}
+        self.in_flight: dict[int, int] = {}
+        # Per partition with a fetch ahead of its state: (the state's offset, since when).
+        self.behind: dict[int, tuple[int, float]] = {}
+        self.seeks = 0
+
+    # -- BatchSink: the consumer's side ----------------------------------------------------------
+
+    def fetched(self, partition: int, fetch_to: int) -> None:
+        self.fetched_to[partition] = fetch_to
+
+    async def deliver(self, batch: RecordBatch) -> None:
+        partition = batch.partition
+        # Before any await: the check never sees the fetch without the batch on its way.
+        self.fetched_to[partition] = batch.fetch_to
+        self.in_flight[partition] = self.in_flight.get(partition, 0) + 1
+        try:
+            await self.channel.send(value=batch)
+        except BaseException:  # abandoned (a rebalance stopped the flow): never queued
+            self.in_flight[partition] -= 1
+            raise
+
+    def placements(self, partitions: Iterable[int]) -> dict[int, int | None]:
+        """After faust put the consumer at the committed offsets: every partition this intake
+        owns goes where its state stands (a new one: where the group left it, else the log
+        start, which the consumer looks up)."""
+        core = self.core_ref["core"]
+        return {p: core.expected_offset(p) for p in sorted(self.assigned.intersection(partitions))}
+
+    def placed(self, offsets: Mapping[int, int]) -> None:
+        core = self.core_ref["core"]
+        for partition, offset in offsets.items():
+            if partition in self.assigned:
+                core.start_at(partition, offset)
+                self.fetched_to[partition] = offset
+
+    # -- the agent's side -------------------------------------------------------------------------
 
     async def process(self, batch: RecordBatch) -> None:
+        try:
+            async with self.lock:
+                stale = batch.generation != self.app.consumer_generation_id
+                if stale or batch.partition not in self.assigned:
+                    # Fetched under an older assignment, or queued before a revocation: the
+                    # partition is another worker's now (it reads from the committed offset) or
+                    # was re-assigned (the seek reads it again). Applying it would write a
+                    # partition we do not own.
+                    self.stale_batches += 1
+                    return
+                core = self.core_ref["core"]
+                admission = await core.on_batch(
+                    batch.partition, batch.records, batch.fetch_from, batch.fetch_to
+                )
+                if admission.verdict is Verdict.GAP:
+                    await self._read_again(batch.partition)
+        finally:
+            self.in_flight[batch.partition] = self.in_flight.get(batch.partition, 1) - 1
+
+    async def _read_again(self, partition: int) -> None:
+        """Put the consumer back where the partition's state stands in the log."""
+        offset = self.core_ref["core"].expected_offset(partition)
+        if offset is None:
+            return
+        self.seeks += 1
+        consumer: Any = self.app.consumer  # app.worker.batch_intake.BatchIntakeConsumer
+        self.placed(await consumer.place(self.topic, {partition: offset}))
+
+    async def check_fetched(self) -> None:
+        """A fetch that ended past where the state stands while no batch of that partition is on
+        its way to the core never arrived (dropped somewhere between the consumer and the agent):
+        read it again. Without this, a lost LAST batch would leave its entries unapplied until
+        more records came — forever, at the end of a stream. "On its way" is a count kept by
+        `deliver` and `process`; should a batch vanish after `deliver` counted it (a queue emptied
+        behind our back), the partition's state not moving for STALLED_S with a fetch ahead of
+        it counts as lost too."""
+        if not getattr(self.app.consumer, "flow_active", False):
+            return  # a rebalance is under way: its seek places every partition again
         async with self.lock:
-            if batch.generation != self.app.consumer_generation_id or batch.partition not in self.assigned:
-                # Fetched under an older assignment, or queued before a revocation: the partition
-                # is another worker's now (it reads from the committed offset) or was re-assigned
-                # (the seek reads it again). Applying it would write a partition we do not own.
-                self.stale_batches += 1
-                return
-            await self.core_ref["core"].on_records(batch.records)
+            core = self.core_ref["core"]
+            now = self.clock()
+            for partition in sorted(self.assigned):
+                fetched_to = self.fetched_to.get(partition)
+                expected = core.expected_offset(partition)
+                if fetched_to is None or expected is None or fetched_to <= expected:
+                    self.behind.pop(partition, None)
+                    continue
+                since = self.behind.get(partition)
+                if since is None or since[0] != expected:
+                    self.behind[partition] = since = (expected, now)
+                in_flight = self.in_flight.get(partition, 0)
+                if in_flight > 0 and now - since[1] < STALLED_S:
+                    continue
+                self.in_flight[partition] = 0  # what it counted never arrives now
+                self.behind.pop(partition, None)
+                core.stats.intake_gaps_refused += 1
+                log.warning(
+                    "partition %d: fetched up to offset %d but the state stands at %d and nothing "
+                    "is on its way: reading again from there",
+                    partition,
+                    fetched_to,
+                    expected,
+                )
+                await self._read_again(partition)
 
     async def assign(self, partitions: Sequence[int]) -> None:
         """A rebalance completed: these partitions are ours; their state is restored now, so
         work applied but never flushed is flushed even if no new record arrives."""
         async with self.lock:
             self.assigned = set(partitions)
+            for partition in partitions:
+                self.fetched_to.pop(partition, None)
             await self.core_ref["core"].restore_assigned(sorted(partitions))
 
     async def revoke(self, partitions: Sequence[int]) -> None:
@@ -97,12 +215,9 @@ class MailboxIntake:
 
 
 def register_agent(app: ProjectorApp, topic: Any, intake: MailboxIntake) -> Any:
-    batches = app.channel(maxsize=CHANNEL_BATCHES)
-
-    async def route(batch: RecordBatch) -> None:
-        await batches.send(value=batch)
-
-    app.route_batches(topic, route)
+    batches = BatchChannel(app, maxsize=CHANNEL_BATCHES)
+    intake.channel = batches
+    app.route_batches(topic, intake)
     app.before_consumer_stop.append(intake.stop)
 
     @app.agent(batches, name="project-mailbox")

@@ -30,3 +30,10 @@ def non_negative_float(text: str) -> float:
     if value < 0 or value != value:  # NaN compares unequal to itself
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
+
+
+def probability(text: str) -> float:
+    value = non_negative_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be a probability in 0..1, got {text}")
+    return value

@@ -18,7 +18,7 @@ from aiohttp import web
 from app.metrics import WorkerMetrics, metrics_handler
 from app.settings import Settings
 from app.worker.audit import AuditConfig, audit_tick
-from app.worker.batch_intake import ProjectorApp
+from app.worker.batch_intake import COMMIT_INTERVAL_S, new_faust_app
 from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms
 from app.worker.kafka_batches import BatchSender
 from tables.state import FaustStateTables, declare_tables
@@ -45,38 +45,9 @@ class KafkaOutbox:
         await self.sender.send_keyed(self.settings.topic_badge, badges)
 
 
-# Offsets of the mailbox topic are committed by the intake (what is durable), this often.
-COMMIT_INTERVAL_S = 1.0
-
-
 def create_app(settings: Settings) -> tuple[faust.App, dict[str, WorkerCore]]:
-    datadir = os.path.join(settings.data_dir, settings.app_id)
-    os.makedirs(datadir, exist_ok=True)
-    app = ProjectorApp(
-        settings.app_id,
-        broker=f"kafka://{settings.kafka_bootstrap}",
-        store="rocksdb://",
-        # One folder per app id: a store left by another app (or by deleted topics) must never
-        # be mistaken for this app's state.
-        datadir=datadir,
-        topic_partitions=settings.topic_partitions,
-        topic_replication_factor=settings.topic_replication_factor,
-        topic_disable_leader=True,
-        key_serializer="raw",
-        value_serializer="raw",
-        web_enabled=settings.worker_web_port > 0,  # 0: no web server (several workers per host)
-        web_host=settings.worker_web_host,
-        web_port=max(settings.worker_web_port, 1),
-        consumer_auto_offset_reset="earliest",
-        broker_commit_interval=COMMIT_INTERVAL_S,
-        # Changelog and frame records go out in batches: without linger every table write of a
-        # batch became its own produce request.
-        producer_linger_ms=10,
-        # One fetch of one partition = one batch for the agent (app.worker.batch_intake).
-        broker_max_poll_records=settings.intake_batch_max_records,
-        consumer_max_fetch_size=settings.intake_fetch_max_bytes,
-        producer_max_batch_size=512 * 1024,
-    )
+    os.makedirs(os.path.join(settings.data_dir, settings.app_id), exist_ok=True)
+    app = new_faust_app(settings)
     mailbox = app.topic(
         settings.topic_mailbox_tail,
         key_serializer="raw",
@@ -127,6 +98,7 @@ def create_app(settings: Settings) -> tuple[faust.App, dict[str, WorkerCore]]:
     @app.timer(interval=COMMIT_INTERVAL_S)  # type: ignore[untyped-decorator]  # same
     async def commit_timer() -> None:
         if "core" in core_ref:
+            await intake.check_fetched()
             await intake.commit()
 
     audit = AuditConfig.from_settings(settings)

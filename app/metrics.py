@@ -47,6 +47,9 @@ WORKER_METRICS: Final = (
     "projector_state_write_failures_total",
     "projector_state_owed_rows_total",
     "projector_state_restaged_rows_total",
+    "projector_intake_gaps_refused_total",
+    "projector_intake_records_skipped_total",
+    "projector_intake_hole_offsets_total",
 )
 API_METRICS: Final = (
     "projector_snapshot_hits_total",
@@ -180,6 +183,24 @@ class WorkerMetrics:
             "Rows whose owed Cassandra mirror writes were staged again after a restart",
             registry=r,
         )
+        self.intake_gaps_refused = Counter(
+            "projector_intake_gaps_refused",
+            "Mailbox batches refused because they did not continue a partition's state in the log "
+            "(or a fetch that never reached the core); each is read again from where the state "
+            "stands, never skipped",
+            registry=r,
+        )
+        self.intake_records_skipped = Counter(
+            "projector_intake_records_skipped",
+            "Mailbox records read again that the partition's state already holds (after a seek back)",
+            registry=r,
+        )
+        self.intake_hole_offsets = Counter(
+            "projector_intake_hole_offsets",
+            "Mailbox offsets the broker reported as holding no record (transaction markers, "
+            "compacted or expired records)",
+            registry=r,
+        )
         self._seen = _Seen()
         self._lag_partitions: set[int] = set()
 
@@ -204,6 +225,9 @@ class WorkerMetrics:
         self.state_write_failures.inc(seen.delta("state_write_failures", stats.state_write_failures))
         self.state_owed_rows.inc(seen.delta("state_owed_rows", stats.state_owed_rows))
         self.state_restaged_rows.inc(seen.delta("state_restaged_rows", stats.state_restaged_rows))
+        self.intake_gaps_refused.inc(seen.delta("intake_gaps_refused", stats.intake_gaps_refused))
+        self.intake_records_skipped.inc(seen.delta("intake_records_skipped", stats.intake_records_skipped))
+        self.intake_hole_offsets.inc(seen.delta("intake_hole_offsets", stats.intake_hole_offsets))
         if stats.projection_writes:
             self.compression_ratio.set(stats.applied / stats.projection_writes)
         pending = 0

@@ -5,7 +5,10 @@ fresh projection namespace; then a diff against the live namespace.
 The rebuilt namespace is never served until ``projector rebuild --swap`` sets ``{base}:serving``
 (app/stores/redis_projection.py), one atomic SET.
 
-What state cannot know (reported apart in the diff, never counted as a difference):
+What state cannot know (README, "Rebuild from state: what state cannot know", each with a test):
+a recall that did not reach a former member, and the messages a member received during an
+earlier membership (both show as real differences in the diff); and the versions, reported apart
+in the diff, never counted as a difference:
   - a row's ``projection_mailbox_seq``: the mailbox_seq of the last entry applied to the row.
     State keeps ``updated_mailbox_seq``, the last *state* change; message entries do not move it,
     so the rebuilt value is <= the live one.

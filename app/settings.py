@@ -61,6 +61,21 @@ class Settings:
     # SimpleStrategy replication factor used when bootstrap creates the keyspace (1 = one node).
     cassandra_replication_factor: int = 1
 
+    # --- Kafka consumer group (the workers of one app_id share mailbox-tail's partitions) --------
+    # How long the group waits for a silent worker before its partitions go to the others: a
+    # SIGKILLed or partitioned worker's partitions (and their unflushed work) stand still this long.
+    # Lower = faster take-over, but a worker stalled longer than this (a GC pause, a loaded host)
+    # is thrown out and its partitions move (a rebalance; nothing is lost, work is re-read). The
+    # broker only accepts values between its group.min/max.session.timeout.ms (6 s..30 min by
+    # default).
+    kafka_session_timeout_ms: int = 30_000
+    # How often a worker tells the group it is alive; at most a third of the session timeout, so
+    # two missed heartbeats never end a session.
+    kafka_heartbeat_interval_ms: int = 3_000
+    # Longest time between two fetches before the worker counts as stuck and leaves the group. A
+    # batch, a flush or a revocation's persist must finish within it. Kafka's default.
+    kafka_max_poll_interval_ms: int = 300_000
+
     # --- topics (names become changelog/consumer identities: never rename casually) -------------
     topic_mailbox_tail: str = "mailbox-tail"
     topic_session_delta: str = "session-delta"
@@ -285,6 +300,20 @@ class Settings:
         ):
             if getattr(self, name) < low:
                 p.append(f"{name}: {getattr(self, name)} must be >= {low}")
+        if not 6_000 <= self.kafka_session_timeout_ms <= 1_800_000:
+            p.append(
+                f"kafka_session_timeout_ms: {self.kafka_session_timeout_ms} is not in 6000..1800000 "
+                "(the broker's default group.min/max.session.timeout.ms)"
+            )
+        if not 100 <= self.kafka_heartbeat_interval_ms <= self.kafka_session_timeout_ms // 3:
+            p.append(
+                f"kafka_heartbeat_interval_ms: {self.kafka_heartbeat_interval_ms} is not in "
+                f"100..{self.kafka_session_timeout_ms // 3} (a third of kafka_session_timeout_ms)"
+            )
+        if not 1_000 <= self.kafka_max_poll_interval_ms <= 86_400_000:
+            p.append(
+                f"kafka_max_poll_interval_ms: {self.kafka_max_poll_interval_ms} is not in 1000..86400000"
+            )
         if not self.app_id or not _TOPIC_RE.fullmatch(self.app_id):
             # faust derives topic names (changelogs) from the app id.
             p.append(f"app_id: {self.app_id!r} must be usable in a topic name ([A-Za-z0-9._-])")

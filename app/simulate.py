@@ -41,7 +41,7 @@ from typing import IO, Any, Protocol
 
 import orjson
 
-from app.cli_args import non_negative_float, non_negative_int
+from app.cli_args import non_negative_float, non_negative_int, probability
 from app.stores.cassandra_exec import StoreError
 from app.stores.cassandra_messages import ConversationHead, NewMessage
 
@@ -69,6 +69,11 @@ class Mix:
     mention_all: float = 0.01  # a group message is @all
     silent: float = 0.03  # messages that do not count as unread (notices)
     marker: float = 0.8  # chance a lane reports its watermark after a batch
+    # Noise a real mailbox writer makes now and then (0 by default: `--bad-records`,
+    # `--duplicates`): a record the worker must dead-letter, and a lane's retry of an entry it
+    # already wrote (same mailbox_seq: the worker drops it as a duplicate).
+    bad: float = 0.0
+    retry: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +116,20 @@ class Batch:
     heads: list[ConversationHead] = field(default_factory=list)
     entries: list[dict[str, Any]] = field(default_factory=list)
     markers: list[dict[str, Any]] = field(default_factory=list)
+    # Records that are not entries the workload tracks (bad records, retries): (key, value),
+    # produced after the entries, before the markers.
+    noise: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+# Bad records as upstream bugs make them: not JSON, an unknown type, a missing or ill-typed field.
+_BAD_RECORDS = (
+    b"{not json",
+    b'{"type":"teleport","mailbox_seq":1,"lane":0,"ts":1,"event_id":"x","user_id":1}',
+    b'{"type":"read","mailbox_seq":"seven","lane":0,"ts":1,"event_id":"x","user_id":1}',
+    b'{"type":"read","mailbox_seq":3,"lane":0,"ts":1,"event_id":"x","user_id":1,"conversation_id":"nope",'
+    b'"read_conversation_seq":1}',
+    b"\xff\xfe not utf-8",
+)
 
 
 @dataclass(slots=True)
@@ -240,6 +259,9 @@ class Workload:
             self._churn(batch)
         if rng.random() < mix.dirty:
             self._dirty(batch)
+        # Drawn only when asked for: the default traffic stays what it was for every seed.
+        if mix.bad and rng.random() < mix.bad:
+            batch.noise.append((str(rng.choice(self.users)).encode(), rng.choice(_BAD_RECORDS)))
         heads: dict[str, ConversationHead] = {}
         for m in batch.messages:
             heads[m.conversation_id] = ConversationHead(
@@ -247,6 +269,10 @@ class Workload:
             )
         batch.heads = list(heads.values())
         batch.entries = self._interleave(batch.entries)
+        if mix.retry and batch.entries and rng.random() < mix.retry:
+            # A lane writes an entry of this tick again (its acknowledgement was lost).
+            again = rng.choice(batch.entries)
+            batch.noise.append((str(again["user_id"]).encode(), orjson.dumps(again)))
         done = p.messages is not None and self.messages_made >= p.messages
         batch.markers = self._markers(batch.ts, force=done)
         return batch
@@ -548,6 +574,7 @@ class Report:
     messages: int = 0
     entries: int = 0
     markers: int = 0  # marker records produced (one per lane report per partition)
+    noise: int = 0  # bad records and retried entries (Mix.bad, Mix.retry)
     batches: int = 0
     elapsed_s: float = 0.0
     stopped_early: bool = False
@@ -662,6 +689,11 @@ async def drive(
             emit(value)
         report.entries += len(batch.entries)
         report.messages += len(batch.messages)
+        for key, value in batch.noise:
+            # Not tracked by any lane: a lane's marker never waits for its retry or a bad record.
+            marker_acks.append(await sink.send(value, key, None))
+            emit(value)
+            report.noise += 1
         for marker in batch.markers:
             lane = lanes.get(marker["lane"])
             if lane is None:
@@ -954,6 +986,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="also write every produced record (markers too, once per partition) as JSON lines",
     )
+    parser.add_argument(
+        "--bad-records",
+        type=probability,
+        default=0.0,
+        metavar="P",
+        help="chance per message of a bad record the worker must dead-letter (default 0)",
+    )
+    parser.add_argument(
+        "--duplicates",
+        type=probability,
+        default=0.0,
+        metavar="P",
+        help="chance per message of a lane writing an entry twice (a retry; default 0)",
+    )
     parser.add_argument("--no-cassandra", action="store_true", help="do not write the MessageStore")
     parser.add_argument(
         "--no-kafka", action="store_true", help="do not produce to Kafka (only --out; needs --out)"
@@ -989,6 +1035,7 @@ def run(args: argparse.Namespace) -> int:
             # Event time follows the requested rate; unpaced runs still advance 10 ms a message,
             # so flush windows (5 s of ts) close during a replay of the file.
             step_ms=1000.0 / rate if rate > 0 else 10.0,
+            mix=Mix(bad=args.bad_records, retry=args.duplicates),
         )
     except ValueError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
@@ -1026,8 +1073,9 @@ def run(args: argparse.Namespace) -> int:
         if out is not None:
             out.close()
     target = "no broker" if args.no_kafka else settings.topic_mailbox_tail
+    noise = f", {report.noise} bad or repeated records" if report.noise else ""
     print(
-        f"simulated {report.messages} messages: {report.entries} entries and {report.markers} "
+        f"simulated {report.messages} messages: {report.entries} entries{noise} and {report.markers} "
         f"marker records to {target} in {report.elapsed_s:.1f}s"
         + (" (stopped early; closing markers sent)" if report.stopped_early else "")
         + (f"; records in {args.out}" if args.out else ""),

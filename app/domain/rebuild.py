@@ -5,9 +5,11 @@ plus the MessageStore (heads, messages) give back every field of a row, with unr
 rules: the hand is empty, so the bounded recompute reads the MessageStore — exact when
 `latest - base <= limit`, else `limit` with `unread_exact = false`.
 
-What state cannot know exactly: the row's own `projection_mailbox_seq` (the last entry applied to
-the row; state keeps `updated_mailbox_seq`, the last *state* change, and message entries do not
-move it), and per-user mention knowledge beyond what the MessageStore's mention sets hold.
+What state cannot know exactly (README, "Rebuild from state: what state cannot know"): the row's
+own `projection_mailbox_seq` (the last entry applied to the row; state keeps
+`updated_mailbox_seq`, the last *state* change, and message entries do not move it); a recall
+that never reached a former member (the MessageStore has it recalled for everyone); messages
+received during an earlier membership (state keeps the last join only).
 """
 
 from __future__ import annotations
@@ -65,17 +67,20 @@ def row_from_state(
 
 
 def _set_head(row: ConversationState, head: Head | None, store: MessageStore, limit: int) -> None:
-    """The highest visible message: the conversation head, or for a former member the highest
-    stored message at or below left_at (searched in bounded windows)."""
-    if head is None:
-        return
+    """The highest message in the member's window, the stand-in for "the highest visible message
+    received" (DESIGN §3.7) that state can give: above `joined_at` (a member receives the
+    messages after its join), and at or below `left_at` for a former member. clear_history and
+    delete_conversation move the base, not the head. Below the conversation head, the highest
+    stored message of the window is searched in bounded windows."""
+    if head is None or head.conversation_seq <= row.joined_at:
+        return  # nothing in the member's window (joined at the head and received nothing since)
     if row.left_at is None or head.conversation_seq <= row.left_at:
         row.head_seq, row.head_message_id, row.head_activity_id = head
         row.received.add(head.conversation_seq)
         return
     upto = row.left_at
-    while upto > 0:
-        window = store.range(row.conversation_id, max(0, upto - limit), upto)
+    while upto > row.joined_at:
+        window = store.range(row.conversation_id, max(row.joined_at, upto - limit), upto)
         if window:
             top = window[-1]
             row.head_seq = top.conversation_seq

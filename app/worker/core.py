@@ -51,6 +51,7 @@ from app.domain.projection_store import ProjectionStore
 from app.domain.projector import Applied, Projector, ProjectorConfig, UserState
 from app.domain.watermark import Offer, WatermarkGate
 from app.members.stats import MemberStats
+from app.worker.offsets import Admission, Verdict, admit
 from app.worker.ports import FlushObserver, Outbox, RawRecord, StateTables, StateWriter
 
 log = logging.getLogger("projector.worker")
@@ -78,6 +79,8 @@ _STATS_ENTRIES = frozenset({MessageEntry, RecallEntry, DeleteMessageEntry})
 _STATS_KEY = "member_stats"
 # Key of the Cassandra writes a row's record still owes (the mirror failed at its persist).
 _OWED_KEY = "mirror_owed"
+# Key of the partition's next offset inside its gate record (WatermarkGate.load ignores it).
+_NEXT_OFFSET_KEY = "next_offset"
 
 
 CQL_BIGINT_MAX = 2**63 - 1
@@ -108,6 +111,13 @@ class WorkerStats:
     # writes staged again from the changelog after a restart.
     state_owed_rows: int = 0
     state_restaged_rows: int = 0
+    # The intake's offset rule (app/worker/offsets.py): batches refused because they did not start
+    # where the partition's state stands in the log (never applied: read again after a seek back),
+    # records skipped because the state already holds them (re-reads), and offsets the broker
+    # reported as holding no record (transaction markers, compaction, retention).
+    intake_gaps_refused: int = 0
+    intake_records_skipped: int = 0
+    intake_hole_offsets: int = 0
     last_flush_ms: float = 0.0
     # The unread audit (app/worker/audit.py): totals, and the last round's drifted/audited share.
     audit_rounds: int = 0
@@ -156,8 +166,12 @@ class PartitionState:
         # = the same as of the last persist (the only offset that may be committed).
         self.unpersisted = _Touched()
         self.unpersisted_since: int | None = None  # clock of the first change not persisted
-        self.processed_offset: int | None = None
-        self.durable_offset: int | None = None
+        # The next mailbox-tail offset this state has not applied (app/worker/offsets.py): every
+        # record below it is in the state, none at or above it. Persisted in the gate record, so
+        # it is restored with the state it describes; None until the intake places a partition
+        # that has no state yet.
+        self.next_offset: int | None = None
+        self.durable_offset: int | None = None  # next_offset as of the last persist
         self.committed_offset: int | None = None
 
 
@@ -270,16 +284,19 @@ class WorkerCore:
                 waiting.append(record)
         gate_state = msgspec.msgpack.decode(snapshot.gate) if snapshot.gate else {"marks": [], "hi": 0}
         gate = WatermarkGate.load(lanes, gate_state, waiting)
+        next_offset = gate_state.get(_NEXT_OFFSET_KEY)
         if projector.users or waiting:
             log.info(
-                "restored partition %d: %d users, %d rows, %d waiting, hi=%d",
+                "restored partition %d: %d users, %d rows, %d waiting, hi=%d, next offset %s",
                 partition,
                 len(projector.users),
                 len(rows),
                 len(waiting),
                 gate.hi,
+                next_offset,
             )
         state = PartitionState(partition, gate, projector)
+        state.next_offset = state.durable_offset = next_offset if isinstance(next_offset, int) else None
         state.member_stats = member_stats
         state.owing = owing
         if owing:
@@ -308,27 +325,82 @@ class WorkerCore:
 
     # -- records ------------------------------------------------------------------------------
 
-    async def on_records(self, records: Sequence[RawRecord]) -> None:
-        """Process one batch in memory. Its effects reach the changelog tables with the
-        partition's next persist (every flush, and at least once per window): until then its
-        offsets are not `durable_offsets()`, so a crash re-reads it."""
+    async def on_records(self, records: Sequence[RawRecord]) -> dict[int, Admission]:
+        """A batch of records of any partitions, read in offset order without holes (a file or a
+        plain consumer: rebuild by replay, tests); see `on_batch`."""
+        by_partition: dict[int, list[RawRecord]] = {}
+        for record in records:
+            by_partition.setdefault(record.partition, []).append(record)
+        return {
+            partition: await self.on_batch(partition, batch, None, batch[-1].offset + 1)
+            for partition, batch in by_partition.items()
+        }
+
+    async def on_batch(
+        self, partition: int, records: Sequence[RawRecord], fetch_from: int | None, fetch_to: int
+    ) -> Admission:
+        """Process one fetch of one partition in memory, if it continues the partition's state in
+        the log (app/worker/offsets.py; `fetch_from`/`fetch_to`: the consumer's position before
+        and after the fetch). A GAP is refused and changes nothing: the caller seeks back to
+        `expected_offset(partition)`. Its effects reach the changelog tables with the partition's
+        next persist (every flush, and at least once per window): until then its offsets are not
+        `durable_offsets()`, so a crash re-reads it."""
         async with self._state_lock:
             now = self.clock()
-            by_partition: dict[int, list[RawRecord]] = {}
-            for record in records:
-                by_partition.setdefault(record.partition, []).append(record)
+            state = self.partition(partition)
+            admission = admit(state.next_offset, [r.offset for r in records], fetch_from, fetch_to)
+            if admission.verdict is Verdict.GAP:
+                self.stats.intake_gaps_refused += 1
+                log.warning(
+                    "partition %d: refused a batch at offsets %s..%s (fetched from %s): the state "
+                    "expects offset %s next; reading again from there",
+                    partition,
+                    records[0].offset if records else fetch_to,
+                    records[-1].offset if records else fetch_to,
+                    fetch_from,
+                    state.next_offset,
+                )
+                return admission
+            if admission.verdict is Verdict.ALREADY_APPLIED:
+                self.stats.intake_records_skipped += len(records)
+                return admission
+            self.stats.intake_records_skipped += admission.start
+            fresh = records[admission.start :] if admission.start else records
+            self.stats.intake_hole_offsets += self._holes(state.next_offset, fresh, fetch_to)
             letters: list[tuple[bytes | None, bytes]] = []
-            for partition, batch in by_partition.items():
-                state = self.partition(partition)
-                self._process(state, batch, now, letters)
-                state.processed_offset = batch[-1].offset + 1
-                if state.unpersisted_since is None:
-                    state.unpersisted_since = now
+            if fresh:
+                self._process(state, fresh, now, letters)
+            # The gate record carries the offset: it is persisted with the state it describes.
+            state.next_offset = admission.next_offset
+            state.unpersisted.gate = True
+            if state.unpersisted_since is None:
+                state.unpersisted_since = now
             if letters:
                 await self.outbox.dead_letters(letters)
             if self._mirror_soon() and self._mirror_backlog > MIRROR_BACKLOG_BATCHES:
                 await self._mirror_in_flight()  # backpressure: Cassandra is behind
         await self.flush_due(self.clock(), only_memory_bound=True)
+        return admission
+
+    @staticmethod
+    def _holes(expected: int | None, records: Sequence[RawRecord], fetch_to: int) -> int:
+        """Offsets in [expected, fetch_to) that held no record (the broker moved past them)."""
+        if expected is None:
+            return 0
+        return max(0, fetch_to - expected - len(records))
+
+    def expected_offset(self, partition: int) -> int | None:
+        """Where the partition's state stands in the log (None: not placed yet)."""
+        return self.partition(partition).next_offset
+
+    def start_at(self, partition: int, offset: int) -> None:
+        """Place a partition that has no offset yet (a new partition, or state from before
+        offsets were recorded) at `offset`: where the consumer group left it, or the log start."""
+        state = self.partition(partition)
+        if state.next_offset is None:
+            state.next_offset = offset
+            state.unpersisted.gate = True
+            log.info("partition %d: starting at offset %d", partition, offset)
 
     def durable_offsets(self) -> dict[int, int]:
         """Per partition, the offset up to which every record's effect is in the changelog
@@ -361,7 +433,7 @@ class WorkerCore:
                 # the retry succeeds cannot lose it (the entries will be read as duplicates).
                 owed = self.state_writer.owed()
             touched, state.unpersisted = state.unpersisted, _Touched()
-            offset, state.unpersisted_since = state.processed_offset, None
+            offset, state.unpersisted_since = state.next_offset, None
             self._owe(state, touched, owed)
             self._persist(state, touched, owed)
             if handing_over and state.owing and self.state_writer is not None:
@@ -438,7 +510,7 @@ class WorkerCore:
     def _process(
         self,
         state: PartitionState,
-        batch: list[RawRecord],
+        batch: Sequence[RawRecord],
         now: int,
         letters: list[tuple[bytes | None, bytes]],
     ) -> None:
@@ -553,7 +625,10 @@ class WorkerCore:
         for user_id in touched.users:
             tables.put_user(partition, user_id, msgspec.msgpack.encode(users[user_id].dump()))
         if touched.gate:
-            tables.put_gate(partition, msgspec.msgpack.encode(state.gate.dump()))
+            record = state.gate.dump()
+            if state.next_offset is not None:
+                record[_NEXT_OFFSET_KEY] = state.next_offset
+            tables.put_gate(partition, msgspec.msgpack.encode(record))
 
     def touch(self, state: PartitionState, rows: Iterable[tuple[int, str]], users: Iterable[int]) -> None:
         """Rows and users changed outside a batch (the unread audit correcting the state): they

@@ -130,3 +130,13 @@ async def make_stack(
     yield make
     for stack in stacks:
         await stack.cleanup()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--chaos-seed", type=int, default=1, help="seed of a chaos run (make chaos-crash)")
+
+
+@pytest.fixture
+def chaos_seed(request: pytest.FixtureRequest) -> int:
+    seed: int = request.config.getoption("--chaos-seed")
+    return seed

@@ -66,7 +66,7 @@ def test_worker_metrics_move_with_the_core() -> None:
     assert sample(text, "projector_watermark_lag", [("partition", "0")]) == second - 0
     assert sample(text, "projector_entries_applied_total") == 0
 
-    asyncio.run(core.on_records(records(closing)))
+    asyncio.run(core.on_records(records(closing, len(waiting))))
     asyncio.run(core.flush_all())
     text = scrape(metrics, core)
     assert sample(text, "projector_entries_applied_total") == 2
@@ -78,8 +78,19 @@ def test_worker_metrics_move_with_the_core() -> None:
     assert sample(text, "projector_frames_emitted_total") == 2  # SESSION_DELTA + BADGE_UPDATE
     assert sample(text, "projector_flush_latency_seconds_count") == 1
 
-    asyncio.run(core.on_records(records(messages)))  # the same entries again: duplicates
+    asyncio.run(core.on_records(records(messages, len(waiting) + len(closing))))  # again: duplicates
     text = scrape(metrics, core)
+    assert sample(text, "projector_entries_duplicate_total") == 2
+    assert sample(text, "projector_intake_gaps_refused_total") == 0
+    # The same records again (a seek back): skipped by the offset rule, not even duplicates.
+    asyncio.run(core.on_records(records(messages, len(waiting) + len(closing))))
+    text = scrape(metrics, core)
+    assert sample(text, "projector_intake_records_skipped_total") == 2
+    assert sample(text, "projector_entries_duplicate_total") == 2
+    # A batch that does not continue the log: refused, counted, nothing applied.
+    asyncio.run(core.on_records(records(messages, 50)))
+    text = scrape(metrics, core)
+    assert sample(text, "projector_intake_gaps_refused_total") == 1
     assert sample(text, "projector_entries_duplicate_total") == 2
     assert sample(text, "projector_entries_in_total") == 5
     assert sample(text, "projector_entries_applied_total") == 2

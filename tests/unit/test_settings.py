@@ -224,3 +224,46 @@ def test_invalid_unread_audit_values_give_clear_errors(env: dict[str, str], frag
     with pytest.raises(SettingsError) as err:
         Settings.from_env(env)
     assert fragment in str(err.value)
+
+
+def test_kafka_group_settings_reach_the_faust_consumer() -> None:
+    """The group protocol is set through validated PROJECTOR_* settings (faust's own BROKER_*
+    variables bypassed the check) and reaches the consumer faust builds."""
+    from app.worker.batch_intake import new_faust_app
+
+    settings = Settings.from_env(
+        {
+            "PROJECTOR_KAFKA_SESSION_TIMEOUT_MS": "120000",
+            "PROJECTOR_KAFKA_HEARTBEAT_INTERVAL_MS": "2000",
+            "PROJECTOR_KAFKA_MAX_POLL_INTERVAL_MS": "600000",
+        }
+    )
+    conf = new_faust_app(settings).conf
+    assert conf.broker_session_timeout == 120.0
+    assert conf.broker_heartbeat_interval == 2.0
+    assert conf.broker_max_poll_interval == 600.0
+    # faust refuses a session timeout above its request timeout
+    assert conf.broker_request_timeout >= conf.broker_session_timeout
+    defaults = Settings()
+    assert (defaults.kafka_session_timeout_ms, defaults.kafka_heartbeat_interval_ms) == (30_000, 3_000)
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        (
+            {"PROJECTOR_KAFKA_SESSION_TIMEOUT_MS": "5000"},
+            "kafka_session_timeout_ms: 5000 is not in 6000..1800000",
+        ),
+        ({"PROJECTOR_KAFKA_SESSION_TIMEOUT_MS": "abc"}, "PROJECTOR_KAFKA_SESSION_TIMEOUT_MS='abc'"),
+        (
+            {"PROJECTOR_KAFKA_SESSION_TIMEOUT_MS": "9000", "PROJECTOR_KAFKA_HEARTBEAT_INTERVAL_MS": "4000"},
+            "kafka_heartbeat_interval_ms: 4000 is not in 100..3000",
+        ),
+        ({"PROJECTOR_KAFKA_MAX_POLL_INTERVAL_MS": "10"}, "kafka_max_poll_interval_ms: 10 is not in"),
+    ],
+)
+def test_invalid_kafka_group_settings_give_clear_errors(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(SettingsError) as raised:
+        Settings.from_env(env)
+    assert fragment in str(raised.value)

@@ -219,6 +219,35 @@ def test_replay_of_the_stream_is_clean(lanes: int) -> None:
             )
 
 
+def test_noise_is_dead_lettered_or_dropped_as_duplicates_and_changes_nothing_else() -> None:
+    """--bad-records / --duplicates: every bad record is a dead letter, every retried entry a
+    duplicate, and the projection is the same stream's without them."""
+    noisy = SimParams(
+        users=30, conversations=10, group_size=20, messages=400, lanes=2, seed=9, mix=Mix(bad=0.1, retry=0.1)
+    )
+    noisy_batches = run(noisy)
+    bad = sum(
+        1 for b in noisy_batches for _, value in b.noise if decode_record(value, 2).__class__ is DeadLetter
+    )
+    retried = sum(len(b.noise) for b in noisy_batches) - bad
+    assert bad > 10 and retried > 10
+
+    def replay(batches: list[Batch], noise: bool) -> Any:
+        replayer = Replayer(ReplayOptions(lanes=2), lambda frame: None)
+        lines = []
+        for batch in batches:
+            lines += [orjson.dumps(e) for e in batch.entries] + [v for _, v in batch.noise if noise]
+            lines += [orjson.dumps(m) for m in batch.markers]
+        replayer.feed_many(lines)
+        return replayer.finish()
+
+    got, want = replay(noisy_batches, noise=True), replay(noisy_batches, noise=False)
+    assert got.stats["dead_letters"] == bad
+    assert got.stats["duplicates"] == retried
+    assert got.projections == want.projections
+    assert got.badges == want.badges
+
+
 def test_unbounded_workload_closes_on_demand() -> None:
     workload = Workload(SimParams(users=10, conversations=4, group_size=5, messages=None, lanes=2))
     batches = workload.batches()

@@ -301,7 +301,7 @@ def test_a_pending_flush_carries_the_correction_at_a_newer_version() -> None:
         later = Builder()
         later.seq, later.ts = 100, w.last_ts + 10
         later.message(7, 3, conv=CONV_B)  # user 7 changes elsewhere: a flush is pending
-        await w.core.on_records(records(later.close()))
+        await w.core.on_records(records(later.close(), len(w.lines)))
         report = await w.audit()
         assert (report.audited, report.drifted, report.corrected) == (2, 1, 1)  # (7, B) waits
         assert (await w.projections.load(7)).rows[CONV_A]["unread_count"] == 40  # not in place

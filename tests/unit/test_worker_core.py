@@ -131,8 +131,13 @@ def make_core(
     )
 
 
-def records(lines: Sequence[bytes]) -> list[RawRecord]:
-    return [RawRecord("mailbox-tail", 0, offset, b"k", raw.rstrip(b"\n")) for offset, raw in enumerate(lines)]
+def records(lines: Sequence[bytes], start: int = 0) -> list[RawRecord]:
+    """Lines as the records of partition 0 from offset `start` on (a later batch continues the
+    log: a batch at offsets the core already applied is skipped as a re-read)."""
+    return [
+        RawRecord("mailbox-tail", 0, offset, b"k", raw.rstrip(b"\n"))
+        for offset, raw in enumerate(lines, start)
+    ]
 
 
 async def feed(core: WorkerCore, batch_list: list[list[RawRecord]], clock: Clock, rnd: random.Random) -> None:
@@ -252,7 +257,8 @@ def test_pending_entries_survive_a_crash_in_the_tables() -> None:
     restarted = make_core(2, tables, store, projections, outbox, clock)
     asyncio.run(restarted.restore_assigned([0]))
     assert tables.republished == [0]  # what was restored goes to the changelog again
-    late = RawRecord("mailbox-tail", 0, 99, None, b'{"type":"watermark","lane":1,"watermark":1,"ts":5}')
+    marker = b'{"type":"watermark","lane":1,"watermark":1,"ts":5}'
+    late = RawRecord("mailbox-tail", 0, len(s.lines), None, marker)
     asyncio.run(restarted.on_records([late]))
     asyncio.run(restarted.flush_all())
     assert tables.data["pending"] == {}

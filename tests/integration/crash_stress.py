@@ -1,0 +1,169 @@
+"""A crash-safety run that is hard to pass (issue 11): a worker SIGKILLed again and again at random
+moments while traffic keeps arriving, so a backlog builds while it is down; CPU contention from
+busy loops; the local data dir kept at some restarts and lost at others. The end state (every
+user's rows and badge in the projection store) must equal `projector replay` of the exact
+stream that was produced.
+
+Used by the integration suite at a CI size and by `make chaos-crash` at full size, N runs in a row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.integration.stack import Stack, read_jsonl
+
+
+@dataclass(frozen=True)
+class CrashPlan:
+    users: int = 40
+    conversations: int = 30
+    group_size: int = 20
+    messages: int = 1500
+    rate: float = 40.0  # messages/s: the traffic runs messages/rate seconds
+    kills: int = 5
+    lose_data_at: frozenset[int] = frozenset({2})  # kill numbers after which the data dir is deleted
+    busy_loops: int = 2  # processes spinning on a core each, beside the worker
+    after_ready_s: tuple[float, float] = (1.0, 9.0)  # kill this long after a "Worker ready"
+    down_s: tuple[float, float] = (1.0, 4.0)  # the worker stays dead this long (backlog builds)
+    bad_records: float = 0.01
+    duplicates: float = 0.02
+    seed: int = 1
+    catch_up_s: float = 400.0
+
+
+@dataclass
+class CrashReport:
+    kills: int = 0
+    data_lost: int = 0
+    records: int = 0
+    users: int = 0
+    rows: int = 0
+    gaps_refused: int = 0
+    mismatched_rows: int = 0
+    mismatched_badges: int = 0
+    elapsed_s: float = 0.0
+    timeline: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return (
+            f"{self.kills} kills ({self.data_lost} with the data dir lost), {self.records} records, "
+            f"{self.users} users, {self.rows} rows: {self.mismatched_rows} rows and "
+            f"{self.mismatched_badges} badges differ from replay; {self.gaps_refused} refused "
+            f"batches read again; {self.elapsed_s:.0f} s"
+        )
+
+
+def stack_overrides() -> dict[str, str]:
+    """A short window and a short group session, so a killed worker's partitions come back fast."""
+    return {
+        "PROJECTOR_PROJECTION_COMPACTION_WINDOW_MS": "200",
+        "PROJECTOR_KAFKA_SESSION_TIMEOUT_MS": "6000",
+        "PROJECTOR_KAFKA_HEARTBEAT_INTERVAL_MS": "1000",
+    }
+
+
+def _busy_loops(count: int) -> list[subprocess.Popen[bytes]]:
+    return [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+        for _ in range(count)
+    ]
+
+
+async def _ready(stack: Stack, index: int, seen: int, timeout: float) -> int:
+    """Wait until the worker's log says "Worker ready" more often than `seen` times."""
+    path = stack.tmp / f"worker-{index}.log"
+    deadline = time.monotonic() + timeout
+    while True:
+        count = path.read_text(errors="replace").count("Worker ready") if path.exists() else 0
+        if count > seen:
+            return count
+        stack.alive(len(stack.workers) - 1)()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"worker not ready after {timeout}s:\n{stack.log_tail(index)}")
+        await asyncio.sleep(0.2)
+
+
+async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashReport:
+    report = CrashReport()
+    started = time.monotonic()
+    rnd = random.Random(plan.seed)
+    stream = tmp / f"crash-stream-{plan.seed}.jsonl"
+    lanes = stack.settings.lanes
+    loops = _busy_loops(plan.busy_loops)
+    try:
+        traffic = asyncio.create_task(
+            asyncio.to_thread(
+                stack.run,
+                "simulate",
+                *("--users", str(plan.users), "--conversations", str(plan.conversations)),
+                *("--group-size", str(plan.group_size), "--messages", str(plan.messages)),
+                *("--rate", str(plan.rate), "--lanes", str(lanes), "--seed", str(plan.seed)),
+                *("--bad-records", str(plan.bad_records), "--duplicates", str(plan.duplicates)),
+                *("--out", str(stream), "--progress", "never"),
+                timeout=plan.messages / plan.rate + 600,
+            )
+        )
+        index = 0  # the worker's data dir: worker-{index}-data
+        stack.start_worker(index)
+        readies = 0
+        for kill in range(1, plan.kills + 1):
+            readies = await _ready(stack, index, readies, timeout=240)
+            await asyncio.sleep(rnd.uniform(*plan.after_ready_s))
+            worker = stack.workers[-1]
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(timeout=30)
+            report.kills += 1
+            lost = kill in plan.lose_data_at
+            report.timeline.append(
+                f"{time.monotonic() - started:6.1f}s kill {kill}{' + data dir lost' if lost else ''}"
+            )
+            await asyncio.sleep(rnd.uniform(*plan.down_s))  # traffic goes on: a backlog builds
+            if lost:
+                shutil.rmtree(stack.tmp / f"worker-{index}-data", ignore_errors=True)
+                report.data_lost += 1
+            stack.start_worker(index)
+        await traffic
+        report.timeline.append(f"{time.monotonic() - started:6.1f}s traffic done")
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    out = tmp / f"crash-replay-{plan.seed}"
+    stack.run("replay", "--input", str(stream), "--out", str(out), "--lanes", str(lanes))
+    rows_expected = read_jsonl(out / "projections.jsonl")
+    badges_expected = read_jsonl(out / "badges.jsonl")
+    versions = {b["user_id"]: b["projection_mailbox_seq"] for b in badges_expected}
+    report.records = sum(1 for line in stream.read_bytes().splitlines() if line.strip())
+    report.users, report.rows = len(versions), len(rows_expected)
+    try:
+        await stack.wait_for_versions(
+            versions, timeout=plan.catch_up_s, alive=stack.alive(len(stack.workers) - 1)
+        )
+    finally:
+        rows, badges = await stack.projection(sorted(versions))
+        report.mismatched_rows = _differences(rows, rows_expected, ("user_id", "conversation_id"))
+        report.mismatched_badges = _differences(badges, badges_expected, ("user_id",))
+        log = "".join(
+            (stack.tmp / f"worker-{i}.log").read_text(errors="replace")
+            for i in {index}
+            if (stack.tmp / f"worker-{i}.log").exists()
+        )
+        report.gaps_refused = log.count("refused a batch") + log.count("nothing is on its way")
+        report.elapsed_s = time.monotonic() - started
+    return report
+
+
+def _differences(got: list[dict[str, Any]], want: list[dict[str, Any]], key: tuple[str, ...]) -> int:
+    mine = {tuple(item[k] for k in key): item for item in got}
+    theirs = {tuple(item[k] for k in key): item for item in want}
+    return sum(1 for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
