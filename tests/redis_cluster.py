@@ -124,11 +124,14 @@ def status() -> subprocess.CompletedProcess[str]:
     )
 
 
-def require_healthy() -> None:
-    """Fails the test (never skips) when the local cluster is not healthy."""
-    done = status()
-    if done.returncode != 0:
-        pytest.fail(f"{done.stdout.strip()}\n{HINT}", pytrace=False)
+def require_healthy(timeout: float = 60) -> None:
+    """Fails the test (never skips) when the local cluster is not healthy within `timeout` s
+    (a replica still syncing after the previous test's failover is given the time)."""
+    deadline = time.monotonic() + timeout
+    while (done := status()).returncode != 0:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{done.stdout.strip()}\n{HINT}", pytrace=False)
+        time.sleep(1)
 
 
 def wait_until(what: str, condition: Callable[[], bool], timeout: float, every: float = 0.2) -> None:
