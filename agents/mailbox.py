@@ -1,6 +1,6 @@
 """The mailbox-tail agent: one fetch batch of raw records at a time into the worker core.
 
-The consumer (`app.worker.batch_intake`) sends each fetch's records of a partition as one
+The consumer (`agents.batch_intake`) sends each fetch's records of a partition as one
 `RecordBatch` to an in-memory channel; this agent iterates it. No business branching here:
 decode, gating, state and flushing live in `app.worker.core` and the pure core under it.
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import faust
 
-from app.worker.batch_intake import BatchChannel, ProjectorApp, RecordBatch, commit_offsets
+from agents.batch_intake import BatchChannel, ProjectorApp, RecordBatch, commit_offsets
 from app.worker.core import WorkerCore
 from app.worker.offsets import Verdict
 
@@ -43,13 +43,13 @@ class MailboxIntake:
     def __init__(
         self,
         app: faust.App,
-        core_ref: dict[str, WorkerCore],
+        core: WorkerCore,
         topic: str,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.app = app
         self.clock = clock
-        self.core_ref = core_ref
+        self.core = core
         self.topic = topic
         self.channel: Any = None  # set by register_agent
         # Held while a batch is processed: a revocation waits for it, so no changelog record of a
@@ -91,14 +91,12 @@ class MailboxIntake:
         """After faust put the consumer at the committed offsets: every partition this intake
         owns goes where its state stands (a new one: where the group left it, else the log
         start, which the consumer looks up)."""
-        core = self.core_ref["core"]
-        return {p: core.expected_offset(p) for p in sorted(self.assigned.intersection(partitions))}
+        return {p: self.core.expected_offset(p) for p in sorted(self.assigned.intersection(partitions))}
 
     def placed(self, offsets: Mapping[int, int]) -> None:
-        core = self.core_ref["core"]
         for partition, offset in offsets.items():
             if partition in self.assigned:
-                core.start_at(partition, offset)
+                self.core.start_at(partition, offset)
                 self.fetched_to[partition] = offset
 
     # -- the agent's side -------------------------------------------------------------------------
@@ -114,8 +112,7 @@ class MailboxIntake:
                     # partition we do not own.
                     self.stale_batches += 1
                     return
-                core = self.core_ref["core"]
-                admission = await core.on_batch(
+                admission = await self.core.on_batch(
                     batch.partition, batch.records, batch.fetch_from, batch.fetch_to
                 )
                 if admission.verdict is Verdict.GAP:
@@ -125,11 +122,11 @@ class MailboxIntake:
 
     async def _read_again(self, partition: int) -> None:
         """Put the consumer back where the partition's state stands in the log."""
-        offset = self.core_ref["core"].expected_offset(partition)
+        offset = self.core.expected_offset(partition)
         if offset is None:
             return
         self.seeks += 1
-        consumer: Any = self.app.consumer  # app.worker.batch_intake.BatchIntakeConsumer
+        consumer: Any = self.app.consumer  # agents.batch_intake.BatchIntakeConsumer
         self.placed(await consumer.place(self.topic, {partition: offset}))
 
     async def check_fetched(self) -> None:
@@ -143,11 +140,10 @@ class MailboxIntake:
         if not getattr(self.app.consumer, "flow_active", False):
             return  # a rebalance is under way: its seek places every partition again
         async with self.lock:
-            core = self.core_ref["core"]
             now = self.clock()
             for partition in sorted(self.assigned):
                 fetched_to = self.fetched_to.get(partition)
-                expected = core.expected_offset(partition)
+                expected = self.core.expected_offset(partition)
                 if fetched_to is None or expected is None or fetched_to <= expected:
                     self.behind.pop(partition, None)
                     continue
@@ -159,7 +155,7 @@ class MailboxIntake:
                     continue
                 self.in_flight[partition] = 0  # what it counted never arrives now
                 self.behind.pop(partition, None)
-                core.stats.intake_gaps_refused += 1
+                self.core.stats.intake_gaps_refused += 1
                 log.warning(
                     "partition %d: fetched up to offset %d but the state stands at %d and nothing "
                     "is on its way: reading again from there",
@@ -176,26 +172,22 @@ class MailboxIntake:
             self.assigned = set(partitions)
             for partition in partitions:
                 self.fetched_to.pop(partition, None)
-            await self.core_ref["core"].restore_assigned(sorted(partitions))
+            await self.core.restore_assigned(sorted(partitions))
 
     async def revoke(self, partitions: Sequence[int]) -> None:
         """Before the partitions go: their hot state persisted and its offsets committed, so
         the new owner restores it instead of reading it again."""
         self.assigned.difference_update(partitions)  # batches still queued for them are dropped
         async with self.lock:
-            core = self.core_ref["core"]
-            await core.release(partitions)
+            await self.core.release(partitions)
             await self.commit()
-            core.forget(partitions)
+            self.core.forget(partitions)
 
     async def stop(self) -> None:
         """A clean stop: the batch in progress finished, everything flushed (hot state persisted
         first) and its offsets committed, so a restart reads nothing again."""
         async with self.lock:
-            core = self.core_ref.get("core")
-            if core is None:
-                return
-            await core.flush_all()
+            await self.core.flush_all()
             await self.commit()
 
     async def commit(self) -> None:
@@ -203,13 +195,12 @@ class MailboxIntake:
         producer; faust's commit flushes the producer before committing). From the commit
         timer and on revocation; serialized, so a committed offset only moves forward."""
         async with self.commit_lock:
-            core = self.core_ref["core"]
-            offsets = core.durable_offsets()
+            offsets = self.core.durable_offsets()
             if not offsets:
                 return
             try:
                 if await commit_offsets(self.app, offsets, self.topic):
-                    core.offsets_committed(offsets)
+                    self.core.offsets_committed(offsets)
             except Exception as exc:  # a failed commit only means re-reading (duplicates dropped)
                 log.warning("offset commit failed (entries will be read again): %s", exc)
 

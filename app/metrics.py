@@ -14,18 +14,43 @@ aiohttp server, never faust's web server (which several workers per host cannot 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.exposition import generate_latest
+
+from app.build import build_info
+from app.domain.entries import DEAD_LETTER_KINDS
 
 if TYPE_CHECKING:
     from app.worker.core import WorkerCore
 
 PREFIX: Final = "projector_"
+
+# Every process (worker, API, rebuild) also exports these (:func:`add_process_metrics`): the
+# client library's process and Python collectors, and which build runs.
+PROCESS_METRICS: Final = (
+    "projector_build_info",
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "process_start_time_seconds",
+    "process_open_fds",
+    "python_info",
+    "python_gc_collections_total",
+)
 
 # Exposition names (counters get ``_total`` appended by the client library on exposition).
 WORKER_METRICS: Final = (
@@ -33,6 +58,7 @@ WORKER_METRICS: Final = (
     "projector_entries_applied_total",
     "projector_entries_duplicate_total",
     "projector_entries_dead_lettered_total",
+    "projector_dead_letters_total",
     "projector_entries_pending",
     "projector_watermark_lag",
     "projector_flushes_total",
@@ -50,20 +76,51 @@ WORKER_METRICS: Final = (
     "projector_intake_gaps_refused_total",
     "projector_intake_records_skipped_total",
     "projector_intake_hole_offsets_total",
+    # Per-partition figures of the operator console's fleet view (issue 17).
+    "projector_watermark_hi",
+    "projector_watermark_lane",
+    "projector_partition_pending",
+    "projector_partition_owed_rows",
+    "projector_last_flush_timestamp_seconds",
 )
 API_METRICS: Final = (
     "projector_snapshot_hits_total",
     "projector_snapshot_loads_total",
     "projector_snapshot_evictions_total",
     "projector_page_latency_seconds",
+    "projector_api_requests_total",
+    "projector_api_request_duration_seconds",
+)
+# The operator console (app/api/ops), in the API's registry when the console is served.
+OPS_METRICS: Final = (
+    "projector_ops_actions_total",
+    "projector_ops_corrected_rows_total",
 )
 REBUILD_METRICS: Final = (
     "projector_rebuild_work_items",
     "projector_rebuild_work_done",
     "projector_rebuild_progress_ratio",
+    "projector_rebuild_info",
 )
 
 _LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def add_process_metrics(registry: CollectorRegistry) -> None:
+    """Process (CPU, memory, file descriptors, start time), Python (version, GC) and
+    ``projector_build_info{version,python,compiled} 1`` on ``registry`` (each process has its
+    own registry, so the library's default one is never used)."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    info = build_info()
+    build = Gauge(
+        "projector_build_info",
+        "Always 1: the package version, the Python version and whether the compiled build runs",
+        list(info.labels()),
+        registry=registry,
+    )
+    build.labels(**info.labels()).set(1)
 
 
 def exposition(registry: CollectorRegistry) -> bytes:
@@ -120,6 +177,14 @@ class WorkerMetrics:
         self.entries_dead_lettered = Counter(
             "projector_entries_dead_lettered", "Records sent to the dead-letter topic", registry=r
         )
+        self.dead_letters = Counter(
+            "projector_dead_letters",
+            "Records sent to the dead-letter topic, by reason (app.domain.entries.DEAD_LETTER_KINDS)",
+            ["reason"],
+            registry=r,
+        )
+        for kind in DEAD_LETTER_KINDS:  # every reason exported from the start, at 0
+            self.dead_letters.labels(kind)
         self.entries_pending = Gauge(
             "projector_entries_pending", "Entries waiting above the watermark (all partitions)", registry=r
         )
@@ -201,11 +266,45 @@ class WorkerMetrics:
             "compacted or expired records)",
             registry=r,
         )
+        add_process_metrics(r)
+        # Per partition, for the operator console's fleet view: the gate (hi and each lane's
+        # last marker), what waits above it, and rows still owing Cassandra mirror writes.
+        self.watermark_hi = Gauge(
+            "projector_watermark_hi",
+            "The watermark gate's position hi (min over lanes of the last marker), per partition",
+            ["partition"],
+            registry=r,
+        )
+        self.watermark_lane = Gauge(
+            "projector_watermark_lane",
+            "The last watermark marker of each lane, per partition (absent until the lane reported)",
+            ["partition", "lane"],
+            registry=r,
+        )
+        self.partition_pending = Gauge(
+            "projector_partition_pending",
+            "Entries waiting above the watermark, per partition",
+            ["partition"],
+            registry=r,
+        )
+        self.partition_owed_rows = Gauge(
+            "projector_partition_owed_rows",
+            "Rows whose changelog record still owes Cassandra mirror writes, per partition",
+            ["partition"],
+            registry=r,
+        )
+        self.last_flush = Gauge(
+            "projector_last_flush_timestamp_seconds",
+            "Unix time at which the last flush that wrote anything ended (0 before the first)",
+            registry=r,
+        )
         self._seen = _Seen()
         self._lag_partitions: set[int] = set()
+        self._lanes: set[tuple[str, str]] = set()
 
     def observe_flush(self, seconds: float) -> None:
         self.flush_latency.observe(seconds)
+        self.last_flush.set(time.time())
 
     def sync(self, core: WorkerCore) -> None:
         """Pull the core's totals and gauges into the metrics (cheap: a few dict reads)."""
@@ -215,6 +314,9 @@ class WorkerMetrics:
         self.entries_applied.inc(seen.delta("applied", stats.applied))
         self.entries_duplicate.inc(seen.delta("duplicates", stats.duplicates))
         self.entries_dead_lettered.inc(seen.delta("dead_letters", stats.dead_letters))
+        for kind, total in list(stats.dead_letter_kinds.items()):
+            label = kind if kind in DEAD_LETTER_KINDS else "schema"  # the label set stays closed
+            self.dead_letters.labels(label).inc(seen.delta("dead_letters:" + kind, total))
         self.flushes.inc(seen.delta("flushes", stats.flushes))
         self.projection_writes.inc(seen.delta("projection_writes", stats.projection_writes))
         self.frames_emitted.inc(seen.delta("frames", stats.frames))
@@ -232,13 +334,33 @@ class WorkerMetrics:
             self.compression_ratio.set(stats.applied / stats.projection_writes)
         pending = 0
         current: set[int] = set()
+        lanes: set[tuple[str, str]] = set()
         for partition, state in list(core.partitions.items()):
-            pending += state.gate.pending_count
-            self.watermark_lag.labels(str(partition)).set(max(0, state.max_seen_seq - state.gate.hi))
+            label = str(partition)
+            processor = state.processor
+            gate = processor.gate
+            pending += gate.pending_count
+            self.watermark_lag.labels(label).set(max(0, processor.max_seen_seq - gate.hi))
+            self.watermark_hi.labels(label).set(gate.hi)
+            self.partition_pending.labels(label).set(gate.pending_count)
+            self.partition_owed_rows.labels(label).set(len(state.owing))
+            for lane, mark in enumerate(gate.dump()["marks"]):
+                if mark is not None:
+                    self.watermark_lane.labels(label, str(lane)).set(mark)
+                    lanes.add((label, str(lane)))
             current.add(partition)
         for gone in self._lag_partitions - current:  # revoked: another worker reports it now
-            self.watermark_lag.remove(str(gone))
+            for gauge in (
+                self.watermark_lag,
+                self.watermark_hi,
+                self.partition_pending,
+                self.partition_owed_rows,
+            ):
+                gauge.remove(str(gone))
+        for pair in self._lanes - lanes:
+            self.watermark_lane.remove(*pair)
         self._lag_partitions = current
+        self._lanes = lanes
         self.entries_pending.set(pending)
 
 
@@ -274,7 +396,28 @@ class ApiMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # route: the served route's path template (never the raw path: ids would make the label
+        # set unbounded), "unmatched" for anything the router does not know; method: the served
+        # methods, "other" for the rest; code: the status the API answered.
+        self.requests = Counter(
+            "projector_api_requests",
+            "HTTP requests answered, by route template, method and status code",
+            ["route", "method", "code"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "projector_api_request_duration_seconds",
+            "HTTP request time in the API (every route, errors included), by route template and method",
+            ["route", "method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        add_process_metrics(r)
         self._seen = _Seen()
+
+    def observe_request(self, route: str, method: str, code: int, seconds: float) -> None:
+        self.requests.labels(route, method, str(code)).inc()
+        self.request_duration.labels(route, method).observe(seconds)
 
     def sync(self, source: SnapshotSource) -> None:
         self.snapshot_hits.inc(self._seen.delta("hits", source.hits))
@@ -282,13 +425,44 @@ class ApiMetrics:
         self.snapshot_evictions.inc(self._seen.delta("evictions", source.evictions))
 
 
+# -- operator console -----------------------------------------------------------------------------
+
+
+class OpsMetrics:
+    """The operator console's actions (app/api/ops), registered in the API's own registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.actions = Counter(
+            "projector_ops_actions",
+            "Operator console actions (reconcile, rebuild a user) by outcome",
+            ["action", "outcome"],
+            registry=registry,
+        )
+        self.corrected_rows = Counter(
+            "projector_ops_corrected_rows",
+            "Rows the operator console's actions rewrote in the projection store",
+            ["action"],
+            registry=registry,
+        )
+
+
 # -- rebuild --------------------------------------------------------------------------------------
 
 
 class RebuildMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, namespace: str | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        # Which namespace the rebuild writes: the operator console shows it next to the serving
+        # one (an info gauge, always 1; no sample until the namespace is known).
+        self.info = Gauge(
+            "projector_rebuild_info",
+            "The namespace this rebuild writes (value always 1)",
+            ["namespace"],
+            registry=r,
+        )
+        if namespace is not None:
+            self.info.labels(namespace).set(1)
         self.users_total = Gauge(
             "projector_rebuild_work_items",
             "Work items of the running rebuild (users from state, entries by replay)",
@@ -300,6 +474,7 @@ class RebuildMetrics:
         self.progress = Gauge(
             "projector_rebuild_progress_ratio", "Share of the running rebuild done (0..1)", registry=r
         )
+        add_process_metrics(r)
 
     def update(self, done: int, total: int) -> None:
         self.users_total.set(total)

@@ -28,6 +28,7 @@ ENV_PREFIX = "PROJECTOR_"
 
 _LOG_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"})
 _FILL_MODES = frozenset({"never", "empty", "always"})
+_LOG_FORMATS = frozenset({"text", "json"})
 # HMAC-SHA256 keys shorter than this are guessable in practice; 32 chars of token_urlsafe = 192 bits.
 API_SECRET_MIN_CHARS = 32
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -37,6 +38,7 @@ _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 # An unquoted CQL identifier (Cassandra caps keyspace names at 48 characters).
 _KEYSPACE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,47}")
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_PARTITION_RANGE_RE = re.compile(r"(?P<low>[0-9]{1,6})(?:-(?P<high>[0-9]{1,6}))?")
 _HOST_PORT_RE = re.compile(r"(?P<host>[^\s:,]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
 
 
@@ -75,18 +77,52 @@ class Settings:
     # Longest time between two fetches before the worker counts as stuck and leaves the group. A
     # batch, a flush or a revocation's persist must finish within it. Kafka's default.
     kafka_max_poll_interval_ms: int = 300_000
+    # --- security and topology (README "Deploying a fleet"; app/connections.py turns these into
+    # each client's options: the one place every Kafka, Cassandra and Redis client is configured) --
+    # Kafka: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL; SASL takes PLAIN, SCRAM-SHA-256 or
+    # SCRAM-SHA-512 with a username and password. TLS verifies the brokers against
+    # kafka_ssl_cafile (PEM; empty = the system's CAs); a client certificate (mutual TLS) is
+    # kafka_ssl_certfile + kafka_ssl_keyfile.
+    kafka_security_protocol: str = "PLAINTEXT"
+    kafka_sasl_mechanism: str = ""
+    kafka_sasl_username: str = ""
+    kafka_sasl_password: str = dataclasses.field(default="", repr=False)
+    kafka_ssl_cafile: str = ""
+    kafka_ssl_certfile: str = ""
+    kafka_ssl_keyfile: str = ""
+    # Cassandra: password authentication, TLS (cassandra_ssl; CA and client certificate files as
+    # for Kafka), and the local data center: queries go to its nodes first, and bootstrap creates
+    # the keyspace with NetworkTopologyStrategy, cassandra_replication_factor copies in the local
+    # DC, or exactly cassandra_replication_per_dc ("dc1:3,dc2:3") when that is set.
+    cassandra_username: str = ""
+    cassandra_password: str = dataclasses.field(default="", repr=False)
+    cassandra_ssl: bool = False
+    cassandra_ssl_cafile: str = ""
+    cassandra_ssl_certfile: str = ""
+    cassandra_ssl_keyfile: str = ""
+    cassandra_local_dc: str = ""
+    cassandra_replication_per_dc: tuple[str, ...] = ()
+    # Redis: ACL user and password (or the URL's), TLS with a rediss:// URL (CA and client
+    # certificate files as for Kafka).
+    redis_username: str = ""
+    redis_password: str = dataclasses.field(default="", repr=False)
+    redis_ssl_cafile: str = ""
+    redis_ssl_certfile: str = ""
+    redis_ssl_keyfile: str = ""
 
     # --- topics (names become changelog/consumer identities: never rename casually) -------------
     topic_mailbox_tail: str = "mailbox-tail"
     topic_session_delta: str = "session-delta"
     topic_badge: str = "badge"
     topic_dead_letter: str = "mailbox-dead-letter"
+    # Offline badge pushes (docs/contract.md §9): APNs/FCM-shaped records for users with no live stream.
+    topic_push: str = "push"
     # Every topic bootstrap creates gets this many partitions, so a table's changelog and its
     # source topic always agree (faust's co-partitioning requirement).
     topic_partitions: int = 4
     topic_replication_factor: int = 1
 
-    # --- processing (DESIGN.md §2-§3) ----------------------------------------------------------
+    # --- processing (docs/contract.md §2-§3) ----------------------------------------------------------
     lanes: int = 1
     projection_compaction_window_ms: int = 5000
     max_dirty_rows: int = 100_000
@@ -104,7 +140,7 @@ class Settings:
     # --- projection store (Redis) -----------------------------------------------------------------
     # Key prefix of the serving projection; a rebuild writes another namespace and swaps.
     projection_namespace: str = "proj"
-    # Count persistent writes per (user, conversation) in the store (audit of DESIGN §3.9's bound).
+    # Count persistent writes per (user, conversation) in the store (audit of docs/contract.md §3.9's bound).
     projection_count_writes: bool = False
     # How long the worker, the audit and `projector rebuild` keep retrying (exponential backoff
     # with jitter) a store call that failed in a way that passes: connection refused/reset, a
@@ -125,7 +161,7 @@ class Settings:
     # Cassandra partition per audited row; a heavy user whose 5,000 conversations all sat unread
     # and idle costs 3,600 reads a day (one per 24 s), a worker holding 2 million such rows ~17
     # reads/s spread over the day, and `unread_audit_max_rows` caps any round whatever the row
-    # count (20,000 per 10 min = 33 reads/s per worker at most). docs/contract-notes.md ("Unread audit").
+    # count (20,000 per 10 min = 33 reads/s per worker at most). docs/contract.md §3.4 ("Unread audit").
     unread_audit_sample_rate: float = 0.005
     unread_audit_interval_ms: int = 600_000
     # "No change for 24 h" (issue 7): a row still changing is not worth a read (its next entry
@@ -152,8 +188,14 @@ class Settings:
     api_host: str = "127.0.0.1"
     api_port: int = 8080
     log_level: str = "INFO"
+    # "text" (one readable line per record) or "json" (one JSON object per line, the same fields
+    # for the worker, faust's own records included, and the API: app/logs.py).
+    log_format: str = "text"
+    # One log line per API request (aiohttp's access log, in log_format). Off by default: at
+    # thousands of pages a second the lines would cost more than the pages.
+    api_access_log: bool = False
 
-    # --- query API (DESIGN §5; `projector api`, `projector token`) -----------------------------
+    # --- query API (docs/contract.md §5; `projector api`, `projector token`) -----------------------------
     # HMAC-SHA256 key for bearer tokens and page cursors. Empty = not configured: `projector api`
     # and `projector token` refuse to start, so no deployment runs on a guessable default.
     # Generate one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`.
@@ -166,16 +208,65 @@ class Settings:
     api_snapshot_max_rows: int = 5000
     # LRU bound on the rows held by all snapshots together (memory: ~1 KB per row).
     api_snapshot_cache_rows: int = 500_000
-    # When the API fills rows missing from the projection store from Cassandra (DESIGN §5):
+    # When the API fills rows missing from the projection store from Cassandra (docs/contract.md §5):
     # "empty" = only when the store holds nothing for the user (projection lost, user not yet
     # flushed), "always" = join UserConversationState on every snapshot load (also catches
     # single lost rows; one Cassandra partition read per load), "never".
     api_fill_from_state: str = "empty"
 
-    # --- member directory (DESIGN §8, seed 004) ---------------------------------------------------
+    # --- member directory (docs/contract.md §8, seed 004) ---------------------------------------------------
     # Time the presentation call may spend on record_count/mention_count before answering without
     # them (identities are never held back). The seed's budget is 2 s.
     members_stats_budget_ms: int = 2000
+
+    # --- live stream gateway (issue 16; GET /v1/stream in the API process, app/gateway) --------
+    # The API process also serves /v1/stream: it reads the session-delta and badge topics and
+    # forwards each connected user's frames. false = pages and badge only (no Kafka consumer).
+    gateway_enabled: bool = True
+    # Which partitions of the frame topics this instance reads: "" = all (any instance serves any
+    # user), or a list/ranges ("0,1", "0-3,8"): only those partitions' users (a user of another
+    # partition gets 421 Misdirected Request naming the partition). docs/gateway.md, "Scaling".
+    gateway_partitions: str = ""
+    # A heartbeat event on every connection this often (keeps proxies and NATs open; lets the
+    # client notice a dead connection after ~3 missed beats).
+    gateway_heartbeat_ms: int = 15_000
+    # Bytes of events one connection may have queued; beyond, the client is too slow: it gets a
+    # `repull` event and the connection is closed (memory stays bounded).
+    gateway_buffer_bytes: int = 1_048_576
+    # Resume after a short disconnect without a re-pull: per user, the last frames (count and
+    # bytes) are kept while connected and for gateway_resume_window_ms after, for at most
+    # gateway_resume_users disconnected users (oldest dropped first).
+    gateway_resume_frames: int = 64
+    gateway_resume_bytes: int = 262_144
+    gateway_resume_window_ms: int = 120_000
+    gateway_resume_users: int = 50_000
+    # Browsers' EventSource cannot send headers: POST /v1/stream/ticket (bearer) gives a ticket for
+    # ?access_token= that opens /v1/stream only and expires after this many seconds.
+    gateway_ticket_ttl_s: int = 60
+    # Streams one process holds at most (more: 503 with Retry-After).
+    gateway_max_connections: int = 20_000
+    # Presence in Redis (who has a live stream, on any instance): an entry per (user, instance)
+    # refreshed every third of the TTL; a crashed instance's users count as offline after it.
+    gateway_presence_ttl_ms: int = 30_000
+    # Offline badge pushes: the API processes share the badge topic's partitions in one consumer
+    # group (exactly one producer per user), and send at most one record per user per window.
+    push_enabled: bool = True
+    push_window_ms: int = 2000
+    # --- operator console (issue 17; app/api/ops, served by `projector api` under /ops/) ----------
+    # Signs operator tokens (`projector token --operator NAME`); separate from api_secret so a user
+    # token can never open the console. Empty = the console is not served (/ops/ is 404).
+    ops_secret: str = dataclasses.field(default="", repr=False)
+    # Lifetime of an operator token minted without --ttl (a working shift).
+    ops_token_ttl_s: int = 28_800
+    # The workers' (and a running rebuild's) Prometheus endpoints the fleet view scrapes,
+    # comma-separated http(s) URLs (each worker's PROJECTOR_WORKER_METRICS_PORT). Configured, not
+    # discovered: the consumer group does not know where a member serves /metrics.
+    ops_metrics_urls: tuple[str, ...] = ()
+    # Records read back per topic partition for "the user's last frames" and the dead-letter
+    # browser (a bound on what one console request may read from Kafka).
+    ops_scan_records: int = 2000
+    # The charts: the console samples the fleet this often and keeps the last 120 samples.
+    ops_sample_interval_ms: int = 5000
 
     env_prefix: ClassVar[str] = ENV_PREFIX
 
@@ -237,9 +328,39 @@ class Settings:
             self.topic_session_delta,
             self.topic_badge,
             self.topic_dead_letter,
+            self.topic_push,
         )
 
     # ------------------------------------------------------------------------------------------
+    def _gateway_problems(self) -> list[str]:
+        p: list[str] = []
+        try:
+            parts = gateway_partition_set(self.gateway_partitions)
+        except ValueError as exc:
+            p.append(f"gateway_partitions: {exc}")
+        else:
+            if parts is not None and max(parts) >= self.topic_partitions:
+                p.append(
+                    f"gateway_partitions: {max(parts)} is not a partition of the frame topics "
+                    f"(0..{self.topic_partitions - 1})"
+                )
+        for name, low, high in (
+            ("gateway_heartbeat_ms", 100, 300_000),
+            ("gateway_buffer_bytes", 4096, 1 << 30),
+            ("gateway_resume_frames", 0, 100_000),
+            ("gateway_resume_bytes", 0, 1 << 30),
+            ("gateway_resume_window_ms", 0, 86_400_000),
+            ("gateway_resume_users", 0, 10_000_000),
+            ("gateway_ticket_ttl_s", 5, 3600),
+            ("gateway_max_connections", 1, 10_000_000),
+            ("gateway_presence_ttl_ms", 1000, 3_600_000),
+            ("push_window_ms", 10, 3_600_000),
+        ):
+            value = getattr(self, name)
+            if not low <= value <= high:
+                p.append(f"{name}: {value} is not in {low}..{high}")
+        return p
+
     def _problems(self) -> list[str]:
         p: list[str] = []
         if not self.kafka_bootstrap.strip():
@@ -277,7 +398,7 @@ class Settings:
             p.append(f"projection_namespace: {self.projection_namespace!r} must match [A-Za-z0-9._-]{{1,64}}")
         topics = self.topics
         for name, topic in zip(
-            ("topic_mailbox_tail", "topic_session_delta", "topic_badge", "topic_dead_letter"),
+            ("topic_mailbox_tail", "topic_session_delta", "topic_badge", "topic_dead_letter", "topic_push"),
             topics,
             strict=True,
         ):
@@ -335,6 +456,7 @@ class Settings:
             )
         if self.api_fill_from_state not in _FILL_MODES:
             p.append(f"api_fill_from_state: {self.api_fill_from_state!r} is not one of always, empty, never")
+        p.extend(_ops_problems(self))
         if not 1 <= self.members_stats_budget_ms <= 60_000:
             # Above a minute a "budget" would hold HTTP requests open instead of bounding them.
             p.append(f"members_stats_budget_ms: {self.members_stats_budget_ms} is not in 1..60000")
@@ -348,10 +470,155 @@ class Settings:
             p.append(f"unread_audit_idle_ms: {self.unread_audit_idle_ms} must be >= 0")
         if self.unread_audit_max_rows < 1:
             p.append(f"unread_audit_max_rows: {self.unread_audit_max_rows} must be >= 1")
+        p.extend(self._gateway_problems())
+        if self.log_format not in _LOG_FORMATS:
+            p.append(f"log_format: {self.log_format!r} is not one of json, text")
+        p.extend(_security_problems(self))
         if self.log_level not in _LOG_LEVELS:
             levels = ", ".join(sorted(_LOG_LEVELS))
             p.append(f"log_level: {self.log_level!r} is not one of {levels}")
         return p
+
+
+def gateway_partition_set(text: str) -> frozenset[int] | None:
+    """``gateway_partitions`` as a set (None = every partition); ValueError when malformed."""
+    if not text.strip():
+        return None
+    out: set[int] = set()
+    for part in text.split(","):
+        m = _PARTITION_RANGE_RE.fullmatch(part.strip())
+        if m is None:
+            raise ValueError(f"{part.strip()!r} is not a partition or a range (e.g. 0,3 or 0-3)")
+        low = int(m["low"])
+        high = int(m["high"]) if m["high"] is not None else low
+        if high < low or high > 100_000:
+            raise ValueError(f"{part.strip()!r} is not a range of partitions")
+        out.update(range(low, high + 1))
+    return frozenset(out)
+
+
+_KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+_DC_RF_RE = re.compile(r"(?P<dc>[A-Za-z0-9._-]{1,64}):(?P<rf>[0-9]{1,3})")
+
+
+def replication_per_dc(entries: tuple[str, ...]) -> dict[str, int]:
+    """``("dc1:3", "dc2:3")`` -> ``{"dc1": 3, "dc2": 3}`` (entries validated by Settings)."""
+    out: dict[str, int] = {}
+    for entry in entries:
+        m = _DC_RF_RE.fullmatch(entry)
+        if m is not None:
+            out[m["dc"]] = int(m["rf"])
+    return out
+
+
+def _security_problems(s: Settings) -> list[str]:
+    """The security and topology fields: each combination that would connect differently than
+    it reads (TLS files without TLS, half a client certificate, SASL without credentials) is an
+    error, never a silent plaintext connection."""
+    p: list[str] = []
+    protocol = s.kafka_security_protocol
+    if protocol not in _KAFKA_PROTOCOLS:
+        p.append(f"kafka_security_protocol: {protocol!r} is not one of {', '.join(_KAFKA_PROTOCOLS)}")
+    sasl = protocol.startswith("SASL_")
+    if sasl:
+        if s.kafka_sasl_mechanism not in _SASL_MECHANISMS:
+            p.append(
+                f"kafka_sasl_mechanism: {s.kafka_sasl_mechanism!r} is not one of "
+                f"{', '.join(_SASL_MECHANISMS)} (needed with {protocol})"
+            )
+        if not s.kafka_sasl_username or not s.kafka_sasl_password:
+            p.append(f"kafka_sasl_username/kafka_sasl_password: both needed with {protocol}")
+    elif s.kafka_sasl_mechanism or s.kafka_sasl_username or s.kafka_sasl_password:
+        p.append(
+            f"kafka_sasl_*: set, but kafka_security_protocol {protocol!r} is not SASL_PLAINTEXT/SASL_SSL"
+        )
+    kafka_tls = protocol in ("SSL", "SASL_SSL")
+    p += _tls_file_problems(
+        "kafka",
+        s.kafka_ssl_cafile,
+        s.kafka_ssl_certfile,
+        s.kafka_ssl_keyfile,
+        kafka_tls,
+        "kafka_security_protocol SSL or SASL_SSL",
+    )
+    if bool(s.cassandra_username) != bool(s.cassandra_password):
+        p.append("cassandra_username/cassandra_password: give both or neither")
+    p += _tls_file_problems(
+        "cassandra",
+        s.cassandra_ssl_cafile,
+        s.cassandra_ssl_certfile,
+        s.cassandra_ssl_keyfile,
+        s.cassandra_ssl,
+        "cassandra_ssl=true",
+    )
+    if s.cassandra_local_dc and not _DC_RF_RE.fullmatch(f"{s.cassandra_local_dc}:1"):
+        p.append(f"cassandra_local_dc: {s.cassandra_local_dc!r} is not a data center name ([A-Za-z0-9._-])")
+    bad = [e for e in s.cassandra_replication_per_dc if not _DC_RF_RE.fullmatch(e) or e.endswith(":0")]
+    if bad:
+        p.append(f"cassandra_replication_per_dc: {bad} are not DC:RF (RF 1..999), e.g. dc1:3,dc2:3")
+    per_dc = replication_per_dc(s.cassandra_replication_per_dc)
+    if s.cassandra_replication_per_dc and not s.cassandra_local_dc:
+        p.append("cassandra_replication_per_dc: needs cassandra_local_dc (the DC this process talks to)")
+    elif per_dc and s.cassandra_local_dc not in per_dc:
+        p.append(
+            f"cassandra_local_dc: {s.cassandra_local_dc!r} holds no replica in cassandra_replication_per_dc "
+            f"({', '.join(per_dc)})"
+        )
+    # rediss:// (and a TLS cluster scheme such as rediss+cluster://, should one be added).
+    tls_url = s.redis_url.partition("://")[0].startswith("rediss")
+    p += _tls_file_problems(
+        "redis", s.redis_ssl_cafile, s.redis_ssl_certfile, s.redis_ssl_keyfile, tls_url, "a rediss:// URL"
+    )
+    if s.redis_password and "@" in s.redis_url.partition("://")[2].partition("/")[0]:
+        # redis-py lets the URL's credentials win: one of the two would be ignored.
+        p.append("redis_password: the redis_url carries credentials too; give them in one place")
+    if s.redis_username and not s.redis_password:
+        p.append("redis_username: needs redis_password")
+    return p
+
+
+def _tls_file_problems(
+    server: str, cafile: str, certfile: str, keyfile: str, tls: bool, needs: str
+) -> list[str]:
+    p: list[str] = []
+    given = {
+        f"{server}_ssl_cafile": cafile,
+        f"{server}_ssl_certfile": certfile,
+        f"{server}_ssl_keyfile": keyfile,
+    }
+    if not tls and any(given.values()):
+        names = ", ".join(name for name, value in given.items() if value)
+        p.append(f"{names}: TLS files given, but TLS is off (needs {needs})")
+    if bool(certfile) != bool(keyfile):
+        p.append(f"{server}_ssl_certfile/{server}_ssl_keyfile: a client certificate needs both")
+    for name, path in given.items():
+        # Checked at start, with every other problem: not at the first connect, minutes later.
+        if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            p.append(f"{name}: {path!r} is not a readable file")
+    return p
+
+
+def _ops_problems(settings: Settings) -> list[str]:
+    p: list[str] = []
+    if settings.ops_secret:
+        if len(settings.ops_secret) < API_SECRET_MIN_CHARS:
+            p.append(
+                f"ops_secret: {len(settings.ops_secret)} characters; use at least {API_SECRET_MIN_CHARS}"
+            )
+        if settings.ops_secret == settings.api_secret:
+            # One secret for both would make every user token an operator credential's sibling.
+            p.append("ops_secret: must differ from api_secret")
+    for url in settings.ops_metrics_urls:
+        if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
+            p.append(f"ops_metrics_urls: {url!r} is not an http(s) URL")
+    if settings.ops_token_ttl_s < 1:
+        p.append(f"ops_token_ttl_s: {settings.ops_token_ttl_s} must be >= 1")
+    if not 1 <= settings.ops_scan_records <= 100_000:
+        p.append(f"ops_scan_records: {settings.ops_scan_records} is not in 1..100000")
+    if not 500 <= settings.ops_sample_interval_ms <= 3_600_000:
+        p.append(f"ops_sample_interval_ms: {settings.ops_sample_interval_ms} is not in 500..3600000")
+    return p
 
 
 def _parse(hint: Any, text: str) -> Any:

@@ -141,7 +141,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     version = 1
     await store.write([batch(USER, rows, version)])
     # `projector api` needs a bootstrapped keyspace (the member directory's tables): a private one.
-    from app.bootstrap import ensure_cassandra_schema
+    from app.cli.bootstrap import ensure_cassandra_schema
 
     keyspace = f"bench_api_{uuid.uuid4().hex[:12]}"
     await asyncio.to_thread(ensure_cassandra_schema, settings, keyspace=keyspace)
@@ -152,9 +152,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "PROJECTOR_PROJECTION_NAMESPACE": namespace,
         "PROJECTOR_API_FILL_FROM_STATE": "never",
         "PROJECTOR_LOG_LEVEL": "WARNING",
+        "PROJECTOR_GATEWAY_ENABLED": "false",  # pages only (bench/gateway_bench.py times the stream)
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "api", "--host", "127.0.0.1", "--port", "0"],
+        [sys.executable, "-m", "app", "api", "--host", "127.0.0.1", "--port", "0"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

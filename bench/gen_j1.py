@@ -17,7 +17,7 @@ Shape of the stream (defaults; every number is an option so tests can make small
 * after each message's fan-out (a batch) every lane writes its in-band watermark marker
   {"type":"watermark","lane":L,"watermark":W,"ts":T} with W = the highest mailbox_seq that lane
   has written so far, so every entry of lane L with mailbox_seq <= W precedes the marker
-  (DESIGN §2). With lanes > 1 the min over lanes trails the batch's last seq a little, so the
+  (docs/contract.md §2). With lanes > 1 the min over lanes trails the batch's last seq a little, so the
   watermark gate really holds entries back between batches, as in production;
   `--markers-per-batch K` writes markers K times per batch (evenly through the fan-out);
 * at the end every lane reports the last mailbox_seq (the writers are caught up), so the whole

@@ -97,7 +97,7 @@ def projector_argv() -> list[str]:
     script = Path(sys.executable).parent / "projector"
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-m", "app.cli"]
+    return [sys.executable, "-m", "app"]
 
 
 def replay_available() -> tuple[bool, str]:

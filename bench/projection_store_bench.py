@@ -42,7 +42,7 @@ from app.stores.redis_projection import RedisProjectionStore
 
 
 def make_flush(user_id: int, version: int, rows: int) -> UserFlush:
-    """One user's batch of `rows` full DESIGN §4 rows (~500 bytes of JSON each)."""
+    """One user's batch of `rows` full docs/contract.md §4 rows (~500 bytes of JSON each)."""
     out: list[dict[str, Any]] = []
     for n in range(rows):
         out.append(

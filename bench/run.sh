@@ -29,4 +29,12 @@ if [ "${BENCH_WORKER:-1}" != 0 ]; then
     bash scripts/services.sh up >/dev/null
     "$PY" bench/worker_bench.py --reps "${WBENCH_REPS:-$REPS}" || status=$?
 fi
+# Live push gateway bench (issue 16): delivery latency produce -> SDK event (worker window
+# 100 ms), idle SSE connections held by one gateway process, fan-out frames/s; each next to a
+# plain Kafka consumer / the process before the connections (bench/README.md). Sizes from
+# GBENCH_* ; BENCH_GATEWAY=0 skips it.
+if [ "${BENCH_GATEWAY:-1}" != 0 ]; then
+    bash scripts/services.sh up >/dev/null
+    "$PY" bench/gateway_bench.py || status=$?
+fi
 exit "$status"

@@ -69,7 +69,7 @@ def log(message: str) -> None:
 
 def projector_argv() -> list[str]:
     script = Path(sys.executable).parent / "projector"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "app.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "app"]
 
 
 # -- the stream ----------------------------------------------------------------------------------

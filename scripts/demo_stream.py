@@ -6,7 +6,7 @@
 Six users share one group chat and a few direct chats; messages fan out to every member (sender
 included), with some mentions, reads, a recall, a pin, a mute and an archive. mailbox_seq is
 globally increasing; after each fan-out batch every lane writes its in-band watermark marker
-(DESIGN.md §2), so nothing is left pending. Standard library only; deterministic per --seed.
+(docs/contract.md §2), so nothing is left pending. Standard library only; deterministic per --seed.
 """
 
 from __future__ import annotations

@@ -7,5 +7,5 @@ cd "$ROOT"
 PY="$ROOT/.venv/bin/python"
 
 echo "==> projector bootstrap (Cassandra schema + Kafka topics, idempotent)"
-"$PY" -m app.cli bootstrap
+"$PY" -m app bootstrap
 exec "$PY" scripts/run_demo.py "$@"

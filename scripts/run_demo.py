@@ -19,7 +19,7 @@ from app.settings import Settings
 from app.stores.redis_projection import RedisProjectionStore
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECTOR = [sys.executable, "-m", "app.cli"]
+PROJECTOR = [sys.executable, "-m", "app"]
 
 
 def main() -> int:

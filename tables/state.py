@@ -14,7 +14,7 @@ from typing import Any
 import faust
 from faust.types import TP
 
-from app.worker.kafka_batches import BatchSender
+from app.kafka.batches import BatchSender
 from app.worker.ports import PartitionSnapshot
 
 

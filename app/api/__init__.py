@@ -1,7 +1,7 @@
-"""The query API (DESIGN §5): session list pages and the badge over HTTP (aiohttp).
+"""The query API (docs/contract.md §5): session list pages and the badge over HTTP (aiohttp).
 
 ``create_app(settings, deps)`` builds the application; ``projector api`` serves it
-(app/api_cli.py) and ``projector token`` mints bearer tokens (app/api/token_cli.py).
+(app/cli/api.py) and ``projector token`` mints bearer tokens (app/cli/token.py).
 """
 
 from app.api.app import RESOURCES, ApiConfigError, create_app

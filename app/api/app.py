@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from app.api import badge, members, sessions
+from app.api import badge, health, members, ops, sessions, stream, web_client
 from app.api.cursor import CursorCodec
 from app.api.http import (
     CONTEXT,
@@ -46,6 +46,9 @@ RESOURCES: Final[tuple[tuple[Callable[[ApiContext], list[Route]], dict[str, Any]
     (sessions.routes, sessions.SCHEMAS),
     (badge.routes, badge.SCHEMAS),
     (members.routes, members.SCHEMAS),  # its service comes in deps.extra["members"], else 503
+    (health.routes, health.SCHEMAS),  # /livez, /readyz: public
+    (stream.routes, stream.SCHEMAS),  # /v1/stream: its gateway comes in deps.extra["stream"], else 503
+    (web_client.routes, {}),  # the browser client's static files (public)
 )
 
 OPENAPI_PATH: Final = "/openapi.json"
@@ -97,18 +100,52 @@ def create_app(settings: Settings, deps: Deps) -> web.Application:
     description["paths"][METRICS_PATH] = {"get": dict(_METRICS_OPERATION, security=[])}
 
     public = frozenset(r.path for r in routes if r.public)
-    app = web.Application(middlewares=[_errors, _timing, _auth(ctx, public)])
+    app = web.Application(middlewares=[_observed, _retry_after, _errors, _timing, _auth(ctx, public)])
     app[CONTEXT] = ctx
+    stream.install(app, ctx)  # open streams end at shutdown (aiohttp waits for handlers)
     for route in routes:
         # No implicit HEAD: every served method is one the description names.
         if route.method == "GET":
             app.router.add_get(route.path, route.handler, allow_head=False)
         else:
             app.router.add_route(route.method, route.path, route.handler)
+    # The operator console (issue 17): under /ops/, with its own credential (app/api/ops).
+    ops.mount(app, settings, deps.extra.get(ops.OPS_KEY), ctx.metrics.registry)
     return app
 
 
 # --------------------------------------------------------------------------------------------
+
+
+_METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+@web.middleware
+async def _observed(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Outermost: every request counted and timed as answered (errors included), by route template."""
+    started = time.perf_counter()
+    code = 500
+    try:
+        response = await handler(request)
+        code = response.status
+        return response
+    except web.HTTPException as exc:  # below 400 (redirects): _errors re-raises them
+        code = exc.status
+        raise
+    finally:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        method = request.method if request.method in _METHODS else "other"
+        request.app[CONTEXT].metrics.observe_request(route, method, code, time.perf_counter() - started)
+
+
+@web.middleware
+async def _retry_after(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every 503 the API sends says when to come back (a store down, not ready, no member service)."""
+    response = await handler(request)
+    if response.status == 503 and "Retry-After" not in response.headers and not response.prepared:
+        response.headers["Retry-After"] = str(health.RETRY_AFTER_S)
+    return response
 
 
 @web.middleware
@@ -156,7 +193,7 @@ async def _timing(request: web.Request, handler: Handler) -> web.StreamResponse:
 def _auth(ctx: ApiContext, public: frozenset[str]) -> Any:
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in public:
+        if request.path not in public and not ops.is_console_path(request.path):
             request[USER] = _authenticate(ctx, request.headers.get("Authorization"))
         return await handler(request)
 
@@ -187,7 +224,7 @@ _OPENAPI_OPERATION: Final[dict[str, Any]] = {
 _METRICS_OPERATION: Final[dict[str, Any]] = {
     "operationId": "getMetrics",
     "summary": "Prometheus metrics of this API process (no token needed): snapshot hits, loads, "
-    "evictions and page latency",
+    "evictions, page latency, requests and their latency by route and status, process and build info",
     "responses": {
         "200": {
             "description": "Prometheus text exposition format 0.0.4",
@@ -215,15 +252,23 @@ def openapi(routes: Sequence[Route], schemas: dict[str, Any]) -> dict[str, Any]:
             "version": "1",
             "description": (
                 "The caller's conversation list (paged from a per-user snapshot) and badge. Every "
-                "route but this description needs `Authorization: Bearer <token>` "
+                "route but this description, /metrics, /livez and /readyz needs "
+                "`Authorization: Bearer <token>` "
                 "(`projector token USER_ID` mints one). Errors are JSON: "
-                "{error: {status, code, message}}; bad input is 400, never 500."
+                "{error: {status, code, message}}; bad input is 400, never 500. 64-bit ids "
+                "(user_id, sender_id, next_user_id, the member id lists) are decimal strings "
+                "(format uint64): a JavaScript number cannot hold them exactly. Requests may name "
+                "members by that string (or by a JSON integer)."
             ),
         },
         "security": [{"bearer": []}],
         "paths": paths,
         "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                # /v1/stream only: a short-lived ticket (POST /v1/stream/ticket) for EventSource.
+                "streamTicket": {"type": "apiKey", "in": "query", "name": "access_token"},
+            },
             "schemas": {
                 **schemas,
                 "Error": {
@@ -247,7 +292,15 @@ def openapi(routes: Sequence[Route], schemas: dict[str, Any]) -> dict[str, Any]:
                     "A parameter or the cursor is invalid (the message says which)"
                 ),
                 "Unauthorized": _error_response("Missing, invalid or expired bearer token"),
-                "Unavailable": _error_response("The projection store (or Cassandra) is unavailable"),
+                "Unavailable": {
+                    **_error_response("The projection store (or Cassandra) is unavailable"),
+                    "headers": {
+                        "Retry-After": {
+                            "description": "Seconds to wait before retrying (every 503 has it)",
+                            "schema": {"type": "integer"},
+                        }
+                    },
+                },
             },
         },
     }

@@ -1,4 +1,4 @@
-"""GET /v1/badge: the caller's app-icon totals from the projection store's meta (DESIGN §3.8)."""
+"""GET /v1/badge: the caller's app-icon totals from the projection store's meta (docs/contract.md §3.8)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,8 @@ from app.api.http import ApiContext, Route, context, current_user, query
 from app.domain.badge import Badge, from_rows
 
 
-async def get_badge(request: web.Request) -> web.Response:
-    ctx = context(request)
-    user_id = current_user(request)
-    query(request, frozenset())  # no parameters: an unexpected one is a client bug worth a 400
+async def read_badge(ctx: ApiContext, user_id: int) -> tuple[Badge, int]:
+    """The user's badge and the store version it is as of (also the live stream's hello)."""
     meta = await ctx.deps.projections.meta(user_id)  # one HMGET
     badge = Badge(meta.total_unread, meta.total_mention, meta.muted_unread)
     filler = ctx.lists.state
@@ -23,12 +21,20 @@ async def get_badge(request: web.Request) -> web.Response:
         # its badge is the full recompute over those rows, not the zeros of an absent meta.
         # The version stays 0: the rows are as of no flush, and any frame supersedes them.
         badge = from_rows(await filler.rows(user_id, ()), ctx.settings.include_muted)
+    return badge, meta.version
+
+
+async def get_badge(request: web.Request) -> web.Response:
+    ctx = context(request)
+    user_id = current_user(request)
+    query(request, frozenset())  # no parameters: an unexpected one is a client bug worth a 400
+    badge, version = await read_badge(ctx, user_id)
     return web.json_response(
         {
             "total_unread": badge.total_unread,
             "total_mention": badge.total_mention,
             "muted_unread": badge.muted_unread,
-            "projection_mailbox_seq": meta.version,
+            "projection_mailbox_seq": version,
         }
     )
 

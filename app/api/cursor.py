@@ -1,6 +1,6 @@
 """Page cursors: base64url of a protobuf ``PageCursor`` (proto/cursor.proto), signed and bound.
 
-The position (DESIGN §5: snapshot_revision, zone, pin_rank, last_activity_id, conversation_id)
+The position (docs/contract.md §5: snapshot_revision, zone, pin_rank, last_activity_id, conversation_id)
 travels as a serialized ``CursorPosition`` inside the envelope, with the user and folder it was
 issued for; the envelope's MAC (HMAC-SHA256 with the cursor key, truncated to 16 bytes) covers
 those exact bytes. Hence, in the order they are checked, each a 400 with its own message:

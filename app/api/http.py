@@ -42,6 +42,8 @@ class Deps:
     state: StateFiller | None = None
     clock_ms: Callable[[], int] = wall_clock_ms
     extra: dict[str, Any] = field(default_factory=dict)
+    # GET /readyz's checks beyond the projection store, by name (app/api/health.py).
+    readiness: dict[str, Callable[[], Awaitable[object]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

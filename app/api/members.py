@@ -1,4 +1,4 @@
-"""Member directory routes (DESIGN §8, seed 004), same bearer authentication as the rest.
+"""Member directory routes (docs/contract.md §8, seed 004), same bearer authentication as the rest.
 
 * ``POST /api/v1/chats/members/page`` — one keyset page of a group's roster.
 * ``POST /api/v1/chats/members/by-user-ids`` — 1..50 members (active or not, marked), with
@@ -24,6 +24,7 @@ import orjson
 from aiohttp import web
 
 from app.api.http import ApiContext, ApiError, Route, bad_request, context, current_user, query
+from app.domain.wire_ids import ID_SCHEMA, id_text
 from app.members.model import BY_IDS_MAX, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX, BaseMember, parse_user_id
 from app.members.server import MemberService
 from app.members.source import MemberAccessDenied
@@ -104,7 +105,16 @@ def _user_id(value: object, name: str) -> int:
 
 
 def _member_json(member: BaseMember) -> dict[str, Any]:
-    return member.to_wire()
+    # The u64 id as a decimal string: JavaScript cannot hold it as a number (docs/contract.md §9).
+    return {**member.to_wire(), "user_id": id_text(member.user_id)}
+
+
+def _ids(user_ids: Any) -> list[str]:
+    return [id_text(u) for u in user_ids]
+
+
+def _opt_id(user_id: int | None) -> str | None:
+    return None if user_id is None else id_text(user_id)
 
 
 async def members_page(request: web.Request) -> web.Response:
@@ -125,7 +135,7 @@ async def members_page(request: web.Request) -> web.Response:
         {
             "items": [_member_json(m) for m in page.items],
             "has_more": page.has_more,
-            "next_user_id": page.next_user_id,
+            "next_user_id": _opt_id(page.next_user_id),
             "self_role": page.self_role,
         }
     )
@@ -154,7 +164,7 @@ async def members_by_user_ids(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "items": items,
-            "missing_user_ids": result.missing_user_ids,
+            "missing_user_ids": _ids(result.missing_user_ids),
             "stats_included": result.stats is not None,
             "self_role": result.self_role,
         }
@@ -177,9 +187,9 @@ async def message_readers(request: web.Request) -> web.Response:
         raise _denied(exc) from None
     out: dict[str, Any] = {
         "conversation_seq": readers.conversation_seq,
-        "sender_id": readers.sender_id,
-        "read_user_ids": [m.user_id for m in readers.read],
-        "unread_user_ids": [m.user_id for m in readers.unread],
+        "sender_id": _opt_id(readers.sender_id),
+        "read_user_ids": _ids(m.user_id for m in readers.read),
+        "unread_user_ids": _ids(m.user_id for m in readers.unread),
         "read_count": len(readers.read),
         "unread_count": len(readers.unread),
         "basic_only": basic == "true",
@@ -191,7 +201,7 @@ async def message_readers(request: web.Request) -> web.Response:
         for name, members in (("read", readers.read), ("unread", readers.unread)):
             out[name] = [
                 {
-                    "user_id": m.user_id,
+                    "user_id": id_text(m.user_id),
                     "role": m.role,
                     "read_conversation_seq": readers.read_seqs.get(m.user_id, 0),
                 }
@@ -225,7 +235,13 @@ _ERRORS: Final[dict[str, Any]] = {
     },
     "503": {"$ref": "#/components/responses/Unavailable"},
 }
-_UID: Final = {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": "^[0-9]{1,20}$"}]}
+# Requests may name a member by a decimal string (what responses carry) or, for older clients, a
+# JSON integer; responses always carry strings (ID_SCHEMA).
+_UID: Final = {
+    "oneOf": [{"type": "integer", "minimum": 0, "maximum": 2**64 - 1}, ID_SCHEMA],
+    "description": "A u64 user id: preferably the decimal string responses carry",
+}
+_NULLABLE_ID: Final = {**ID_SCHEMA, "type": ["string", "null"]}
 
 
 def _json_body(ref: str) -> dict[str, Any]:
@@ -271,7 +287,7 @@ READERS_OPERATION: Final[dict[str, Any]] = {
 _MEMBER: Final[dict[str, Any]] = {
     "type": "object",
     "properties": {
-        "user_id": {"type": "integer", "minimum": 0},
+        "user_id": ID_SCHEMA,
         "role": {"type": "string", "enum": ["owner", "admin", "member"]},
         "state": {"type": "string", "enum": ["active", "left", "removed"]},
         "active": {"type": "boolean"},
@@ -281,6 +297,16 @@ _MEMBER: Final[dict[str, Any]] = {
         "mention_count": {"type": "integer", "minimum": 0},
     },
     "required": ["user_id", "role", "state", "active"],
+}
+
+_READER: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "user_id": ID_SCHEMA,
+        "role": {"type": "string", "enum": ["owner", "admin", "member"]},
+        "read_conversation_seq": {"type": "integer", "minimum": 0},
+    },
+    "required": ["user_id", "role", "read_conversation_seq"],
 }
 
 SCHEMAS: Final[dict[str, Any]] = {
@@ -301,7 +327,10 @@ SCHEMAS: Final[dict[str, Any]] = {
         "properties": {
             "items": {"type": "array", "items": {"$ref": "#/components/schemas/Member"}},
             "has_more": {"type": "boolean"},
-            "next_user_id": {"type": ["integer", "null"]},
+            "next_user_id": {
+                **_NULLABLE_ID,
+                "description": "Pass as after_user_id for the next page (a decimal string); null at the end",
+            },
             "self_role": {"type": "string"},
         },
         "required": ["items", "has_more", "next_user_id", "self_role"],
@@ -320,7 +349,7 @@ SCHEMAS: Final[dict[str, Any]] = {
         "type": "object",
         "properties": {
             "items": {"type": "array", "items": {"$ref": "#/components/schemas/Member"}},
-            "missing_user_ids": {"type": "array", "items": {"type": "integer"}},
+            "missing_user_ids": {"type": "array", "items": ID_SCHEMA},
             "stats_included": {"type": "boolean"},
             "self_role": {"type": "string"},
         },
@@ -330,9 +359,11 @@ SCHEMAS: Final[dict[str, Any]] = {
         "type": "object",
         "properties": {
             "conversation_seq": {"type": "integer"},
-            "sender_id": {"type": ["integer", "null"]},
-            "read_user_ids": {"type": "array", "items": {"type": "integer"}},
-            "unread_user_ids": {"type": "array", "items": {"type": "integer"}},
+            "sender_id": _NULLABLE_ID,
+            "read_user_ids": {"type": "array", "items": ID_SCHEMA},
+            "unread_user_ids": {"type": "array", "items": ID_SCHEMA},
+            "read": {"type": "array", "items": _READER, "description": "Unless basic_only"},
+            "unread": {"type": "array", "items": _READER, "description": "Unless basic_only"},
             "read_count": {"type": "integer"},
             "unread_count": {"type": "integer"},
             "basic_only": {"type": "boolean"},

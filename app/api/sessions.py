@@ -1,4 +1,4 @@
-"""GET /v1/sessions: one page of the caller's conversation list (DESIGN §5)."""
+"""GET /v1/sessions: one page of the caller's conversation list (docs/contract.md §5)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from aiohttp import web
 from app.api.cursor import Cursor, CursorError
 from app.api.http import ApiContext, Route, bad_request, context, current_user, int_param, query
 from app.domain.listing import Folder
+from app.domain.wire_ids import ID_SCHEMA
 
 DEFAULT_LIMIT: Final = 50
 MAX_LIMIT: Final = 100
@@ -110,9 +111,12 @@ _NULLABLE_SEQ = {"type": ["integer", "null"], "minimum": 0}
 SCHEMAS: Final[dict[str, Any]] = {
     "SessionRow": {
         "type": "object",
-        "description": "A projection row (DESIGN §4)",
+        "description": (
+            "A projection row (docs/contract.md §4). user_id is a decimal string (a u64 does not fit a "
+            "JavaScript number); sequence numbers and counts are JSON integers."
+        ),
         "properties": {
-            "user_id": _SEQ,
+            "user_id": ID_SCHEMA,
             "conversation_id": {"type": "string", "format": "uuid"},
             "listed": {"type": "boolean"},
             "membership": {"type": "string", "enum": ["active", "left", "removed"]},

@@ -1,8 +1,9 @@
-"""Per-user in-memory snapshots and the pages cut from them (DESIGN §5, seed §6.1-6.3).
+"""Per-user in-memory snapshots and the pages cut from them (docs/contract.md §5, seed §6.1-6.3).
 
 A snapshot is one user's list, both folders, in order, as of one load (one Redis round trip:
-rows and meta together). Rows are held as the JSON bytes the store returned: a warm page is a
-slice and a join, and ~1 KB per row instead of a dict of 21 fields.
+rows and meta together). Rows are held as the JSON bytes the store returned (with the user id
+turned into a string, as clients get it): a warm page is a slice and a join, and ~1 KB per row
+instead of a dict of 21 fields.
 
 Lifecycle, and why:
 
@@ -44,6 +45,7 @@ import orjson
 from app.api.cursor import Cursor
 from app.api.sources import ProjectionReader, StateFiller, StoreMeta
 from app.domain.listing import Folder, OrderFields, Position, RowFields, SortKey, arrange
+from app.domain.wire_ids import row_json_to_client, row_to_client
 
 log = logging.getLogger(__name__)
 
@@ -242,13 +244,14 @@ class SessionLists:
             except msgspec.DecodeError:  # not a JSON object: one bad row must not hide the list
                 unreadable += 1
                 continue
-            items.append((fields, data))
+            # Held (and served) as clients get it: the u64 user id as a string (docs/contract.md §9).
+            items.append((fields, row_json_to_client(data)))
             if isinstance(fields.conversation_id, str):
                 known.add(fields.conversation_id)
         filled = False
         if self.state is not None and (self.fill_mode == "always" or (meta.version == 0 and not items)):
             extra = await self.state.rows(user_id, known)
-            items.extend((RowFields.of(row), held_json(row)) for row in extra)
+            items.extend((RowFields.of(row), held_json(row_to_client(row))) for row in extra)
             filled = bool(extra)
         folders, dropped, bad = arrange(items, self.max_rows)
         if unreadable or bad:

@@ -7,7 +7,7 @@ in-memory store and run against Redis/Cassandra unchanged:
   ``meta`` (one HMGET: the cheap per-request check of version and structure_version, and the
   badge);
 * :class:`StateFiller`: rows for conversations UserConversationState knows and the projection
-  store lacks (DESIGN §5), with unread by the core's rules (``row_from_state``).
+  store lacks (docs/contract.md §5), with unread by the core's rules (``row_from_state``).
 """
 
 from __future__ import annotations

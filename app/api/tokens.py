@@ -58,8 +58,12 @@ def b64url_decode(text: str) -> bytes:
 
 
 class TokenSigner:
-    def __init__(self, secret: str) -> None:
-        self._key = derive_key(secret, "token")
+    """Tokens of one purpose: ``"token"`` (bearer tokens) or ``"stream-ticket"`` (the short-lived
+    tickets that open /v1/stream from a browser). Each purpose has its own key, so a ticket is
+    never a bearer token and a bearer token never a ticket."""
+
+    def __init__(self, secret: str, purpose: str = "token") -> None:
+        self._key = derive_key(secret, purpose)
 
     def mint(self, user_id: int, expires_at_s: int) -> str:
         if isinstance(user_id, bool) or not 0 <= user_id <= U64_MAX:

@@ -5,7 +5,7 @@ arguments; the only port read is the MessageStore (one bounded range read per au
 Which rows (`eligible`): unread > 0 and exact, no entry applied for `idle_ms` (event time of the
 row's last entry), and an unread window (base, latest] that one bounded read covers
 (`latest - base <= limit`). A row still changing is recomputed by its own next entries; an
-inexact row shows the limit by definition (DESIGN §3.4); a wider exact row (counted from the
+inexact row shows the limit by definition (docs/contract.md §3.4); a wider exact row (counted from the
 hand) cannot be checked by one bounded read.
 
 How many (`Sampler`): each round draws every eligible row with probability `sample_rate` (a
@@ -14,7 +14,7 @@ most `max_rows`, those with the lowest draws, so the cap never favours the users
 
 The recount (`recount`): a copy of the row whose hand is emptied over (base, latest] and refilled
 by one MessageStore range read, over the messages this user received and the recalls that
-reached this user — the definition (contract-notes "Unread"), so a correct row recounts to
+reached this user — the definition (docs/contract.md §3.4), so a correct row recounts to
 itself and nothing the incremental path accumulated survives in the recount.
 
 The verdict for one user (`audit_user`), from the projection store's copy (version Vs, badge, the

@@ -1,4 +1,4 @@
-"""The app-icon badge (DESIGN §3.8): maintained by deltas, recomputable in full."""
+"""The app-icon badge (docs/contract.md §3.8): maintained by deltas, recomputable in full."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def full_recompute(rows: Iterable[ConversationState], include_muted: bool) -> Ba
 
 
 def from_rows(rows: Iterable[Mapping[str, Any]], include_muted: bool) -> Badge:
-    """The full recompute over projection rows (DESIGN §4 dicts), for rows that no flush wrote
+    """The full recompute over projection rows (docs/contract.md §4 dicts), for rows that no flush wrote
     a badge with: a login pull's rows filled from UserConversationState."""
     return _total(
         _contribution(

@@ -1,4 +1,4 @@
-"""The client rule for SESSION_DELTA and BADGE_UPDATE frames (DESIGN §4, seed §5, acceptance J-2).
+"""The client rule for SESSION_DELTA and BADGE_UPDATE frames (docs/contract.md §4, seed §5, acceptance J-2).
 
 This is the small library a client (or a test standing in for one) uses to keep its copy of a
 user's conversation list in step with the frames the projector emits. Stdlib only; time comes in
@@ -18,7 +18,7 @@ The rule, and why it is shaped this way:
   mention); it re-pulls the list and loads it with :meth:`SessionView.reset`.
 * A badge is a set of totals, so the newest one is complete on its own: BADGE_UPDATE frames are
   applied by version only, with no gap check.
-* An **audit correction** (``"correction": true``; docs/contract-notes.md, "Unread audit")
+* An **audit correction** (``"correction": true``; docs/contract.md §3.4, "Unread audit")
   restates version V with the values V should have had: the projection store's copy had drifted,
   and a pull may have handed the drifted rows out at V. It carries no newer version (none exists), so
   the version rule above would drop it; instead it overwrites every named row the client holds
@@ -174,7 +174,7 @@ def _order_key_zone(row: Row) -> tuple[int, int]:
 
 
 def sort_rows(rows: Iterable[Row]) -> list[Row]:
-    """Rows in list order (DESIGN §5): pinned zone by ``pin_rank ASC, last_activity_id DESC,
+    """Rows in list order (docs/contract.md §5): pinned zone by ``pin_rank ASC, last_activity_id DESC,
     conversation_id ASC``, then the normal zone by ``last_activity_id DESC, conversation_id ASC``.
     """
     # Stable sorts from the least significant key up (a reverse sort keeps ties in order).
@@ -224,7 +224,7 @@ class SessionView:
         return dict(self._rows)
 
     def listed(self) -> list[Mapping[str, object]]:
-        """The conversations in the list (``listed`` true), in list order (DESIGN §5).
+        """The conversations in the list (``listed`` true), in list order (docs/contract.md §5).
 
         Archived conversations are included (they carry ``archived``; the caller shows them
         under the archived folder).
@@ -245,6 +245,15 @@ class SessionView:
         self._version = version
         if badge is not None:
             self._badge = badge
+
+    def offer_badge(self, badge: Badge) -> bool:
+        """A badge from a pull or the live stream's hello (absolute totals as of
+        ``badge.version``): taken only when newer than the one held, as a BADGE_UPDATE is."""
+        held = self._badge
+        if held is not None and badge.version <= held.version:
+            return False
+        self._badge = badge
+        return True
 
     def apply(self, frame: Frame) -> ApplyResult:
         """Apply one frame by the client rule; see the module docstring."""

@@ -1,4 +1,4 @@
-"""Per-(user, conversation) state and its transitions, one per entry type (DESIGN §2, §3)."""
+"""Per-(user, conversation) state and its transitions, one per entry type (docs/contract.md §2, §3)."""
 
 from __future__ import annotations
 
@@ -235,7 +235,7 @@ class ConversationState:
     def reconcile(self, store: MessageStore, limit: int) -> None:
         """Recompute the counts (MAILBOX_DIRTY). The hand is the definition evaluated over the
         user's own applied entries; where it covers (base, latest] the recompute runs from it,
-        so a reconcile never changes the definition's value (DESIGN §2). Where it does not reach
+        so a reconcile never changes the definition's value (docs/contract.md §2). Where it does not reach
         down to the base, one bounded MessageStore read fills the gap."""
         if self.floor <= self.base:
             prune_to_base(self)
@@ -284,7 +284,7 @@ class ConversationState:
     # -- output -----------------------------------------------------------------------------
 
     def as_row(self) -> dict[str, Any]:
-        """The projection row of DESIGN §4.
+        """The projection row of docs/contract.md §4.
 
         Its projection_mailbox_seq is the mailbox_seq of the last entry applied to this row: a
         row is then a pure function of the entries, identical whatever the flush timing (a
@@ -333,7 +333,7 @@ class ConversationState:
 
 
 # Entry types that move a conversation between zones or change membership: they invalidate
-# the paging snapshot's revision (DESIGN §5).
+# the paging snapshot's revision (docs/contract.md §5).
 STRUCTURAL_ENTRIES: frozenset[type] = frozenset(
     {PinEntry, UnpinEntry, ArchiveEntry, UnarchiveEntry, LeaveEntry, DeleteConversationEntry}
 )

@@ -1,4 +1,4 @@
-"""Mailbox entries: the typed wire contract (DESIGN §2) and its one validating decoder.
+"""Mailbox entries: the typed wire contract (docs/contract.md §2) and its one validating decoder.
 
 Raw bytes are decoded exactly once, straight into frozen typed structs (msgspec, a tagged
 union on `type`). Anything that does not fit becomes a `DeadLetter` with a readable reason;
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, get_args, get_type_hints
+from typing import Annotated, Any, Final, Literal, get_args, get_type_hints
 
 import msgspec
 
@@ -165,11 +165,28 @@ ENTRY_TYPES: tuple[str, ...] = (
 )
 
 
+# Why a record was dead-lettered, as a closed set: the `kind` of every DeadLetter, and the label
+# of the worker's `projector_dead_letters_total{reason}` (a metric label must be bounded; the
+# free-text `reason` can name any value a producer sent).
+DEAD_LETTER_KINDS: Final = (
+    "empty",  # a null or zero-length Kafka value
+    "not_json",  # not a JSON document at all
+    "unknown_type",  # no `type`, or one this version does not know
+    "schema",  # a field missing, of the wrong type, or out of the decoder's range
+    "lane_out_of_range",  # lane >= the configured lanes
+    "int_out_of_range",  # an id or sequence above its bound (u64, or the seq bound)
+    "bad_conversation_id",  # conversation_id is not a UUID
+    "bad_activity_id",  # activity_id is not 32 lowercase hex characters
+)
+
+
 class DeadLetter(msgspec.Struct, frozen=True):
-    """A record that failed validation, with why. It never reaches the state."""
+    """A record that failed validation, with why (``kind``: one of DEAD_LETTER_KINDS; ``reason``:
+    the readable detail). It never reaches the state."""
 
     reason: str
     raw: bytes
+    kind: str = "schema"
 
 
 _decoder: msgspec.json.Decoder[Record] = msgspec.json.Decoder(Record)
@@ -178,30 +195,42 @@ _decoder: msgspec.json.Decoder[Record] = msgspec.json.Decoder(Record)
 def decode_record(raw: bytes, lanes: int) -> Record | DeadLetter:
     """Decode one wire record; every failure becomes a `DeadLetter` with a reason."""
     if not raw:
-        return DeadLetter(reason="empty record: no value (a null or zero-length Kafka value)", raw=raw)
+        return DeadLetter(
+            reason="empty record: no value (a null or zero-length Kafka value)", raw=raw, kind="empty"
+        )
     try:
         record = _decoder.decode(raw)
     except msgspec.DecodeError as exc:
-        return DeadLetter(reason=_reason(exc, raw), raw=raw)
+        return DeadLetter(reason=_reason(exc, raw), raw=raw, kind=_kind(exc))
     if record.lane >= lanes:
-        return DeadLetter(reason=f"lane {record.lane} out of range [0, {lanes})", raw=raw)
+        return DeadLetter(
+            reason=f"lane {record.lane} out of range [0, {lanes})", raw=raw, kind="lane_out_of_range"
+        )
     kind = type(record)
     if kind is WatermarkMarker:
         marker: WatermarkMarker = record  # type: ignore[assignment]
         if marker.watermark > U64_MAX or marker.ts > U64_MAX:
             field = "watermark" if marker.watermark > U64_MAX else "ts"
-            return DeadLetter(reason=f"Expected `int` <= {U64_MAX} - at `$.{field}`", raw=raw)
+            return DeadLetter(
+                reason=f"Expected `int` <= {U64_MAX} - at `$.{field}`", raw=raw, kind="int_out_of_range"
+            )
         return marker
     entry: Entry = record  # type: ignore[assignment]  # narrowed by the `is` check above
     getter, bounds = _INT_FIELDS[kind]
     if max(getter(entry)) > INT64_MAX:  # rare: only then look at each field's own bound
         for name, high in bounds:
             if getattr(entry, name) > high:
-                return DeadLetter(reason=f"Expected `int` <= {high} - at `$.{name}`", raw=raw)
+                return DeadLetter(
+                    reason=f"Expected `int` <= {high} - at `$.{name}`", raw=raw, kind="int_out_of_range"
+                )
     conversation_id = entry.conversation_id
     if conversation_id not in _known_conversations:
         if not _is_uuid(conversation_id):
-            return DeadLetter(reason=f"conversation_id is not a UUID: {conversation_id[:64]!r}", raw=raw)
+            return DeadLetter(
+                reason=f"conversation_id is not a UUID: {conversation_id[:64]!r}",
+                raw=raw,
+                kind="bad_conversation_id",
+            )
         if conversation_id != conversation_id.lower():
             # Canonical form is lowercase: one conversation must have one key.
             return msgspec.structs.replace(entry, conversation_id=conversation_id.lower())
@@ -212,7 +241,9 @@ def decode_record(raw: bytes, lanes: int) -> Record | DeadLetter:
         activity_id = entry.activity_id  # type: ignore[union-attr]
         if len(activity_id) != 32 or activity_id.strip(_LOWER_HEX):
             return DeadLetter(
-                reason=f"activity_id is not 32 lowercase hex chars: {activity_id[:64]!r}", raw=raw
+                reason=f"activity_id is not 32 lowercase hex chars: {activity_id[:64]!r}",
+                raw=raw,
+                kind="bad_activity_id",
             )
     return entry
 
@@ -247,6 +278,15 @@ def _int_fields(kind: type) -> tuple[Callable[[Any], tuple[int, ...]], tuple[tup
 
 
 _INT_FIELDS = {kind: _int_fields(kind) for kind in get_args(Entry)}
+
+
+def _kind(exc: msgspec.DecodeError) -> str:
+    if not isinstance(exc, msgspec.ValidationError):  # the JSON itself is malformed
+        return "not_json"
+    text = str(exc)
+    if "`$.type`" in text or text.startswith("Object missing required field `type`"):
+        return "unknown_type"
+    return "schema"
 
 
 def _reason(exc: msgspec.DecodeError, raw: bytes) -> str:

@@ -1,4 +1,5 @@
-"""Compaction: when to flush, which rows are dirty, and what one flush produces (DESIGN §3.9, §4)."""
+"""Compaction: when to flush, which rows are dirty, and what one flush produces
+(docs/contract.md §3.9, §4)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from app.domain.badge import Badge
 
 
 class FlushPolicy:
-    """When to flush (DESIGN §3.9).
+    """When to flush (docs/contract.md §3.9).
 
     The window starts at the first entry applied after a flush. An entry arriving when the
     window has elapsed (`ts - window_start >= window`) first flushes what the window holds and
@@ -108,7 +109,7 @@ class UserFlush:
         )
 
 
-# The two frame layouts (DESIGN §4), built in one place for a flush and an audit correction
+# The two frame layouts (docs/contract.md §4), built in one place for a flush and an audit correction
 # (`Correction`, from the unread audit), which restates a version with the same frames plus a correction flag.
 
 
@@ -156,7 +157,7 @@ class Correction:
     driving_event_id: str = ""
 
     def session_delta(self) -> dict[str, Any]:
-        """A correction frame (docs/contract-notes.md, "Unread audit"): absolute rows that
+        """A correction frame (docs/contract.md §3.4, "Unread audit"): absolute rows that
         restate version V, so `prev_projection_mailbox_seq == projection_mailbox_seq`: no step in
         the chain. A client overwrites the rows it holds at a version <= V and keeps its chain
         position."""

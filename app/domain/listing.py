@@ -1,4 +1,4 @@
-"""Which rows a page shows and in what order: zones, folders, keyset positions (DESIGN §5, seed §6).
+"""Which rows a page shows and in what order: zones, folders, keyset positions (docs/contract.md §5, seed §6).
 
 Pure: stdlib only. The query API (app/api) builds a per-user snapshot with :func:`build_folders`
 and cuts pages with :meth:`Ordered.after`; the client library sorts with
@@ -36,7 +36,7 @@ SortKey = tuple[int, int, int, bytes, bytes]
 
 ACTIVITY_BYTES: Final = 16
 CONVERSATION_BYTES: Final = 16
-PIN_RANK_LIMIT: Final = 1 << 32  # pin_rank is a u32 (DESIGN §2)
+PIN_RANK_LIMIT: Final = 1 << 32  # pin_rank is a u32 (docs/contract.md §2)
 _COMPLEMENT: Final = bytes(255 - b for b in range(256))
 _CANONICAL_UUID: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
 
@@ -137,7 +137,7 @@ class RowFields(NamedTuple):
 
 
 def is_listed(row: Row) -> bool:
-    """In the list at all: a deleted conversation (not revived) is not (DESIGN §3.7)."""
+    """In the list at all: a deleted conversation (not revived) is not (docs/contract.md §3.7)."""
     return row.get("listed") is not False
 
 

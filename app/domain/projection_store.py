@@ -15,7 +15,7 @@ class StoredProjection(NamedTuple):
     """One user's projection as the projection store holds it."""
 
     user_id: int
-    rows: dict[str, dict[str, object]]  # conversation_id -> row (DESIGN §4)
+    rows: dict[str, dict[str, object]]  # conversation_id -> row (docs/contract.md §4)
     total_unread: int
     total_mention: int
     muted_unread: int

@@ -1,4 +1,4 @@
-"""Rows from durable state when the mailbox log cannot be replayed (DESIGN §5 fill-in, §6).
+"""Rows from durable state when the mailbox log cannot be replayed (docs/contract.md §5 fill-in, §6).
 
 UserConversationState (which conversations, flags, read/hidden/deleted watermarks, membership)
 plus the MessageStore (heads, messages) give back every field of a row, with unread by the same
@@ -68,7 +68,7 @@ def row_from_state(
 
 def _set_head(row: ConversationState, head: Head | None, store: MessageStore, limit: int) -> None:
     """The highest message in the member's window, the stand-in for "the highest visible message
-    received" (DESIGN §3.7) that state can give: above `joined_at` (a member receives the
+    received" (docs/contract.md §3.7) that state can give: above `joined_at` (a member receives the
     messages after its join), and at or below `left_at` for a former member. clear_history and
     delete_conversation move the base, not the head. Below the conversation head, the highest
     stored message of the window is searched in bounded windows."""
@@ -96,7 +96,7 @@ def as_replay_base(row: ConversationState) -> ConversationState:
     rebuild by replay from a timestamp).
 
     The core's recomputes read the MessageStore only for messages the user *received* (the
-    definition is over the user's own entries, DESIGN §3.6). A row from state knows no receipt
+    definition is over the user's own entries, docs/contract.md §3.6). A row from state knows no receipt
     history: like its own recompute (which takes the MessageStore as it is), it takes every
     stored message up to its head as received. A later entry for one of them is then a
     message counted once, not a message counted for the first time.

@@ -1,7 +1,7 @@
 """Unread and mention counts: the authority definition kept exact by a per-row hand.
 
 unread(u, c) = |{m : base < m.seq <= latest, m.sender != u, m.counts_unread, not recalled/deleted}|
-base = max(read_seq, hidden_before, joined_at, deleted_before)           (DESIGN §3.4)
+base = max(read_seq, hidden_before, joined_at, deleted_before)           (docs/contract.md §3.4)
 
 The hand is three compact bitmaps of conversation_seqs: messages that count, those of them that
 mention the user, and recalled/deleted targets. Bitmaps make every update idempotent, so a message
@@ -99,7 +99,7 @@ def recompute(row: UnreadHand, store: MessageStore, limit: int, *, received_only
 
     `received_only`: the store fills in what the pruned hand forgot about messages this user
     received (sender, counts, mentions); it does not add messages the user never received — the
-    definition is over the user's own entries (DESIGN §3.6). Rebuilds from state, which know
+    definition is over the user's own entries (docs/contract.md §3.6). Rebuilds from state, which know
     nothing of what was received, take the store as it is (`received_only=False`)."""
     base = row.base
     latest = row.latest

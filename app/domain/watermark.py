@@ -1,4 +1,4 @@
-"""The per-partition watermark gate (DESIGN §3.1): never apply past min over lanes."""
+"""The per-partition watermark gate (docs/contract.md §3.1): never apply past min over lanes."""
 
 from __future__ import annotations
 

@@ -544,6 +544,13 @@ class MemberDirectoryRegistry:
         self._idle.pop(group, None)
         return self.directory(group).subscribe(listener)
 
+    def on_notice(self, group: str, kind: int) -> asyncio.Task[None] | None:
+        """A member notification for ``group`` (a MEMBER_NOTICE off the live stream): the store
+        of that group, if this registry holds one, reacts (:meth:`MemberDirectory.on_notification`).
+        A group nobody holds has nothing to refresh: it is read fresh when first subscribed."""
+        store = self._stores.get(group)
+        return None if store is None else store.on_notification(kind)
+
     def idle_groups_held(self) -> list[str]:
         return list(self._idle)
 

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from app.domain.wire_ids import parse_id
+
 U64_MAX: Final = 2**64 - 1
 # JavaScript's Number.MAX_SAFE_INTEGER: statistics travel to JS clients, and a count that a
 # client cannot represent exactly is as unknown as a missing one.
@@ -210,12 +212,13 @@ class Profile:
 
 
 def _user_id(value: object) -> int:
-    # JSON from JS clients may carry u64 ids as decimal strings (a JS number cannot hold them).
-    if isinstance(value, str) and value.isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= U64_MAX:
-        raise ValueError(f"user id must be an int in [0, 2^64), got {value!r}")
-    return value
+    # Responses carry u64 ids as decimal strings (docs/contract.md §9: a JS number cannot hold them);
+    # requests may too, or (older clients) JSON integers. Only the canonical decimal form: no
+    # sign, space, leading zero or non-ASCII digit ('٣'.isdigit() is true).
+    try:
+        return parse_id(value)
+    except ValueError:
+        raise ValueError(f"user id must be a u64 (decimal string or int), got {value!r}") from None
 
 
 def parse_user_id(value: object) -> int:

@@ -10,6 +10,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from app.domain.wire_ids import row_from_client
+
 
 class ClientError(Exception):
     """The API answered with an error (status, code and message from its JSON body)."""
@@ -54,6 +56,17 @@ class SessionsClient:
         self._session = session
         self._owns_session = session is None
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The authentication headers of every request (the live stream sends them too)."""
+        return dict(self._headers)
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
     async def __aenter__(self) -> SessionsClient:
         return self
 
@@ -89,7 +102,8 @@ class SessionsClient:
             params["cursor"] = cursor
         body = await self._get("/v1/sessions", params)
         return Page(
-            items=body["items"],
+            # Rows carry user_id as a decimal string (docs/contract.md §9); Python holds it as an int.
+            items=[row_from_client(row) for row in body["items"]],
             next_cursor=body["next_cursor"],
             snapshot_revision=body["snapshot_revision"],
             projection_complete=body["projection_complete"],

@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from types import TracebackType
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer
@@ -23,15 +24,20 @@ log = logging.getLogger(__name__)
 
 
 class SessionDeltaFollower:
-    def __init__(self, live: LiveSessionList, bootstrap_servers: str, topics: Sequence[str]) -> None:
+    def __init__(
+        self, live: LiveSessionList, bootstrap_servers: str, topics: Sequence[str], **security: Any
+    ) -> None:
+        """``security``: aiokafka's security options for a SASL/TLS cluster (security_protocol,
+        sasl_*, ssl_context), e.g. ``app.connections.kafka_security_options(settings)``."""
         self.live = live
         self.topics = list(topics)
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False
+            bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False, **security
         )
         self.applied = 0
         self.frames = 0  # this user's frames seen
         self.malformed = 0
+        self.notices = 0  # MEMBER_NOTICE frames of this user (skipped here)
 
     async def __aenter__(self) -> SessionDeltaFollower:
         await self.start()
@@ -84,6 +90,11 @@ class SessionDeltaFollower:
                     self.malformed += 1
                     continue
                 if frame.get("user_id") != self.live.user_id:
+                    continue
+                if frame.get("type") == "MEMBER_NOTICE":
+                    # Shares the session-delta topic; not a list frame (LiveStream's on_notice
+                    # is where devices get them).
+                    self.notices += 1
                     continue
                 self.frames += 1
                 try:

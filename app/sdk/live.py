@@ -54,7 +54,7 @@ class LiveSessionList:
         return result
 
     def main(self) -> list[Mapping[str, object]]:
-        """The main folder as the client shows it (list order, DESIGN §5)."""
+        """The main folder as the client shows it (list order, docs/contract.md §5)."""
         return [row for row in self.view.listed() if row.get("archived") is not True]
 
     def archived(self) -> list[Mapping[str, object]]:

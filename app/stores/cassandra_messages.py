@@ -15,7 +15,7 @@ Choices worth knowing:
 * A recall (or delete-for-everyone) may reach the store before its message. ``mark_recalled`` is
   an upsert, so it leaves a row holding only the flag; ``put_messages`` never writes the flags,
   so the message arriving later keeps it. A row without ``message_id`` is "recall seen, message
-  not yet": reads skip it, exactly as :class:`~app.domain.memory_store.InMemoryMessageStore`
+  not yet": reads skip it, exactly as :class:`~app.stores.memory_messages.InMemoryMessageStore`
   does.
 * Mentions accumulate (``mentions = mentions + ?``), whether they come with the message or later
   through :meth:`add_mentions`: an INSERT would replace the whole set.

@@ -16,27 +16,38 @@ class CassandraUnavailable(RuntimeError):
     """Cassandra could not be reached or refused the session."""
 
 
-def open_cluster(settings: Settings, *, connect_timeout: float = 10.0) -> tuple[Any, Any]:
-    """Connect; returns ``(cluster, session)``. The caller owns ``cluster.shutdown()``.
+def build_cluster(settings: Settings, *, connect_timeout: float = 10.0) -> Any:
+    """The driver's ``Cluster`` for the settings, not yet connected.
 
     The driver is imported here, not at module level, so importing the package stays cheap.
     """
-    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
     from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
+    from app.connections import cassandra_cluster_options
+
     # An explicit policy: the driver warns (and will refuse in its next major) without one.
-    # Token-aware routing sends single-partition reads (the unread recompute) to a replica.
+    # Token-aware routing sends single-partition reads (the unread recompute) to a replica; the
+    # DC-aware child keeps them in the local data center ('' = the first contact point's).
     profile = ExecutionProfile(
-        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.cassandra_local_dc)),
         request_timeout=30.0,
     )
-    cluster = Cluster(
+    return Cluster(
         list(settings.cassandra_contact_points),
         port=settings.cassandra_port,
         protocol_version=PROTOCOL_VERSION,
         execution_profiles={EXEC_PROFILE_DEFAULT: profile},
         connect_timeout=connect_timeout,
+        **cassandra_cluster_options(settings),  # authentication, TLS (app/connections.py)
     )
+
+
+def open_cluster(settings: Settings, *, connect_timeout: float = 10.0) -> tuple[Any, Any]:
+    """Connect; returns ``(cluster, session)``. The caller owns ``cluster.shutdown()``."""
+    from cassandra.cluster import NoHostAvailable
+
+    cluster = build_cluster(settings, connect_timeout=connect_timeout)
     try:
         session = cluster.connect()
     except NoHostAvailable as exc:

@@ -1,6 +1,6 @@
 """UserConversationState and the group member directory in Cassandra (app/stores/schema.py).
 
-``user_conversation_state`` is the authority for *which* conversations a user has (DESIGN §5)
+``user_conversation_state`` is the authority for *which* conversations a user has (docs/contract.md §5)
 and the rebuild fallback when the mailbox log is past retention (§6); ``group_members`` backs the
 member directory (§8). The worker keeps the live state in its changelog tables and mirrors it
 here after each batch (one background writer task, a round of whatever was staged meanwhile,

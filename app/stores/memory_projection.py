@@ -84,7 +84,7 @@ def encode_batches(batches: Sequence[UserFlush]) -> list[EncodedBatch]:
         where = f"user {user_id}"
         rows = _encode_rows(where, batch.rows)
         # The stored version starts at 0 ("nothing stored"), so a version must be >= 1 to be
-        # writable at all; mailbox_seq is positive by contract (DESIGN §2).
+        # writable at all; mailbox_seq is positive by contract (docs/contract.md §2).
         version = _check_int(f"{where}: projection_mailbox_seq", batch.projection_mailbox_seq, 1)
         structure_version = _check_int(f"{where}: structure_version", batch.structure_version, 0)
         total_unread, total_mention, muted_unread = _check_badge(where, batch.badge)

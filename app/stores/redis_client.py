@@ -34,12 +34,15 @@ DEFAULT_CONNECT_TIMEOUT_S = 5.0
 CLUSTER_RETRIES = 3
 
 
-def open_redis(url: str | RedisTarget) -> RedisClient:
-    """A client for `url` (no I/O until its first command)."""
+def open_redis(url: str | RedisTarget, **options: Any) -> RedisClient:
+    """A client for `url` (no I/O until its first command). `options` are redis-py connection
+    keywords given apart from the URL (app/connections.redis_client_options: password, TLS
+    files); the URL's own credentials and options win over them, as with redis-py's from_url."""
     target = parse_redis_url(url) if isinstance(url, str) else url
     kwargs: dict[str, Any] = {
         "socket_timeout": DEFAULT_SOCKET_TIMEOUT_S,
         "socket_connect_timeout": DEFAULT_CONNECT_TIMEOUT_S,
+        **options,
         **target.options,
     }
     if target.username is not None:

@@ -1,4 +1,4 @@
-"""Redis projection store: the serving copy of every user's conversation list (DESIGN §3.9, §5).
+"""Redis projection store: the serving copy of every user's conversation list (docs/contract.md §3.9, §5).
 
 Layout (``ns`` = the namespace, default ``proj``; ``{42}`` is a literal Redis Cluster hash tag, so
 all of one user's keys land on one slot and one Lua script may touch them together)::
@@ -325,7 +325,10 @@ class RedisProjectionStore:
 
         Without `namespace`: the serving namespace of `settings.projection_namespace`, followed
         (see :meth:`follow_serving`); with one: exactly that namespace."""
-        client = open_redis(settings.redis_url)
+        from app.connections import redis_client_options
+
+        # Credentials and TLS files next to the URL: app/connections.py, for every Redis client.
+        client = open_redis(settings.redis_url, **redis_client_options(settings))
         base = settings.projection_namespace
         budget = settings.redis_retry_budget_ms / 1000 if retry_budget_s is None else retry_budget_s
         store = cls(

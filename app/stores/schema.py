@@ -7,9 +7,9 @@ is not (Cassandra refuses it): add a new column instead.
 
 Id encodings (chosen once; every adapter must follow them):
 
-* ``user_id`` / ``sender_id`` are unsigned 64-bit ints (DESIGN.md §2). They are stored as CQL
+* ``user_id`` / ``sender_id`` are unsigned 64-bit ints (docs/contract.md §2). They are stored as CQL
   ``varint``: exact for all of ``[0, 2^64)``, and it *sorts numerically*, which keyset paging of
-  ``group_members`` by ``user_id`` (DESIGN.md §8) needs. A signed ``bigint`` would need a mapping
+  ``group_members`` by ``user_id`` (docs/contract.md §8) needs. A signed ``bigint`` would need a mapping
   that either breaks that order (two's complement puts ids >= 2^63 first) or makes every stored
   id unreadable (offset by 2^63); the python driver maps ``varint`` to ``int`` with no code at all.
 * ``conversation_id`` is a CQL ``uuid`` (pass ``uuid.UUID``; the driver refuses strings).
@@ -24,6 +24,7 @@ This module is plain data and string building: no driver import, so anything may
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 U64_MAX = 2**64 - 1
@@ -177,14 +178,19 @@ TABLES: tuple[Table, ...] = (
 )
 
 
-def create_keyspace_cql(keyspace: str, replication_factor: int) -> str:
-    # SimpleStrategy fits one data center (local runs, the compose stack); a multi-DC deployment
-    # creates its keyspace itself with NetworkTopologyStrategy, and bootstrap then leaves it alone.
-    return (
-        f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = "
-        f"{{'class': 'SimpleStrategy', 'replication_factor': {int(replication_factor)}}}"
-        " AND durable_writes = true"
-    )
+def create_keyspace_cql(
+    keyspace: str, replication_factor: int, per_dc: Mapping[str, int] | None = None
+) -> str:
+    """SimpleStrategy with ``replication_factor`` copies (one data center: local runs, the
+    compose stack), or NetworkTopologyStrategy with ``per_dc`` copies in each named data center
+    (a fleet; PROJECTOR_CASSANDRA_LOCAL_DC / _REPLICATION_PER_DC). An existing keyspace is left
+    as it is: changing replication is an operator's ALTER KEYSPACE plus a repair."""
+    if per_dc:
+        copies = ", ".join(f"'{dc}': {int(rf)}" for dc, rf in sorted(per_dc.items()))
+        strategy = f"{{'class': 'NetworkTopologyStrategy', {copies}}}"
+    else:
+        strategy = f"{{'class': 'SimpleStrategy', 'replication_factor': {int(replication_factor)}}}"
+    return f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {strategy} AND durable_writes = true"
 
 
 def check_user_id(user_id: int) -> int:

@@ -13,7 +13,7 @@ One round (`audit_tick`):
     names the repair of the store:
       CORRECT    → ProjectionStore.correct (only while the store still holds the version it was
                    compared at), then correction frames: SESSION_DELTA with the corrected rows,
-                   BADGE_UPDATE if the stored badge was off (docs/contract-notes.md, "Unread
+                   BADGE_UPDATE if the stored badge was off (docs/contract.md §3.4, "Unread
                    audit")
       REFLUSH_*  → the rows are marked dirty: the user's next flush writes them at a newer
                    version, with ordinary frames
@@ -146,17 +146,12 @@ async def _round(
     policy = AuditPolicy(config.sample_rate, config.idle_ms, config.max_rows, limit)
     sampler = Sampler(policy, now_ms, keyed_draw(rng.getrandbits(128)))
     scanned = 0
-    for state in list(core.partitions.values()):
-        projector = state.projector
-        for user in list(projector.users.values()):
-            waiting = projector.dirty.rows.get(user.user_id)
-            for conversation_id, row in user.rows.items():
-                if waiting is None or conversation_id not in waiting:
-                    sampler.offer(row)
-            scanned += len(user.rows)
-            if scanned >= _SCAN_SLICE:
-                scanned = 0
-                await asyncio.sleep(0)
+    for row in core.settled_rows():
+        sampler.offer(row)
+        scanned += 1
+        if scanned >= _SCAN_SLICE:
+            scanned = 0
+            await asyncio.sleep(0)
     chosen = sampler.chosen()
     report.eligible = sampler.eligible_rows
     report.sampled = len(chosen)
@@ -173,7 +168,7 @@ async def _round(
                 report.failed += 1
     for user_id in sorted(recounted):
         rows = recounted[user_id]
-        holder = _partition_of(core, user_id)
+        holder = core.holder(user_id)
         if holder is None:  # the partition went to another worker since the scan
             continue
         await _judge(core, holder, user_id, rows, report)
@@ -193,13 +188,6 @@ def _recount_all(rows: Sequence[ConversationState], store: MessageStore, limit: 
     return done
 
 
-def _partition_of(core: WorkerCore, user_id: int) -> PartitionState | None:
-    for state in core.partitions.values():
-        if user_id in state.projector.users:
-            return state
-    return None
-
-
 async def _judge(
     core: WorkerCore,
     state: PartitionState,
@@ -207,7 +195,7 @@ async def _judge(
     rows: dict[str, ConversationState],
     report: AuditReport,
 ) -> None:
-    projector = state.projector
+    processor = state.processor
     store = core.projection_store
     async with core.flush_lock:
         try:
@@ -216,7 +204,7 @@ async def _judge(
             log.warning("unread audit: reading user %d failed: %s", user_id, exc)
             report.failed += len(rows)
             return
-        user = projector.users.get(user_id)
+        user = processor.users.get(user_id)
         if user is None:
             return
         # Judged after the read: an entry applied meanwhile made its row dirty (skipped).
@@ -225,7 +213,7 @@ async def _judge(
             rows,
             stored,
             include_muted=core.config.include_muted,
-            dirty=projector.dirty.rows.get(user_id, ()),
+            dirty=processor.dirty_rows(user_id),
         )
         if verdict.repair is Repair.NOT_JUDGED:
             report.not_judged += len(rows)
@@ -235,7 +223,7 @@ async def _judge(
         report.state_corrected += len(verdict.state_drifted)
         correction = verdict.correction
         if verdict.state_drifted or verdict.state_badge_drifted:
-            core.touch(state, [(user_id, cid) for cid in verdict.state_drifted], [user_id])
+            processor.touch([(user_id, cid) for cid in verdict.state_drifted], [user_id], core.clock())
             if verdict.repair is Repair.CORRECT:
                 # Durable before visible, as a flush: the corrected state reaches the changelog
                 # before the store shows it (otherwise a persist within a window does it).
@@ -262,6 +250,6 @@ async def _judge(
                 await core.outbox.frames(deltas, badges)
                 core.stats.frames += len(deltas) + len(badges)
         elif verdict.repair in (Repair.REFLUSH_ROWS, Repair.REFLUSH_USER):
-            projector.mark_dirty(user_id, verdict.reflush, core.clock())
+            processor.mark_dirty(user_id, verdict.reflush, core.clock())
         # Repaired: in place, handed to the next flush, or (state alone drifted) in the state.
         report.corrected += len(verdict.drifted)

@@ -16,10 +16,10 @@ from typing import Any, Protocol
 
 import pytest
 
-from app.domain.memory_store import InMemoryMessageStore
 from app.domain.ports import MessageStore, StoredMessage
 from app.settings import Settings
 from app.stores.cassandra_messages import NewMessage
+from app.stores.memory_messages import InMemoryMessageStore
 
 U64_MAX = 2**64 - 1
 
@@ -102,7 +102,7 @@ class CassandraWriter:
 def cassandra_keyspace(settings: Settings) -> Iterator[tuple[Any, str]]:
     """One keyspace with the project schema for the whole module; tests keep apart by using
     fresh conversation ids. Created lazily: only the Cassandra parameter asks for it."""
-    from app.bootstrap import ensure_cassandra_schema
+    from app.cli.bootstrap import ensure_cassandra_schema
     from app.stores.cassandra_session import open_cluster
 
     host, port = settings.cassandra_contact_points[0], settings.cassandra_port
@@ -263,7 +263,7 @@ def test_recalled_and_deleted_messages_are_flagged(writer: Writer, conv: Callabl
 
 
 def test_recall_before_its_message(writer: Writer, conv: Callable[[], str]) -> None:
-    """Disorder is normal (DESIGN §3.6): the recall may be stored first. Until the message
+    """Disorder is normal (docs/contract.md §3.6): the recall may be stored first. Until the message
     arrives the store does not hold it; once it does, it is recalled."""
     c = conv()
     writer.given([message(c, 1)])

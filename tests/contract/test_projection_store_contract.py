@@ -1,4 +1,4 @@
-"""The `ProjectionStore` contract (DESIGN §3.9): one suite, run against the in-memory store and
+"""The `ProjectionStore` contract (docs/contract.md §3.9): one suite, run against the in-memory store and
 the Redis store on the real server.
 
 What every implementation must do: per user, one atomic write of rows + badge + version +
@@ -37,7 +37,7 @@ def conv(n: int) -> str:
 
 
 def row(user_id: int, conversation_id: str, version: int, **changes: Any) -> dict[str, Any]:
-    """A full DESIGN §4 row (nulls, bools, ints and strings: all of them must round-trip)."""
+    """A full docs/contract.md §4 row (nulls, bools, ints and strings: all of them must round-trip)."""
     base: dict[str, Any] = {
         "user_id": user_id,
         "conversation_id": conversation_id,

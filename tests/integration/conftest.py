@@ -77,7 +77,7 @@ def make_topic(
 ) -> Callable[..., Awaitable[str]]:
     """``await make_topic("orders", partitions=2)`` creates a unique topic explicitly (the broker
     never auto-creates topics); it is deleted after the test."""
-    from app.bootstrap import ensure_topics
+    from app.cli.bootstrap import ensure_topics
 
     async def make(prefix: str, partitions: int = 1) -> str:
         name = unique_name(prefix)

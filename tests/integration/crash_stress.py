@@ -31,6 +31,7 @@ class CrashPlan:
     messages: int = 1500
     rate: float = 40.0  # messages/s: the traffic runs messages/rate seconds
     kills: int = 5
+    workers: int = 1  # >1: they share the partitions and are killed one at a time, in turn
     lose_data_at: frozenset[int] = frozenset({2})  # kill numbers after which the data dir is deleted
     busy_loops: int = 2  # processes spinning on a core each, beside the worker
     after_ready_s: tuple[float, float] = (1.0, 9.0)  # kill this long after a "Worker ready"
@@ -79,7 +80,7 @@ def _busy_loops(count: int) -> list[subprocess.Popen[bytes]]:
     ]
 
 
-async def _ready(stack: Stack, index: int, seen: int, timeout: float) -> int:
+async def _ready(stack: Stack, index: int, proc: subprocess.Popen[bytes], seen: int, timeout: float) -> int:
     """Wait until the worker's log says "Worker ready" more often than `seen` times."""
     path = stack.tmp / f"worker-{index}.log"
     deadline = time.monotonic() + timeout
@@ -87,7 +88,8 @@ async def _ready(stack: Stack, index: int, seen: int, timeout: float) -> int:
         count = path.read_text(errors="replace").count("Worker ready") if path.exists() else 0
         if count > seen:
             return count
-        stack.alive(len(stack.workers) - 1)()
+        if proc.poll() is not None:
+            raise AssertionError(f"worker {index} exited {proc.returncode}:\n{stack.log_tail(index)}")
         if time.monotonic() > deadline:
             raise AssertionError(f"worker not ready after {timeout}s:\n{stack.log_tail(index)}")
         await asyncio.sleep(0.2)
@@ -113,25 +115,25 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
                 timeout=plan.messages / plan.rate + 600,
             )
         )
-        index = 0  # the worker's data dir: worker-{index}-data
-        stack.start_worker(index)
-        readies = 0
+        # Worker w runs with data dir worker-{w}-data and logs to worker-{w}.log; `procs[w]` is
+        # its current process (a restart appends to the same log).
+        procs = {w: stack.start_worker(w) for w in range(plan.workers)}
+        readies = dict.fromkeys(procs, 0)
         for kill in range(1, plan.kills + 1):
-            readies = await _ready(stack, index, readies, timeout=240)
+            victim = (kill - 1) % plan.workers
+            readies[victim] = await _ready(stack, victim, procs[victim], readies[victim], timeout=240)
             await asyncio.sleep(rnd.uniform(*plan.after_ready_s))
-            worker = stack.workers[-1]
-            worker.send_signal(signal.SIGKILL)
-            worker.wait(timeout=30)
+            procs[victim].send_signal(signal.SIGKILL)
+            procs[victim].wait(timeout=30)
             report.kills += 1
             lost = kill in plan.lose_data_at
-            report.timeline.append(
-                f"{time.monotonic() - started:6.1f}s kill {kill}{' + data dir lost' if lost else ''}"
-            )
+            note = " + data dir lost" if lost else ""
+            report.timeline.append(f"{time.monotonic() - started:6.1f}s kill {kill} (worker {victim}){note}")
             await asyncio.sleep(rnd.uniform(*plan.down_s))  # traffic goes on: a backlog builds
             if lost:
-                shutil.rmtree(stack.tmp / f"worker-{index}-data", ignore_errors=True)
+                shutil.rmtree(stack.tmp / f"worker-{victim}-data", ignore_errors=True)
                 report.data_lost += 1
-            stack.start_worker(index)
+            procs[victim] = stack.start_worker(victim)
         await traffic
         report.timeline.append(f"{time.monotonic() - started:6.1f}s traffic done")
     finally:
@@ -154,9 +156,9 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
         report.mismatched_rows = _differences(rows, rows_expected, ("user_id", "conversation_id"))
         report.mismatched_badges = _differences(badges, badges_expected, ("user_id",))
         log = "".join(
-            (stack.tmp / f"worker-{i}.log").read_text(errors="replace")
-            for i in {index}
-            if (stack.tmp / f"worker-{i}.log").exists()
+            (stack.tmp / f"worker-{w}.log").read_text(errors="replace")
+            for w in range(plan.workers)
+            if (stack.tmp / f"worker-{w}.log").exists()
         )
         report.gaps_refused = log.count("refused a batch") + log.count("nothing is on its way")
         report.elapsed_s = time.monotonic() - started

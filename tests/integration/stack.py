@@ -22,7 +22,7 @@ from app.settings import Settings
 from tests.projection_files import as_replay_files
 
 ROOT = Path(__file__).resolve().parents[2]
-PROJECTOR = [sys.executable, "-m", "app.cli"]
+PROJECTOR = [sys.executable, "-m", "app"]
 
 
 class Stack:
@@ -35,6 +35,7 @@ class Stack:
             "PROJECTOR_TOPIC_SESSION_DELTA": f"{name}-session-delta",
             "PROJECTOR_TOPIC_BADGE": f"{name}-badge",
             "PROJECTOR_TOPIC_DEAD_LETTER": f"{name}-dead-letter",
+            "PROJECTOR_TOPIC_PUSH": f"{name}-push",
             "PROJECTOR_TOPIC_PARTITIONS": str(partitions),
             "PROJECTOR_CASSANDRA_KEYSPACE": name.replace("-", "_")[:48],
             "PROJECTOR_PROJECTION_NAMESPACE": name,

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 def _bootstrap(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", "bootstrap", *args],
+        [sys.executable, "-m", "app", "bootstrap", *args],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -42,6 +42,7 @@ async def test_bootstrap_twice_is_idempotent(
         "PROJECTOR_TOPIC_SESSION_DELTA": unique_name("session-delta"),
         "PROJECTOR_TOPIC_BADGE": unique_name("badge"),
         "PROJECTOR_TOPIC_DEAD_LETTER": unique_name("dead-letter"),
+        "PROJECTOR_TOPIC_PUSH": unique_name("push"),
     }
     topics_to_delete.extend(topics.values())
     env = {

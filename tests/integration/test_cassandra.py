@@ -35,7 +35,7 @@ def test_create_insert_and_range_read(cassandra_session: Any, keyspace: str) -> 
 def test_project_schema_is_idempotent_and_migrates_columns(
     servers: Settings, cassandra_session: Any, unique_name: Any
 ) -> None:
-    from app.bootstrap import ensure_cassandra_schema
+    from app.cli.bootstrap import ensure_cassandra_schema
     from app.stores.schema import TABLES
 
     ks = unique_name("schema", sep="_")
@@ -58,7 +58,7 @@ def test_project_schema_is_idempotent_and_migrates_columns(
 def test_schema_encodings_u64_users_and_activity_blobs(
     servers: Settings, cassandra_session: Any, unique_name: Any
 ) -> None:
-    from app.bootstrap import ensure_cassandra_schema
+    from app.cli.bootstrap import ensure_cassandra_schema
     from app.stores.schema import U64_MAX, activity_from_blob, activity_to_blob, check_user_id
 
     ks = unique_name("enc", sep="_")

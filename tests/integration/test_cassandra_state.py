@@ -40,7 +40,7 @@ class CountingSession:
 def schema(servers: Settings, cassandra_session: Any) -> Iterator[str]:
     """One keyspace with the project schema for the module (creating one costs ~1 s); tests keep
     apart through their own user and conversation ids (`user`, `conv`)."""
-    from app.bootstrap import ensure_cassandra_schema
+    from app.cli.bootstrap import ensure_cassandra_schema
 
     keyspace = f"t_state_{uuid.uuid4().hex[:12]}"
     ensure_cassandra_schema(servers, keyspace=keyspace)

@@ -20,8 +20,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 async def test_random_sigkills_with_a_backlog_under_cpu_contention_lose_nothing(
     make_stack: Callable[..., Stack], tmp_path: Path
 ) -> None:
+    """Two workers share the partitions and are killed in turn: every kill and every restart is
+    a rebalance for both, so the windows where a batch could go missing come often. (Measured:
+    with the cause of issue 11 put back and the offset rule off, this run found lost rows in 1
+    of 3 runs; a single worker killed 5 times found nothing in 4.)"""
     stack = make_stack("crash", partitions=4, lanes=3, **stack_overrides())
-    plan = CrashPlan(users=40, conversations=30, messages=1500, rate=40.0, kills=5, seed=11)
+    plan = CrashPlan(
+        users=40,
+        conversations=30,
+        messages=2000,
+        rate=40.0,
+        kills=8,
+        workers=2,
+        lose_data_at=frozenset({3, 6}),
+        seed=11,
+    )
     report = await run_crash_scenario(stack, tmp_path, plan)
     print("\n".join(report.timeline) + "\n" + report.line())
     assert report.kills >= 5 and report.data_lost >= 1

@@ -41,7 +41,7 @@ BY_IDS = "/api/v1/chats/members/by-user-ids"
 
 @pytest.fixture(scope="module")
 def schema(servers: Settings, cassandra_session: Any) -> Iterator[str]:
-    from app.bootstrap import ensure_cassandra_schema
+    from app.cli.bootstrap import ensure_cassandra_schema
 
     keyspace = f"t_members_{uuid.uuid4().hex[:12]}"
     ensure_cassandra_schema(servers, keyspace=keyspace)
@@ -134,7 +134,7 @@ async def test_500_members_in_10_pages_no_duplicates_no_other_group(live: Live) 
     await live.members(group, ids)
     await live.members(other, [1001 + 2 * i for i in range(300)])  # interleaved ids elsewhere
     pages = await walk(live, group)
-    got = [item["user_id"] for page in pages for item in page["items"]]
+    got = [int(item["user_id"]) for page in pages for item in page["items"]]  # u64s as strings
     assert len(pages) == 10 and all(len(p["items"]) == 50 for p in pages)
     assert got == sorted(ids) and len(set(got)) == 500
     assert pages[-1]["next_user_id"] is None and pages[-1]["has_more"] is False
@@ -145,7 +145,7 @@ async def test_u64_ids_page_in_numeric_order(live: Live) -> None:
     ids = [CALLER, 2**63 - 1, 2**63, 2**64 - 1, 17]
     await live.members(group, ids)
     got = [i["user_id"] for p in await walk(live, group, limit=2) for i in p["items"]]
-    assert got == sorted(ids)
+    assert got == [str(u) for u in sorted(ids)]  # exact decimal strings, numeric order
 
 
 async def test_limit_101_is_400_and_non_member_is_2001_and_disabled_is_2002(live: Live) -> None:
@@ -164,7 +164,7 @@ async def test_limit_101_is_400_and_non_member_is_2001_and_disabled_is_2002(live
     assert (status, body["error"]["code"]) == (403, "2002")
     await live.reader.clear_disabled(group)
     status, body = await live.post(PAGE, {"chat_session_uid": group, "active_only": True})
-    assert status == 200 and [i["user_id"] for i in body["items"]] == [CALLER, 10]
+    assert status == 200 and [i["user_id"] for i in body["items"]] == [str(CALLER), "10"]
 
 
 async def test_active_only_reads_past_many_departed_members(live: Live) -> None:
@@ -174,7 +174,7 @@ async def test_active_only_reads_past_many_departed_members(live: Live) -> None:
         live.writer.stage_member(group, user_id, "member", "removed", 1, 2)
     await live.writer.flush()
     pages = await walk(live, group, active_only=True, limit=10)
-    got = [i["user_id"] for p in pages for i in p["items"]]
+    got = [int(i["user_id"]) for p in pages for i in p["items"]]
     assert got == [CALLER, *range(380, 400)]
 
 
@@ -251,10 +251,10 @@ async def test_by_user_ids_with_statistics_and_seq_stamped_writes(live: Live) ->
     body = {"chat_session_uid": group, "user_ids": [10, 11, 12], "include_stats": True}
     status, answer = await live.post(BY_IDS, body)
     assert status == 200, answer
-    items = {i["user_id"]: i for i in answer["items"]}
+    items = {int(i["user_id"]): i for i in answer["items"]}
     assert (items[10]["record_count"], items[10]["mention_count"]) == (7, 2)  # the newer one stayed
     assert items[11]["active"] is False and items[11]["state"] == "removed"
-    assert answer["missing_user_ids"] == [12] and answer["stats_included"] is True
+    assert answer["missing_user_ids"] == ["12"] and answer["stats_included"] is True
 
 
 async def test_readers_from_persisted_read_state(live: Live) -> None:
@@ -266,5 +266,5 @@ async def test_readers_from_persisted_read_state(live: Live) -> None:
     await live.writer.flush()
     status, body = await live.get(f"/api/v1/chats/{group}/messages/8/readers?basic_only=true")
     assert status == 200, body
-    assert body["sender_id"] == 20
-    assert body["read_user_ids"] == [CALLER, 21] and body["unread_user_ids"] == [22]
+    assert body["sender_id"] == "20"
+    assert body["read_user_ids"] == [str(CALLER), "21"] and body["unread_user_ids"] == ["22"]

@@ -1,6 +1,6 @@
 """J-6 from state on the real servers (issue 7): a generated stream through the worker; snapshot
 every row and badge; `projector rebuild --from-state` into a fresh namespace is identical on every
-field state can know (app/rebuild.py lists the rest: the row's and the user's
+field state can know (app/rebuild/from_state.py lists the rest: the row's and the user's
 projection_mailbox_seq) and does not change what serves; then with the projection deleted, a
 rebuild with --swap brings it back and the API serves the rebuilt namespace."""
 
@@ -22,7 +22,7 @@ from app.api.sources import RedisProjectionReader
 from app.api.tokens import TokenSigner
 from app.domain.badge import Badge
 from app.domain.flush import UserFlush
-from app.rebuild import UNKNOWABLE_FROM_STATE
+from app.rebuild.from_state import UNKNOWABLE_FROM_STATE
 from app.stores.redis_projection import RedisProjectionStore, serving_key
 from tests.integration.stack import Stack, read_jsonl
 from tests.unit.test_api_rows import SECRET

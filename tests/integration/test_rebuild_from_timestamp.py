@@ -4,7 +4,7 @@ rebuild's progress gauges scraped from its own /metrics endpoint while it runs.
 A generated stream goes through the worker in two halves; T falls between them. The rebuild
 reads the log from T only, starts the users it names from their rows rebuilt from state, and
 rebuilds everyone else from state. It must equal `projector replay` of the whole stream on every
-field, with each row's projection_mailbox_seq exactly as docs/contract-notes.md says: the row's
+field, with each row's projection_mailbox_seq exactly as docs/contract.md §4 says: the row's
 last entry when that entry is at or after T and above the user's state version, else state's
 updated_mailbox_seq."""
 

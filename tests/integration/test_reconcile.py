@@ -39,7 +39,7 @@ BADGE_FIELDS = ("total_unread", "total_mention", "muted_unread")
 
 
 def definition(lines: Iterable[bytes], user: int, conv: str, limit: int = 200) -> dict[str, Any]:
-    """unread / mention / first mention / exact of DESIGN §3.4 over the user's entries of `conv`
+    """unread / mention / first mention / exact of docs/contract.md §3.4 over the user's entries of `conv`
     (the types these tests use: message, read, recall, join, mailbox_dirty), in mailbox_seq
     order. Exact only when latest - base <= limit or every counted seq is known (as here, where
     the user received every message)."""
@@ -88,7 +88,7 @@ def of_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def badge_of_rows(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """The full recompute of DESIGN §3.8 (include_muted off), from rows as served."""
+    """The full recompute of docs/contract.md §3.8 (include_muted off), from rows as served."""
     unread = mention = muted = 0
     for row in rows:
         active = row["membership"] == "active"

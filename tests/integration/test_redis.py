@@ -11,7 +11,7 @@ from app.settings import Settings
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 # Write a hash of fields only if `version` is newer than the stored one: the shape of the
-# projection store's versioned, all-or-nothing flush batch (DESIGN.md §3.9).
+# projection store's versioned, all-or-nothing flush batch (docs/contract.md §3.9).
 VERSIONED_WRITE = """
 local current = tonumber(redis.call('HGET', KEYS[1], '_version') or '0')
 local incoming = tonumber(ARGV[1])

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def schema(servers: Settings, keyspace: str) -> str:
-    from app.bootstrap import ensure_cassandra_schema
+    from app.cli.bootstrap import ensure_cassandra_schema
 
     ensure_cassandra_schema(servers, keyspace=keyspace)
     return keyspace
@@ -181,7 +181,7 @@ async def test_simulation_lands_in_kafka_and_cassandra(
 
 def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", "simulate", *args],
+        [sys.executable, "-m", "app", "simulate", *args],
         cwd=ROOT,
         env={**os.environ, **env},
         capture_output=True,

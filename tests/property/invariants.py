@@ -3,8 +3,8 @@
 Each predicate raises AssertionError with a readable message on the first violation, so that a
 hypothesis failure names the invariant that broke.
 
-Every row must equal the definition evaluated over the entries applied for that user (DESIGN
-§3.6), pending entries or not: contract-notes (09:15) say a MessageStore recompute adds no message
+Every row must equal the definition evaluated over the entries applied for that user (docs/contract.md
+§3.6), pending entries or not: docs/contract.md §3.4 says a MessageStore recompute adds no message
 and no recall that never reached this user's mailbox. Only the counts of an inexact row are
 exempt (inexact_only_beyond_200 checks them).
 """
@@ -161,7 +161,7 @@ def stats_equal_model(res: Any, model: ModelResult) -> None:
     assert (s["flushes"] > 0) == (deltas > 0) and s["flushes"] <= deltas, (s, deltas)
     messages = sum(e["type"] == "message" for e in model.applied)
     want_ratio = messages / s["projection_writes"] if s["projection_writes"] else 0
-    # the core rounds the ratio for display (6 decimals); DESIGN does not fix a precision
+    # the core rounds the ratio for display (6 decimals, docs/contract.md §7): compare with a tolerance
     assert math.isclose(s["compression_ratio"], want_ratio, rel_tol=1e-6, abs_tol=1e-6), (
         s["compression_ratio"],
         want_ratio,
@@ -227,7 +227,7 @@ def frame_versions_chain(res: Any, model: ModelResult) -> None:
 
 
 def writes_bounded_by_window(res: Any, model: ModelResult, window_ms: int) -> None:
-    """Writes per (user, conversation) <= ceil(span / window) + 1 (DESIGN §3.9, seed §8)."""
+    """Writes per (user, conversation) <= ceil(span / window) + 1 (docs/contract.md §3.9, seed §8)."""
     ts: dict[tuple[int, str], list[int]] = defaultdict(list)
     for e in model.applied:
         ts[(e["user_id"], e["conversation_id"])].append(e["ts"])
@@ -244,7 +244,7 @@ def writes_bounded_by_window(res: Any, model: ModelResult, window_ms: int) -> No
 
 
 def flushes_follow_policy(res: Any, model: ModelResult, window_ms: int, max_dirty_rows: int) -> None:
-    """Which rows each flush writes, and in which frames (contract-notes "Flush"): after each
+    """Which rows each flush writes, and in which frames (docs/contract.md §3.9): after each
     applied entry, flush when dirty rows > max_dirty_rows or ts - window_start >= window; end of
     input flushes the rest; users ascending, SESSION_DELTA (rows by conversation_id) then
     BADGE_UPDATE; driving ids are the user's last applied entry's."""

@@ -1,9 +1,9 @@
-"""Reference model of the processing core: the definitions of DESIGN §2-§4/§7, evaluated directly.
+"""Reference model of the processing core: the definitions of docs/contract.md §2-§4/§7, evaluated directly.
 
 Deliberately naive and written without looking at `app/`: it validates every line, runs the
 watermark gate literally (one partition), keeps the list of entries applied per user, and then
 evaluates the definitions for each (user, conversation) from those entries, with no incremental
-state at all. Where DESIGN.md is silent it follows docs/contract-notes.md.
+state at all. It follows docs/contract.md, the project choices included.
 
 What it does NOT model: frame contents (only which rows each flush writes: `flush_schedule`),
 and unread_exact (the model is always exact; the tests check the core's inexact rows against the
@@ -46,7 +46,7 @@ def _one_of(*values: str) -> Check:
     return lambda v: type(v) is str and v in values
 
 
-# contract-notes: every int <= 2^64-1 (u64); conversation seqs (`*conversation_seq`) <= 2^64-2.
+# docs/contract.md §2: every int <= 2^64-1 (u64); conversation seqs (`*conversation_seq`) <= 2^64-2.
 SEQ1, SEQ0, U64_ID = _int(1, U64), _int(0, U64), _int(0, U64)
 CSEQ1, CSEQ0 = _int(1, U64 - 1), _int(0, U64 - 1)
 
@@ -209,7 +209,7 @@ def run_model(lines: Iterable[bytes], lanes: int = 1, include_muted: bool = Fals
 
 
 def evaluate_row(pair: tuple[int, str], entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """The definitions (DESIGN §3.4, §3.7, §4), evaluated over one row's applied entries."""
+    """The definitions (docs/contract.md §3.4, §3.7, §4), evaluated over one row's applied entries."""
     user, conversation = pair
     membership, joined_at, left_at = "active", 0, None
     read = hidden = deleted = 0
@@ -275,7 +275,7 @@ def evaluate_row(pair: tuple[int, str], entries: list[dict[str, Any]]) -> dict[s
         "deleted_before_conversation_seq": deleted,
         "joined_at_conversation_seq": joined_at,
         "left_at_conversation_seq": left_at,
-        # contract-notes: a row's version is the mailbox_seq of the last entry applied to it
+        # docs/contract.md §4: a row's version is the mailbox_seq of the last entry applied to it
         "projection_mailbox_seq": entries[-1]["mailbox_seq"],
     }
 
@@ -290,7 +290,7 @@ def base_of(row: dict[str, Any]) -> int:
 
 
 def badge_of(user: int, rows: Iterable[dict[str, Any]], version: int, include_muted: bool) -> dict[str, Any]:
-    """DESIGN §3.8 over a user's rows (whatever their unread_count is: model's or core's)."""
+    """docs/contract.md §3.8 over a user's rows (whatever their unread_count is: model's or core's)."""
     rows = list(rows)
     active = [r for r in rows if r["membership"] == "active"]
     return {
@@ -307,7 +307,7 @@ def badge_of(user: int, rows: Iterable[dict[str, Any]], version: int, include_mu
 def flush_schedule(
     applied: list[dict[str, Any]], window_ms: int, max_dirty_rows: int
 ) -> list[list[tuple[int, int, str, list[str]]]]:
-    """The flush policy of contract-notes, replayed over the applied entries (in apply order):
+    """The flush policy of docs/contract.md §3.9, replayed over the applied entries (in apply order):
     -> flushes, each [(user, version, driving_event_id, sorted conversation ids)] by user."""
     flushes: list[list[tuple[int, int, str, list[str]]]] = []
     dirty: set[tuple[int, str]] = set()

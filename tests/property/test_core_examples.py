@@ -1,4 +1,4 @@
-"""Hand-made streams for the hard corners of DESIGN §3.4-§3.7, core against model and against the
+"""Hand-made streams for the hard corners of docs/contract.md §3.4-§3.7, core against model and against the
 hand-computed values. Each stream is small enough to read."""
 
 from __future__ import annotations

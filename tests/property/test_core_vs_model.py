@@ -162,7 +162,7 @@ def test_a_lane_that_never_reports_holds_everything_back(stream: Stream, opts: d
     b=st.tuples(st.sampled_from((1, 20, 5000)), st.sampled_from((1, 3, 100_000))),
 )
 def test_rows_do_not_depend_on_flush_timing(stream: Stream, a: tuple[int, int], b: tuple[int, int]) -> None:
-    """contract-notes: a row (its version included) is a pure function of the applied entries,
+    """docs/contract.md §4: a row (its version included) is a pure function of the applied entries,
     whatever the windows (J-6: a rebuild by replay is identical field by field)."""
     lines = stream.lines()
     ra = replay(lines, stream.lanes, window_ms=a[0], max_dirty_rows=a[1])

@@ -2,7 +2,7 @@
 
 A test marked xfail(strict=True) documents a discrepancy the core still has (the reason says
 which rule it breaks); when the core is fixed it XPASSes and the mark must go. The tests without
-a mark are discrepancies that were found and fixed (core and contract-notes, 07:56)."""
+a mark are discrepancies that were found and fixed (core and contract choices, 07:56)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _msg(seq: int, conv: str, cseq: int, ts: int) -> bytes:
 
 def test_two_entries_of_a_row_with_equal_ts_across_a_window_flush() -> None:
     """Was: flushing AFTER applying the entry that reaches the window wrote a row whose two
-    entries share a ts on both sides of the flush twice (span 0, DESIGN §3.9 allows 1).
+    entries share a ts on both sides of the flush twice (span 0, docs/contract.md §3.9 allows 1).
     Now the window closes BEFORE the first entry past it."""
     lines = [
         _msg(1, D, 1, 1000),  # opens the window
@@ -58,7 +58,7 @@ def test_u64_seqs_above_int64_are_valid(field: str) -> None:
 def test_reconcile_does_not_change_the_value_when_a_recall_missed_a_former_member() -> None:
     """Was: a recall fanned out to the current members only (A had left) reached the
     MessageStore through B; A's mailbox_dirty then dropped m1 from A's count (2 -> 1) while
-    without it A kept 2 (DESIGN §2: a reconcile does not change the definition's value)."""
+    without it A kept 2 (docs/contract.md §2: a reconcile does not change the definition's value)."""
 
     def lines(with_dirty: bool) -> list[bytes]:
         b = Builder()
@@ -106,7 +106,7 @@ def test_int_upper_bounds(patch: dict[str, int], valid: bool) -> None:
 def test_stale_join_below_unreceived_messages() -> None:
     """Was: a stale join moved joined_at down (3 -> 0) below messages A never received (m1..m3
     reached the MessageStore through B only); the recompute read them from the store and counted
-    4, the definition over A's applied entries (DESIGN §3.6) is 1. Fixed 09:15: the store read
+    4, the definition over A's applied entries (docs/contract.md §3.6) is 1. Fixed 09:15: the store read
     adds no message and no recall the user never received."""
     a, other, sender = 1, 2, 3
     b = Builder()

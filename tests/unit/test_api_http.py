@@ -95,8 +95,24 @@ async def test_default_limit_is_50_and_rows_are_the_stored_rows(api: Api) -> Non
     await api.store.write([flush(ME, rows, version=5, structure_version=0)])
     status, body = await api.get("/v1/sessions")
     assert status == 200 and len(body["items"]) == 50 and body["next_cursor"]
-    assert body["items"][0] == rows[-1]
+    assert body["items"][0] == {**rows[-1], "user_id": str(ME)}  # the u64 id as a string
     assert body["folder"] == "main" and body["filled_from_state"] is False and body["truncated"] is False
+
+
+# 2^64 - 6,464,732,697,350,446,855: far above 2^53; a JavaScript number would read it back as
+# 11982011376358105000.
+JS_UNSAFE = 11982011376358104761
+
+
+async def test_a_js_unsafe_user_id_goes_out_as_its_exact_decimal_string(api: Api) -> None:
+    rows = [make_row(JS_UNSAFE, n, act=n) for n in range(1, 4)]
+    await api.store.write([flush(JS_UNSAFE, rows, version=5, structure_version=0)])
+    async with api.client.get("/v1/sessions", headers=api.auth(JS_UNSAFE)) as resp:
+        raw = await resp.read()
+    assert resp.status == 200
+    assert raw.count(b'"user_id":"11982011376358104761"') == 3 and b'"user_id":1' not in raw
+    # What a client that reads numbers as doubles would have seen, had it been a number:
+    assert float(JS_UNSAFE) != JS_UNSAFE and int(float(JS_UNSAFE)) == 11982011376358105088
 
 
 async def test_a_user_without_projection_gets_an_empty_list(api: Api) -> None:
@@ -149,7 +165,7 @@ async def test_new_messages_keep_the_revision_but_a_new_walk_sees_them(api: Api)
     assert second["items"][0]["conversation_id"] == cid(20)  # the walk goes on over the snapshot
     # A walk already under way keeps its revision even after a new walk loaded a newer one.
     _, fresh = await api.get("/v1/sessions", limit=10)
-    assert fresh["snapshot_revision"] == 2 and fresh["items"][0] == bumped
+    assert fresh["snapshot_revision"] == 2 and fresh["items"][0] == {**bumped, "user_id": str(ME)}
     _, third = await api.get("/v1/sessions", limit=10, cursor=second["next_cursor"])
     assert third["snapshot_revision"] == 1 and third["projection_complete"] is True
     assert ids([first, second, third]) == [cid(n) for n in range(30, 0, -1)]
@@ -351,7 +367,10 @@ async def test_every_route_is_described(api: Api) -> None:
     for path, ops in doc["paths"].items():
         for method, op in ops.items():
             assert op["responses"]["200"], (path, method)
-            if path not in ("/openapi.json", "/metrics"):  # the only public routes
+            # The only public routes: the description, metrics, health and the browser client's
+            # files (the page asks for a token itself).
+            public = ("/openapi.json", "/metrics", "/livez", "/readyz")
+            if path not in public and not path.startswith("/app/"):
                 assert "401" in op["responses"]
             else:
                 assert op["security"] == []

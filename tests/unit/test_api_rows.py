@@ -38,7 +38,7 @@ def make_row(
     version: int = 1,
     membership: str = "active",
 ) -> dict[str, Any]:
-    """A DESIGN §4 row for conversation `cid(n)`; activity `act` (None: no message yet)."""
+    """A docs/contract.md §4 row for conversation `cid(n)`; activity `act` (None: no message yet)."""
     return {
         "user_id": user_id,
         "conversation_id": cid(n),

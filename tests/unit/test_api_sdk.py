@@ -128,3 +128,13 @@ async def test_a_non_json_answer_is_a_client_error() -> None:
         and err.value.code == "invalid_response"
         and "bad gateway" in err.value.message
     )
+
+
+async def test_the_sdk_turns_a_js_unsafe_string_id_back_into_the_exact_int(served: tuple[str, Any]) -> None:
+    url, store = served
+    user = 11982011376358104761  # > 2^53: the API sends it as "11982011376358104761"
+    await store.write([flush(user, [make_row(user, n, act=n) for n in range(1, 6)], 7, 1)])
+    async with SessionsClient(url, token(user)) as client:
+        walk = await client.walk(limit=2)
+    assert [r["user_id"] for r in walk.rows] == [user] * 5
+    assert all(type(r["user_id"]) is int for r in walk.rows)

@@ -1,4 +1,4 @@
-"""The client rule (DESIGN §4, seed §5) and acceptance J-2: absolute frames, idempotent."""
+"""The client rule (docs/contract.md §4, seed §5) and acceptance J-2: absolute frames, idempotent."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The client rule for audit corrections (issue 7, docs/contract-notes.md "Unread audit"): a
+"""The client rule for audit corrections (issue 7, docs/contract.md §3.4 "Unread audit"): a
 correction restates version V with the values V should have had; it overwrites the rows (and
 badge) the client holds at a version <= V, keeps newer ones, and never moves the chain position."""
 

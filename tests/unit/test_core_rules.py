@@ -1,4 +1,4 @@
-"""The processing rules of DESIGN §3 on hand-built streams, through `run_replay`."""
+"""The processing rules of docs/contract.md §3 on hand-built streams, through `run_replay`."""
 
 from __future__ import annotations
 

@@ -102,3 +102,32 @@ def test_the_worker_serves_metrics_on_its_own_port(compose: dict[str, Any]) -> N
     # Not published to the host (scraped inside the compose network); distinct from faust's port.
     assert s.worker_metrics_port > 0
     assert s.worker_metrics_port not in (s.worker_web_port, s.api_port)
+
+
+def test_the_api_healthcheck_asks_readyz_on_the_api_port(compose: dict[str, Any]) -> None:
+    from app.api.health import READYZ_PATH
+
+    api = compose["services"]["api"]
+    settings = Settings.from_env(_env(api))
+    command = " ".join(api["healthcheck"]["test"])
+    assert api["healthcheck"]["test"][0] == "CMD"
+    assert f"http://127.0.0.1:{settings.api_port}{READYZ_PATH}" in command  # no token: a public route
+
+
+def test_the_monitoring_profile_mounts_the_operator_kit(compose: dict[str, Any]) -> None:
+    root = COMPOSE.parent
+    services = compose["services"]
+    for name in ("prometheus", "grafana"):
+        assert services[name]["profiles"] == ["monitoring"]  # not started by a plain `up`
+        for volume in services[name]["volumes"]:
+            source = volume.split(":")[0]
+            assert (root / source).exists(), f"{name} mounts {source}, which does not exist"
+    scrape = yaml.safe_load((root / "../deploy/prometheus/prometheus.yml").read_text())
+    targets = {job["job_name"]: job["static_configs"][0]["targets"] for job in scrape["scrape_configs"]}
+    worker = Settings.from_env(_env(services["worker"]))
+    api = Settings.from_env(_env(services["api"]))
+    # The example scrape config reaches the compose services on their real ports.
+    assert targets == {
+        "projector-worker": [f"worker:{worker.worker_metrics_port}"],
+        "projector-api": [f"api:{api.api_port}"],
+    }

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agents.batch_intake import BatchChannel, ProjectorApp, RecordBatch
 from agents.mailbox import MailboxIntake
 from app.replay import ReplayOptions, run_replay
 from app.stores.memory_projection import InMemoryProjectionStore
-from app.worker.batch_intake import BatchChannel, ProjectorApp, RecordBatch
 from app.worker.core import WorkerCore
 from app.worker.offsets import Admission, Verdict, admit
 from app.worker.ports import RawRecord
@@ -87,7 +87,7 @@ def batch(generation: int, partition: int, *offsets: int) -> RecordBatch:
 
 def intake_with(core: Any, generation: int = 3) -> tuple[MailboxIntake, Any]:
     app = SimpleNamespace(consumer_generation_id=generation, consumer=None)
-    return MailboxIntake(app, {"core": core}, "t"), app  # type: ignore[arg-type]
+    return MailboxIntake(app, core, "t"), app  # type: ignore[arg-type]
 
 
 def test_batches_of_unassigned_partitions_or_older_generations_are_dropped() -> None:
@@ -224,7 +224,7 @@ class World:
         app = SimpleNamespace(consumer_generation_id=1, consumer=self.consumer)
         self.intake = MailboxIntake(
             app,  # type: ignore[arg-type]
-            {"core": self.core},
+            self.core,
             "mailbox-tail",
             clock=lambda: self.clock.now / 1000,
         )

@@ -20,7 +20,7 @@ from app.api.sources import MemoryProjectionReader
 from app.api.tokens import TokenSigner
 from app.members.cache import CacheKey
 from app.members.directory import MemberDirectory
-from app.members.model import BaseMember
+from app.members.model import BaseMember, MemberPage
 from app.members.server import InMemoryMemberReader, MemberService
 from app.members.source import HttpMemberSource, MemberAccessDenied, MemberRequestError
 from app.settings import Settings
@@ -100,8 +100,11 @@ async def test_500_members_page_in_10_pages_without_duplicates_or_other_groups(a
     roster(api.reader, G2, 300, first=1001)  # interleaved ids in another group
     pages = await walk(api, G1)
     assert len(pages) == 10
-    got = [item["user_id"] for page in pages for item in page["items"]]
+    got = [int(item["user_id"]) for page in pages for item in page["items"]]
     assert got == sorted([*ids, ME]) and len(set(got)) == 500
+    # u64 ids go out as decimal strings (docs/contract.md §9), next_user_id too, and come back as such.
+    assert all(isinstance(item["user_id"], str) for page in pages for item in page["items"])
+    assert all(isinstance(page["next_user_id"], str) for page in pages[:-1])
     assert all(page["self_role"] == "admin" for page in pages)
     assert pages[-1]["next_user_id"] is None
 
@@ -112,7 +115,7 @@ async def test_active_only_skips_departed_members(api: Api) -> None:
         api.reader.put(G1, BaseMember(user_id, "member", "left", 1, 5))
     everyone = [i["user_id"] for p in await walk(api, G1, limit=7) for i in p["items"]]
     active = [i["user_id"] for p in await walk(api, G1, limit=7, active_only=True) for i in p["items"]]
-    assert len(everyone) == 121 and active == sorted([ME, *ids[1::2]])
+    assert len(everyone) == 121 and active == [str(u) for u in sorted([ME, *ids[1::2]])]
 
 
 @pytest.mark.parametrize(
@@ -158,8 +161,8 @@ async def test_by_user_ids_marks_inactive_and_missing_and_adds_stats(api: Api) -
     body = {"chat_session_uid": G1, "user_ids": [ids[0], ids[2], 424242], "include_stats": True}
     status, answer = await api.post(BY_IDS, body)
     assert status == 200, answer
-    items = {item["user_id"]: item for item in answer["items"]}
-    assert answer["missing_user_ids"] == [424242] and answer["stats_included"] is True
+    items = {int(item["user_id"]): item for item in answer["items"]}
+    assert answer["missing_user_ids"] == ["424242"] and answer["stats_included"] is True
     assert (items[ids[0]]["record_count"], items[ids[0]]["mention_count"]) == (12, 3)
     assert items[ids[2]]["active"] is False and items[ids[2]]["state"] == "left"
     assert (items[ids[2]]["record_count"], items[ids[2]]["mention_count"]) == (0, 0)  # known zero
@@ -177,7 +180,7 @@ async def test_late_or_failed_stats_drop_both_fields_but_keep_identities(api: Ap
         api.reader.stats_error = RuntimeError("cassandra timed out")
     status, answer = await api.post(BY_IDS, {"chat_session_uid": G1, "user_ids": ids, "include_stats": True})
     assert status == 200 and answer["stats_included"] is False
-    assert [item["user_id"] for item in answer["items"]] == ids
+    assert [item["user_id"] for item in answer["items"]] == [str(u) for u in ids]
     assert all("record_count" not in i and "mention_count" not in i for i in answer["items"])
 
 
@@ -211,10 +214,11 @@ async def test_readers_split_active_members_by_read_state(api: Api) -> None:
     api.reader.read_by_member.update({(G1, b): 10, (G1, c): 9, (G1, ME): 12})
     status, basic = await api.get(f"/api/v1/chats/{G1}/messages/10/readers?basic_only=true")
     assert status == 200, basic
-    assert basic["read_user_ids"] == [ME, b] and basic["unread_user_ids"] == [c]
-    assert basic["sender_id"] == a and basic["basic_only"] is True and "read" not in basic
+    assert basic["read_user_ids"] == [str(ME), str(b)] and basic["unread_user_ids"] == [str(c)]
+    assert basic["sender_id"] == str(a) and basic["basic_only"] is True and "read" not in basic
     status, full = await api.get(f"/api/v1/chats/{G1}/messages/10/readers")
-    assert status == 200 and full["unread"] == [{"user_id": c, "role": "member", "read_conversation_seq": 9}]
+    assert status == 200
+    assert full["unread"] == [{"user_id": str(c), "role": "member", "read_conversation_seq": 9}]
     status, _ = await api.get(f"/api/v1/chats/{G1}/messages/0/readers")
     assert status == 400
     status, _ = await api.get(f"/api/v1/chats/{G1}/messages/10/readers?basic_only=maybe")
@@ -223,11 +227,47 @@ async def test_readers_split_active_members_by_read_state(api: Api) -> None:
     assert (status, denied["error"]["code"]) == (403, "2001")
 
 
+JS_UNSAFE = 11982011376358104761  # > 2^53: a JavaScript number reads 11982011376358105000
+
+
+async def test_js_unsafe_member_ids_round_trip_exactly_as_strings(api: Api) -> None:
+    api.reader.put(G1, BaseMember(JS_UNSAFE, "member", "active", 1, None))
+    api.reader.senders[(G1, 10)] = JS_UNSAFE
+    api.reader.senders[(G1, 11)] = ME
+    api.reader.read_by_member[(G1, JS_UNSAFE)] = 11
+    async with api.client.post(PAGE, json={"chat_session_uid": G1, "limit": 1}, headers=api.auth()) as resp:
+        first = await resp.read()
+    assert b'"next_user_id": "' + str(ME).encode() + b'"' in first
+    status, page = await api.post(PAGE, {"chat_session_uid": G1, "after_user_id": str(ME)})
+    assert status == 200 and page["items"][0]["user_id"] == "11982011376358104761"
+    # A request may name the member by the string it got (or, older clients, a number).
+    for named in ("11982011376358104761", JS_UNSAFE):
+        status, shown = await api.post(BY_IDS, {"chat_session_uid": G1, "user_ids": [named]})
+        assert status == 200 and [i["user_id"] for i in shown["items"]] == ["11982011376358104761"]
+    status, readers = await api.get(f"/api/v1/chats/{G1}/messages/10/readers")
+    assert status == 200 and readers["sender_id"] == "11982011376358104761"
+    status, readers = await api.get(f"/api/v1/chats/{G1}/messages/11/readers")
+    assert status == 200 and readers["read_user_ids"] == ["11982011376358104761"]
+    assert readers["read"][0]["user_id"] == "11982011376358104761"
+    # The client store parses them back into the exact int.
+    assert MemberPage.from_wire(page).items[0].user_id == JS_UNSAFE
+    for bad in ("0x10", "٣", " 7", "007", "18446744073709551616"):
+        status, _ = await api.post(BY_IDS, {"chat_session_uid": G1, "user_ids": [bad]})
+        assert status == 400, bad
+
+
 async def test_the_openapi_description_names_the_member_routes(api: Api) -> None:
     async with api.client.get("/openapi.json") as resp:
         description = await resp.json()
     assert {PAGE, BY_IDS} <= set(description["paths"])
-    assert "MembersPage" in description["components"]["schemas"]
+    schemas = description["components"]["schemas"]
+    assert "MembersPage" in schemas
+    # Ids are described as strings with the u64 note, wherever a response carries one.
+    assert schemas["Member"]["properties"]["user_id"]["type"] == "string"
+    assert schemas["Member"]["properties"]["user_id"]["format"] == "uint64"
+    assert schemas["MembersPage"]["properties"]["next_user_id"]["type"] == ["string", "null"]
+    assert schemas["MessageReaders"]["properties"]["read_user_ids"]["items"]["format"] == "uint64"
+    assert schemas["SessionRow"]["properties"]["user_id"]["pattern"] == "^(0|[1-9][0-9]{0,19})$"
 
 
 async def test_client_http_source_and_directory_against_the_routes(api: Api) -> None:

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.domain.entries import DeleteMessageEntry, Entry, MessageEntry, RecallEntry, decode_record
-from app.domain.memory_store import InMemoryMessageStore
-from app.members.stats import MemberStats
+from app.domain.member_stats import MemberStats
+from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
 from tests.unit.builders import CONV_A, CONV_B, Stream
 from tests.unit.test_worker_core import Clock, DictTables, Outbox, make_core, records
@@ -177,11 +177,11 @@ async def test_worker_statistics_survive_a_crash_and_a_replay_does_not_double_co
     await second.on_records(records(lines))
     await second.flush_all()
     assert writer.member_stats[(CONV_A, ME)][:2] == (1, 1)
-    restored = second.partition(0).member_stats[(ME, CONV_A)]
+    restored = second.partition(0).processor.member_stats[(ME, CONV_A)]
     assert restored.counts() == (1, 1)
     # A third core from the tables alone has the same bitmaps (they live in the row record).
     third = worker(tables, RecordingWriter())
-    assert third.partition(0).member_stats[(ME, CONV_A)].counts() == (1, 1)
+    assert third.partition(0).processor.member_stats[(ME, CONV_A)].counts() == (1, 1)
 
 
 async def test_worker_stages_statistics_only_when_a_count_moves() -> None:
@@ -191,4 +191,4 @@ async def test_worker_stages_statistics_only_when_a_count_moves() -> None:
     writer = RecordingWriter()
     core = worker(DictTables(), writer)
     await core.on_records(records(s.close()))
-    assert writer.stats_stages == 0 and not core.partition(0).member_stats
+    assert writer.stats_stages == 0 and not core.partition(0).processor.member_stats

@@ -9,7 +9,6 @@ from prometheus_client import CollectorRegistry
 
 from app.api import Deps, create_app
 from app.api.sources import MemoryProjectionReader
-from app.domain.memory_store import InMemoryMessageStore
 from app.metrics import (
     API_METRICS,
     REBUILD_METRICS,
@@ -19,6 +18,7 @@ from app.metrics import (
     names,
     sample,
 )
+from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
 from tests.unit.builders import CONV_A
 from tests.unit.builders import Stream as Builder

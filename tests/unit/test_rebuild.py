@@ -13,8 +13,8 @@ import pytest
 from app.domain.badge import Badge
 from app.domain.flush import UserFlush
 from app.metrics import exposition, sample
-from app.rebuild import UNKNOWABLE_FROM_STATE, Progress, diff_namespaces, rebuild_from_state
-from app.rebuild_cli import _user_list
+from app.rebuild.cli import _user_list
+from app.rebuild.from_state import UNKNOWABLE_FROM_STATE, Progress, diff_namespaces, rebuild_from_state
 from app.replay import Replayer, ReplayOptions
 from app.stores.memory_projection import InMemoryProjectionStore
 from tests.unit.builders import CONV_A, CONV_B, Stream
@@ -164,7 +164,7 @@ def test_user_list_argument() -> None:
 
 
 def test_no_state_means_no_batch() -> None:
-    from app.rebuild import rebuild_user
+    from app.rebuild.from_state import rebuild_user
 
     replayer, _ = scenario()
     assert rebuild_user(1, [], {}, replayer.store, limit=200, include_muted=False) is None
@@ -174,7 +174,8 @@ def test_the_replay_rebuilds_tables_give_the_replayed_projection() -> None:
     """rebuild --by-replay's in-memory tables and silent outbox under the worker core."""
     import asyncio
 
-    from app.rebuild_replay import MemoryTables, SilentOutbox
+    from app.domain.projector import ProjectorConfig
+    from app.rebuild.by_replay import MemoryTables, SilentOutbox
     from app.replay import run_replay
     from app.worker.core import WorkerConfig, WorkerCore
     from tests.unit.test_worker_core import final_projection, message_store_for, records
@@ -190,7 +191,8 @@ def test_the_replay_rebuilds_tables_give_the_replayed_projection() -> None:
     target = InMemoryProjectionStore()
     core = WorkerCore(
         WorkerConfig(
-            lanes=2, window_ms=1000, max_dirty_rows=100_000, include_muted=False, unread_precise_limit=200
+            lanes=2,
+            projector=ProjectorConfig(window_ms=1000, max_dirty_rows=100_000, unread_precise_limit=200),
         ),
         message_store=message_store_for(lines, 2),
         projection_store=target,

@@ -1,5 +1,5 @@
 """Rows rebuilt from UserConversationState + MessageStore equal the replayed rows on every field
-state can know (DESIGN §6)."""
+state can know (docs/contract.md §6)."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def differences(stream: Stream, head_of: dict[str, int]) -> dict[tuple[int, str]
 
 def test_unknowable_a_recall_that_did_not_reach_a_former_member() -> None:
     """A recall delivered to the members but not to one who had left: replay keeps the message
-    counted for that member (the definition is over the entries applied for it, DESIGN §3.6);
+    counted for that member (the definition is over the entries applied for it, docs/contract.md §3.6);
     state only knows the MessageStore, where the message is recalled. unread_count differs, and
     nothing else (the member is not active: its badge does not sum the row)."""
     s = Stream()

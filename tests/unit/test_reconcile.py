@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from app.domain.badge import Badge, full_recompute
 from app.domain.entries import DeadLetter, Entry, WatermarkMarker, decode_record
-from app.domain.memory_store import InMemoryMessageStore
 from app.domain.projector import Projector, ProjectorConfig
+from app.stores.memory_messages import InMemoryMessageStore
 from tests.unit.builders import CONV_A, CONV_B, Stream
 
 ME = 7

@@ -1,4 +1,4 @@
-"""`projector replay` as a process (DESIGN §7): the four output files are run_replay's results,
+"""`projector replay` as a process (docs/contract.md §7): the four output files are run_replay's results,
 stdin works, and bad invocations fail with a clear message and no traceback."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ C = "0a0a0a0a-0000-4000-8000-000000000001"
 
 def projector(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     exe = Path(sys.executable).with_name("projector")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "app.cli"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "app"]
     return subprocess.run([*cmd, *args], input=stdin, capture_output=True, timeout=120, env={**os.environ})
 
 

@@ -16,7 +16,7 @@ def test_defaults_match_the_local_servers_and_the_design() -> None:
     assert s.cassandra_contact_points == ("127.0.0.1",)
     assert s.cassandra_port == 9042
     assert s.cassandra_keyspace == "session_projector"
-    assert s.topics == ("mailbox-tail", "session-delta", "badge", "mailbox-dead-letter")
+    assert s.topics == ("mailbox-tail", "session-delta", "badge", "mailbox-dead-letter", "push")
     assert s.topic_partitions == 4
     assert s.lanes == 1
     assert s.projection_compaction_window_ms == 5000
@@ -229,7 +229,7 @@ def test_invalid_unread_audit_values_give_clear_errors(env: dict[str, str], frag
 def test_kafka_group_settings_reach_the_faust_consumer() -> None:
     """The group protocol is set through validated PROJECTOR_* settings (faust's own BROKER_*
     variables bypassed the check) and reaches the consumer faust builds."""
-    from app.worker.batch_intake import new_faust_app
+    from app.runtime.app import new_faust_app
 
     settings = Settings.from_env(
         {

@@ -1,5 +1,5 @@
 """The simulator's workload generator, without servers: the stream it makes is a valid mailbox
-stream (DESIGN §2) whose markers are right per lane, whose messages reach every member, and that
+stream (docs/contract.md §2) whose markers are right per lane, whose messages reach every member, and that
 `projector replay` digests with no dead letter and nothing pending."""
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def test_workload_covers_every_entry_type() -> None:
 
 
 def test_bursts_deliver_out_of_order() -> None:
-    """DESIGN §3.6: a message after a newer one, and a recall before its message, both occur."""
+    """docs/contract.md §3.6: a message after a newer one, and a recall before its message, both occur."""
     batches = run(
         SimParams(users=12, conversations=3, group_size=8, messages=300, seed=9, mix=Mix(burst=1.0))
     )

@@ -19,9 +19,9 @@ from app.domain.badge import Badge
 from app.domain.client import ApplyStatus, SessionView
 from app.domain.conversation import ConversationState
 from app.domain.flush import Correction
-from app.domain.memory_store import InMemoryMessageStore
 from app.metrics import WorkerMetrics, names, sample
 from app.replay import ReplayOptions, ReplayResult, run_replay
+from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.worker.audit import AuditConfig, AuditReport, audit_tick
 from app.worker.core import WorkerCore
@@ -201,7 +201,7 @@ def test_a_drifted_state_is_corrected_persisted_and_written_with_its_badge() -> 
         w = World(three_users())
         await w.core.on_records(records(w.lines))
         # The state drifts before the flush (a bug in the deltas): the store gets it too.
-        user = w.core.partitions[0].projector.users[7]
+        user = w.core.partitions[0].processor.users[7]
         row = user.rows[CONV_A]
         row.unread_count += 5
         row.counting.add(4)
@@ -228,7 +228,7 @@ def test_a_state_that_drifted_alone_is_corrected_without_touching_the_store() ->
     async def scenario() -> None:
         w = World(three_users())
         await w.project()
-        row = w.core.partitions[0].projector.users[8].rows[CONV_A]
+        row = w.core.partitions[0].processor.users[8].rows[CONV_A]
         row.unread_count, row.mention_count, row.mention_first = 1, 2, 1  # after the flush
         frames_before = len(w.outbox.sent)
         report = await w.audit()
@@ -393,5 +393,5 @@ def test_any_drift_injected_into_the_store_is_corrected_to_the_replay(stream: St
 
 
 def _rows(core: WorkerCore) -> list[ConversationState]:
-    users = [user for state in core.partitions.values() for user in state.projector.users.values()]
+    users = [user for state in core.partitions.values() for user in state.processor.users.values()]
     return [row for user in users for row in user.rows.values()]

@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.domain.entries import DeleteMessageEntry, MessageEntry, RecallEntry, decode_record
-from app.domain.memory_store import InMemoryMessageStore
+from app.domain.projector import ProjectorConfig
 from app.replay import ReplayOptions, run_replay
+from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.worker.core import MIRROR_BACKLOG_BATCHES, WorkerConfig, WorkerCore
 from app.worker.ports import PartitionSnapshot, RawRecord, raw_record
@@ -121,10 +122,9 @@ def make_core(
 ) -> WorkerCore:
     config = WorkerConfig(
         lanes=lanes,
-        window_ms=window_ms,
-        max_dirty_rows=max_dirty_rows,
-        include_muted=False,
-        unread_precise_limit=200,
+        projector=ProjectorConfig(
+            window_ms=window_ms, max_dirty_rows=max_dirty_rows, include_muted=False, unread_precise_limit=200
+        ),
     )
     return WorkerCore(
         config, message_store=store, projection_store=projections, tables=tables, outbox=outbox, clock=clock
@@ -331,7 +331,8 @@ def test_values_cassandra_cannot_hold_are_not_mirrored_and_a_failing_mirror_neve
     writer = RecordingWriter(fail=True)
     tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), Clock()
     config = WorkerConfig(
-        lanes=1, window_ms=100, max_dirty_rows=100_000, include_muted=False, unread_precise_limit=200
+        lanes=1,
+        projector=ProjectorConfig(window_ms=100, max_dirty_rows=100_000, unread_precise_limit=200),
     )
     core = WorkerCore(
         config,
@@ -397,7 +398,8 @@ def pin_batch(offset: int) -> list[RawRecord]:
 def test_a_slow_mirror_holds_batches_back_only_past_its_backlog_bound_and_a_persist_waits_for_it() -> None:
     writer = GatedWriter()
     config = WorkerConfig(
-        lanes=1, window_ms=100_000, max_dirty_rows=100_000, include_muted=False, unread_precise_limit=200
+        lanes=1,
+        projector=ProjectorConfig(window_ms=100_000, max_dirty_rows=100_000, unread_precise_limit=200),
     )
     core = WorkerCore(
         config,
@@ -559,4 +561,4 @@ def test_an_unreadable_owed_record_is_logged_and_the_partition_still_restores() 
     restarted.state_writer = MirrorWriter({})
     asyncio.run(restarted.restore_assigned([0]))
     assert restarted.stats.state_restaged_rows == 0
-    assert restarted.partitions[0].projector.users[7].rows[CONV_A].unread_count == 1
+    assert restarted.partitions[0].processor.users[7].rows[CONV_A].unread_count == 1

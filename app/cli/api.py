@@ -1,0 +1,120 @@
+"""`projector api`: serve the query API (app/api) on PROJECTOR_API_HOST:PROJECTOR_API_PORT.
+
+Reads the Redis projection store (namespace PROJECTOR_PROJECTION_NAMESPACE) and Cassandra: the
+member directory, and (unless PROJECTOR_API_FILL_FROM_STATE=never) UserConversationState +
+MessageStore to fill rows the store lacks. Needs PROJECTOR_API_SECRET. Stops cleanly on
+SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+from app.settings import Settings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", help="listen address (default: PROJECTOR_API_HOST)")
+    parser.add_argument(
+        "--port", type=int, help="listen port, 0 = any free one (default: PROJECTOR_API_PORT)"
+    )
+
+
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    from app.logs import configure_logging
+
+    configure_logging(settings, "api")  # PROJECTOR_LOG_FORMAT, PROJECTOR_LOG_LEVEL
+    host = args.host or settings.api_host
+    port = settings.api_port if args.port is None else args.port
+    try:
+        return asyncio.run(serve(settings, host, port))
+    except Exception as exc:  # start-up failures (no secret, Cassandra down): one clear line
+        print(f"projector api: {exc}", file=sys.stderr)
+        return 1
+
+
+@contextlib.asynccontextmanager
+async def open_deps(settings: Settings) -> AsyncIterator[Any]:
+    """The API's dependencies from the settings; closes what it opened."""
+    from app.api.health import cassandra_check
+    from app.api.http import Deps
+    from app.api.members import SERVICE_KEY, build_member_service
+    from app.api.sources import CassandraStateFiller, RedisProjectionReader
+    from app.api.stream import STREAM_KEY
+    from app.gateway.wiring import open_gateway
+    from app.stores.cassandra_messages import CassandraMessageStore
+    from app.stores.cassandra_session import open_cluster
+    from app.stores.cassandra_state import UserConversationStateWriter
+    from app.stores.redis_projection import RedisProjectionStore
+
+    # Follows {ns}:serving. No retry budget: a request never waits out a failover, it gets a 503
+    # (redis-py still follows MOVED/ASK/TRYAGAIN on a cluster).
+    store = RedisProjectionStore.from_settings(settings, retry_budget_s=0)
+    cluster = None
+    ops = None
+    try:
+        # Cassandra serves the member directory and the fill-in of rows the store lacks; it is
+        # needed at start (a clear error now rather than 503s later).
+        cluster, session = await asyncio.to_thread(open_cluster, settings)
+        keyspace = settings.cassandra_keyspace
+        state = None
+        if settings.api_fill_from_state != "never":
+            state = CassandraStateFiller(
+                UserConversationStateWriter(session, keyspace),
+                CassandraMessageStore(session, keyspace),
+                settings.unread_precise_limit,
+            )
+        extra: dict[str, Any] = {SERVICE_KEY: build_member_service(settings, session)}
+        if settings.ops_secret:  # the operator console (app/api/ops; Kafka through app/kafka/ops.py)
+            from app.api.ops import OPS_KEY
+            from app.kafka.ops import open_ops
+
+            ops = extra[OPS_KEY] = open_ops(settings, session, store)
+        # The live stream (issue 16): its Kafka consumer lives in app/gateway, injected here.
+        async with open_gateway(settings, store.client) as gateway:
+            readiness = {"cassandra": cassandra_check(session)}  # GET /readyz
+            if gateway is not None:
+                extra[STREAM_KEY] = gateway
+                readiness["live_stream"] = gateway.ready
+            yield Deps(
+                projections=RedisProjectionReader(store), state=state, extra=extra, readiness=readiness
+            )
+    finally:
+        if ops is not None:
+            await ops.bus.aclose()
+        await store.aclose()
+        if cluster is not None:
+            cluster.shutdown()
+
+
+async def serve(settings: Settings, host: str, port: int) -> int:
+    from aiohttp import web
+
+    from app.api import create_app
+    from app.logs import access_logger, announce
+
+    async with open_deps(settings) as deps:
+        app = create_app(settings, deps)
+        # PROJECTOR_API_ACCESS_LOG: off by default, one log line per page would dominate the cost.
+        runner = web.AppRunner(app, access_log=access_logger(settings))
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses  # (host, port, ...) per listening socket: port 0 resolved
+        where = ", ".join(f"http://{addr[0]}:{addr[1]}" for addr in bound) or f"http://{host}:{port}"
+        announce(settings, "api", f"projector api: listening on {where} (description at /openapi.json)")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+    return 0

@@ -1,0 +1,37 @@
+"""`projector worker`: one worker of the fleet (the same app as `faust -A app.main worker`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from app.settings import Settings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        "Every setting comes from PROJECTOR_* environment variables (see README); several "
+        "workers with the same PROJECTOR_APP_ID share the partitions of mailbox-tail."
+    )
+
+
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    from app.logs import configure_logging, faust_worker_options
+
+    # Before the app is built (its imports and connects log); faust's worker then applies
+    # the same set-up when it starts (faust_worker_options), so one format covers every line.
+    configure_logging(settings, "worker")
+    from app.stores.cassandra_session import CassandraUnavailable
+
+    try:
+        from app.runtime.worker import create_app
+
+        app, _ = create_app(settings)
+    except CassandraUnavailable as exc:
+        print(f"projector worker: {exc}", file=sys.stderr)
+        return 1
+    from faust import Worker
+
+    worker = Worker(app, loglevel=settings.log_level.lower(), **faust_worker_options(settings))
+    worker.execute_from_commandline()  # runs until stopped (SIGTERM/SIGINT); exits the process
+    return 0

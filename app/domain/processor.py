@@ -1,0 +1,498 @@
+"""One partition's processing, the one loop every driver runs: decode → gate → apply → flush.
+
+A `PartitionProcessor` is a stateful-logic object with the clock injected (bytewax's
+`StatefulLogic` shape): drivers hand it raw records with the time they stand at, ask it when it
+next has to flush, and take what it produced. It does no I/O: the MessageStore port is the only
+thing it reads (bounded recomputes), and what must be written (flushes, changelog records,
+Cassandra mirror changes, dead letters) comes back to the driver.
+
+Three drivers run it:
+
+* `projector replay` (app/replay): event time — each entry's `ts` is the clock; the MessageStore
+  is in memory and learns the messages and recalls the processor applies.
+* the worker (app/worker): processing time — the wall clock at each batch and at each deadline;
+  the driver persists `changes_since_persist()` to the changelog tables, writes the flushes to the
+  projection store and the frames to Kafka, and the mirror changes to Cassandra.
+* a rebuild by replay (app/rebuild): the worker's driver over a plain consumer.
+
+Flush decisions (docs/contract.md §3.9) live here and nowhere else: a window closes BEFORE the
+first entry applied past it (so a row is written at most once per window), the memory bound
+(`max_dirty_rows`) flushes right after the entry that crossed it, and `next_deadline()` tells a
+processing-time driver when the open window ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgspec
+
+from app.domain.conversation import ConversationState
+from app.domain.entries import (
+    DeadLetter,
+    DeleteMessageEntry,
+    Entry,
+    JoinEntry,
+    LeaveEntry,
+    MessageEntry,
+    RecallEntry,
+    WatermarkMarker,
+    decode_record,
+)
+from app.domain.flush import UserFlush
+from app.domain.member_stats import MemberStats
+from app.domain.ports import MessageStore
+from app.domain.projector import Applied, Projector, ProjectorConfig, UserState
+from app.domain.watermark import Offer, WatermarkGate
+
+# Fields of a row that UserConversationState keeps (what a rebuild from state needs).
+STATE_FIELDS = (
+    "membership",
+    "role",
+    "joined_at",
+    "left_at",
+    "read_seq",
+    "hidden_before",
+    "deleted_before",
+    "pin_rank",
+    "archived",
+    "muted",
+)
+# Key of the member statistics inside a row's changelog record (ConversationState.load ignores it).
+MEMBER_STATS_KEY = "member_stats"
+# Entries that can move a member's statistics (the rest never touch them).
+_STATS_ENTRIES = frozenset({MessageEntry, RecallEntry, DeleteMessageEntry})
+
+
+class LearningMessageStore(MessageStore, Protocol):
+    """A MessageStore that learns what is applied (replay's in-memory store, docs/contract.md §7)."""
+
+    def record_message(
+        self,
+        conversation_id: str,
+        conversation_seq: int,
+        *,
+        message_id: str,
+        activity_id: str,
+        sender_id: int,
+        counts_unread: bool,
+        mentioned_user: int | None,
+    ) -> None: ...
+
+    def record_recall(self, conversation_id: str, conversation_seq: int) -> None: ...
+
+
+@dataclass(slots=True)
+class ProcessingStats:
+    """Counts of what went through processors. One instance may be shared by all of a driver's
+    processors (the worker's partitions come and go; its totals must not)."""
+
+    records: int = 0  # every record read (markers included)
+    entries: int = 0  # every record but valid markers (dead letters included)
+    markers: int = 0
+    applied: int = 0
+    applied_messages: int = 0
+    duplicates: int = 0
+    dead_letters: int = 0
+
+
+# -- what a step produces -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    """A UserConversationState row to mirror (Cassandra): the row's state fields after `entry`."""
+
+    user_id: int
+    conversation_id: str
+    fields: dict[str, object]
+    mailbox_seq: int
+    ts: int
+    new_row: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MemberChange:
+    """A group_members row to mirror: the member's role and membership after a join/leave."""
+
+    conversation_id: str
+    user_id: int
+    role: str | None
+    membership: str
+    joined_at: int | None
+    left_at: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class MemberStatsChange:
+    conversation_id: str
+    user_id: int
+    record_count: int
+    mention_count: int
+    mailbox_seq: int
+
+
+MirrorChange = StateChange | MemberChange | MemberStatsChange
+
+
+@dataclass(slots=True)
+class Step:
+    """What one call produced: flushes (in order; each a list of user batches, never empty),
+    dead letters (index in the batch, reason), and the Cassandra mirror's changes (when the
+    processor mirrors)."""
+
+    flushes: list[list[UserFlush]] = field(default_factory=list)
+    dead_letters: list[tuple[int, DeadLetter]] = field(default_factory=list)
+    mirror: list[MirrorChange] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Changes:
+    """What changed since the last persist: written to the changelog tables once per row, however
+    many batches touched it."""
+
+    rows: set[tuple[int, str]] = field(default_factory=set)
+    users: set[int] = field(default_factory=set)
+    gate: bool = False
+    # Entries that started waiting and still wait: (user, seq) -> raw record. An entry that waits
+    # and is released between two persists never reaches the tables (lanes write their marker
+    # after their entries, so that is the common case; writing then deleting it would cost two
+    # changelog records per entry).
+    pending_added: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    # Entries released that an earlier persist stored.
+    pending_released: list[tuple[int, int]] = field(default_factory=list)
+    since: int | None = None  # the clock of the first change
+
+    def __bool__(self) -> bool:
+        return bool(self.rows or self.users or self.gate or self.pending_added or self.pending_released)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A partition's state as the changelog tables hold it (decoded records)."""
+
+    rows: list[dict[str, Any]]
+    users: list[dict[str, Any]]
+    gate: dict[str, Any] | None
+    pending: list[bytes]
+
+
+class PartitionProcessor:
+    """The rules for one partition (the whole input, in replay). Options:
+
+    * `learn_messages`: the MessageStore learns every applied message and recall (replay);
+    * `mirror`: applied entries yield the Cassandra mirror's changes (the worker);
+    * `member_stats`: keep the member directory's per-(user, conversation) statistics (the
+      worker; persisted inside the rows' changelog records);
+    * `track_changes`: keep what changed since the last persist (the worker's changelog)."""
+
+    def __init__(
+        self,
+        config: ProjectorConfig,
+        store: MessageStore,
+        *,
+        lanes: int = 1,
+        stats: ProcessingStats | None = None,
+        learn_messages: bool = False,
+        mirror: bool = False,
+        member_stats: bool = False,
+        track_changes: bool = False,
+    ) -> None:
+        self.config = config
+        self.lanes = lanes
+        self.projector = Projector(config, store)
+        self.gate = WatermarkGate(lanes)
+        self.stats = stats if stats is not None else ProcessingStats()
+        self.learning: LearningMessageStore | None = store if learn_messages else None  # type: ignore[assignment]
+        self.mirror = mirror
+        self.keeps_member_stats = member_stats
+        self.track_changes = track_changes
+        # Per (user, conversation): the seq bitmaps behind the member directory's statistics.
+        self.member_stats: dict[tuple[int, str], MemberStats] = {}
+        # Highest mailbox_seq of any entry read: minus gate.hi, the watermark lag (metrics).
+        self.max_seen_seq = 0
+        self.changes = Changes()
+
+    # -- input ----------------------------------------------------------------------------------
+
+    def on_records(self, records: Sequence[bytes], now: int | None) -> Step:
+        """Decode, gate and apply a batch of raw records, in order. `now`: the processing time
+        of the batch; None = event time (each entry's `ts` is the clock). Every record counts (an
+        empty one is a dead letter); a driver reading a file drops its blank lines first."""
+        step = Step()
+        stats = self.stats
+        lanes = self.lanes
+        gate = self.gate
+        apply = self._apply
+        changes = self.changes if self.track_changes else None
+        for index, raw in enumerate(records):
+            stats.records += 1
+            record = decode_record(raw, lanes)
+            kind = type(record)
+            if kind is WatermarkMarker:
+                stats.markers += 1
+                released = gate.mark(record)  # type: ignore[arg-type]
+                if changes is not None:
+                    changes.gate = True
+                for waited in released:
+                    if changes is not None:
+                        key = (waited.user_id, waited.mailbox_seq)
+                        if changes.pending_added.pop(key, None) is None:
+                            changes.pending_released.append(key)
+                    apply(waited, now, step)
+                continue
+            stats.entries += 1
+            if kind is DeadLetter:
+                stats.dead_letters += 1
+                step.dead_letters.append((index, record))  # type: ignore[arg-type]
+                continue
+            entry: Entry = record  # type: ignore[assignment]  # neither marker nor dead letter
+            if entry.mailbox_seq > self.max_seen_seq:
+                self.max_seen_seq = entry.mailbox_seq
+            offer = gate.offer(entry)
+            if offer is Offer.READY:
+                apply(entry, now, step)
+            elif offer is Offer.PENDING:
+                if changes is not None:
+                    changes.pending_added[(entry.user_id, entry.mailbox_seq)] = raw
+            else:
+                stats.duplicates += 1
+        if changes is not None and changes and changes.since is None and now is not None:
+            changes.since = now
+        return step
+
+    def _apply(self, entry: Entry, now: int | None, step: Step) -> None:
+        projector = self.projector
+        policy = projector.policy
+        at = entry.ts if now is None else now
+        if policy.window_elapsed(at) and not projector.is_duplicate(entry):
+            # The window is over: it closes before this entry opens the next one.
+            self._flush_into(step)
+        mirror = self.mirror
+        if mirror:
+            user = projector.users.get(entry.user_id)
+            new_row = user is None or entry.conversation_id not in user.rows
+        if projector.apply(entry, at) is Applied.DUPLICATE:
+            self.stats.duplicates += 1
+            return
+        stats = self.stats
+        stats.applied += 1
+        kind = type(entry)
+        if kind is MessageEntry:
+            stats.applied_messages += 1
+        learning = self.learning
+        if learning is not None:
+            if kind is MessageEntry:
+                message: MessageEntry = entry  # type: ignore[assignment]
+                learning.record_message(
+                    message.conversation_id,
+                    message.conversation_seq,
+                    message_id=message.message_id,
+                    activity_id=message.activity_id,
+                    sender_id=message.sender_id,
+                    counts_unread=message.counts_unread,
+                    mentioned_user=message.user_id if message.mention else None,
+                )
+            elif kind is RecallEntry or kind is DeleteMessageEntry:
+                target: RecallEntry = entry  # type: ignore[assignment]
+                learning.record_recall(target.conversation_id, target.target_conversation_seq)
+        if self.track_changes:
+            changes = self.changes
+            changes.rows.add((entry.user_id, entry.conversation_id))
+            changes.users.add(entry.user_id)
+        if mirror and (new_row or kind is not MessageEntry):
+            row = projector.users[entry.user_id].rows[entry.conversation_id]
+            step.mirror.append(
+                StateChange(
+                    entry.user_id,
+                    entry.conversation_id,
+                    {name: getattr(row, name) for name in STATE_FIELDS},
+                    entry.mailbox_seq,
+                    entry.ts,
+                    new_row,
+                )
+            )
+        if kind is JoinEntry or kind is LeaveEntry:
+            if mirror:
+                row = projector.users[entry.user_id].rows[entry.conversation_id]
+                step.mirror.append(
+                    MemberChange(
+                        entry.conversation_id,
+                        entry.user_id,
+                        row.role,
+                        row.membership,
+                        row.joined_at,
+                        row.left_at,
+                    )
+                )
+        elif (
+            self.keeps_member_stats and kind in _STATS_ENTRIES and MemberStats.concerns(entry.user_id, entry)
+        ):
+            self._member_stats(entry, step)
+        if policy.over_memory_bound(projector.dirty.row_count):
+            self._flush_into(step)
+
+    def _flush_into(self, step: Step) -> None:
+        batches = self.projector.flush()
+        if batches:
+            step.flushes.append(batches)
+
+    def _member_stats(self, entry: Entry, step: Step) -> None:
+        """A message, recall or delete may move the member's statistics (bitmaps: a duplicate
+        changes nothing)."""
+        key = (entry.user_id, entry.conversation_id)
+        stats = self.member_stats.get(key) or MemberStats()
+        changed = stats.apply(entry.user_id, entry)
+        if not stats.empty:
+            # Kept even when no count moved: a recall may arrive before its message.
+            self.member_stats[key] = stats
+        if changed and self.mirror:
+            record_count, mention_count = stats.counts()
+            step.mirror.append(
+                MemberStatsChange(
+                    entry.conversation_id, entry.user_id, record_count, mention_count, entry.mailbox_seq
+                )
+            )
+
+    # -- time -----------------------------------------------------------------------------------
+
+    def next_deadline(self) -> int | None:
+        """When the open window ends (the processing-time driver flushes then); None when
+        nothing waits for a flush."""
+        projector = self.projector
+        start = projector.policy.window_start
+        if start is None or not projector.dirty.row_count:
+            return None
+        return start + projector.policy.window_ms
+
+    def on_deadline(self, now: int) -> list[UserFlush]:
+        """The flushes due at `now`: the window elapsed, or more than `max_dirty_rows` held."""
+        projector = self.projector
+        return projector.flush() if projector.flush_due(now) else []
+
+    def on_end(self) -> list[UserFlush]:
+        """End of the input (replay) or of the partition here (a clean stop, a hand-over):
+        everything flushes."""
+        return self.projector.flush()
+
+    def open_window_at(self, now: int) -> None:
+        """Work that survived a crash must flush within one window: open it now if it is not."""
+        if self.projector.dirty.row_count and self.projector.policy.window_start is None:
+            self.projector.policy.window_start = now
+
+    # -- persistence ----------------------------------------------------------------------------
+
+    def changes_since_persist(self) -> Changes:
+        """What changed since the last call (and reset): the rows, users, gate and pending
+        entries the changelog tables must be written with."""
+        changes, self.changes = self.changes, Changes()
+        return changes
+
+    def touch(self, rows: Iterable[tuple[int, str]], users: Iterable[int], now: int) -> None:
+        """Rows and users changed outside a batch (the unread audit correcting the state): they
+        go to the changelog with the next persist."""
+        changes = self.changes
+        for user_id, conversation_id in rows:
+            changes.rows.add((user_id, conversation_id))
+            changes.users.add(user_id)
+        changes.users.update(users)
+        if changes and changes.since is None:
+            changes.since = now
+
+    def row_record(self, user_id: int, conversation_id: str) -> dict[str, Any]:
+        """A row's changelog record: the row's state, with the member statistics kept beside it."""
+        record = self.projector.users[user_id].rows[conversation_id].dump()
+        stats = self.member_stats.get((user_id, conversation_id))
+        if stats is not None:
+            record[MEMBER_STATS_KEY] = stats.dump()
+        return record
+
+    def user_record(self, user_id: int) -> dict[str, Any]:
+        return self.projector.users[user_id].dump()
+
+    def gate_record(self) -> dict[str, Any]:
+        return self.gate.dump()
+
+    def snapshot(self) -> Snapshot:
+        """Everything the changelog tables hold for this partition (replay's crash tests)."""
+        users = self.projector.users
+        return Snapshot(
+            rows=[self.row_record(u, c) for u, user in users.items() for c in user.rows],
+            users=[user.dump() for user in users.values()],
+            gate=self.gate.dump(),
+            pending=list(self.pending_raw()),
+        )
+
+    def pending_raw(self) -> Iterator[bytes]:
+        """The waiting entries, as records (re-encoded)."""
+        for entry in self.gate.waiting():
+            yield msgspec.json.encode(entry)
+
+    @classmethod
+    def restore(
+        cls,
+        config: ProjectorConfig,
+        store: MessageStore,
+        snapshot: Snapshot,
+        **options: Any,
+    ) -> PartitionProcessor:
+        """A processor over restored state: the dirty set is lost (never checkpointed), so every
+        user with work not yet flushed is dirty again, and every badge is recomputed in full (a
+        restart replays from an older checkpoint: a reconcile)."""
+        processor = cls(config, store, **options)
+        projector = processor.projector
+        rows: list[ConversationState] = []
+        for record in snapshot.rows:
+            row = ConversationState.load(record)
+            rows.append(row)
+            if MEMBER_STATS_KEY in record:
+                processor.member_stats[(row.user_id, row.conversation_id)] = MemberStats.load(
+                    record[MEMBER_STATS_KEY]
+                )
+        for user_state in snapshot.users:
+            loaded = UserState.load(user_state, [])
+            projector.users[loaded.user_id] = loaded
+        for row in rows:
+            user = projector.users.get(row.user_id)
+            if user is None:  # a row written in a batch whose user record was lost: keep the row
+                user = projector.users[row.user_id] = UserState(row.user_id)
+            user.rows[row.conversation_id] = row
+        projector.restarted()
+        waiting: list[Entry] = []
+        for raw in snapshot.pending:
+            decoded = decode_record(raw, processor.lanes)
+            if not isinstance(decoded, DeadLetter | WatermarkMarker):
+                waiting.append(decoded)
+        gate_state = snapshot.gate if snapshot.gate is not None else {"marks": [], "hi": 0}
+        processor.gate = WatermarkGate.load(processor.lanes, gate_state, waiting)
+        processor.max_seen_seq = max([processor.gate.hi, *(entry.mailbox_seq for entry in waiting)])
+        return processor
+
+    # -- reads (audit, metrics) -----------------------------------------------------------------
+
+    @property
+    def users(self) -> dict[int, UserState]:
+        return self.projector.users
+
+    def dirty_rows(self, user_id: int) -> Collection[str]:
+        """The user's rows waiting for the next flush."""
+        return self.projector.dirty.rows.get(user_id, ())
+
+    def settled_rows(self) -> Iterator[ConversationState]:
+        """Rows with nothing waiting for a flush (what the unread audit may sample)."""
+        dirty = self.projector.dirty.rows
+        for user in list(self.projector.users.values()):
+            waiting = dirty.get(user.user_id)
+            for conversation_id, row in list(user.rows.items()):
+                if waiting is None or conversation_id not in waiting:
+                    yield row
+
+    def mark_dirty(self, user_id: int, conversation_ids: Iterable[str], now: int) -> None:
+        """Have these rows written again by the user's next flush (within one window)."""
+        self.projector.mark_dirty(user_id, conversation_ids, now)
+
+    @property
+    def pending_count(self) -> int:
+        return self.gate.pending_count

@@ -1,0 +1,72 @@
+"""The faust App of the worker, built from Settings (no I/O until it starts)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from faust.auth import SASLCredentials, SSLCredentials
+
+from agents.batch_intake import ProjectorApp
+from app.connections import kafka_tls
+from app.settings import Settings
+
+# Offsets of the mailbox topic are committed by the intake (what is durable), this often.
+COMMIT_INTERVAL_S = 1.0
+
+
+def new_faust_app(settings: Settings) -> ProjectorApp:
+    """The faust App with every option from the settings (no I/O until it starts)."""
+    datadir = os.path.join(settings.data_dir, settings.app_id)
+    return ProjectorApp(
+        settings.app_id,
+        broker=f"kafka://{settings.kafka_bootstrap}",
+        broker_credentials=faust_credentials(settings),  # SASL/TLS (app/connections.py)
+        store="rocksdb://",
+        # One folder per app id: a store left by another app (or by deleted topics) must never
+        # be mistaken for this app's state.
+        datadir=datadir,
+        topic_partitions=settings.topic_partitions,
+        topic_replication_factor=settings.topic_replication_factor,
+        topic_disable_leader=True,
+        key_serializer="raw",
+        value_serializer="raw",
+        web_enabled=settings.worker_web_port > 0,  # 0: no web server (several workers per host)
+        web_host=settings.worker_web_host,
+        web_port=max(settings.worker_web_port, 1),
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=COMMIT_INTERVAL_S,
+        # The group protocol from the validated settings (faust's own BROKER_* environment
+        # variables would bypass the check). faust refuses a session timeout above its request
+        # timeout (default 90 s): the request timeout grows with it.
+        broker_session_timeout=settings.kafka_session_timeout_ms / 1000,
+        broker_heartbeat_interval=settings.kafka_heartbeat_interval_ms / 1000,
+        broker_max_poll_interval=settings.kafka_max_poll_interval_ms / 1000,
+        broker_request_timeout=max(90.0, settings.kafka_session_timeout_ms / 1000 + 30.0),
+        # Changelog and frame records go out in batches: without linger every table write of a
+        # batch became its own produce request.
+        producer_linger_ms=10,
+        # One fetch of one partition = one batch for the agent (agents.batch_intake).
+        broker_max_poll_records=settings.intake_batch_max_records,
+        consumer_max_fetch_size=settings.intake_fetch_max_bytes,
+        producer_max_batch_size=512 * 1024,
+    )
+
+
+def faust_credentials(settings: Settings) -> Any:
+    """faust's ``broker_credentials`` for the settings (None for PLAINTEXT). faust's aiokafka
+    driver turns them into the same options as :func:`app.connections.kafka_client_options` for every consumer
+    and producer it builds (its own and the changelogs')."""
+    protocol = settings.kafka_security_protocol
+    if protocol == "PLAINTEXT":
+        return None
+    context = kafka_tls(settings)
+    if protocol == "SSL":
+        return SSLCredentials(context)
+    # faust picks SASL_SSL when a context is given, SASL_PLAINTEXT otherwise.
+    return SASLCredentials(
+        username=settings.kafka_sasl_username,
+        password=settings.kafka_sasl_password,
+        ssl_context=context,
+        mechanism=settings.kafka_sasl_mechanism,
+    )

@@ -1,0 +1,27 @@
+"""Frames and dead letters to their Kafka topics: the worker core's `Outbox` port."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from app.kafka.batches import BatchSender
+from app.settings import Settings
+
+
+class KafkaOutbox:
+    """Frames and dead letters to their topics (raw bytes, keyed by user id), in batches."""
+
+    def __init__(self, sender: BatchSender, settings: Settings) -> None:
+        self.sender = sender
+        self.settings = settings
+
+    async def dead_letters(self, letters: Sequence[tuple[bytes | None, bytes]]) -> None:
+        keyed = [(key or b"", value) for key, value in letters]
+        await self.sender.send_keyed(self.settings.topic_dead_letter, keyed)
+
+    async def frames(
+        self, session_deltas: Sequence[tuple[bytes, bytes]], badges: Sequence[tuple[bytes, bytes]]
+    ) -> None:
+        # Same key, same partition: each user's frames stay in version order on each topic.
+        await self.sender.send_keyed(self.settings.topic_session_delta, session_deltas)
+        await self.sender.send_keyed(self.settings.topic_badge, badges)

@@ -1,0 +1,141 @@
+"""The worker process assembled: the faust App, its tables and topics, the worker core over the
+real stores, the mailbox agent, and the timers that drive the core's clock.
+
+`create_app(settings)` builds it (the core first, then the intake that feeds it); `app/main.py`
+calls it for `faust -A app.main worker`, `projector worker` calls it with its own Settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import faust
+from aiohttp import web
+
+from agents.mailbox import MailboxIntake, register_agent
+from app.kafka.batches import BatchSender
+from app.metrics import WorkerMetrics
+from app.runtime.app import COMMIT_INTERVAL_S, new_faust_app
+from app.runtime.outbox import KafkaOutbox
+from app.runtime.web import start_metrics_server
+from app.settings import Settings
+from app.worker.audit import AuditConfig, audit_tick
+from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms
+from tables.state import FaustStateTables, declare_tables
+
+log = logging.getLogger("projector.worker")
+
+# The flush scheduler wakes at the next window's end, and at least this often (persists of
+# partitions that flush nothing, a memory bound reached between batches).
+MAX_FLUSH_SLEEP_S = 0.5
+
+
+def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
+    os.makedirs(os.path.join(settings.data_dir, settings.app_id), exist_ok=True)
+    app = new_faust_app(settings)
+    mailbox = app.topic(
+        settings.topic_mailbox_tail,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=settings.topic_partitions,
+        internal=False,
+    )
+    sender = BatchSender(lambda: app.producer._ensure_producer())  # type: ignore[attr-defined]  # aiokafka driver
+    tables = FaustStateTables(declare_tables(app, settings.topic_partitions), sender)
+    metrics = WorkerMetrics() if settings.worker_metrics_port > 0 else None
+    core = build_core(settings, tables, KafkaOutbox(sender, settings), metrics)
+
+    intake = MailboxIntake(app, core, settings.topic_mailbox_tail)
+    register_agent(app, mailbox, intake)
+
+    @app.on_rebalance_complete.connect  # type: ignore[arg-type]  # mode's signal stubs want sync
+    async def on_rebalance_complete(sender: Any, **_: Any) -> None:
+        assigned = [
+            tp.partition for tp in app.assignor.assigned_actives() if tp.topic == settings.topic_mailbox_tail
+        ]
+        await intake.assign(assigned)
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # same
+    async def on_revoked(sender: Any, revoked: Any, **_: Any) -> None:
+        await intake.revoke([tp.partition for tp in revoked if tp.topic == settings.topic_mailbox_tail])
+
+    if metrics is not None:
+        runners: list[web.AppRunner] = []  # held for the worker's lifetime
+
+        @app.task  # type: ignore[untyped-decorator]  # faust's decorator is untyped
+        async def serve_metrics() -> None:
+            runners.append(await start_metrics_server(settings, metrics, lambda: metrics.sync(core)))
+
+    @app.task  # type: ignore[untyped-decorator]  # faust's decorator is untyped
+    async def flush_scheduler() -> None:
+        """Flushes at each window's end (the processors' deadlines), not on a coarse tick."""
+        while True:
+            now = wall_clock_ms()
+            deadline = core.next_deadline()
+            wait_ms = MAX_FLUSH_SLEEP_S * 1000 if deadline is None else max(0, deadline - now)
+            await asyncio.sleep(min(wait_ms / 1000, MAX_FLUSH_SLEEP_S))
+            try:
+                await core.flush_due(wall_clock_ms())
+            except Exception:  # a failing store write is retried at the next deadline
+                log.exception("flush failed (retried at the next deadline)")
+                await asyncio.sleep(MAX_FLUSH_SLEEP_S)
+            if metrics is not None:
+                metrics.sync(core)
+
+    @app.timer(interval=COMMIT_INTERVAL_S)  # type: ignore[untyped-decorator]  # same
+    async def commit_timer() -> None:
+        await intake.check_fetched()
+        await intake.commit()
+
+    audit = AuditConfig.from_settings(settings)
+
+    @app.timer(interval=audit.interval_ms / 1000)  # type: ignore[untyped-decorator]  # same
+    async def unread_audit() -> None:
+        await audit_tick(core, audit, wall_clock_ms())
+
+    return app, core
+
+
+def build_core(
+    settings: Settings, tables: FaustStateTables, outbox: KafkaOutbox, metrics: WorkerMetrics | None = None
+) -> WorkerCore:
+    from app.stores.cassandra_messages import CassandraMessageStore
+    from app.stores.cassandra_session import open_cluster
+    from app.stores.cassandra_state import UserConversationStateWriter
+    from app.stores.redis_projection import RedisProjectionStore
+
+    _, session = open_cluster(settings)
+    return WorkerCore(
+        WorkerConfig.from_settings(settings),
+        after_store_write=_kill_after(settings.fault_kill_after_store_writes),
+        message_store=CassandraMessageStore(session, settings.cassandra_keyspace),
+        # No namespace: the store follows {projection_namespace}:serving (a rebuild's --swap).
+        projection_store=RedisProjectionStore.from_settings(
+            settings, count_writes=settings.projection_count_writes
+        ),
+        tables=tables,
+        outbox=outbox,
+        state_writer=UserConversationStateWriter(session, settings.cassandra_keyspace),
+        metrics=metrics,
+    )
+
+
+def _kill_after(writes: int) -> Callable[[], None] | None:
+    """Fault injection: SIGKILL this process after the Nth store write (before the frames)."""
+    if writes <= 0:
+        return None
+    count = 0
+
+    def maybe_kill() -> None:
+        nonlocal count
+        count += 1
+        if count >= writes:
+            log.warning("fault injection: SIGKILL after store write %d, before its frames", count)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return maybe_kill

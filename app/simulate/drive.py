@@ -1,0 +1,404 @@
+"""The I/O of `projector simulate`: a workload's batches to the MessageStore and Kafka.
+
+Per chunk of batches it writes the messages, recall flags and heads to the MessageStore FIRST (a
+worker that reads the store for an entry must find the message), then produces the entries
+(key = ``str(user_id)``) and, for each marker of lane L with watermark W, waits until the broker
+has acknowledged every entry of lane L sent so far (all of that lane's entries <= W) and only
+then sends the marker to EVERY partition of the topic (explicit ``partition=``). A lane's
+markers go out in order; one still waiting for acks is superseded by the lane's next (its W
+covers the same entries), so under load markers thin out instead of lagging. ``--out`` gets
+every produced record in produce order (markers once per partition), so ``projector replay``
+can run on exactly the stream the workers saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, Protocol
+
+import orjson
+
+from app.simulate.workload import Batch, SimParams, Workload
+from app.stores.cassandra_exec import StoreError
+from app.stores.cassandra_messages import ConversationHead, NewMessage
+
+# -- the I/O -----------------------------------------------------------------------------------
+
+
+class RecordSink(Protocol):
+    """Where records go (Kafka in production; fakes in unit tests)."""
+
+    partitions: Sequence[int]  # markers go to each; [] means "no partitions" (file only)
+
+    async def send(self, value: bytes, key: bytes | None, partition: int | None) -> Awaitable[Any]:
+        """Enqueue one record; the returned awaitable resolves when the broker acknowledged it."""
+        ...
+
+
+class MessageSink(Protocol):
+    async def write(
+        self,
+        messages: Sequence[NewMessage],
+        recalls: Sequence[tuple[str, int, bool]],
+        heads: Sequence[ConversationHead],
+    ) -> None: ...
+
+
+@dataclass(slots=True)
+class Report:
+    messages: int = 0
+    entries: int = 0
+    markers: int = 0  # marker records produced (one per lane report per partition)
+    noise: int = 0  # bad records and retried entries (Mix.bad, Mix.retry)
+    batches: int = 0
+    elapsed_s: float = 0.0
+    stopped_early: bool = False
+
+
+@dataclass(slots=True)
+class _Lane:
+    """The driver's view of one mailbox write lane."""
+
+    acks: list[Awaitable[Any]] = field(default_factory=list)  # entries since the last marker request
+    waiting: list[Awaitable[Any]] = field(default_factory=list)  # what the requested marker waits for
+    marker: bytes | None = None  # the newest requested marker not sent yet
+    task: asyncio.Task[None] | None = None
+
+
+# Per chunk: batches taken at once, so the MessageStore write before their entries is one call.
+CHUNK_BATCHES = 256
+CHUNK_ENTRIES = 20_000
+
+
+class _Progress:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.last = 0.0
+
+    def update(self, report: Report, started: float, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not force and now - self.last < 0.5):
+            return
+        self.last = now
+        elapsed = max(now - started, 1e-9)
+        sys.stderr.write(
+            f"\rsimulate: {report.messages:,} messages ({report.messages / elapsed:,.0f}/s), "
+            f"{report.entries:,} entries ({report.entries / elapsed:,.0f}/s), "
+            f"{report.markers:,} markers, {elapsed:,.1f}s "
+        )
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+async def drive(
+    workload: Workload,
+    sink: RecordSink,
+    store: MessageSink | None,
+    *,
+    out: IO[bytes] | None = None,
+    rate: float = 0.0,
+    duration_s: float | None = None,
+    stop: asyncio.Event | None = None,
+    progress: bool = False,
+) -> Report:
+    """Run the workload: store first, then entries, then each lane's markers once its entries
+    are acknowledged. Stops when the workload ends, after ``duration_s``, or when ``stop`` is
+    set; in the last two cases the closing markers are still sent."""
+    report = Report()
+    started = time.monotonic()
+    shown = _Progress(progress)
+    lanes: dict[int, _Lane] = {}
+    marker_acks: list[Awaitable[Any]] = []
+    # Markers go to every partition; a file-only sink has none: the marker is written once.
+    marker_targets: list[int | None] = [*sink.partitions] or [None]
+
+    def emit(value: bytes) -> None:
+        if out is not None:
+            out.write(value)
+            out.write(b"\n")
+
+    async def report_lane(lane: _Lane) -> None:
+        # One task per lane at a time, so a lane's markers go out in order. A marker requested
+        # while an older one still waits for its acks supersedes it (its W covers the same
+        # entries and more): under load the lane reports less often instead of falling behind.
+        while lane.marker is not None:
+            value, waiting = lane.marker, lane.waiting
+            lane.marker, lane.waiting = None, []
+            await asyncio.gather(*waiting)  # every entry of this lane <= W is in the log now
+            for partition in marker_targets:
+                # Not awaited one by one: per partition the producer keeps send order, so the
+                # next marker cannot overtake this one.
+                marker_acks.append(await sink.send(value, None, partition))
+                emit(value)
+                report.markers += 1
+
+    def check_failures() -> None:
+        # A failed acknowledgement surfaces in its lane's task or among the marker acks.
+        for lane in lanes.values():
+            if lane.task is not None and lane.task.done():
+                failure = lane.task.exception()
+                if failure is not None:
+                    raise failure
+        remaining = []
+        for ack in marker_acks:
+            if isinstance(ack, asyncio.Future) and ack.done():
+                failure = ack.exception()
+                if failure is not None:
+                    raise failure
+            else:
+                remaining.append(ack)
+        marker_acks[:] = remaining
+
+    async def produce(batch: Batch) -> None:
+        for entry in batch.entries:
+            value = orjson.dumps(entry)
+            ack = await sink.send(value, str(entry["user_id"]).encode(), None)
+            lane = lanes.get(entry["lane"])
+            if lane is None:
+                lane = lanes[entry["lane"]] = _Lane()
+            lane.acks.append(ack)
+            emit(value)
+        report.entries += len(batch.entries)
+        report.messages += len(batch.messages)
+        for key, value in batch.noise:
+            # Not tracked by any lane: a lane's marker never waits for its retry or a bad record.
+            marker_acks.append(await sink.send(value, key, None))
+            emit(value)
+            report.noise += 1
+        for marker in batch.markers:
+            lane = lanes.get(marker["lane"])
+            if lane is None:
+                lane = lanes[marker["lane"]] = _Lane()
+            lane.waiting.extend(lane.acks)
+            lane.acks = []
+            lane.marker = orjson.dumps(marker)
+            if lane.task is None or lane.task.done():
+                lane.task = asyncio.create_task(report_lane(lane))
+        report.batches += 1
+
+    batches = workload.batches()
+    taken_messages = 0
+    exhausted = False
+    try:
+        while not exhausted:
+            if stop is not None and stop.is_set():
+                report.stopped_early = True
+                break
+            elapsed = time.monotonic() - started
+            if duration_s is not None and elapsed >= duration_s:
+                report.stopped_early = True
+                break
+            # (chunk) the batches due now: all of them up to the chunk bounds when unpaced
+            due = None if rate <= 0 else rate * elapsed
+            chunk: list[Batch] = []
+            entries = 0
+            while len(chunk) < CHUNK_BATCHES and entries < CHUNK_ENTRIES:
+                # Paced: stop at the schedule (message-less batches, like the set-up, go at once).
+                if due is not None and taken_messages >= due and (chunk or taken_messages > 0):
+                    break
+                batch = next(batches, None)
+                if batch is None:
+                    exhausted = True
+                    break
+                chunk.append(batch)
+                entries += len(batch.entries)
+                taken_messages += len(batch.messages)
+            if not chunk:
+                if not exhausted:
+                    next_due = started + taken_messages / rate
+                    await asyncio.sleep(min(0.05, max(0.001, next_due - time.monotonic())))
+                continue
+            if store is not None:
+                await store.write(
+                    [m for b in chunk for m in b.messages],
+                    [r for b in chunk for r in b.recalls],
+                    [h for b in chunk for h in b.heads],
+                )
+            for batch in chunk:
+                await produce(batch)
+            check_failures()
+            shown.update(report, started)
+        if not exhausted:
+            closing = workload.closing_batch()
+            if closing is not None:
+                await produce(closing)
+        await asyncio.gather(*(lane.task for lane in lanes.values() if lane.task is not None))
+        # Everything produced must be acknowledged before the run counts as done.
+        await asyncio.gather(*marker_acks, *(ack for lane in lanes.values() for ack in lane.acks))
+    finally:
+        for lane in lanes.values():
+            if lane.task is not None and not lane.task.done():
+                lane.task.cancel()
+        report.elapsed_s = time.monotonic() - started
+        shown.update(report, started, force=True)
+        shown.close()
+    return report
+
+
+class KafkaSink:
+    """aiokafka producer on one topic."""
+
+    def __init__(self, producer: Any, topic: str, partitions: Sequence[int]) -> None:
+        self.producer = producer
+        self.topic = topic
+        self.partitions: Sequence[int] = sorted(partitions)
+
+    async def send(self, value: bytes, key: bytes | None, partition: int | None) -> Awaitable[Any]:
+        # `send` returns once the record is in the producer's buffer; the future it returns
+        # resolves with the broker's acknowledgement.
+        ack: Awaitable[Any] = await self.producer.send(self.topic, value=value, key=key, partition=partition)
+        return ack
+
+
+class FileOnlySink:
+    """No broker (--no-kafka): records only go to --out; markers are written once."""
+
+    partitions: Sequence[int] = ()
+
+    async def send(self, value: bytes, key: bytes | None, partition: int | None) -> Awaitable[Any]:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+class CassandraMessageSink:
+    """The Cassandra MessageStore, written from a worker thread (the driver is blocking)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    async def write(
+        self,
+        messages: Sequence[NewMessage],
+        recalls: Sequence[tuple[str, int, bool]],
+        heads: Sequence[ConversationHead],
+    ) -> None:
+        if messages or recalls or heads:
+            await asyncio.to_thread(self._write, messages, recalls, heads)
+
+    def _write(
+        self,
+        messages: Sequence[NewMessage],
+        recalls: Sequence[tuple[str, int, bool]],
+        heads: Sequence[ConversationHead],
+    ) -> None:
+        self.store.put_messages(messages)
+        self.store.mark_recalled_many(recalls)
+        self.store.update_heads(heads)
+
+
+class SimulateError(RuntimeError):
+    """A server is unreachable or refused: the message says which and what to do."""
+
+
+async def simulate(
+    settings: Any,
+    params: SimParams,
+    *,
+    out: IO[bytes] | None = None,
+    rate: float = 0.0,
+    duration_s: float | None = None,
+    use_kafka: bool = True,
+    use_cassandra: bool = True,
+    stop: asyncio.Event | None = None,
+    progress: bool = False,
+    connect_timeout_s: float = 10.0,
+) -> Report:
+    """Open the servers named by ``settings``, run the workload, close everything."""
+    cluster = None
+    producer = None
+    try:
+        store: MessageSink | None = None
+        if use_cassandra:
+            store, cluster = await asyncio.to_thread(_open_store, settings, connect_timeout_s)
+        sink: RecordSink = FileOnlySink()
+        if use_kafka:
+            producer, sink = await _open_producer(settings, connect_timeout_s)
+        return await drive(
+            Workload(params),
+            sink,
+            store,
+            out=out,
+            rate=rate,
+            duration_s=duration_s,
+            stop=stop,
+            progress=progress,
+        )
+    except StoreError as exc:  # Cassandra failed mid-run (unreachable, timed out)
+        raise SimulateError(f"cassandra: {exc}") from None
+    except _kafka_errors() as exc:  # a send or an acknowledgement failed mid-run
+        raise SimulateError(f"kafka: {type(exc).__name__}: {exc}") from None
+    finally:
+        if producer is not None:
+            with contextlib.suppress(Exception):  # already failing or done: closing is best effort
+                await producer.stop()
+        if cluster is not None:
+            cluster.shutdown()
+
+
+def _kafka_errors() -> tuple[type[BaseException], ...]:
+    from aiokafka.errors import KafkaError
+
+    return (KafkaError,)
+
+
+def _open_store(settings: Any, connect_timeout_s: float) -> tuple[MessageSink, Any]:
+    from app.stores.cassandra_messages import CassandraMessageStore
+    from app.stores.cassandra_session import CassandraUnavailable, open_cluster
+
+    try:
+        cluster, session = open_cluster(settings, connect_timeout=connect_timeout_s)
+    except CassandraUnavailable as exc:
+        raise SimulateError(f"cassandra: {exc}") from None
+    try:
+        store = CassandraMessageStore(session, settings.cassandra_keyspace)
+    except StoreError as exc:
+        cluster.shutdown()
+        raise SimulateError(f"cassandra: {exc}") from None
+    return CassandraMessageSink(store), cluster
+
+
+async def _open_producer(settings: Any, connect_timeout_s: float) -> tuple[Any, RecordSink]:
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaError
+
+    from app.connections import kafka_client_options
+
+    producer = AIOKafkaProducer(
+        **kafka_client_options(settings),
+        acks="all",
+        # Idempotence keeps each partition in send order across retries: a marker can never
+        # overtake the entries it covers.
+        enable_idempotence=True,
+        linger_ms=5,
+        max_batch_size=256 * 1024,
+        request_timeout_ms=int(connect_timeout_s * 1000) + 20_000,
+    )
+    topic = settings.topic_mailbox_tail
+    try:
+        await asyncio.wait_for(producer.start(), timeout=connect_timeout_s)
+        metadata = await producer.client.fetch_all_metadata()
+    except (KafkaError, TimeoutError, OSError) as exc:
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        raise SimulateError(
+            f"kafka: cannot reach {settings.kafka_bootstrap} ({type(exc).__name__}: {exc}); "
+            "start the local servers with `make services-up`"
+        ) from None
+    partitions = metadata.partitions_for_topic(topic)
+    if not partitions:
+        await producer.stop()
+        raise SimulateError(
+            f"kafka: topic {topic!r} does not exist on {settings.kafka_bootstrap}; "
+            "create it with `projector bootstrap`"
+        )
+    return producer, KafkaSink(producer, topic, sorted(partitions))

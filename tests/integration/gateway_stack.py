@@ -1,0 +1,75 @@
+"""Gateway instances for integration tests: the query API app with its live stream, built by the
+real wiring (app/gateway/wiring.py: Kafka frame source, presence, push producer) over a Stack's
+topics, served in-process on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as redis
+from aiohttp.test_utils import TestServer
+
+from app.api import Deps, create_app
+from app.api.sources import RedisProjectionReader
+from app.api.stream import STREAM_KEY
+from app.api.tokens import TokenSigner
+from app.gateway.service import Gateway
+from app.gateway.wiring import open_gateway
+from app.settings import Settings
+from app.stores.redis_projection import RedisProjectionStore
+from tests.unit.test_api_rows import SECRET
+
+
+def token(user_id: int) -> str:
+    return TokenSigner(SECRET).mint(user_id, int(time.time()) + 3600)
+
+
+@dataclass
+class Instance:
+    url: str
+    gateway: Gateway
+    settings: Settings
+
+
+@contextlib.asynccontextmanager
+async def gateway_instance(
+    settings: Settings, extra: dict[str, Any] | None = None, **overrides: Any
+) -> AsyncIterator[Instance]:
+    """``extra``: more API services (e.g. the member directory's), as ``projector api`` adds them."""
+    settings = dataclasses.replace(settings, api_secret=SECRET, api_fill_from_state="never", **overrides)
+    client = redis.Redis.from_url(settings.redis_url)
+    store = RedisProjectionStore(client, settings.projection_namespace)
+    try:
+        async with open_gateway(settings, client) as gateway:
+            assert gateway is not None
+            deps = Deps(
+                projections=RedisProjectionReader(store), extra={**(extra or {}), STREAM_KEY: gateway}
+            )
+            server = TestServer(create_app(settings, deps), host="127.0.0.1")
+            await server.start_server()
+            try:
+                yield Instance(str(server.make_url("")).rstrip("/"), gateway, settings)
+            finally:
+                await server.close()
+    finally:
+        await client.aclose()
+
+
+async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float, what: str) -> None:
+    """Poll ``check`` until it holds (a condition on real servers), failing after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not met after {timeout}s: {what}")
+        await asyncio.sleep(0.2)
