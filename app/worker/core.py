@@ -597,8 +597,10 @@ class WorkerCore:
             await self.persist(state)
             published = 0
             while state.unpublished:
-                batches = state.unpublished.pop(0)
-                published += await self._write(batches)
+                # Dequeued only once written: a store write that fails (past the store's retry
+                # budget) leaves the flush queued, and the next publish sends it again.
+                published += await self._write(state.unpublished[0])
+                state.unpublished.pop(0)
             return published
 
     async def _write(self, batches: list[UserFlush]) -> int:
