@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from app.domain.projector import MAX_DIRTY_ROWS_MIN, UNREAD_PRECISE_LIMIT_MIN, WINDOW_MS_MIN
 from app.redis_url import parse_redis_url
 
 ENV_PREFIX = "PROJECTOR_"
@@ -40,6 +41,14 @@ _KEYSPACE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,47}")
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _PARTITION_RANGE_RE = re.compile(r"(?P<low>[0-9]{1,6})(?:-(?P<high>[0-9]{1,6}))?")
 _HOST_PORT_RE = re.compile(r"(?P<host>[^\s:,]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
+
+
+_T = typing.TypeVar("_T", int, float)
+
+
+def bounded(default: _T, low: int | float, high: int | float | None = None) -> _T:
+    """A numeric field and its range, declared together (checked with every other problem)."""
+    return dataclasses.field(default=default, metadata={"range": (low, high)})
 
 
 class SettingsError(ValueError):
@@ -61,7 +70,7 @@ class Settings:
     cassandra_port: int = 9042
     cassandra_keyspace: str = "session_projector"
     # SimpleStrategy replication factor used when bootstrap creates the keyspace (1 = one node).
-    cassandra_replication_factor: int = 1
+    cassandra_replication_factor: int = bounded(1, 1)
 
     # --- Kafka consumer group (the workers of one app_id share mailbox-tail's partitions) --------
     # How long the group waits for a silent worker before its partitions go to the others: a
@@ -70,13 +79,13 @@ class Settings:
     # is thrown out and its partitions move (a rebalance; nothing is lost, work is re-read). The
     # broker only accepts values between its group.min/max.session.timeout.ms (6 s..30 min by
     # default).
-    kafka_session_timeout_ms: int = 30_000
+    kafka_session_timeout_ms: int = bounded(30_000, 6_000, 1_800_000)
     # How often a worker tells the group it is alive; at most a third of the session timeout, so
     # two missed heartbeats never end a session.
     kafka_heartbeat_interval_ms: int = 3_000
     # Longest time between two fetches before the worker counts as stuck and leaves the group. A
     # batch, a flush or a revocation's persist must finish within it. Kafka's default.
-    kafka_max_poll_interval_ms: int = 300_000
+    kafka_max_poll_interval_ms: int = bounded(300_000, 1_000, 86_400_000)
     # --- security and topology (README "Deploying a fleet"; app/connections.py turns these into
     # each client's options: the one place every Kafka, Cassandra and Redis client is configured) --
     # Kafka: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL; SASL takes PLAIN, SCRAM-SHA-256 or
@@ -119,23 +128,23 @@ class Settings:
     topic_push: str = "push"
     # Every topic bootstrap creates gets this many partitions, so a table's changelog and its
     # source topic always agree (faust's co-partitioning requirement).
-    topic_partitions: int = 4
-    topic_replication_factor: int = 1
+    topic_partitions: int = bounded(4, 1)
+    topic_replication_factor: int = bounded(1, 1)
 
     # --- processing (docs/contract.md §2-§3) ----------------------------------------------------------
-    lanes: int = 1
-    projection_compaction_window_ms: int = 5000
-    max_dirty_rows: int = 100_000
+    lanes: int = bounded(1, 1)
+    projection_compaction_window_ms: int = bounded(5000, WINDOW_MS_MIN)
+    max_dirty_rows: int = bounded(100_000, MAX_DIRTY_ROWS_MIN)
     include_muted: bool = False
     # Users written to the projection store per pipelined round trip during one flush.
-    flush_batch_size: int = 512
+    flush_batch_size: int = bounded(512, 1)
     # Worker intake: one fetch of one partition is one batch for the core. Bigger batches cost
     # less per entry (faust's per-event path runs once per batch) and hold more in memory; the
     # records' total size is also capped per partition and fetch by intake_fetch_max_bytes.
-    intake_batch_max_records: int = 20_000
-    intake_fetch_max_bytes: int = 4 * 1024 * 1024
+    intake_batch_max_records: int = bounded(20_000, 1)
+    intake_fetch_max_bytes: int = bounded(4 * 1024 * 1024, 1024)
     # Beyond this distance between base and latest, unread becomes inexact (shown as 99+).
-    unread_precise_limit: int = 200
+    unread_precise_limit: int = bounded(200, UNREAD_PRECISE_LIMIT_MIN)
 
     # --- projection store (Redis) -----------------------------------------------------------------
     # Key prefix of the serving projection; a rebuild writes another namespace and swaps.
@@ -162,19 +171,19 @@ class Settings:
     # and idle costs 3,600 reads a day (one per 24 s), a worker holding 2 million such rows ~17
     # reads/s spread over the day, and `unread_audit_max_rows` caps any round whatever the row
     # count (20,000 per 10 min = 33 reads/s per worker at most). docs/contract.md §3.4 ("Unread audit").
-    unread_audit_sample_rate: float = 0.005
-    unread_audit_interval_ms: int = 600_000
+    unread_audit_sample_rate: float = bounded(0.005, 0, 1)
+    unread_audit_interval_ms: int = bounded(600_000, 1000, 86_400_000)
     # "No change for 24 h" (issue 7): a row still changing is not worth a read (its next entry
     # recomputes it anyway), and the MessageStore has long caught up with what it received.
-    unread_audit_idle_ms: int = 86_400_000
+    unread_audit_idle_ms: int = bounded(86_400_000, 0)
     # At most this many rows read per round (the sample's lowest draws: uniform, never biased
     # towards the users scanned first).
-    unread_audit_max_rows: int = 20_000
+    unread_audit_max_rows: int = bounded(20_000, 1)
 
     # --- fault injection (tests of crash safety; 0 = off) ----------------------------------------
     # SIGKILL the worker itself right after its Nth projection-store write, before that flush's
     # frames are produced: the crash window of acceptance J-7.
-    fault_kill_after_store_writes: int = 0
+    fault_kill_after_store_writes: int = bounded(0, 0)
 
     # --- processes -----------------------------------------------------------------------------
     app_id: str = "session-projector"
@@ -201,11 +210,11 @@ class Settings:
     # Generate one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`.
     api_secret: str = dataclasses.field(default="", repr=False)  # never in logs or tracebacks
     # Lifetime of a token minted by `projector token` when --ttl is not given.
-    api_token_ttl_s: int = 3600
+    api_token_ttl_s: int = bounded(3600, 1)
     # A snapshot (one user's ordered list) lives this long after its load, then is reloaded.
-    api_snapshot_ttl_ms: int = 300_000
+    api_snapshot_ttl_ms: int = bounded(300_000, 1)
     # At most this many rows go into one user's snapshot (the seed's max_conversations_per_user).
-    api_snapshot_max_rows: int = 5000
+    api_snapshot_max_rows: int = bounded(5000, 1)
     # LRU bound on the rows held by all snapshots together (memory: ~1 KB per row).
     api_snapshot_cache_rows: int = 500_000
     # When the API fills rows missing from the projection store from Cassandra (docs/contract.md §5):
@@ -217,7 +226,7 @@ class Settings:
     # --- member directory (docs/contract.md §8, seed 004) ---------------------------------------------------
     # Time the presentation call may spend on record_count/mention_count before answering without
     # them (identities are never held back). The seed's budget is 2 s.
-    members_stats_budget_ms: int = 2000
+    members_stats_budget_ms: int = bounded(2000, 1, 60_000)
 
     # --- live stream gateway (issue 16; GET /v1/stream in the API process, app/gateway) --------
     # The API process also serves /v1/stream: it reads the session-delta and badge topics and
@@ -229,44 +238,44 @@ class Settings:
     gateway_partitions: str = ""
     # A heartbeat event on every connection this often (keeps proxies and NATs open; lets the
     # client notice a dead connection after ~3 missed beats).
-    gateway_heartbeat_ms: int = 15_000
+    gateway_heartbeat_ms: int = bounded(15_000, 100, 300_000)
     # Bytes of events one connection may have queued; beyond, the client is too slow: it gets a
     # `repull` event and the connection is closed (memory stays bounded).
-    gateway_buffer_bytes: int = 1_048_576
+    gateway_buffer_bytes: int = bounded(1_048_576, 4096, 1 << 30)
     # Resume after a short disconnect without a re-pull: per user, the last frames (count and
     # bytes) are kept while connected and for gateway_resume_window_ms after, for at most
     # gateway_resume_users disconnected users (oldest dropped first).
-    gateway_resume_frames: int = 64
-    gateway_resume_bytes: int = 262_144
-    gateway_resume_window_ms: int = 120_000
-    gateway_resume_users: int = 50_000
+    gateway_resume_frames: int = bounded(64, 0, 100_000)
+    gateway_resume_bytes: int = bounded(262_144, 0, 1 << 30)
+    gateway_resume_window_ms: int = bounded(120_000, 0, 86_400_000)
+    gateway_resume_users: int = bounded(50_000, 0, 10_000_000)
     # Browsers' EventSource cannot send headers: POST /v1/stream/ticket (bearer) gives a ticket for
     # ?access_token= that opens /v1/stream only and expires after this many seconds.
-    gateway_ticket_ttl_s: int = 60
+    gateway_ticket_ttl_s: int = bounded(60, 5, 3600)
     # Streams one process holds at most (more: 503 with Retry-After).
-    gateway_max_connections: int = 20_000
+    gateway_max_connections: int = bounded(20_000, 1, 10_000_000)
     # Presence in Redis (who has a live stream, on any instance): an entry per (user, instance)
     # refreshed every third of the TTL; a crashed instance's users count as offline after it.
-    gateway_presence_ttl_ms: int = 30_000
+    gateway_presence_ttl_ms: int = bounded(30_000, 1000, 3_600_000)
     # Offline badge pushes: the API processes share the badge topic's partitions in one consumer
     # group (exactly one producer per user), and send at most one record per user per window.
     push_enabled: bool = True
-    push_window_ms: int = 2000
+    push_window_ms: int = bounded(2000, 10, 3_600_000)
     # --- operator console (issue 17; app/api/ops, served by `projector api` under /ops/) ----------
     # Signs operator tokens (`projector token --operator NAME`); separate from api_secret so a user
     # token can never open the console. Empty = the console is not served (/ops/ is 404).
     ops_secret: str = dataclasses.field(default="", repr=False)
     # Lifetime of an operator token minted without --ttl (a working shift).
-    ops_token_ttl_s: int = 28_800
+    ops_token_ttl_s: int = bounded(28_800, 1)
     # The workers' (and a running rebuild's) Prometheus endpoints the fleet view scrapes,
     # comma-separated http(s) URLs (each worker's PROJECTOR_WORKER_METRICS_PORT). Configured, not
     # discovered: the consumer group does not know where a member serves /metrics.
     ops_metrics_urls: tuple[str, ...] = ()
     # Records read back per topic partition for "the user's last frames" and the dead-letter
     # browser (a bound on what one console request may read from Kafka).
-    ops_scan_records: int = 2000
+    ops_scan_records: int = bounded(2000, 1, 100_000)
     # The charts: the console samples the fleet this often and keeps the last 120 samples.
-    ops_sample_interval_ms: int = 5000
+    ops_sample_interval_ms: int = bounded(5000, 500, 3_600_000)
 
     env_prefix: ClassVar[str] = ENV_PREFIX
 
@@ -344,25 +353,20 @@ class Settings:
                     f"gateway_partitions: {max(parts)} is not a partition of the frame topics "
                     f"(0..{self.topic_partitions - 1})"
                 )
-        for name, low, high in (
-            ("gateway_heartbeat_ms", 100, 300_000),
-            ("gateway_buffer_bytes", 4096, 1 << 30),
-            ("gateway_resume_frames", 0, 100_000),
-            ("gateway_resume_bytes", 0, 1 << 30),
-            ("gateway_resume_window_ms", 0, 86_400_000),
-            ("gateway_resume_users", 0, 10_000_000),
-            ("gateway_ticket_ttl_s", 5, 3600),
-            ("gateway_max_connections", 1, 10_000_000),
-            ("gateway_presence_ttl_ms", 1000, 3_600_000),
-            ("push_window_ms", 10, 3_600_000),
-        ):
-            value = getattr(self, name)
-            if not low <= value <= high:
-                p.append(f"{name}: {value} is not in {low}..{high}")
         return p
 
     def _problems(self) -> list[str]:
         p: list[str] = []
+        for f in dataclasses.fields(self):
+            bounds = f.metadata.get("range")
+            if bounds is None:
+                continue
+            low, high = bounds
+            value = getattr(self, f.name)
+            if high is None and not value >= low:
+                p.append(f"{f.name}: {value} must be >= {low}")
+            elif high is not None and not low <= value <= high:  # also refuses nan
+                p.append(f"{f.name}: {value} is not in {low}..{high}")
         if not self.kafka_bootstrap.strip():
             p.append("kafka_bootstrap: empty")
         for part in self.kafka_bootstrap.split(","):
@@ -406,34 +410,10 @@ class Settings:
                 p.append(f"{name}: {topic!r} is not a Kafka topic name ([A-Za-z0-9._-], 1..200)")
         if len(set(topics)) != len(topics):
             p.append(f"topic names must be distinct: {topics}")
-        for name, low in (
-            ("cassandra_replication_factor", 1),
-            ("topic_partitions", 1),
-            ("topic_replication_factor", 1),
-            ("lanes", 1),
-            ("projection_compaction_window_ms", 1),
-            ("max_dirty_rows", 1),
-            ("flush_batch_size", 1),
-            ("intake_batch_max_records", 1),
-            ("intake_fetch_max_bytes", 1024),
-            ("unread_precise_limit", 1),
-            ("fault_kill_after_store_writes", 0),
-        ):
-            if getattr(self, name) < low:
-                p.append(f"{name}: {getattr(self, name)} must be >= {low}")
-        if not 6_000 <= self.kafka_session_timeout_ms <= 1_800_000:
-            p.append(
-                f"kafka_session_timeout_ms: {self.kafka_session_timeout_ms} is not in 6000..1800000 "
-                "(the broker's default group.min/max.session.timeout.ms)"
-            )
         if not 100 <= self.kafka_heartbeat_interval_ms <= self.kafka_session_timeout_ms // 3:
             p.append(
                 f"kafka_heartbeat_interval_ms: {self.kafka_heartbeat_interval_ms} is not in "
                 f"100..{self.kafka_session_timeout_ms // 3} (a third of kafka_session_timeout_ms)"
-            )
-        if not 1_000 <= self.kafka_max_poll_interval_ms <= 86_400_000:
-            p.append(
-                f"kafka_max_poll_interval_ms: {self.kafka_max_poll_interval_ms} is not in 1000..86400000"
             )
         if not self.app_id or not _TOPIC_RE.fullmatch(self.app_id):
             # faust derives topic names (changelogs) from the app id.
@@ -445,9 +425,6 @@ class Settings:
                 p.append(f"{name}: empty")
         if self.api_secret and len(self.api_secret) < API_SECRET_MIN_CHARS:
             p.append(f"api_secret: {len(self.api_secret)} characters; use at least {API_SECRET_MIN_CHARS}")
-        for name in ("api_token_ttl_s", "api_snapshot_ttl_ms", "api_snapshot_max_rows"):
-            if getattr(self, name) < 1:
-                p.append(f"{name}: {getattr(self, name)} must be >= 1")
         if self.api_snapshot_cache_rows < self.api_snapshot_max_rows:
             # Otherwise one heavy user's snapshot could never be cached at all.
             p.append(
@@ -457,19 +434,6 @@ class Settings:
         if self.api_fill_from_state not in _FILL_MODES:
             p.append(f"api_fill_from_state: {self.api_fill_from_state!r} is not one of always, empty, never")
         p.extend(_ops_problems(self))
-        if not 1 <= self.members_stats_budget_ms <= 60_000:
-            # Above a minute a "budget" would hold HTTP requests open instead of bounding them.
-            p.append(f"members_stats_budget_ms: {self.members_stats_budget_ms} is not in 1..60000")
-        if not 0.0 <= self.unread_audit_sample_rate <= 1.0:  # also refuses nan
-            p.append(f"unread_audit_sample_rate: {self.unread_audit_sample_rate} is not in 0..1")
-        if not 1000 <= self.unread_audit_interval_ms <= 86_400_000:
-            # Below a second the rounds would scan the rows back to back; above a day they would
-            # not be "periodic" in any useful sense.
-            p.append(f"unread_audit_interval_ms: {self.unread_audit_interval_ms} is not in 1000..86400000")
-        if self.unread_audit_idle_ms < 0:
-            p.append(f"unread_audit_idle_ms: {self.unread_audit_idle_ms} must be >= 0")
-        if self.unread_audit_max_rows < 1:
-            p.append(f"unread_audit_max_rows: {self.unread_audit_max_rows} must be >= 1")
         p.extend(self._gateway_problems())
         if self.log_format not in _LOG_FORMATS:
             p.append(f"log_format: {self.log_format!r} is not one of json, text")
@@ -612,12 +576,6 @@ def _ops_problems(settings: Settings) -> list[str]:
     for url in settings.ops_metrics_urls:
         if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
             p.append(f"ops_metrics_urls: {url!r} is not an http(s) URL")
-    if settings.ops_token_ttl_s < 1:
-        p.append(f"ops_token_ttl_s: {settings.ops_token_ttl_s} must be >= 1")
-    if not 1 <= settings.ops_scan_records <= 100_000:
-        p.append(f"ops_scan_records: {settings.ops_scan_records} is not in 1..100000")
-    if not 500 <= settings.ops_sample_interval_ms <= 3_600_000:
-        p.append(f"ops_sample_interval_ms: {settings.ops_sample_interval_ms} is not in 500..3600000")
     return p
 
 

@@ -16,17 +16,17 @@ if TYPE_CHECKING:
 # replay` never pays for faust or the database drivers, and one broken optional module cannot take
 # the others down. The Settings are built once, here, and handed to the command.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "replay": ("app.replay.cli", "Run mailbox entries from a file through the core; write projections"),
+    "replay": ("app.cli.replay", "Run mailbox entries from a file through the core; write projections"),
     "bootstrap": ("app.cli.bootstrap", "Create the Cassandra schema and the Kafka topics (idempotent)"),
     "worker": ("app.cli.worker", "Run a projector worker (faust) on mailbox-tail; settings from PROJECTOR_*"),
     "simulate": (
-        "app.simulate.cli",
+        "app.cli.simulate",
         "Generate mailbox traffic: messages stored first, then entries and markers",
     ),
     "api": ("app.cli.api", "Serve the query API (session list pages, badge) over HTTP"),
     "token": ("app.cli.token", "Mint a bearer token for the query API: token USER_ID [--ttl SECONDS]"),
     "rebuild": (
-        "app.rebuild.cli",
+        "app.cli.rebuild",
         "Rebuild projections from Cassandra state into a fresh namespace, diff with the live one, --swap",
     ),
 }

@@ -21,17 +21,12 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     # Before the app is built (its imports and connects log); faust's worker then applies
     # the same set-up when it starts (faust_worker_options), so one format covers every line.
     configure_logging(settings, "worker")
+    from app.runtime.worker import run_worker
     from app.stores.cassandra_session import CassandraUnavailable
 
     try:
-        from app.runtime.worker import create_app
-
-        app, _ = create_app(settings)
+        run_worker(settings, faust_worker_options(settings))  # until stopped; exits the process
     except CassandraUnavailable as exc:
         print(f"projector worker: {exc}", file=sys.stderr)
         return 1
-    from faust import Worker
-
-    worker = Worker(app, loglevel=settings.log_level.lower(), **faust_worker_options(settings))
-    worker.execute_from_commandline()  # runs until stopped (SIGTERM/SIGINT); exits the process
     return 0

@@ -39,6 +39,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from app.domain.listing import is_listed
+
 SESSION_DELTA: Final = "SESSION_DELTA"
 BADGE_UPDATE: Final = "BADGE_UPDATE"
 
@@ -155,10 +157,6 @@ def _correction_version(frame: Frame) -> int:
     return version
 
 
-def _is_listed(row: Row) -> bool:
-    return row.get("listed") is not False
-
-
 def _order_key_activity(row: Row) -> tuple[bool, str]:
     # Sorted in reverse (DESC): rows with an activity come first, a null activity sorts last.
     activity = row.get("last_activity_id")
@@ -229,7 +227,7 @@ class SessionView:
         Archived conversations are included (they carry ``archived``; the caller shows them
         under the archived folder).
         """
-        return sort_rows(row for row in self._rows.values() if _is_listed(row))
+        return sort_rows(row for row in self._rows.values() if is_listed(row))
 
     # -- changing
 

@@ -26,8 +26,7 @@ class FlushPolicy:
     """
 
     def __init__(self, window_ms: int, max_dirty_rows: int) -> None:
-        if window_ms < 0 or max_dirty_rows < 0:
-            raise ValueError("window_ms and max_dirty_rows must be >= 0")
+        # Bounds: app.domain.projector.ProjectorConfig (the one place they are declared).
         self.window_ms = window_ms
         self.max_dirty_rows = max_dirty_rows
         self.window_start: int | None = None
@@ -51,15 +50,14 @@ class FlushPolicy:
 class DirtySet:
     """Dirty users in a RoaringBitmap plus their dirty conversations.
 
-    Not checkpointed: after a restart `lost` is set, and the next flush writes every row of every
-    user — more writes, never wrong data.
+    Not checkpointed: after a restart every row of every user with work not yet flushed is marked
+    again (`Projector.lose_dirty_set`) — more writes, never wrong data.
     """
 
-    def __init__(self, lost: bool = False) -> None:
+    def __init__(self) -> None:
         self.users = BitMap64()
         self.rows: dict[int, set[str]] = {}
         self.row_count = 0
-        self.lost = lost
 
     def mark(self, user_id: int, conversation_id: str) -> None:
         conversations = self.rows.get(user_id)
@@ -74,7 +72,6 @@ class DirtySet:
         self.users = BitMap64()
         self.rows = {}
         self.row_count = 0
-        self.lost = False
 
 
 @dataclass(frozen=True, slots=True)

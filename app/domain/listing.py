@@ -141,10 +141,6 @@ def is_listed(row: Row) -> bool:
     return row.get("listed") is not False
 
 
-def folder_of(row: Row) -> Folder:
-    return Folder.ARCHIVED if row.get("archived") is True else Folder.MAIN
-
-
 def _uuid_bytes(cid: object) -> bytes | None:
     if not isinstance(cid, str):
         return None

@@ -18,13 +18,30 @@ from app.domain.flush import DirtySet, FlushPolicy, UserFlush
 from app.domain.ports import MessageStore
 from app.domain.unread import UNREAD_PRECISE_LIMIT
 
+# The bounds of the processing configuration, declared once (the settings and the replay
+# command's options use these same constants). A window of 0 flushes before every entry after the
+# first; a bound of 0 dirty rows flushes after every entry.
+WINDOW_MS_MIN = 0
+MAX_DIRTY_ROWS_MIN = 0
+UNREAD_PRECISE_LIMIT_MIN = 1
+
 
 @dataclass(frozen=True, slots=True)
 class ProjectorConfig:
-    window_ms: int = 5000
-    max_dirty_rows: int = 100_000
+    window_ms: int = 5000  # >= WINDOW_MS_MIN
+    max_dirty_rows: int = 100_000  # >= MAX_DIRTY_ROWS_MIN
     include_muted: bool = False
-    unread_precise_limit: int = UNREAD_PRECISE_LIMIT
+    unread_precise_limit: int = UNREAD_PRECISE_LIMIT  # >= UNREAD_PRECISE_LIMIT_MIN
+
+    def __post_init__(self) -> None:
+        if self.window_ms < WINDOW_MS_MIN:
+            raise ValueError(f"window_ms must be >= {WINDOW_MS_MIN}, got {self.window_ms}")
+        if self.max_dirty_rows < MAX_DIRTY_ROWS_MIN:
+            raise ValueError(f"max_dirty_rows must be >= {MAX_DIRTY_ROWS_MIN}, got {self.max_dirty_rows}")
+        if self.unread_precise_limit < UNREAD_PRECISE_LIMIT_MIN:
+            raise ValueError(
+                f"unread_precise_limit must be >= {UNREAD_PRECISE_LIMIT_MIN}, got {self.unread_precise_limit}"
+            )
 
 
 class Applied(Enum):
@@ -87,7 +104,7 @@ class Projector:
         self.config = config
         self.store = store
         self.users: dict[int, UserState] = {}
-        self.policy = FlushPolicy(config.window_ms, config.max_dirty_rows)
+        self.policy = FlushPolicy(config.window_ms, config.max_dirty_rows)  # validated by the config
         self.dirty = DirtySet()
 
     # -- applying -------------------------------------------------------------------------------
@@ -198,12 +215,6 @@ class Projector:
         user = self.users.get(user_id)
         return user.badge if user else ZERO
 
-    def recompute_badge(self, user_id: int) -> Badge:
-        """Full recompute entry point (reconcile, audits)."""
-        user = self.users[user_id]
-        user.badge = full_recompute(user.rows.values(), self.config.include_muted)
-        return user.badge
-
     # -- persistence ----------------------------------------------------------------------------
 
     def dump(self) -> dict[str, Any]:
@@ -246,7 +257,7 @@ class Projector:
         that are not newer. A user whose version was flushed is complete in the store and in the
         frames already; a frame for it could only repeat its version, which breaks the chain.
         """
-        self.dirty = DirtySet(lost=True)
+        self.dirty = DirtySet()
         for user_id, user in self.users.items():
             if user.projection_mailbox_seq > user.flushed_seq:
                 for conversation_id in user.rows:

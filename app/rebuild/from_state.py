@@ -24,24 +24,21 @@ columns, so they stay distinguishable; a deleted, not revived conversation is re
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import IO, Any, Final, Protocol
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
 
 from app.domain.badge import full_recompute
 from app.domain.conversation import ConversationState
 from app.domain.flush import UserFlush
 from app.domain.ports import MessageStore
-from app.domain.projection_store import ProjectionStore, StoredProjection
+from app.domain.projection_store import ProjectionStore
 from app.domain.rebuild import Head, as_replay_base, row_from_state
-from app.metrics import RebuildMetrics
+from app.rebuild.progress import Progress
 
 UNKNOWABLE_FROM_STATE: Final = ("projection_mailbox_seq",)
-BADGE_FIELDS: Final = ("total_unread", "total_mention", "muted_unread")
 DRIVING_EVENT_ID: Final = "rebuild-from-state"
-EXAMPLES: Final = 20
 USERS_PER_CHUNK: Final = 100
 
 
@@ -60,10 +57,6 @@ class HeadLike(Protocol):
 
 class HeadSource(Protocol):
     def heads(self, conversation_ids: Iterable[str]) -> Mapping[str, HeadLike]: ...
-
-
-class StoreReader(Protocol):
-    async def load(self, user_id: int) -> StoredProjection: ...
 
 
 def rows_from_state(
@@ -142,56 +135,6 @@ class StateBase:
         return out
 
 
-class Progress:
-    """One line, rewritten in place on a terminal (else a line every few seconds): users done,
-    rows, rate, ETA. Also the process's rebuild gauges (app/metrics.py)."""
-
-    def __init__(
-        self,
-        total: int,
-        out: IO[str] | None = None,
-        mode: str = "auto",
-        unit: str = "users",
-        metrics: RebuildMetrics | None = None,
-    ) -> None:
-        self.total = total
-        self.unit = unit
-        self.detail = ""  # extra text for the line (the replay's partitions done)
-        self.out = out if out is not None else sys.stderr
-        tty = self.out.isatty() if hasattr(self.out, "isatty") else False
-        self.enabled = mode == "always" or (mode == "auto" and tty)
-        self.tty = tty
-        self.started = time.monotonic()
-        self.printed_at = 0.0
-        # Given: the ones a /metrics endpoint of the rebuild serves (`--metrics-port`); each
-        # phase of a rebuild (a replay from a timestamp, then the users it did not name) is a
-        # Progress of its own on the same gauges.
-        self.metrics = metrics if metrics is not None else RebuildMetrics()
-        self.metrics.update(0, total)
-
-    def line(self, done: int, rows: int) -> str:
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        rate = done / elapsed
-        eta = (self.total - done) / rate if rate > 0 else 0.0
-        share = done / self.total * 100 if self.total else 100.0
-        return (
-            f"rebuild: {done}/{self.total} {self.unit} ({share:.0f}%), {rows} rows{self.detail}, "
-            f"{rate:.0f} {self.unit}/s, ETA {eta:.0f}s"
-        )
-
-    def update(self, done: int, rows: int, final: bool = False) -> None:
-        self.metrics.update(done, self.total)
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if not final and now - self.printed_at < (0.2 if self.tty else 5.0):
-            return
-        self.printed_at = now
-        end = "\n" if final or not self.tty else ""
-        prefix = "\r" if self.tty else ""
-        print(prefix + self.line(done, rows), end=end, file=self.out, flush=True)
-
-
 @dataclass(slots=True)
 class RebuildResult:
     users: int = 0
@@ -243,89 +186,3 @@ async def rebuild_from_state(
         progress.update(done, result.rows, final=True)
     result.seconds = time.monotonic() - started
     return result
-
-
-@dataclass(slots=True)
-class Diff:
-    """Live namespace vs rebuilt namespace, field by field."""
-
-    users: int = 0
-    rows_live: int = 0
-    rows_rebuilt: int = 0
-    rows_added: int = 0  # rebuilt, not live
-    rows_removed: int = 0  # live, not rebuilt
-    rows_changed: int = 0  # both, some field differs (fields state can know)
-    fields_changed: dict[str, int] = field(default_factory=dict)
-    unknowable_differing: dict[str, int] = field(default_factory=dict)  # not counted above
-    badges_differing: int = 0
-    examples: dict[str, list[Any]] = field(
-        default_factory=lambda: {"added": [], "removed": [], "changed": [], "badges": []}
-    )
-
-    @property
-    def identical(self) -> bool:
-        return not (self.rows_added or self.rows_removed or self.rows_changed or self.badges_differing)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "identical": self.identical,
-            "users": self.users,
-            "rows_live": self.rows_live,
-            "rows_rebuilt": self.rows_rebuilt,
-            "rows_added": self.rows_added,
-            "rows_removed": self.rows_removed,
-            "rows_changed": self.rows_changed,
-            "fields_changed": dict(sorted(self.fields_changed.items())),
-            "unknowable_from_state": list(UNKNOWABLE_FROM_STATE),
-            "unknowable_differing": dict(sorted(self.unknowable_differing.items())),
-            "badges_differing": self.badges_differing,
-            "examples": self.examples,
-        }
-
-    def _example(self, kind: str, item: Any) -> None:
-        if len(self.examples[kind]) < EXAMPLES:
-            self.examples[kind].append(item)
-
-
-async def diff_namespaces(
-    live: StoreReader,
-    rebuilt: StoreReader,
-    user_ids: Iterable[int],
-    ignore: Sequence[str] = UNKNOWABLE_FROM_STATE,
-) -> Diff:
-    out = Diff()
-    for user_id in user_ids:
-        a = await live.load(user_id)
-        b = await rebuilt.load(user_id)
-        out.users += 1
-        out.rows_live += len(a.rows)
-        out.rows_rebuilt += len(b.rows)
-        for cid in sorted(b.rows.keys() - a.rows.keys()):
-            out.rows_added += 1
-            out._example("added", {"user_id": user_id, "conversation_id": cid})
-        for cid in sorted(a.rows.keys() - b.rows.keys()):
-            out.rows_removed += 1
-            out._example("removed", {"user_id": user_id, "conversation_id": cid})
-        for cid in sorted(a.rows.keys() & b.rows.keys()):
-            old, new = a.rows[cid], b.rows[cid]
-            changed = {}
-            for name in sorted(old.keys() | new.keys()):
-                if old.get(name) == new.get(name):
-                    continue
-                if name in ignore:
-                    out.unknowable_differing[name] = out.unknowable_differing.get(name, 0) + 1
-                else:
-                    changed[name] = [old.get(name), new.get(name)]
-                    out.fields_changed[name] = out.fields_changed.get(name, 0) + 1
-            if changed:
-                out.rows_changed += 1
-                out._example("changed", {"user_id": user_id, "conversation_id": cid, "fields": changed})
-        badge_a = {name: getattr(a, name) for name in BADGE_FIELDS}
-        badge_b = {name: getattr(b, name) for name in BADGE_FIELDS}
-        if badge_a != badge_b:
-            out.badges_differing += 1
-            out._example("badges", {"user_id": user_id, "live": badge_a, "rebuilt": badge_b})
-        if a.projection_mailbox_seq != b.projection_mailbox_seq:
-            key = "user_version"
-            out.unknowable_differing[key] = out.unknowable_differing.get(key, 0) + 1
-    return out

@@ -16,7 +16,7 @@ import msgspec
 
 from app.domain.flush import UserFlush
 from app.domain.processor import PartitionProcessor, ProcessingStats, Snapshot
-from app.domain.projector import Projector, ProjectorConfig
+from app.domain.projector import MAX_DIRTY_ROWS_MIN, WINDOW_MS_MIN, Projector, ProjectorConfig
 from app.stores.memory_messages import InMemoryMessageStore
 
 Frame = dict[str, Any]
@@ -32,10 +32,10 @@ class ReplayOptions:
     def __post_init__(self) -> None:
         if self.lanes < 1:
             raise ValueError("--lanes must be at least 1")
-        if self.window_ms < 0:
-            raise ValueError("--window-ms must be >= 0")
-        if self.max_dirty_rows < 0:
-            raise ValueError("--max-dirty-rows must be >= 0")
+        if self.window_ms < WINDOW_MS_MIN:
+            raise ValueError(f"--window-ms must be >= {WINDOW_MS_MIN}")
+        if self.max_dirty_rows < MAX_DIRTY_ROWS_MIN:
+            raise ValueError(f"--max-dirty-rows must be >= {MAX_DIRTY_ROWS_MIN}")
 
 
 @dataclass(slots=True)

@@ -35,6 +35,14 @@ log = logging.getLogger("projector.worker")
 MAX_FLUSH_SLEEP_S = 0.5
 
 
+def run_worker(settings: Settings, worker_options: dict[str, Any]) -> None:
+    """Build the app and run faust's worker on it until it is stopped (SIGTERM/SIGINT); faust
+    exits the process then."""
+    app, _ = create_app(settings)
+    worker = faust.Worker(app, loglevel=settings.log_level.lower(), **worker_options)
+    worker.execute_from_commandline()
+
+
 def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
     os.makedirs(os.path.join(settings.data_dir, settings.app_id), exist_ok=True)
     app = new_faust_app(settings)

@@ -88,7 +88,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.domain.projection_store import StoredProjection, StoredRows
-from app.stores.memory_projection import EncodedBatch, decode_rows, encode_batches, encode_corrections
+from app.stores.projection_codec import EncodedBatch, decode_rows, encode_batches, encode_corrections
 from app.stores.redis_client import RedisClient, open_redis
 
 if TYPE_CHECKING:

@@ -499,7 +499,7 @@ async def test_redis_splits_trips_by_field_budget_without_splitting_a_user(
 
 
 def _encoded(batch: UserFlush) -> Any:
-    from app.stores.memory_projection import encode_batches
+    from app.stores.projection_codec import encode_batches
 
     return encode_batches([batch])[0]
 

@@ -189,8 +189,8 @@ async def test_bootstrap_simulate_and_rebuild_build_their_kafka_clients_with_the
     pki: dict[str, str], captured: list[dict[str, Any]]
 ) -> None:
     from app.cli.bootstrap import KafkaUnavailable, ensure_topics
+    from app.cli.rebuild import worker_config
     from app.rebuild.by_replay import rebuild_by_replay
-    from app.rebuild.cli import worker_config
     from app.simulate.drive import SimulateError, _open_producer
     from app.stores.memory_messages import InMemoryMessageStore
     from app.stores.memory_projection import InMemoryProjectionStore

@@ -10,11 +10,13 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from app.cli.rebuild import _user_list
 from app.domain.badge import Badge
 from app.domain.flush import UserFlush
 from app.metrics import exposition, sample
-from app.rebuild.cli import _user_list
-from app.rebuild.from_state import UNKNOWABLE_FROM_STATE, Progress, diff_namespaces, rebuild_from_state
+from app.rebuild.diff import diff_namespaces
+from app.rebuild.from_state import UNKNOWABLE_FROM_STATE, rebuild_from_state
+from app.rebuild.progress import Progress
 from app.replay import Replayer, ReplayOptions
 from app.stores.memory_projection import InMemoryProjectionStore
 from tests.unit.builders import CONV_A, CONV_B, Stream
@@ -175,8 +177,9 @@ def test_the_replay_rebuilds_tables_give_the_replayed_projection() -> None:
     import asyncio
 
     from app.domain.projector import ProjectorConfig
-    from app.rebuild.by_replay import MemoryTables, SilentOutbox
+    from app.rebuild.by_replay import SilentOutbox
     from app.replay import run_replay
+    from app.stores.memory_tables import MemoryTables
     from app.worker.core import WorkerConfig, WorkerCore
     from tests.unit.test_worker_core import final_projection, message_store_for, records
 

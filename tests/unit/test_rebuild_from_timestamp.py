@@ -15,10 +15,10 @@ import orjson
 import pytest
 
 from app.cli import main
+from app.cli.rebuild import _timestamp_ms
 from app.domain.badge import Badge
 from app.domain.entries import DeadLetter, WatermarkMarker, decode_record
 from app.domain.projector import Projector, ProjectorConfig
-from app.rebuild.cli import _timestamp_ms
 from app.rebuild.from_state import StateBase
 from app.replay import Replayer, ReplayOptions
 from tests.unit.builders import CONV_A, CONV_B, Stream

@@ -99,7 +99,7 @@ def test_invalid_values_give_clear_errors(env: dict[str, str], fragment: str) ->
 
 def test_all_problems_are_reported_together() -> None:
     with pytest.raises(SettingsError) as err:
-        Settings.from_env({"PROJECTOR_LANES": "0", "PROJECTOR_MAX_DIRTY_ROWS": "0"})
+        Settings.from_env({"PROJECTOR_LANES": "0", "PROJECTOR_MAX_DIRTY_ROWS": "-1"})
     assert len(err.value.problems) == 2
 
 

@@ -38,7 +38,8 @@ import orjson
 from app.domain.badge import Badge, from_rows
 from app.domain.flush import Correction, UserFlush
 from app.domain.projection_store import StoredProjection
-from app.rebuild.from_state import BADGE_FIELDS, UNKNOWABLE_FROM_STATE, rebuild_user
+from app.rebuild.diff import BADGE_FIELDS
+from app.rebuild.from_state import UNKNOWABLE_FROM_STATE, rebuild_user
 from app.settings import Settings
 
 from .ports import OpsDeps

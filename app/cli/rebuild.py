@@ -264,7 +264,9 @@ def _replay_report(replayed: ReplayRebuild) -> dict[str, Any]:
 
 
 async def _rebuild(settings: Any, args: argparse.Namespace, metrics: RebuildMetrics) -> int:
-    from app.rebuild.from_state import Progress, StateBase, diff_namespaces, rebuild_from_state
+    from app.rebuild.diff import diff_namespaces
+    from app.rebuild.from_state import StateBase, rebuild_from_state
+    from app.rebuild.progress import Progress
     from app.stores.cassandra_messages import CassandraMessageStore
     from app.stores.cassandra_session import open_cluster
     from app.stores.cassandra_state import UserConversationStateWriter
