@@ -27,7 +27,7 @@ import base64
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,7 @@ from app.domain.projection_store import ProjectionStore
 from app.domain.projector import ProjectorConfig
 from app.worker.offsets import Admission, Verdict, admit
 from app.worker.ports import FlushObserver, Outbox, RawRecord, StateTables, StateWriter
+from app.worker.state_source import TablesSource
 
 log = logging.getLogger("projector.worker")
 
@@ -676,32 +677,6 @@ class WorkerCore:
             if user_id in state.processor.users:
                 return state
         return None
-
-
-class TablesSource:
-    """The processor's `StateSource` over one partition of the changelog tables (records decoded
-    here: msgpack)."""
-
-    def __init__(self, tables: StateTables, partition: int) -> None:
-        self.tables = tables
-        self.partition = partition
-
-    def get_users(self, user_ids: Collection[int]) -> dict[int, dict[str, Any]]:
-        found = self.tables.get_users(self.partition, user_ids)
-        return {user_id: msgspec.msgpack.decode(blob) for user_id, blob in found.items()}
-
-    def get_rows(self, keys: Collection[tuple[int, str]]) -> dict[tuple[int, str], dict[str, Any]]:
-        found = self.tables.get_rows(self.partition, keys)
-        return {key: msgspec.msgpack.decode(blob) for key, blob in found.items()}
-
-    def user_rows(self, user_id: int) -> list[tuple[str, dict[str, Any]]]:
-        return [
-            (cid, msgspec.msgpack.decode(blob))
-            for cid, blob in self.tables.user_rows(self.partition, user_id)
-        ]
-
-    def row_keys(self) -> Iterator[tuple[int, str]]:
-        return self.tables.row_keys(self.partition)
 
 
 def _holes(expected: int | None, records: Sequence[RawRecord], fetch_to: int) -> int:
