@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup tools run test test-fast chaos-crash chaos-garbage lint typecheck check services-up services-down services-status bench clean proto bench-api
+.PHONY: help setup tools run test test-fast chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api
 
 help: ## List the targets with what they do
 	@awk 'BEGIN {FS = ":.*?## "} /^[a-zA-Z_-]+:.*?## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -48,6 +48,9 @@ chaos-crash: services-up ## Issue 11's crash run at full size, CHAOS_RUNS times 
 
 chaos-garbage: services-up ## Issue 18's garbage run at full size: 100,000 fuzzed records through a real worker
 	$(PY) -m pytest -q -s -m chaos tests/integration/test_garbage_worker.py -p no:cacheprovider
+
+chaos-api: services-up ## Issue 18's API fuzz at full size: schemathesis, >= 5,000 requests, two users, real servers
+	$(PY) -m pytest -q -s -m chaos tests/integration/test_api_fuzz.py -p no:cacheprovider
 
 lint: setup ## ruff + import rules (the domain core stays pure)
 	.venv/bin/ruff check app agents tables tests bench

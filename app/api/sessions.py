@@ -98,6 +98,17 @@ OPERATION: Final[dict[str, Any]] = {
         "200": {
             "description": "A page",
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SessionPage"}}},
+            # A walk, as clients (and a stateful fuzzer) follow it.
+            "links": {
+                "NextPage": {
+                    "operationId": "listSessions",
+                    "parameters": {
+                        "cursor": "$response.body#/next_cursor",
+                        "folder": "$response.body#/folder",
+                    },
+                    "description": "The page after this one (next_cursor is null on the last page)",
+                }
+            },
         },
         "400": {"$ref": "#/components/responses/BadRequest"},
         "401": {"$ref": "#/components/responses/Unauthorized"},
