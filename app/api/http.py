@@ -72,11 +72,14 @@ USER: Final = web.RequestKey("projector_api_user", int)  # set by the auth middl
 class ApiError(Exception):
     """An error the client caused or must know about; rendered as JSON with its status."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = dict(headers or {})
 
 
 def bad_request(message: str, code: str = "bad_request") -> ApiError:

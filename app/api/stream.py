@@ -73,7 +73,7 @@ def _gateway(request: web.Request) -> Gateway:
 
 
 def _tickets(ctx: ApiContext) -> TokenSigner:
-    return TokenSigner(ctx.settings.api_secret, TICKET_PURPOSE)
+    return TokenSigner(ctx.settings.api_secret, TICKET_PURPOSE, previous=ctx.settings.api_secret_previous)
 
 
 def _authenticate(request: web.Request, params: Mapping[str, str]) -> int:

@@ -27,7 +27,6 @@ from tests.garbage import (
     OPTIONAL_FIELDS,
     Garbage,
     GarbageMaker,
-    bad_value,
     break_field,
     fields_of,
     garbage,
