@@ -78,6 +78,7 @@ class ApiProcess:
             **stack.env,
             "PROJECTOR_API_SECRET": SECRET,
             "PROJECTOR_API_PORT": str(self.port),
+            "PROJECTOR_API_RATE_LIMIT_PER_S": "0",  # the fuzzer's volume is not what is tested here
             **env,
         }
         with self.log.open("ab") as out:
