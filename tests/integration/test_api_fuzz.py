@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.api_fuzz import ApiProcess, project_two_users, run_api_fuzz
+from tests.integration.api_fuzz import ApiProcess, FuzzReport, project_two_users, run_api_fuzz
 from tests.integration.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 async def _fuzz(
     make_stack: Callable[..., Stack], tmp_path: Path, examples: int, steps: int, seed: int
-) -> None:
+) -> FuzzReport:
     stack = make_stack("apifuzz", partitions=2, lanes=2)
     a, b = await project_two_users(stack, tmp_path)
     api = ApiProcess(stack, tmp_path)
@@ -38,9 +38,11 @@ async def _fuzz(
 async def test_every_operation_fuzzed_no_5xx_no_schema_violation_no_cross_user_read(
     make_stack: Callable[..., Stack], tmp_path: Path
 ) -> None:
-    await _fuzz(make_stack, tmp_path, examples=12, steps=80, seed=1)
+    report = await _fuzz(make_stack, tmp_path, examples=12, steps=80, seed=1)
+    assert report.requests >= 200 and len(report.by_operation) >= 14, report.line()
 
 
 @pytest.mark.chaos
 async def test_full_size_api_fuzz(make_stack: Callable[..., Stack], tmp_path: Path, chaos_seed: int) -> None:
-    await _fuzz(make_stack, tmp_path, examples=220, steps=1200, seed=chaos_seed)
+    report = await _fuzz(make_stack, tmp_path, examples=400, steps=1600, seed=chaos_seed)
+    assert report.requests >= 5000, report.line()
