@@ -129,3 +129,9 @@ def int_param(params: Mapping[str, str], name: str, default: int, low: int, high
     if not _DECIMAL.fullmatch(text) or not low <= int(text) <= high:
         raise bad_request(f"{name} must be an integer from {low} to {high}, got {text[:40]!r}")
     return int(text)
+
+
+def or_empty(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A query parameter's schema that also admits the empty value: `query` reads ``?name=`` as
+    absent, so the description must not call it invalid."""
+    return {"anyOf": [dict(schema), {"type": "string", "maxLength": 0}]}

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from app.api.http import ApiContext, ApiError, Route, bad_request, context, current_user, query
+from app.api.http import ApiContext, ApiError, Route, bad_request, context, current_user, or_empty, query
 from app.domain.wire_ids import ID_SCHEMA, id_text
 from app.members.model import BY_IDS_MAX, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX, BaseMember, parse_user_id
 from app.members.server import MemberService
@@ -329,7 +329,7 @@ READERS_OPERATION: Final[dict[str, Any]] = {
             "required": True,
             "schema": {"type": "integer", "minimum": 1, "maximum": _SEQ_MAX},
         },
-        {"name": "basic_only", "in": "query", "required": False, "schema": {"type": "boolean"}},
+        {"name": "basic_only", "in": "query", "required": False, "schema": or_empty({"type": "boolean"})},
     ],
     "responses": {"200": _ok("#/components/schemas/MessageReaders"), **_ERRORS},
 }

@@ -36,7 +36,7 @@ import orjson
 from aiohttp import web
 
 from app.api.badge import read_badge
-from app.api.http import ApiContext, ApiError, Route, bad_request, context, current_user, query
+from app.api.http import ApiContext, ApiError, Route, bad_request, context, current_user, or_empty, query
 from app.api.tokens import TokenError, TokenSigner
 from app.domain.wire_ids import U64_MAX, U64_PATTERN, id_text
 from app.gateway.hub import REPULL, TooManyConnections, encode_event
@@ -262,13 +262,13 @@ STREAM_OPERATION: Final[dict[str, Any]] = {
             "in": "query",
             "required": False,
             "description": "Resume after this projection_mailbox_seq (the Last-Event-ID header wins)",
-            "schema": {"type": "string", "pattern": U64_PATTERN},
+            "schema": or_empty({"type": "string", "pattern": U64_PATTERN}),
         },
         {
             "name": "Last-Event-ID",
             "in": "header",
             "required": False,
-            "schema": {"type": "string", "pattern": U64_PATTERN},
+            "schema": or_empty({"type": "string", "pattern": U64_PATTERN}),
         },
     ],
     "responses": {
