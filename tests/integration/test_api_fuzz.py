@@ -44,5 +44,5 @@ async def test_every_operation_fuzzed_no_5xx_no_schema_violation_no_cross_user_r
 
 @pytest.mark.chaos
 async def test_full_size_api_fuzz(make_stack: Callable[..., Stack], tmp_path: Path, chaos_seed: int) -> None:
-    report = await _fuzz(make_stack, tmp_path, examples=400, steps=1600, seed=chaos_seed)
+    report = await _fuzz(make_stack, tmp_path, examples=450, steps=2400, seed=chaos_seed)
     assert report.requests >= 5000, report.line()
