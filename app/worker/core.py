@@ -494,7 +494,10 @@ class WorkerCore:
         longer owing are written again (an untouched row that still owes keeps its record)."""
         if not owed and not state.owing:
             return
-        owing = set(owed)  # the writer owes only for rows that were applied: they exist
+        # The writer serves every partition: this one's owing rows are those it changed since
+        # the last persist (a row is staged when a batch applies to it) or already owed. A
+        # resident-rows test would miss a row evicted while it still owed.
+        owing = {key for key in owed if key in changes.rows or key in state.owing}
         changes.rows.update(owing ^ state.owing)
         state.owing = owing
         self.stats.state_owed_rows += len(owing & changes.rows)
