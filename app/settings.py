@@ -153,6 +153,10 @@ class Settings:
     projection_namespace: str = "proj"
     # Count persistent writes per (user, conversation) in the store (audit of docs/contract.md §3.9's bound).
     projection_count_writes: bool = False
+    # A worker whose projection-store writes fail holds its flushes (never lost: the changelog
+    # keeps them unflushed), pauses its intake and tries again after 0.25 s, 0.5 s, 1 s ... at
+    # most this far apart (README "Deploying a fleet", failure behaviours).
+    worker_store_retry_max_ms: int = bounded(30_000, 250, 600_000)
 
     # --- unread audit (issue 7; app/worker/audit.py) ----------------------------------------------
     # Every `unread_audit_interval_ms` the worker samples the rows that have unread and have not

@@ -49,7 +49,7 @@ def open_cluster(settings: Settings, *, connect_timeout: float = 10.0) -> tuple[
     from cassandra import UnresolvableContactPoints
     from cassandra.cluster import NoHostAvailable
 
-    from app.connections import unreachable_hint
+    from app.connections import quiet_logger, unreachable_hint
 
     points = ",".join(settings.cassandra_contact_points)
     hint = unreachable_hint(settings.cassandra_contact_points)
@@ -62,7 +62,9 @@ def open_cluster(settings: Settings, *, connect_timeout: float = 10.0) -> tuple[
             "no such host name"
         ) from None
     try:
-        session = cluster.connect()
+        # The driver logs each failed attempt with a traceback; the error below says it once.
+        with quiet_logger("cassandra"):
+            session = cluster.connect()
     except NoHostAvailable as exc:
         cluster.shutdown()
         raise CassandraUnavailable(
