@@ -186,6 +186,8 @@ class MailboxIntake:
         only grow them; the records wait in Kafka instead, the consumer stays in its group (it
         still polls). Called at every tick of the flush scheduler: a rebalance's recovery resumes
         every partition, and the next tick pauses them again."""
+        if not held and not self.held:
+            return
         consumer: Any = self.app.consumer
         owned = {TP(self.topic, partition) for partition in self.assigned}
         if held:

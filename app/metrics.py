@@ -304,8 +304,8 @@ class WorkerMetrics:
         )
         self.store_write_failures = Counter(
             "projector_store_write_failures",
-            "Projection-store writes of a flush that failed (the flush stays queued and is retried "
-            "with backoff; nothing is lost)",
+            "Flush writes (the projection store, then the frames) that failed; the flush stays "
+            "queued and is retried with backoff, nothing is lost",
             registry=r,
         )
         self.store_failing = Gauge(

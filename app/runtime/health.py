@@ -60,7 +60,7 @@ def worker_readiness(
 
     async def store_writes() -> None:
         backoff = core.store_backoff
-        if backoff is not None and backoff.failing:
+        if backoff is not None and core.store_failing:
             raise NotReady("failing", f"{backoff.failures} failed attempts: {backoff.last_error}")
 
     async def cassandra() -> None:

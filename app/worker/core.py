@@ -616,7 +616,8 @@ class WorkerCore:
             if not now and self._held(state):
                 await self._persist_held(state)
                 return 0
-            if not (self.store_failing and state.unpersisted_since is None):
+            failing = self.store_backoff is not None and self.store_backoff.failing
+            if not (failing and state.unpersisted_since is None):
                 # Persisted even with nothing queued: the caller asked for a flush, and a persist
                 # is what makes the offsets durable. (A retry after a failed write, with nothing
                 # changed since, has nothing to make durable: its flushes were persisted.)
@@ -670,8 +671,10 @@ class WorkerCore:
 
     @property
     def store_failing(self) -> bool:
-        """A projection-store write failed and none has succeeded since (flushes are held)."""
-        return self.store_backoff is not None and self.store_backoff.failing
+        """Flushes are held: a write failed and none has succeeded since. (A streak whose held
+        flushes all went to another worker with their partitions holds nothing: not failing,
+        and the intake fetches again; the next flush tries the store after the backoff.)"""
+        return self.store_backoff is not None and self.store_backoff.failing and self.held_flushes() > 0
 
     def held_flushes(self) -> int:
         """User batches produced and not yet published, all partitions."""
@@ -698,22 +701,21 @@ class WorkerCore:
         reason = f"{type(exc).__name__}: {exc}"
         if backoff.failed(self.clock(), reason):
             log.error(
-                "projection store write failed (%s); %d flushes held, retried with backoff "
+                "writing a flush failed (%s); %d flushes held, retried with backoff "
                 "(up to %.0f s apart): nothing is lost, the changelog keeps them unflushed",
                 reason,
                 self.held_flushes(),
                 backoff.max_delay_ms / 1000,
             )
         else:
-            log.debug("projection store write failed again (partition %d): %s", state.partition, reason)
+            log.debug("writing a flush failed again (partition %d): %s", state.partition, reason)
         return True
 
     def _store_succeeded(self) -> None:
         streak = self.store_backoff.succeeded(self.clock()) if self.store_backoff is not None else None
         if streak is not None:
             log.warning(
-                "projection store writes again after %d failed attempts in %.1f s; publishing %d "
-                "held flushes",
+                "flushes are written again after %d failed attempts in %.1f s; publishing %d held flushes",
                 streak.failures,
                 streak.duration_ms / 1000,
                 self.held_flushes(),

@@ -155,7 +155,7 @@ async def test_a_worker_is_ready_then_rides_out_its_redis_going_down_and_coming_
     stack.stop_workers()
     assert stack.workers[0].returncode == 0, stack.log_tail()
     log = (stack.tmp / "worker-0.log").read_text(errors="replace")
-    assert log.count("projection store write failed") == 1, stack.log_tail(lines=120)
-    assert log.count("projection store writes again after") == 1
+    assert log.count("writing a flush failed") == 1, stack.log_tail(lines=120)
+    assert log.count("flushes are written again after") == 1
     assert "Event loop is closed" not in log
     assert "Traceback" not in log  # not one per attempt, not one at all
