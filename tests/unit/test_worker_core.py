@@ -20,52 +20,17 @@ from app.domain.projector import ProjectorConfig
 from app.replay import ReplayOptions, run_replay
 from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
+from app.stores.memory_tables import MemoryTables
 from app.worker.core import MIRROR_BACKLOG_BATCHES, WorkerConfig, WorkerCore
-from app.worker.ports import PartitionSnapshot, RawRecord, raw_record
+from app.worker.ports import RawRecord, raw_record
 from tests.projection_files import as_replay_files
 from tests.strategies import Stream, scenarios, streams
 from tests.unit.builders import CONV_A, CONV_B
 from tests.unit.builders import Stream as Builder
 from tests.unit.mirror_writer import MirrorWriter
 
-
-class DictTables:
-    """StateTables over dicts: what the changelog topics would restore after a crash."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, dict[str, bytes]] = {"rows": {}, "users": {}, "gates": {}, "pending": {}}
-        self.republished: list[int] = []
-
-    def put_row(self, partition: int, user_id: int, conversation_id: str, blob: bytes) -> None:
-        self.data["rows"][f"{partition}/{user_id}/{conversation_id}"] = blob
-
-    def put_user(self, partition: int, user_id: int, blob: bytes) -> None:
-        self.data["users"][f"{partition}/{user_id}"] = blob
-
-    def put_gate(self, partition: int, blob: bytes) -> None:
-        self.data["gates"][str(partition)] = blob
-
-    def put_pending(self, partition: int, user_id: int, mailbox_seq: int, raw: bytes) -> None:
-        self.data["pending"][f"{partition}/{user_id}/{mailbox_seq}"] = raw
-
-    def delete_pending(self, partition: int, user_id: int, mailbox_seq: int) -> None:
-        self.data["pending"].pop(f"{partition}/{user_id}/{mailbox_seq}", None)
-
-    async def commit(self) -> None:
-        pass
-
-    def republish(self, partition: int) -> None:
-        self.republished.append(partition)
-
-    def snapshot(self, partition: int) -> PartitionSnapshot:
-        prefix = f"{partition}/"
-
-        def values(name: str) -> list[bytes]:
-            return [v for k, v in self.data[name].items() if k.startswith(prefix)]
-
-        return PartitionSnapshot(
-            values("rows"), values("users"), self.data["gates"].get(str(partition)), values("pending")
-        )
+# The in-memory state tables (what the changelog topics would restore after a crash).
+DictTables = MemoryTables
 
 
 class Outbox:
@@ -250,19 +215,18 @@ def test_pending_entries_survive_a_crash_in_the_tables() -> None:
     store = InMemoryMessageStore()
     core = make_core(2, tables, store, projections, outbox, clock)
     asyncio.run(core.on_records(records(s.lines)))
-    assert tables.data["pending"] == {}  # hot state: persisted at the window's end, not per batch
+    assert tables.count(0, "pending") == 0  # hot state: persisted at the window's end, not per batch
     clock.now += 100
     asyncio.run(core.flush_due(clock.now))
-    assert len(tables.data["pending"]) == 1 and core.stats.applied == 0
+    assert tables.count(0, "pending") == 1 and core.stats.applied == 0
     assert core.durable_offsets() == {0: len(s.lines)}
     restarted = make_core(2, tables, store, projections, outbox, clock)
     asyncio.run(restarted.restore_assigned([0]))
-    assert tables.republished == [0]  # what was restored goes to the changelog again
     marker = b'{"type":"watermark","lane":1,"watermark":1,"ts":5}'
     late = RawRecord("mailbox-tail", 0, len(s.lines), None, marker)
     asyncio.run(restarted.on_records([late]))
     asyncio.run(restarted.flush_all())
-    assert tables.data["pending"] == {}
+    assert tables.count(0, "pending") == 0
     stored = asyncio.run(projections.load(7))
     assert stored.rows[CONV_A]["unread_count"] == 1
 
@@ -553,11 +517,12 @@ def test_an_unreadable_owed_record_is_logged_and_the_partition_still_restores() 
     core.state_writer = down
     asyncio.run(core.on_records(records(s.close())))
     asyncio.run(core.flush_all())
-    (key,) = tables.data["rows"]
-    record = msgspec.msgpack.decode(tables.data["rows"][key])
+    rows = tables.data[0]["rows"]
+    (key,) = rows
+    record = msgspec.msgpack.decode(rows[key])
     assert set(record["mirror_owed"]) == {"state"}
     record["mirror_owed"] = [1, 2]  # not what this version writes
-    tables.data["rows"][key] = msgspec.msgpack.encode(record)
+    rows[key] = msgspec.msgpack.encode(record)
     restarted = make_core(1, tables, store, InMemoryProjectionStore(), Outbox(), Clock())
     restarted.state_writer = MirrorWriter({})
     asyncio.run(restarted.restore_assigned([0]))
@@ -608,6 +573,40 @@ def test_a_kill_between_the_persist_and_the_store_write_loses_no_row() -> None:
         clock.now += 10_000  # the restored partition flushes within one window
         await restarted.flush_due(clock.now)
         return await final_projection(projections, [7])
+
+    rows, badges = asyncio.run(run())
+    assert rows == expected.projections
+    assert badges == expected.badges
+
+
+def test_work_no_flush_carried_survives_two_crashes_in_a_row() -> None:
+    """A restored partition reads only the users its gate record lists as having work no flush
+    carried. That list must survive the restored worker's own persists until those users are
+    flushed: killed again before the flush, the next restart must still find them."""
+    s = Builder()
+    s.message(7, 1, conv=CONV_A)
+    first = s.close()
+    s.lines = []
+    s.message(8, 2, conv=CONV_B)
+    second = s.close()
+    lines = [*first, *second]
+    expected = run_replay(lines, ReplayOptions())
+    store = message_store_for(lines, 1)
+    tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), Clock()
+
+    async def run() -> tuple[list[Any], list[Any]]:
+        core = make_core(1, tables, store, projections, outbox, clock, window_ms=100_000)
+        await core.on_records(records(first))
+        await core.persist(core.partitions[0])  # persisted, never flushed: killed here
+        again = make_core(1, tables, store, projections, outbox, clock, window_ms=100_000)
+        await again.restore_assigned([0])
+        await again.on_records(records(second, len(first)))  # user 8 only
+        await again.persist(again.partitions[0])  # killed again before any flush
+        last = make_core(1, tables, store, projections, outbox, clock, window_ms=100)
+        await last.restore_assigned([0])
+        clock.now += 10_000
+        await last.flush_due(clock.now)
+        return await final_projection(projections, [7, 8])
 
     rows, badges = asyncio.run(run())
     assert rows == expected.projections

@@ -60,7 +60,8 @@ def with_backoff(core: WorkerCore, seed: int = 0) -> WorkerCore:
 
 
 def flushed_seq(tables: DictTables, user_id: int) -> int:
-    record: dict[str, Any] = msgspec.msgpack.decode(tables.data["users"][f"0/{user_id}"])
+    """The last flushed version the user's changelog record says (partition 0)."""
+    record: dict[str, Any] = msgspec.msgpack.decode(tables.get_users(0, [user_id])[user_id])
     return int(record["flushed_seq"])
 
 
