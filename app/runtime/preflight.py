@@ -92,7 +92,7 @@ async def check_source_topic(settings: Settings, timeout_s: float) -> None:
 
 async def check_redis(settings: Settings, timeout_s: float) -> None:
     from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import RedisError
+    from redis.exceptions import RedisClusterException, RedisError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     from app.stores.redis_projection import RedisProjectionStore
@@ -102,7 +102,8 @@ async def check_redis(settings: Settings, timeout_s: float) -> None:
     store = RedisProjectionStore.from_settings(settings)
     try:
         await asyncio.wait_for(store.client.ping(), timeout=timeout_s)
-    except (RedisConnectionError, RedisTimeoutError, TimeoutError, OSError) as exc:
+    # A cluster client that reaches no node raises RedisClusterException (not a RedisError).
+    except (RedisConnectionError, RedisTimeoutError, RedisClusterException, TimeoutError, OSError) as exc:
         reason = str(exc).rstrip(".") or type(exc).__name__
         raise CannotStart(f"cannot reach Redis at {where} ({reason}){unreachable_hint(hosts)}") from None
     except RedisError as exc:  # it answers, and refuses (credentials, ACL, protocol)
