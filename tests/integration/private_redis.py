@@ -50,6 +50,10 @@ class PrivateRedis:
                 raise AssertionError(f"redis-server on {self.port} did not answer in {timeout}s")
             time.sleep(0.05)
 
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def kill(self) -> None:
         """SIGKILL: connections refused from now on, until `start`."""
         if self.proc is not None and self.proc.poll() is None:

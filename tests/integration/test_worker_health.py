@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,15 @@ async def private_redis(tmp_path: Path) -> AsyncIterator[PrivateRedis]:
     redis.start()
     yield redis
     redis.stop()
+
+
+@pytest.fixture
+def running_after(private_redis: PrivateRedis) -> Iterator[None]:
+    """Runs before make_stack's clean-up (which deletes the test's keys in that Redis): a test
+    that failed during its outage leaves the server killed."""
+    yield
+    if not private_redis.running:
+        private_redis.start()
 
 
 async def get(url: str) -> tuple[int, dict[str, Any], dict[str, str]]:
@@ -81,7 +90,7 @@ def metric(text: str, name: str) -> float:
 
 
 async def test_a_worker_is_ready_then_rides_out_its_redis_going_down_and_coming_back(
-    private_redis: PrivateRedis, make_stack: Callable[..., Stack], tmp_path: Path
+    private_redis: PrivateRedis, make_stack: Callable[..., Stack], running_after: None, tmp_path: Path
 ) -> None:
     port = free_port()
     overrides = {
@@ -142,7 +151,10 @@ async def test_a_worker_is_ready_then_rides_out_its_redis_going_down_and_coming_
     assert metric(text, "projector_flushes_held") >= 1
     body, headers = await wait_status(f"{base}/readyz", 503, 60, alive)
     assert body["status"] == "not_ready" and headers["Retry-After"] == "5"
-    assert body["checks"]["redis"] == "unavailable" and body["checks"]["store_writes"] == "failing"
+    # Refused at once, or (a client that retries its connection) no answer within the budget.
+    assert (
+        body["checks"]["redis"] in ("unavailable", "timeout") and body["checks"]["store_writes"] == "failing"
+    )
     assert body["checks"]["kafka"] == body["checks"]["cassandra"] == "ok"
     assert {"redis", "store_writes"} <= set(body["failed"])
     status, live, _ = await get(f"{base}/livez")
