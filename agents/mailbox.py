@@ -181,11 +181,12 @@ class MailboxIntake:
             self.assignments += 1
 
     def hold(self, held: bool) -> None:
-        """While the projection store fails (flushes held, app/worker/retry.py): no fetching of
-        the owned partitions. What was applied waits as held flushes, and more records would
-        only grow them; the records wait in Kafka instead, the consumer stays in its group (it
-        still polls). Called at every tick of the flush scheduler: a rebalance's recovery resumes
-        every partition, and the next tick pauses them again."""
+        """While the projection store fails and the held flushes reached their bound
+        (app/worker/retry.py, PROJECTOR_WORKER_HELD_ROWS_MAX): no fetching of the owned
+        partitions, more records would only grow them; the records wait in Kafka instead, the
+        consumer stays in its group (it still polls). Called at every tick of the flush
+        scheduler: a rebalance's recovery resumes every partition, and the next tick pauses them
+        again."""
         if not held and not self.held:
             return
         consumer: Any = self.app.consumer
@@ -195,7 +196,8 @@ class MailboxIntake:
                 consumer.pause_partitions(owned)
             if not self.held:
                 log.info(
-                    "intake paused while the projection store fails: partitions %s", sorted(self.assigned)
+                    "intake paused (flushes held while the projection store fails): partitions %s",
+                    sorted(self.assigned),
                 )
             self.held = True
         elif self.held and not self.app.rebalancing:  # a recovery resumes them itself

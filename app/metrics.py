@@ -310,7 +310,7 @@ class WorkerMetrics:
         )
         self.store_failing = Gauge(
             "projector_store_failing",
-            "1 while projection-store writes fail (flushes held, intake paused), else 0",
+            "1 while flush writes fail and flushes are held (retried with backoff), else 0",
             registry=r,
         )
         self.flushes_held = Gauge(

@@ -168,9 +168,13 @@ class Settings:
     # The API never waits: it answers 503. 0 = no retries.
     redis_retry_budget_ms: int = 30_000
     # A worker whose projection-store writes fail holds its flushes (never lost: the changelog
-    # keeps them unflushed), pauses its intake and tries again after 0.25 s, 0.5 s, 1 s ... at
-    # most this far apart (README "Deploying a fleet", failure behaviours).
+    # keeps them unflushed) and tries again after 0.25 s, 0.5 s, 1 s ... at most this far apart
+    # (README "Deploying a fleet", failure behaviours).
     worker_store_retry_max_ms: int = bounded(30_000, 250, 600_000)
+    # Meanwhile it goes on reading, applying and committing (its changelog keeps the held users
+    # "not flushed") until its held flushes carry this many rows; then it stops fetching until
+    # the store writes again (memory stays bounded however long the outage). 0 = stop at once.
+    worker_held_rows_max: int = bounded(100_000, 0)
 
     # --- unread audit (issue 7; app/worker/audit.py) ----------------------------------------------
     # Every `unread_audit_interval_ms` the worker samples the rows that have unread and have not

@@ -115,7 +115,9 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
             except Exception:  # anything else (the changelog, the frames): retried next tick
                 log.exception("flush failed (retried at the next deadline)")
                 await asyncio.sleep(MAX_FLUSH_SLEEP_S)
-            intake.hold(core.store_failing)  # no fetching while flushes are held
+            # Reading on while flushes are held (the changelog keeps them unflushed), up to a
+            # bound on what they hold in memory; then no fetching until the store writes again.
+            intake.hold(core.store_failing and core.held_rows() >= settings.worker_held_rows_max)
             if metrics is not None:
                 metrics.sync(core)
 

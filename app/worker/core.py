@@ -697,6 +697,12 @@ class WorkerCore:
         """User batches produced and not yet published, all partitions."""
         return sum(len(batches) for s in self.partitions.values() for batches in s.unpublished)
 
+    def held_rows(self) -> int:
+        """Rows in those batches (what holding them costs in memory)."""
+        return sum(
+            len(b.rows) for s in self.partitions.values() for batches in s.unpublished for b in batches
+        )
+
     def _held(self, state: PartitionState) -> bool:
         backoff = self.store_backoff
         return backoff is not None and bool(state.unpublished) and not backoff.ready(self.clock())

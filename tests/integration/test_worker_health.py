@@ -2,8 +2,8 @@
 
 A worker on a redis-server of the test's own: ready once it has its partitions, not ready (and
 still live) while that Redis is down, and it never dies of the outage: its flushes are held (one
-log line, a metric), its intake paused, and when Redis is back everything it held is written,
-the projection equal to replay's."""
+log line, a metric), its intake paused (past a bound on held rows, 0 here), and when Redis is
+back everything it held is written, the projection equal to replay's."""
 
 from __future__ import annotations
 
@@ -97,6 +97,7 @@ async def test_a_worker_is_ready_then_rides_out_its_redis_going_down_and_coming_
         "PROJECTOR_REDIS_URL": private_redis.url,
         "PROJECTOR_WORKER_METRICS_PORT": str(port),
         "PROJECTOR_WORKER_STORE_RETRY_MAX_MS": "1000",
+        "PROJECTOR_WORKER_HELD_ROWS_MAX": "0",  # stop reading at the first held flush
     }
     if "PROJECTOR_REDIS_RETRY_BUDGET_MS" in Settings.env_names():
         # The store's own retries of one call (Redis Cluster work): short, so that each of the
@@ -174,5 +175,6 @@ async def test_a_worker_is_ready_then_rides_out_its_redis_going_down_and_coming_
     log = (stack.tmp / "worker-0.log").read_text(errors="replace")
     assert log.count("writing a flush failed") == 1, stack.log_tail(lines=120)
     assert log.count("flushes are written again after") == 1
+    assert log.count("intake paused (flushes held") == 1 and log.count("intake resumed") == 1
     assert "Event loop is closed" not in log
     assert "Traceback" not in log  # not one per attempt, not one at all

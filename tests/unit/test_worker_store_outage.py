@@ -89,6 +89,7 @@ def test_a_failing_write_is_held_logged_once_and_published_when_the_store_is_bac
         assert core.store_failing and core.stats.store_write_failures == 1
         held = core.held_flushes()
         assert held == 2 and core.partitions[0].unpublished
+        assert core.held_rows() == 3  # user 7's two rows, user 8's one
         # The changelog says "not flushed" for both users (a restart flushes them again).
         assert flushed_seq(tables, 7) == flushed_seq(tables, 8) == 0
         attempts = projections.attempts
