@@ -85,12 +85,14 @@ def make_core(
     clock: Clock,
     window_ms: int = 100,
     max_dirty_rows: int = 100_000,
+    hot_rows: int = 500_000,
 ) -> WorkerCore:
     config = WorkerConfig(
         lanes=lanes,
         projector=ProjectorConfig(
             window_ms=window_ms, max_dirty_rows=max_dirty_rows, include_muted=False, unread_precise_limit=200
         ),
+        hot_rows=hot_rows,
     )
     return WorkerCore(
         config, message_store=store, projection_store=projections, tables=tables, outbox=outbox, clock=clock
@@ -140,8 +142,11 @@ SETTINGS = settings(
     stream=st.one_of(streams(), streams(scenarios(min_steps=30, max_steps=120))),
     seed=st.integers(0, 2**32 - 1),
     crash=st.booleans(),
+    hot_rows=st.sampled_from([500_000, 500_000, 1, 3]),
 )
-def test_worker_projection_equals_replay(stream: Stream, seed: int, crash: bool) -> None:
+def test_worker_projection_equals_replay(stream: Stream, seed: int, crash: bool, hot_rows: int) -> None:
+    """Whatever the batching, the flush timing, a crash between batches — and a hot set of a
+    handful of rows, so that every persist evicts and every batch reads the state back."""
     lines = [line for line in stream.lines() if line.strip()]
     expected = run_replay(lines, ReplayOptions(lanes=stream.lanes))
     rnd = random.Random(seed)
@@ -149,8 +154,11 @@ def test_worker_projection_equals_replay(stream: Stream, seed: int, crash: bool)
     tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), Clock()
     recs = records(lines)
 
+    def new_core() -> WorkerCore:
+        return make_core(stream.lanes, tables, store, projections, outbox, clock, hot_rows=hot_rows)
+
     async def run() -> None:
-        core = make_core(stream.lanes, tables, store, projections, outbox, clock)
+        core = new_core()
         parts = batches(recs, rnd)
         if crash and parts:
             cut = rnd.randrange(len(parts))
@@ -160,7 +168,7 @@ def test_worker_projection_equals_replay(stream: Stream, seed: int, crash: bool)
             # from there, or from a few records earlier (an older commit).
             crashed = core.partitions.get(0)
             durable = crashed.durable_offset if crashed is not None else None
-            core = make_core(stream.lanes, tables, store, projections, outbox, clock)
+            core = new_core()
             again = recs[max(0, (durable or 0) - rnd.randint(0, 5)) :]
             await feed(core, batches(again, rnd), clock, rnd)
         else:
@@ -609,5 +617,43 @@ def test_work_no_flush_carried_survives_two_crashes_in_a_row() -> None:
         return await final_projection(projections, [7, 8])
 
     rows, badges = asyncio.run(run())
+    assert rows == expected.projections
+    assert badges == expected.badges
+
+
+def test_a_hot_set_of_two_rows_reads_the_state_back_and_ends_as_replay() -> None:
+    """Six rows, at most two in memory: every persist evicts, batches read users and rows back
+    from the tables (one multi-get each), badges are recomputed over rows read back; the outcome
+    is replay's."""
+    s = Builder()
+    seq = 0
+    for _ in range(4):
+        for user in (7, 8, 9):
+            for conv in (CONV_A, CONV_B):
+                seq += 1
+                s.message(user, seq, conv=conv, mention=seq % 5 == 0)
+        s.marker(0)  # the lane reports: these entries apply now
+        s.read(7, seq - 2, conv=CONV_A)
+    lines = s.close()
+    expected = run_replay(lines, ReplayOptions())
+    store = message_store_for(lines, 1)
+    tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), Clock()
+    core = make_core(1, tables, store, projections, outbox, clock, hot_rows=2)
+
+    async def run() -> int:
+        most = 0
+        for start in range(0, len(lines), 3):
+            await core.on_records(records(lines[start : start + 3], start))
+            clock.now += 150
+            await core.flush_due(clock.now)
+            most = max(most, core.partitions[0].processor.resident_rows)
+        await core.flush_all()
+        return most
+
+    asyncio.run(run())
+    processor = core.partitions[0].processor
+    assert processor.residency is not None and processor.residency.reads > 0
+    assert processor.resident_rows <= 2
+    rows, badges = asyncio.run(final_projection(projections, [7, 8, 9]))
     assert rows == expected.projections
     assert badges == expected.badges
