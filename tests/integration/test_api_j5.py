@@ -408,4 +408,4 @@ async def test_projector_api_and_token_commands(env: Env, schema: str) -> None:
         text=True,
         timeout=60,
     )
-    assert refused.returncode == 1 and "PROJECTOR_API_SECRET" in refused.stderr
+    assert refused.returncode == 2 and "PROJECTOR_API_SECRET" in refused.stderr
