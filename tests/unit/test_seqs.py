@@ -53,6 +53,8 @@ def test_every_representation_behaves_as_a_set(ops: list[tuple[object, ...]], pr
         for probe in [*probes, *ordered[:3]]:
             assert seqs.has(value, probe) == (probe in model)
             assert seqs.rank(value, probe) == sum(1 for s in model if s <= probe)
+        for low, width in [(p, w) for p in probes[:3] for w in (1, 7, 2**33)]:
+            assert seqs.count_range(value, low, low + width) == sum(1 for s in model if low <= s < low + width)
             assert seqs.count_range(value, probe, probe + 1000) == sum(
                 1 for s in model if probe <= s < probe + 1000
             )
