@@ -134,7 +134,8 @@ class SessionsClient:
                 ) from None
             if resp.status != 200 or not isinstance(body, dict):
                 error = body.get("error", {}) if isinstance(body, dict) else {}
-                failure = ClientError(resp.status, str(error.get("code", "?")), str(error.get("message", body)))
+                code, message = str(error.get("code", "?")), str(error.get("message", body))
+                failure = ClientError(resp.status, code, message)
                 after = _retry_after_s(resp.headers.get("Retry-After"))
                 if resp.status in (429, 503) and after is not None:
                     raise _Busy(failure, after)
