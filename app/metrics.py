@@ -86,6 +86,9 @@ WORKER_METRICS: Final = (
     "projector_store_write_failures_total",
     "projector_store_failing",
     "projector_flushes_held",
+    # Arrival reconciliation (docs/contract.md §9): entries the markers' counts say were sent to
+    # a partition and it never received.
+    "projector_entries_missing",
 )
 API_METRICS: Final = (
     "projector_snapshot_hits_total",
@@ -318,9 +321,18 @@ class WorkerMetrics:
             "User flushes produced and not yet written to the projection store",
             registry=r,
         )
+        self.entries_missing = Gauge(
+            "projector_entries_missing",
+            "Entries of a lane its last watermark marker's count says were sent to this partition "
+            "(mailbox_seq <= W) and the partition never received; 0 when the marker carried no "
+            "count (docs/contract.md §9). Nothing is held back or invented because of it",
+            ["partition", "lane"],
+            registry=r,
+        )
         self._seen = _Seen()
         self._lag_partitions: set[int] = set()
         self._lanes: set[tuple[str, str]] = set()
+        self._missing_lanes: set[tuple[str, str]] = set()
 
     def observe_flush(self, seconds: float) -> None:
         self.flush_latency.observe(seconds)
@@ -358,6 +370,7 @@ class WorkerMetrics:
         pending = 0
         current: set[int] = set()
         lanes: set[tuple[str, str]] = set()
+        missing_lanes: set[tuple[str, str]] = set()
         for partition, state in list(core.partitions.items()):
             label = str(partition)
             processor = state.processor
@@ -371,6 +384,9 @@ class WorkerMetrics:
                 if mark is not None:
                     self.watermark_lane.labels(label, str(lane)).set(mark)
                     lanes.add((label, str(lane)))
+            for lane, missing in enumerate(processor.arrivals.missing_by_lane()):
+                self.entries_missing.labels(label, str(lane)).set(missing)
+                missing_lanes.add((label, str(lane)))
             current.add(partition)
         for gone in self._lag_partitions - current:  # revoked: another worker reports it now
             for gauge in (
@@ -382,8 +398,11 @@ class WorkerMetrics:
                 gauge.remove(str(gone))
         for pair in self._lanes - lanes:
             self.watermark_lane.remove(*pair)
+        for pair in self._missing_lanes - missing_lanes:
+            self.entries_missing.remove(*pair)
         self._lag_partitions = current
         self._lanes = lanes
+        self._missing_lanes = missing_lanes
         self.entries_pending.set(pending)
 
 

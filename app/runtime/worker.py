@@ -26,6 +26,7 @@ from app.runtime.health import CHECK_BUDGET_S, worker_readiness
 from app.runtime.outbox import KafkaOutbox
 from app.runtime.web import start_metrics_server
 from app.settings import Settings
+from app.worker.arrivals import MissingLog
 from app.worker.audit import AuditConfig, audit_tick
 from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms
 from app.worker.retry import Backoff
@@ -100,6 +101,8 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
 
         app.before_consumer_stop.append(close_health)
 
+    missing = MissingLog()
+
     @app.task  # type: ignore[untyped-decorator]  # faust's decorator is untyped
     async def flush_scheduler() -> None:
         """Flushes at each window's end (the processors' deadlines), not on a coarse tick."""
@@ -118,6 +121,7 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
             # Reading on while flushes are held (the changelog keeps them unflushed), up to a
             # bound on what they hold in memory; then no fetching until the store writes again.
             intake.hold(core.store_failing and core.held_rows() >= settings.worker_held_rows_max)
+            missing.check(core)
             if metrics is not None:
                 metrics.sync(core)
 

@@ -429,6 +429,8 @@ class WorkerCore:
         if state.next_offset is None:
             state.next_offset = offset
             state.processor.changes.gate = True
+            if offset > 0:  # begins mid-log: the lanes' counts are baselined (app/domain/arrivals.py)
+                state.processor.arrivals.start_mid_stream()
             log.info("partition %d: starting at offset %d", partition, offset)
 
     def durable_offsets(self) -> dict[int, int]:

@@ -92,7 +92,10 @@ TYPES: dict[str, dict[str, Check]] = {
     "delete_conversation": {"deleted_before_conversation_seq": CSEQ0},
     "mailbox_dirty": {},
 }
-OPTIONAL: dict[str, dict[str, Check]] = {"join": {"role": _one_of("owner", "admin", "member")}}
+OPTIONAL: dict[str, dict[str, Check]] = {
+    "join": {"role": _one_of("owner", "admin", "member")},
+    "watermark": {"count": SEQ0},  # docs/contract.md §9: a u64 when present (null is no count)
+}
 MARKER: dict[str, Check] = {"lane": SEQ0, "watermark": SEQ0, "ts": SEQ0}
 
 
@@ -148,6 +151,9 @@ def parse_line(line: bytes, lanes: int) -> tuple[str, Any]:
     if kind == "watermark":
         for name, ok in MARKER.items():
             if name not in obj or not ok(obj[name]):
+                return "bad", f"marker field {name}"
+        for name, ok in OPTIONAL["watermark"].items():
+            if name in obj and not ok(obj[name]):
                 return "bad", f"marker field {name}"
         if obj["lane"] >= lanes:
             return "bad", "lane out of range"
