@@ -89,6 +89,13 @@ WORKER_METRICS: Final = (
     # Arrival reconciliation (docs/contract.md §9): entries the markers' counts say were sent to
     # a partition and it never received.
     "projector_entries_missing",
+    # The projection restore (issue 18, app/worker/restore.py): a store that lost data written
+    # again from the workers' state.
+    "projector_projection_restores_total",
+    "projector_projection_restore_checked_users_total",
+    "projector_projection_restored_users_total",
+    "projector_projection_restored_rows_total",
+    "projector_projection_restore_reflushed_users_total",
 )
 API_METRICS: Final = (
     "projector_snapshot_hits_total",
@@ -329,6 +336,30 @@ class WorkerMetrics:
             ["partition", "lane"],
             registry=r,
         )
+        self.projection_restores = Counter(
+            "projector_projection_restores",
+            "Partitions whose projection was restored whole from the worker's state after the "
+            "projection store lost data (its markers gone, or its servers' run ids changed)",
+            registry=r,
+        )
+        self.restore_checked_users = Counter(
+            "projector_projection_restore_checked_users",
+            "Users a projection restore compared with the store (version and row count)",
+            registry=r,
+        )
+        self.restored_users = Counter(
+            "projector_projection_restored_users",
+            "Users a projection restore wrote again whole at their version (with correction frames)",
+            registry=r,
+        )
+        self.restored_rows = Counter(
+            "projector_projection_restored_rows", "Rows those restore writes carried", registry=r
+        )
+        self.restore_reflushed_users = Counter(
+            "projector_projection_restore_reflushed_users",
+            "Users with work not flushed yet that a projection restore handed whole to their next flush",
+            registry=r,
+        )
         self._seen = _Seen()
         self._lag_partitions: set[int] = set()
         self._lanes: set[tuple[str, str]] = set()
@@ -365,6 +396,11 @@ class WorkerMetrics:
         self.flushes_held.set(core.held_flushes())
         self.intake_records_skipped.inc(seen.delta("intake_records_skipped", stats.intake_records_skipped))
         self.intake_hole_offsets.inc(seen.delta("intake_hole_offsets", stats.intake_hole_offsets))
+        self.projection_restores.inc(seen.delta("projection_restores", stats.projection_restores))
+        self.restore_checked_users.inc(seen.delta("restore_checked_users", stats.restore_checked_users))
+        self.restored_users.inc(seen.delta("restored_users", stats.restored_users))
+        self.restored_rows.inc(seen.delta("restored_rows", stats.restored_rows))
+        self.restore_reflushed_users.inc(seen.delta("restore_reflushed_users", stats.restore_reflushed_users))
         if stats.projection_writes:
             self.compression_ratio.set(stats.applied / stats.projection_writes)
         pending = 0

@@ -29,6 +29,7 @@ from app.settings import Settings
 from app.worker.arrivals import MissingLog
 from app.worker.audit import AuditConfig, audit_tick
 from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms
+from app.worker.restore import ProjectionRestorer, RestoreConfig
 from app.worker.retry import Backoff
 from tables.state import FaustStateTables, declare_tables
 
@@ -130,6 +131,17 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
         await intake.check_fetched()
         await intake.commit()
 
+    restore = RestoreConfig.from_settings(settings)
+    if restore.interval_ms > 0:
+        from app.stores.redis_restore import RedisRestoreTarget
+
+        restorer = ProjectionRestorer(core, RedisRestoreTarget(_projection_store(core)), restore)
+
+        @app.task  # type: ignore[untyped-decorator]  # faust's decorator is untyped
+        async def projection_restore() -> None:
+            """Finds a projection store that lost data and writes it again (app/worker/restore.py)."""
+            await restorer.run()
+
     audit = AuditConfig.from_settings(settings)
 
     @app.timer(interval=audit.interval_ms / 1000)  # type: ignore[untyped-decorator]  # same
@@ -169,11 +181,15 @@ def build_core(
 
 def _store_client(core: WorkerCore) -> Any:
     """The projection store's Redis client (the readiness check pings it)."""
+    return _projection_store(core).client
+
+
+def _projection_store(core: WorkerCore) -> Any:
     from app.stores.redis_projection import RedisProjectionStore
 
     store = core.projection_store
     assert isinstance(store, RedisProjectionStore)  # build_core made it
-    return store.client
+    return store
 
 
 def _cassandra_session(core: WorkerCore) -> Any:

@@ -115,6 +115,13 @@ class WorkerStats(ProcessingStats):
     audit_drift_ratio: float = 0.0
     # Dead letters by kind (app.domain.entries.DEAD_LETTER_KINDS): the metrics' reason label.
     dead_letter_kinds: dict[str, int] = field(default_factory=dict)
+    # The projection restore (app/worker/restore.py): partitions restored, users checked against
+    # the store, users written again (and their rows), users handed to their next flush whole.
+    projection_restores: int = 0
+    restore_checked_users: int = 0
+    restored_users: int = 0
+    restored_rows: int = 0
+    restore_reflushed_users: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -213,6 +220,9 @@ class WorkerCore:
         self.metrics = metrics
         self.partitions: dict[int, PartitionState] = {}
         self.stats = WorkerStats()
+        # Users a flush found stored at a version older than their last flush's: the store lost
+        # them (app/worker/restore.py writes them whole again).
+        self.store_behind: set[int] = set()
         self._flush_lock = asyncio.Lock()
         # Held while a batch is applied and while a partition is persisted: a persist snapshots
         # rows, offsets and the Cassandra mirror at one point between batches.
@@ -676,6 +686,8 @@ class WorkerCore:
                 # went out with the first write, or clients detect the gap and re-pull.
                 self.stats.refused_writes += 1
                 continue
+            if stored_before < batch.prev_projection_mailbox_seq:
+                self.store_behind.add(batch.user_id)  # it held more than this: its data went
             self.stats.projection_writes += len(batch.rows)
             # prev = what the store held, i.e. the last version any client can have seen.
             published = dataclasses.replace(batch, prev_projection_mailbox_seq=stored_before)
