@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 
 from app.settings import Settings
-from tests.projection_files import as_replay_files
+from tests.support.projection_files import as_replay_files
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECTOR = [sys.executable, "-m", "app"]
@@ -314,3 +314,49 @@ async def scrape_until(
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def store_messages(settings: Settings, lines: Iterable[bytes]) -> None:
+    """Write the stream's messages, recalls and heads to the real MessageStore first, as the
+    chat backend (and `projector simulate`) does before the mailbox entries go out: a bounded
+    recompute in the worker reads them there."""
+    from app.stores.cassandra_messages import CassandraMessageStore, ConversationHead, NewMessage
+    from app.stores.cassandra_session import open_cluster
+
+    messages: dict[tuple[str, int], NewMessage] = {}
+    recalls: list[tuple[str, int, bool]] = []
+    for e in map(orjson.loads, lines):
+        if e.get("type") == "message":
+            key = (e["conversation_id"], e["conversation_seq"])
+            mentions = frozenset({e["user_id"]}) if e["mention"] else frozenset()
+            if key in messages:
+                mentions |= messages[key].mentions
+            messages[key] = NewMessage(
+                e["conversation_id"],
+                e["conversation_seq"],
+                e["message_id"],
+                e["activity_id"],
+                e["sender_id"],
+                e["created_at"],
+                e["counts_unread"],
+                mentions,
+            )
+        elif e.get("type") == "recall":
+            recalls.append((e["conversation_id"], e["target_conversation_seq"], False))
+    heads: dict[str, ConversationHead] = {}
+    for m in messages.values():
+        if (
+            m.conversation_id not in heads
+            or m.conversation_seq > heads[m.conversation_id].latest_conversation_seq
+        ):
+            heads[m.conversation_id] = ConversationHead(
+                m.conversation_id, m.conversation_seq, m.message_id, m.activity_id
+            )
+    cluster, session = open_cluster(settings)
+    try:
+        store = CassandraMessageStore(session, settings.cassandra_keyspace)
+        store.put_messages(messages.values())
+        store.mark_recalled_many(recalls)
+        store.update_heads(heads.values())
+    finally:
+        cluster.shutdown()

@@ -25,7 +25,7 @@ from app.sdk.kafka import SessionDeltaFollower
 from app.settings import Settings
 from app.stores.redis_projection import RedisProjectionStore
 from tests.integration.stack import Stack, read_jsonl
-from tests.unit.test_api_rows import SECRET
+from tests.support.api import SECRET
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

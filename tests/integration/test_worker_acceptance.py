@@ -16,7 +16,7 @@ import pytest
 
 from app.domain.badge import Badge
 from tests.integration.stack import Stack, read_jsonl
-from tests.unit.builders import CONV_A, Stream
+from tests.support.builders import CONV_A, StreamBuilder
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -86,7 +86,7 @@ async def test_bad_records_go_to_the_dead_letter_topic_and_the_worker_keeps_runn
     make_stack: Callable[..., Stack],
 ) -> None:
     stack = make_stack(partitions=1, lanes=1)
-    s = Stream()
+    s = StreamBuilder()
     s.message(7, 1)
     good = s.close()
     bad = [
@@ -142,7 +142,7 @@ async def test_j3_nothing_above_min_over_lanes_is_applied_and_the_late_entry_cou
     make_stack: Callable[..., Stack],
 ) -> None:
     stack = make_stack(partitions=1, lanes=2)
-    s = Stream(lanes=2)
+    s = StreamBuilder(lanes=2)
     s.message(7, 1, lane=0)  # seq 1
     s.message(7, 2, lane=1)  # seq 2: lane 1's retry, delivered late
     late = s.lines.pop()

@@ -18,13 +18,15 @@ from agents.batch_intake import BatchChannel, ProjectorApp, RecordBatch
 from agents.mailbox import MailboxIntake
 from app.replay import ReplayOptions, run_replay
 from app.stores.memory_projection import InMemoryProjectionStore
+from app.stores.memory_tables import MemoryTables
 from app.worker.core import WorkerCore
 from app.worker.offsets import Admission, Verdict, admit
 from app.worker.ports import RawRecord
-from tests.projection_files import as_replay_files
-from tests.strategies import Stream, scenarios, streams
-from tests.unit.builders import Stream as Builder
-from tests.unit.test_worker_core import Clock, DictTables, Outbox, make_core, message_store_for
+from tests.support.builders import StreamBuilder
+from tests.support.clock import ManualClock
+from tests.support.projection_files import as_replay_files
+from tests.support.strategies import Stream, scenarios, streams
+from tests.support.worker import RecordingOutbox, make_core, message_store_for
 
 # -- the offset rule, alone --------------------------------------------------------------------
 
@@ -207,10 +209,10 @@ class World:
         self.lines, self.lanes, self.rnd = lines, lanes, rnd
         self.store = message_store_for(lines, lanes)
         self.tables, self.projections, self.outbox, self.clock = (
-            DictTables(),
+            MemoryTables(),
             InMemoryProjectionStore(),
-            Outbox(),
-            Clock(),
+            RecordingOutbox(),
+            ManualClock(),
         )
         self.consumer = Consumer(log, rnd)
         self.faust_app = ProjectorApp("intake-test", broker="kafka://127.0.0.1:1", store="memory://")
@@ -262,7 +264,7 @@ class World:
 
 
 def simple_lines() -> list[bytes]:
-    s = Builder()
+    s = StreamBuilder()
     for seq in range(1, 41):
         s.message(7 + seq % 3, seq)
     return s.close()

@@ -20,8 +20,8 @@ from app.api.tokens import TokenSigner
 from app.metrics import API_METRICS, PROCESS_METRICS, names, sample
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.redis_projection import ProjectionStoreError
-from tests.unit.test_api_http import ME, SETTINGS, T0, Clock
-from tests.unit.test_api_rows import SECRET
+from tests.support.api import ME, SECRET, SETTINGS, T0
+from tests.support.clock import ManualClock
 
 
 class Switch:
@@ -77,7 +77,7 @@ async def cassandra() -> Switch:
 
 @pytest.fixture
 async def http(store: Switch, cassandra: Switch) -> AsyncIterator[Client]:
-    deps = Deps(projections=store, clock_ms=Clock(), readiness={"cassandra": cassandra.check})
+    deps = Deps(projections=store, clock_ms=ManualClock(T0), readiness={"cassandra": cassandra.check})
     async with TestClient(TestServer(create_app(SETTINGS, deps))) as client:
         yield Client(client)
 

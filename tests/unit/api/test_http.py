@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -17,55 +16,16 @@ from app.api.sources import MemoryProjectionReader
 from app.api.tokens import TokenSigner, b64url_encode
 from app.domain.badge import Badge
 from app.domain.listing import Folder, Position, Zone
-from app.settings import Settings
 from app.stores.memory_projection import InMemoryProjectionStore
-from tests.unit.test_api_rows import SECRET, cid, expected, flush, make_row, mixed_rows
-
-ME = 42
-T0 = 1_800_000_000_000  # ms
-SETTINGS = Settings(api_secret=SECRET, api_fill_from_state="never", api_snapshot_cache_rows=5000)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> int:
-        return self.now
-
-
-@dataclass
-class Api:
-    client: TestClient[Any, Any]
-    store: InMemoryProjectionStore
-    clock: Clock
-    token: str
-
-    def auth(self, user_id: int = ME, ttl_s: int = 3600) -> dict[str, str]:
-        exp = self.clock.now // 1000 + ttl_s
-        return {"Authorization": "Bearer " + TokenSigner(SECRET).mint(user_id, exp)}
-
-    async def get(self, path: str, user_id: int = ME, **params: Any) -> tuple[int, dict[str, Any]]:
-        query = {k: str(v) for k, v in params.items() if v is not None}
-        async with self.client.get(path, params=query, headers=self.auth(user_id)) as resp:
-            return resp.status, await resp.json()
-
-    async def walk(self, limit: int, folder: str = "main", user_id: int = ME) -> list[dict[str, Any]]:
-        pages: list[dict[str, Any]] = []
-        cursor = None
-        while True:
-            status, body = await self.get("/v1/sessions", user_id, limit=limit, folder=folder, cursor=cursor)
-            assert status == 200, body
-            pages.append(body)
-            cursor = body["next_cursor"]
-            if cursor is None:
-                return pages
+from tests.support.api import ME, SECRET, SETTINGS, T0, Api
+from tests.support.clock import ManualClock
+from tests.support.rows import cid, expected_order, flush, make_row, mixed_rows
 
 
 @pytest.fixture
 async def api() -> AsyncIterator[Api]:
     store = InMemoryProjectionStore()
-    clock = Clock()
+    clock = ManualClock(T0)
     app = create_app(SETTINGS, Deps(projections=MemoryProjectionReader(store), clock_ms=clock))
     async with TestClient(TestServer(app)) as client:
         yield Api(client, store, clock, "")
@@ -84,7 +44,7 @@ async def test_walks_give_every_listed_row_once_in_order(api: Api, limit: int) -
     await api.store.write([flush(ME, rows, version=10, structure_version=3)])
     for folder in Folder:
         pages = await api.walk(limit, folder.value)
-        assert ids(pages) == expected(rows, folder)
+        assert ids(pages) == expected_order(rows, folder)
         assert {p["snapshot_revision"] for p in pages} == {1}
         assert all(p["projection_complete"] and p["projection_mailbox_seq"] == 10 for p in pages)
         assert all(len(p["items"]) == limit for p in pages[:-1])
@@ -151,7 +111,9 @@ async def test_structure_change_mid_walk_restarts_with_a_new_revision(api: Api) 
     assert again["snapshot_revision"] == 2 and again["projection_mailbox_seq"] == 11
     assert again["items"][0]["conversation_id"] == cid(3)  # the first page of the new order
     rest = await api.walk(10)
-    assert ids(rest) == expected([*[r for r in rows if r["conversation_id"] != cid(3)], pinned], Folder.MAIN)
+    assert ids(rest) == expected_order(
+        [*[r for r in rows if r["conversation_id"] != cid(3)], pinned], Folder.MAIN
+    )
 
 
 async def test_new_messages_keep_the_revision_but_a_new_walk_sees_them(api: Api) -> None:
@@ -327,7 +289,7 @@ async def test_a_broken_store_is_503_not_500() -> None:
         async def meta(self, user_id: int) -> Any:
             raise ProjectionStoreError("down")
 
-    app = create_app(SETTINGS, Deps(projections=Down(), clock_ms=Clock()))
+    app = create_app(SETTINGS, Deps(projections=Down(), clock_ms=ManualClock(T0)))
     async with TestClient(TestServer(app)) as client:
         headers = {"Authorization": "Bearer " + TokenSigner(SECRET).mint(ME, T0 // 1000 + 60)}
         for path in ("/v1/sessions", "/v1/badge"):
@@ -401,7 +363,7 @@ async def test_a_list_beyond_the_snapshot_bound_is_cut_and_says_so() -> None:
     settings = dataclasses.replace(SETTINGS, api_snapshot_max_rows=10)
     store = InMemoryProjectionStore()
     await store.write([flush(ME, [make_row(ME, n, act=n) for n in range(1, 16)], 1, 1)])
-    app = create_app(settings, Deps(projections=MemoryProjectionReader(store), clock_ms=Clock()))
+    app = create_app(settings, Deps(projections=MemoryProjectionReader(store), clock_ms=ManualClock(T0)))
     async with TestClient(TestServer(app)) as client:
         headers = {"Authorization": "Bearer " + TokenSigner(SECRET).mint(ME, T0 // 1000 + 60)}
         async with client.get("/v1/sessions?limit=100", headers=headers) as resp:

@@ -15,7 +15,8 @@ from app.api.tokens import TokenSigner
 from app.domain.badge import Badge, from_rows
 from app.settings import Settings
 from app.stores.memory_projection import InMemoryProjectionStore
-from tests.unit.test_api_rows import SECRET, flush, make_row
+from tests.support.api import SECRET
+from tests.support.rows import flush, make_row
 
 ME = 42
 NOW_S = 1_800_000_000

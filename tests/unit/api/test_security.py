@@ -11,7 +11,7 @@ from app.api import cursor_pb2 as pb
 from app.api.cursor import Cursor, CursorCodec, CursorError
 from app.api.tokens import TokenError, TokenSigner, b64url_encode
 from app.domain.listing import Folder, Position, Zone
-from tests.unit.test_api_rows import SECRET
+from tests.support.api import SECRET
 
 NOW = 1_800_000_000
 

@@ -12,7 +12,7 @@ from app.api.snapshots import SessionLists, Snapshot, SnapshotCache
 from app.api.sources import LoadedRows, MemoryProjectionReader, StoreMeta
 from app.domain.listing import Folder, Ordered
 from app.stores.memory_projection import InMemoryProjectionStore
-from tests.unit.test_api_rows import flush, make_row
+from tests.support.rows import flush, make_row
 
 
 class Clock:

@@ -19,8 +19,9 @@ from app.domain.flush import UserFlush
 from app.sdk import LiveSessionList, SessionsClient
 from app.sdk.client import Page
 from app.stores.memory_projection import InMemoryProjectionStore
-from tests.unit.test_api_http import ME, SETTINGS, T0, Clock
-from tests.unit.test_api_rows import SECRET, make_row
+from tests.support.api import ME, SECRET, SETTINGS, T0
+from tests.support.clock import ManualClock
+from tests.support.rows import make_row
 
 CONVERSATIONS = 24
 
@@ -96,7 +97,7 @@ async def scenario(plan: list[list[tuple[str, int, int]]], limit: int) -> None:
     store = InMemoryProjectionStore()
     world = World(store)
     await world.start()
-    app = create_app(SETTINGS, Deps(projections=MemoryProjectionReader(store), clock_ms=Clock()))
+    app = create_app(SETTINGS, Deps(projections=MemoryProjectionReader(store), clock_ms=ManualClock(T0)))
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.replay import ReplayOptions, run_replay
-from tests.strategies import Builder, Stream, streams
+from tests.support.strategies import Builder, Stream, streams
 
 C = "0a0a0a0a-0000-4000-8000-000000000001"
 

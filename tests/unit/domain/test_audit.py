@@ -23,7 +23,7 @@ from app.domain.flush import Correction
 from app.domain.projection_store import StoredRows
 from app.domain.projector import Projector, UserState
 from app.replay import Replayer, ReplayOptions
-from tests.strategies import BASE_TS, Builder
+from tests.support.strategies import BASE_TS, Builder
 
 DAY = 86_400_000
 A = "0a0a0a0a-0000-4000-8000-00000000000a"

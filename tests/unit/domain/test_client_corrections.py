@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from app.domain.badge import Badge as Totals
 from app.domain.client import ApplyStatus, Badge, DeltaMerger, FrameError, SessionView
 from app.domain.flush import Correction
-from tests.unit.test_client import C1, C2, C3, USER, badge, delta, row
+from tests.support.frames import C1, C2, C3, USER, badge, delta, row
 
 ZERO = Totals()
 

@@ -7,26 +7,13 @@ from typing import Any
 
 from app.domain.rebuild import Head, row_from_state
 from app.replay import Replayer, ReplayOptions
-from tests.unit.builders import CONV_A, CONV_B, Stream
+from tests.support.builders import CONV_A, CONV_B, StreamBuilder
+from tests.support.rebuild import state_of
 
 ME = 7
 
 
-def state_of(row: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "membership": row["membership"],
-        "joined_at_conversation_seq": row["joined_at_conversation_seq"],
-        "left_at_conversation_seq": row["left_at_conversation_seq"],
-        "read_conversation_seq": row["read_conversation_seq"],
-        "hidden_before_conversation_seq": row["hidden_before_conversation_seq"],
-        "deleted_before_conversation_seq": row["deleted_before_conversation_seq"],
-        "pin_rank": row["pin_rank"],
-        "archived": row["archived"],
-        "muted": row["muted"],
-    }
-
-
-def rebuilt_equals_replayed(stream: Stream, head_of: dict[str, int]) -> None:
+def rebuilt_equals_replayed(stream: StreamBuilder, head_of: dict[str, int]) -> None:
     replayer = Replayer(ReplayOptions(), lambda frame: None)
     replayer.feed_many(stream.close())
     result = replayer.finish()
@@ -43,7 +30,7 @@ def rebuilt_equals_replayed(stream: Stream, head_of: dict[str, int]) -> None:
 
 
 def test_cleared_deleted_pinned_and_read_rows_come_back() -> None:
-    s = Stream()
+    s = StreamBuilder()
     for seq in range(1, 8):
         s.message(ME, seq, conv=CONV_A, mention=seq == 6)
         s.message(ME, seq, conv=CONV_B, sender=ME if seq == 3 else 99)
@@ -55,7 +42,7 @@ def test_cleared_deleted_pinned_and_read_rows_come_back() -> None:
 
 
 def test_a_former_member_is_frozen_at_left_at() -> None:
-    s = Stream()
+    s = StreamBuilder()
     for seq in range(1, 6):
         s.message(ME, seq, sender=5)
         s.message(99, seq, sender=5)  # another member keeps receiving after ME left
@@ -68,7 +55,7 @@ def test_a_former_member_is_frozen_at_left_at() -> None:
 def test_a_member_who_joined_at_the_head_and_received_nothing_has_no_head() -> None:
     """Issue 11: the conversation's head (message 1) is outside the member's window (it joined
     at seq 1): replay has no head for it, and neither has the row rebuilt from state."""
-    s = Stream()
+    s = StreamBuilder()
     s.message(99, 1, sender=5)
     s.entry("join", ME, CONV_A, joined_at_conversation_seq=1)
     rebuilt_equals_replayed(s, {CONV_A: 1})
@@ -76,7 +63,7 @@ def test_a_member_who_joined_at_the_head_and_received_nothing_has_no_head() -> N
 
 def test_a_former_members_head_stays_inside_its_window() -> None:
     """Joined at 2, left at 4: the head is the highest stored message in (2, 4]."""
-    s = Stream()
+    s = StreamBuilder()
     for seq in range(1, 7):
         s.message(99, seq, sender=5)
         if 2 < seq <= 4:
@@ -89,7 +76,7 @@ def test_a_former_members_head_stays_inside_its_window() -> None:
 # -- what a rebuild from state cannot know (README "Rebuild from state"): each difference alone --
 
 
-def differences(stream: Stream, head_of: dict[str, int]) -> dict[tuple[int, str], dict[str, Any]]:
+def differences(stream: StreamBuilder, head_of: dict[str, int]) -> dict[tuple[int, str], dict[str, Any]]:
     """Per (user, conversation): the fields where the row rebuilt from state differs from replay."""
     replayer = Replayer(ReplayOptions(), lambda frame: None)
     replayer.feed_many(stream.close())
@@ -113,7 +100,7 @@ def test_unknowable_a_recall_that_did_not_reach_a_former_member() -> None:
     counted for that member (the definition is over the entries applied for it, docs/contract.md §3.6);
     state only knows the MessageStore, where the message is recalled. unread_count differs, and
     nothing else (the member is not active: its badge does not sum the row)."""
-    s = Stream()
+    s = StreamBuilder()
     for seq in range(1, 4):
         s.message(ME, seq, sender=5)
         s.message(99, seq, sender=5)
@@ -126,7 +113,7 @@ def test_unknowable_messages_received_during_an_earlier_membership() -> None:
     """Left at 3 and joined again at 5 with nothing since: replay's head is message 3 (received
     during the first membership, visible again); state keeps only the last join, and nothing lies
     above it. The head fields differ, and nothing else."""
-    s = Stream()
+    s = StreamBuilder()
     for seq in range(1, 6):
         s.message(99, seq, sender=5)
         if seq <= 3:

@@ -10,13 +10,13 @@ from app.domain.badge import Badge, full_recompute
 from app.domain.entries import DeadLetter, Entry, WatermarkMarker, decode_record
 from app.domain.projector import Projector, ProjectorConfig
 from app.stores.memory_messages import InMemoryMessageStore
-from tests.unit.builders import CONV_A, CONV_B, Stream
+from tests.support.builders import CONV_A, CONV_B, StreamBuilder
 
 ME = 7
 DRIFTED = Badge(999, 77, 5)
 
 
-def entries(stream: Stream) -> list[Entry]:
+def entries(stream: StreamBuilder) -> list[Entry]:
     out = []
     for raw in stream.lines:
         decoded = decode_record(raw, stream.lanes)
@@ -25,7 +25,7 @@ def entries(stream: Stream) -> list[Entry]:
     return out
 
 
-def applied(stream: Stream, projector: Projector | None = None) -> Projector:
+def applied(stream: StreamBuilder, projector: Projector | None = None) -> Projector:
     projector = projector or Projector(ProjectorConfig(), InMemoryMessageStore())
     for entry in entries(stream):
         projector.apply(entry, entry.ts)
@@ -33,9 +33,9 @@ def applied(stream: Stream, projector: Projector | None = None) -> Projector:
     return projector
 
 
-def backlog() -> tuple[Stream, Projector]:
+def backlog() -> tuple[StreamBuilder, Projector]:
     """Ten messages in A (two mention me), three in B; all flushed."""
-    s = Stream()
+    s = StreamBuilder()
     for seq in range(1, 11):
         s.message(ME, seq, mention=seq in (3, 8))
     for seq in range(1, 4):

@@ -5,19 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from app.replay import ReplayOptions, run_replay
-from tests.unit.builders import CONV_A, CONV_B, Stream, rows_by_key
+from tests.support.builders import CONV_A, CONV_B, StreamBuilder, rows_by_key
 
 ME = 7
 OTHER = 99
 
 
-def final(stream: Stream, **options: Any) -> tuple[dict[tuple[int, str], dict[str, Any]], Any]:
+def final(stream: StreamBuilder, **options: Any) -> tuple[dict[tuple[int, str], dict[str, Any]], Any]:
     result = run_replay(stream.close(), ReplayOptions(lanes=stream.lanes, **options))
     return rows_by_key(result.projections), result
 
 
 def test_j4_recalling_own_message_changes_own_unread_by_zero() -> None:
-    s = Stream()
+    s = StreamBuilder()
     s.message(ME, 1)
     s.message(ME, 2, sender=ME)
     s.recall(ME, 2, sender=ME)
@@ -26,14 +26,14 @@ def test_j4_recalling_own_message_changes_own_unread_by_zero() -> None:
 
 
 def test_j4_recalling_anothers_counted_message_above_base_subtracts_one_never_below_zero() -> None:
-    s = Stream()
+    s = StreamBuilder()
     s.message(ME, 1)
     s.message(ME, 2)
     s.recall(ME, 2)
     s.recall(ME, 2)  # a second recall of the same target subtracts nothing
     rows, _ = final(s)
     assert rows[(ME, CONV_A)]["unread_count"] == 1
-    s2 = Stream()
+    s2 = StreamBuilder()
     s2.message(ME, 1)
     s2.read(ME, 1)
     s2.recall(ME, 1)  # at or below base: nothing to subtract, and never below zero
@@ -42,7 +42,7 @@ def test_j4_recalling_anothers_counted_message_above_base_subtracts_one_never_be
 
 
 def test_recall_before_its_message_never_counts_it() -> None:
-    s = Stream()
+    s = StreamBuilder()
     s.recall(ME, 2)
     s.message(ME, 1)
     s.message(ME, 2)
@@ -53,7 +53,7 @@ def test_recall_before_its_message_never_counts_it() -> None:
 
 
 def test_fanout_out_of_order_and_read_below_latest() -> None:
-    s = Stream()
+    s = StreamBuilder()
     s.message(ME, 3, mention=True)
     s.message(ME, 1)
     s.read(ME, 2)
@@ -68,7 +68,7 @@ def test_fanout_out_of_order_and_read_below_latest() -> None:
 
 
 def test_duplicate_message_delivery_counts_once() -> None:
-    s = Stream()
+    s = StreamBuilder()
     s.message(ME, 1)
     s.message(ME, 1)  # the same message materialized twice (different mailbox_seq)
     s.lines.append(s.lines[-1])  # and the same entry delivered twice
@@ -78,7 +78,7 @@ def test_duplicate_message_delivery_counts_once() -> None:
 
 
 def test_cleared_and_deleted_stay_distinguishable() -> None:
-    s = Stream()
+    s = StreamBuilder()
     for seq in (1, 2, 3):
         s.message(ME, seq, conv=CONV_A)
         s.message(ME, seq, conv=CONV_B)
@@ -95,7 +95,7 @@ def test_cleared_and_deleted_stay_distinguishable() -> None:
 
 
 def test_deleted_conversation_revives_on_newer_message() -> None:
-    s = Stream()
+    s = StreamBuilder()
     s.message(ME, 1)
     s.entry("delete_conversation", ME, CONV_A, deleted_before_conversation_seq=1)
     s.message(ME, 2)
@@ -106,7 +106,7 @@ def test_deleted_conversation_revives_on_newer_message() -> None:
 
 
 def test_leave_freezes_the_row_at_left_at_and_rejoin_starts_from_joined_at() -> None:
-    s = Stream()
+    s = StreamBuilder()
     for seq in (1, 2, 3, 4):
         s.message(ME, seq)
     s.entry("leave", ME, CONV_A, left_at_conversation_seq=2, reason="removed")
@@ -125,7 +125,7 @@ def test_leave_freezes_the_row_at_left_at_and_rejoin_starts_from_joined_at() -> 
 
 
 def test_badge_rules_archived_muted_and_left() -> None:
-    s = Stream()
+    s = StreamBuilder()
     convs = [f"0000000{i}-0000-4000-8000-000000000000" for i in range(4)]
     for conv in convs:
         s.message(ME, 1, conv=conv, mention=True)
@@ -142,7 +142,7 @@ def test_badge_rules_archived_muted_and_left() -> None:
 
 
 def test_reconcile_recomputes_from_the_hand_when_it_covers_the_base() -> None:
-    s = Stream()
+    s = StreamBuilder()
     for seq in range(1, 302):
         s.message(ME, seq)
     s.entry("mailbox_dirty", ME, CONV_A)
@@ -152,7 +152,7 @@ def test_reconcile_recomputes_from_the_hand_when_it_covers_the_base() -> None:
 
 
 def test_more_than_200_unread_beyond_the_hand_becomes_inexact_200_then_exact_after_a_read() -> None:
-    s = Stream()
+    s = StreamBuilder()
     s.entry("join", ME, CONV_A, joined_at_conversation_seq=300)
     for seq in range(1, 302):
         s.message(ME, seq)
@@ -173,7 +173,7 @@ def test_more_than_200_unread_beyond_the_hand_becomes_inexact_200_then_exact_aft
 
 
 def test_exact_beyond_200_while_the_hand_covers_it() -> None:
-    s = Stream()
+    s = StreamBuilder()
     for seq in range(1, 402):
         s.message(ME, seq)
     s.read(ME, 100)  # hand covers (100, 401]: exact, even though latest - base > 200
@@ -182,7 +182,7 @@ def test_exact_beyond_200_while_the_hand_covers_it() -> None:
 
 
 def test_base_moving_down_recomputes_from_the_message_store() -> None:
-    s = Stream()
+    s = StreamBuilder()
     for seq in range(1, 11):
         s.message(ME, seq)
         s.message(OTHER, seq, sender=ME)
@@ -198,7 +198,7 @@ def test_base_moving_down_recomputes_from_the_message_store() -> None:
 
 
 def test_watermark_gate_holds_entries_above_min_over_lanes_j3() -> None:
-    s = Stream(lanes=2)
+    s = StreamBuilder(lanes=2)
     s.message(ME, 1, lane=0)  # seq 1 (lane 0)
     retry = s.message(ME, 2, lane=1)  # seq 2: lane 1 retries it; delivered late
     held = s.lines.pop()
@@ -216,7 +216,7 @@ def test_watermark_gate_holds_entries_above_min_over_lanes_j3() -> None:
 
 
 def test_no_marker_no_application() -> None:
-    s = Stream()
+    s = StreamBuilder()
     s.message(ME, 1)
     result = run_replay(s.lines)
     assert result.stats == {**result.stats, "applied": 0, "pending": 1, "entries": 1}
@@ -224,7 +224,7 @@ def test_no_marker_no_application() -> None:
 
 
 def test_bad_lines_are_dead_letters_and_change_nothing() -> None:
-    s = Stream()
+    s = StreamBuilder()
     s.message(ME, 1)
     good = run_replay(s.close())
     bad = [
@@ -246,7 +246,7 @@ def test_bad_lines_are_dead_letters_and_change_nothing() -> None:
 
 def test_j1_compression_through_replay() -> None:
     """J-1 scaled down: 50 members, 200 messages at 20 msg/s (span ~10 s), 1 s window."""
-    s = Stream(lanes=2, ts_step=0)
+    s = StreamBuilder(lanes=2, ts_step=0)
     members = range(1, 51)
     for seq in range(1, 201):
         s.ts += 50
@@ -262,7 +262,7 @@ def test_j1_compression_through_replay() -> None:
 
 
 def test_max_dirty_rows_flushes_early() -> None:
-    s = Stream()
+    s = StreamBuilder()
     for user in range(1, 6):
         s.message(user, 1)
     result = run_replay(s.close(), ReplayOptions(max_dirty_rows=2))
@@ -271,7 +271,7 @@ def test_max_dirty_rows_flushes_early() -> None:
 
 
 def test_frames_versions_chain_per_user() -> None:
-    s = Stream(ts_step=3000)
+    s = StreamBuilder(ts_step=3000)
     for seq in range(1, 6):
         s.message(ME, seq)
     result = run_replay(s.close(), ReplayOptions(window_ms=5000))

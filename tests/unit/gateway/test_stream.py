@@ -27,7 +27,8 @@ from app.sdk.sse import SseEvent, SseParser
 from app.sdk.stream import LiveStream
 from app.settings import Settings
 from app.stores.memory_projection import InMemoryProjectionStore
-from tests.unit.test_api_rows import SECRET, cid, flush, make_row
+from tests.support.api import SECRET
+from tests.support.rows import cid, flush, make_row
 
 ME = 11982011376358104761  # JS-unsafe: every id on the wire must be its exact decimal string
 SETTINGS = Settings(api_secret=SECRET, api_fill_from_state="never", api_snapshot_cache_rows=5000)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from app.metrics import ApiMetrics, RebuildMetrics, WorkerMetrics, exposition
-from tests.deploy_kit import (
+from tests.support.deploy_kit import (
     ALERTS,
     ALERTS_TEST,
     DEPLOY,

@@ -4,7 +4,6 @@ the values validate, and ports/topic names match the Settings defaults (and the 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -12,8 +11,9 @@ import pytest
 import yaml
 
 from app.settings import Settings
+from tests.support.paths import ROOT
 
-COMPOSE = Path(__file__).resolve().parents[2] / "docker" / "compose.yaml"
+COMPOSE = ROOT / "docker" / "compose.yaml"
 PROJECTOR_SERVICES = ("bootstrap", "worker", "api")
 DEFAULTS = Settings()
 

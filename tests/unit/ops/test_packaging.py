@@ -9,15 +9,14 @@ import subprocess
 import sys
 import tomllib
 from importlib import metadata, resources
-from pathlib import Path
 
 import pytest
 
 import app
 from app.build import build_info, version
 from app.cli import main
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ("app", "agents", "tables")
 # Runtime dependencies the code does not import by name: the libraries use them when present.
 USED_INDIRECTLY = {

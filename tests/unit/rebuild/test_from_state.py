@@ -5,8 +5,7 @@ live (replayed) projection on every field state can know; the diff finds what di
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 
@@ -19,17 +18,10 @@ from app.rebuild.from_state import UNKNOWABLE_FROM_STATE, rebuild_from_state
 from app.rebuild.progress import Progress
 from app.replay import Replayer, ReplayOptions
 from app.stores.memory_projection import InMemoryProjectionStore
-from tests.unit.builders import CONV_A, CONV_B, Stream
-from tests.unit.test_rebuild_from_state import state_of
+from tests.support.builders import CONV_A, CONV_B, StreamBuilder
+from tests.support.rebuild import FakeHeads, state_of
 
 ME, OTHER = 7, 8
-
-
-class H(NamedTuple):
-    conversation_id: str
-    latest_conversation_seq: int
-    last_message_id: str
-    last_activity_id: str
 
 
 class FakeState:
@@ -44,22 +36,8 @@ class FakeState:
         ]
 
 
-class FakeHeads:
-    def __init__(self, replayer: Replayer, top: dict[str, int]) -> None:
-        self.replayer = replayer
-        self.top = top
-
-    def heads(self, conversation_ids: Iterable[str]) -> Mapping[str, H]:
-        out = {}
-        for cid in conversation_ids:
-            m = self.replayer.store.get(cid, self.top[cid])
-            assert m is not None
-            out[cid] = H(cid, m.conversation_seq, m.message_id, m.activity_id)
-        return out
-
-
 def scenario() -> tuple[Replayer, Any]:
-    s = Stream()
+    s = StreamBuilder()
     for seq in range(1, 8):
         for user in (ME, OTHER):
             s.message(user, seq, conv=CONV_A, mention=seq == 6)
@@ -181,9 +159,10 @@ def test_the_replay_rebuilds_tables_give_the_replayed_projection() -> None:
     from app.replay import run_replay
     from app.stores.memory_tables import MemoryTables
     from app.worker.core import WorkerConfig, WorkerCore
-    from tests.unit.test_worker_core import final_projection, message_store_for, records
+    from tests.support.projection_files import as_replay_files
+    from tests.support.worker import message_store_for, records
 
-    s = Stream(lanes=2)
+    s = StreamBuilder(lanes=2)
     for seq in range(1, 6):
         s.message(ME, seq, lane=seq % 2)
         s.message(OTHER, seq, conv=CONV_B, lane=seq % 2, mention=seq == 2)
@@ -206,7 +185,7 @@ def test_the_replay_rebuilds_tables_give_the_replayed_projection() -> None:
     async def run() -> tuple[list[Any], list[Any]]:
         await core.on_records(records([b"{oops", *lines]))
         await core.flush_all()
-        return await final_projection(target, [ME, OTHER])
+        return await as_replay_files(target, [ME, OTHER])
 
     rows, badges = asyncio.run(run())
     assert rows == expected.projections and badges == expected.badges

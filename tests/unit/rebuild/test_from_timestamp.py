@@ -21,9 +21,8 @@ from app.domain.entries import DeadLetter, WatermarkMarker, decode_record
 from app.domain.projector import Projector, ProjectorConfig
 from app.rebuild.from_state import StateBase
 from app.replay import Replayer, ReplayOptions
-from tests.unit.builders import CONV_A, CONV_B, Stream
-from tests.unit.test_rebuild import FakeHeads
-from tests.unit.test_rebuild_from_state import state_of
+from tests.support.builders import CONV_A, CONV_B, StreamBuilder
+from tests.support.rebuild import FakeHeads, state_of
 
 ME = 7
 
@@ -60,8 +59,8 @@ def replay(lines: list[bytes]) -> tuple[Replayer, Any]:
     return replayer, replayer.finish()
 
 
-def history() -> Stream:
-    s = Stream()
+def history() -> StreamBuilder:
+    s = StreamBuilder()
     for seq in range(1, 9):
         s.message(ME, seq, conv=CONV_A, mention=seq == 3)
         s.message(ME, seq, conv=CONV_B, sender=ME if seq == 2 else 99)

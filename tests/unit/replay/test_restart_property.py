@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from app.domain.client import SessionView
 from app.replay import Frame, Replayer, ReplayOptions, run_replay
-from tests.strategies import Stream, streams
+from tests.support.strategies import Stream, streams
 
 
 def crash_and_restart(

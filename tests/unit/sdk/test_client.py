@@ -14,14 +14,15 @@ from app.api.tokens import TokenSigner
 from app.sdk import LiveSessionList, SessionsClient, TooManyRestarts
 from app.sdk.client import ClientError, Page
 from app.stores.memory_projection import InMemoryProjectionStore
-from tests.unit.test_api_http import ME, SETTINGS, T0, Clock
-from tests.unit.test_api_rows import SECRET, cid, flush, make_row
+from tests.support.api import ME, SECRET, SETTINGS, T0
+from tests.support.clock import ManualClock
+from tests.support.rows import cid, flush, make_row
 
 
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[str, InMemoryProjectionStore]]:
     store = InMemoryProjectionStore()
-    app = create_app(SETTINGS, Deps(projections=MemoryProjectionReader(store), clock_ms=Clock()))
+    app = create_app(SETTINGS, Deps(projections=MemoryProjectionReader(store), clock_ms=ManualClock(T0)))
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:

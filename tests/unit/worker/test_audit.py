@@ -23,14 +23,15 @@ from app.metrics import WorkerMetrics, names, sample
 from app.replay import ReplayOptions, ReplayResult, run_replay
 from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
+from app.stores.memory_tables import MemoryTables
 from app.worker.audit import AuditConfig, AuditReport, audit_tick
 from app.worker.core import WorkerCore
-from tests.projection_files import as_replay_files
-from tests.strategies import Stream, scenarios, streams
-from tests.unit.builders import CONV_A, CONV_B
-from tests.unit.builders import Stream as Builder
-from tests.unit.test_metrics import metrics_text
-from tests.unit.test_worker_core import Clock, DictTables, make_core, message_store_for, records
+from tests.support.builders import CONV_A, CONV_B, StreamBuilder
+from tests.support.clock import ManualClock
+from tests.support.metrics import metrics_text
+from tests.support.projection_files import as_replay_files
+from tests.support.strategies import Stream, scenarios, streams
+from tests.support.worker import make_core, message_store_for, records
 
 DAY = 86_400_000
 CONV_C = "0c0c0c0c-0000-4000-8000-00000000000c"
@@ -59,10 +60,10 @@ class World:
         self.lines = lines
         self.expected: ReplayResult = run_replay(lines, ReplayOptions(lanes=lanes))
         self.store: InMemoryMessageStore = message_store_for(lines, lanes)
-        self.tables = DictTables()
+        self.tables = MemoryTables()
         self.projections = InMemoryProjectionStore()
         self.outbox = FrameOutbox()
-        self.clock = Clock()
+        self.clock = ManualClock()
         self.core: WorkerCore = make_core(
             lanes,
             self.tables,
@@ -106,7 +107,7 @@ class World:
 
 
 def three_users() -> list[bytes]:
-    s = Builder()
+    s = StreamBuilder()
     for seq in (1, 2, 3):
         s.message(7, seq)  # user 7, A: 3 unread
         s.message(8, seq)  # user 8, A: 3 unread
@@ -215,9 +216,9 @@ def test_a_drifted_state_is_corrected_persisted_and_written_with_its_badge() -> 
         assert rows == w.expected.projections and badges == w.expected.badges
         assert row.unread_count == 3 and user.badge == Badge(5, 1, 0)
         # Persisted: the changelog tables hold the corrected row and user.
-        record = msgspec.msgpack.decode(w.tables.data["rows"][f"0/7/{CONV_A}"])
+        record = msgspec.msgpack.decode(w.tables.rows[0][(7, CONV_A)])
         assert record["unread_count"] == 3
-        assert msgspec.msgpack.decode(w.tables.data["users"]["0/7"])["badge"] == [5, 1, 0]
+        assert msgspec.msgpack.decode(w.tables.users[0][7])["badge"] == [5, 1, 0]
         badge_frames = [f for f in w.outbox.sent if f["type"] == "BADGE_UPDATE" and f.get("correction")]
         assert [(f["user_id"], f["total_unread"]) for f in badge_frames] == [(7, 5)]
 
@@ -298,7 +299,7 @@ def test_a_pending_flush_carries_the_correction_at_a_newer_version() -> None:
         w = World(three_users())
         await w.project()
         await w.drift(7, CONV_A, unread_count=40)
-        later = Builder()
+        later = StreamBuilder()
         later.seq, later.ts = 100, w.last_ts + 10
         later.message(7, 3, conv=CONV_B)  # user 7 changes elsewhere: a flush is pending
         await w.core.on_records(records(later.close(), len(w.lines)))

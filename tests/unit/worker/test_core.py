@@ -1,12 +1,11 @@
 """The worker core (no faust): batches of raw records through the same core as replay, state in
-dict-backed tables, projections in the in-memory projection store. Its final projection must be
+the in-memory tables, projections in the in-memory projection store. Its final projection must be
 replay's, whatever the batching, the flush timing, or a crash between batches."""
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -14,133 +13,30 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.domain.entries import DeleteMessageEntry, MessageEntry, RecallEntry, decode_record
 from app.domain.projector import ProjectorConfig
 from app.replay import ReplayOptions, run_replay
 from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
+from app.stores.memory_tables import MemoryTables
 from app.worker.core import MIRROR_BACKLOG_BATCHES, WorkerConfig, WorkerCore
-from app.worker.ports import PartitionSnapshot, RawRecord, raw_record
-from tests.projection_files import as_replay_files
-from tests.strategies import Stream, scenarios, streams
-from tests.unit.builders import CONV_A
-from tests.unit.builders import Stream as Builder
-from tests.unit.mirror_writer import MirrorWriter
+from app.worker.ports import RawRecord, raw_record
+from tests.support.builders import CONV_A, StreamBuilder
+from tests.support.clock import ManualClock
+from tests.support.mirror_writer import MirrorWriter
+from tests.support.projection_files import as_replay_files
+from tests.support.strategies import Stream, scenarios, streams
+from tests.support.worker import (
+    RecordingOutbox,
+    RepublishRecordingTables,
+    make_core,
+    message_store_for,
+    records,
+)
 
 
-class DictTables:
-    """StateTables over dicts: what the changelog topics would restore after a crash."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, dict[str, bytes]] = {"rows": {}, "users": {}, "gates": {}, "pending": {}}
-        self.republished: list[int] = []
-
-    def put_row(self, partition: int, user_id: int, conversation_id: str, blob: bytes) -> None:
-        self.data["rows"][f"{partition}/{user_id}/{conversation_id}"] = blob
-
-    def put_user(self, partition: int, user_id: int, blob: bytes) -> None:
-        self.data["users"][f"{partition}/{user_id}"] = blob
-
-    def put_gate(self, partition: int, blob: bytes) -> None:
-        self.data["gates"][str(partition)] = blob
-
-    def put_pending(self, partition: int, user_id: int, mailbox_seq: int, raw: bytes) -> None:
-        self.data["pending"][f"{partition}/{user_id}/{mailbox_seq}"] = raw
-
-    def delete_pending(self, partition: int, user_id: int, mailbox_seq: int) -> None:
-        self.data["pending"].pop(f"{partition}/{user_id}/{mailbox_seq}", None)
-
-    async def commit(self) -> None:
-        pass
-
-    def republish(self, partition: int) -> None:
-        self.republished.append(partition)
-
-    def snapshot(self, partition: int) -> PartitionSnapshot:
-        prefix = f"{partition}/"
-
-        def values(name: str) -> list[bytes]:
-            return [v for k, v in self.data[name].items() if k.startswith(prefix)]
-
-        return PartitionSnapshot(
-            values("rows"), values("users"), self.data["gates"].get(str(partition)), values("pending")
-        )
-
-
-class Outbox:
-    def __init__(self) -> None:
-        self.letters: list[dict[str, Any]] = []
-        self.frames_out: list[dict[str, Any]] = []
-
-    async def dead_letters(self, letters: Sequence[tuple[bytes | None, bytes]]) -> None:
-        self.letters.extend(orjson.loads(value) for _, value in letters)
-
-    async def frames(
-        self, session_deltas: Sequence[tuple[bytes, bytes]], badges: Sequence[tuple[bytes, bytes]]
-    ) -> None:
-        for (_, delta), (_, badge) in zip(session_deltas, badges, strict=True):
-            self.frames_out += [orjson.loads(delta), orjson.loads(badge)]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now
-
-
-def message_store_for(lines: Sequence[bytes], lanes: int) -> InMemoryMessageStore:
-    """The MessageStore as the writers left it before the mailbox entries were produced."""
-    store = InMemoryMessageStore()
-    for raw in lines:
-        entry = decode_record(raw, lanes)
-        if isinstance(entry, MessageEntry):
-            store.record_message(
-                entry.conversation_id,
-                entry.conversation_seq,
-                message_id=entry.message_id,
-                activity_id=entry.activity_id,
-                sender_id=entry.sender_id,
-                counts_unread=entry.counts_unread,
-                mentioned_user=entry.user_id if entry.mention else None,
-            )
-        elif isinstance(entry, RecallEntry | DeleteMessageEntry):
-            store.record_recall(entry.conversation_id, entry.target_conversation_seq)
-    return store
-
-
-def make_core(
-    lanes: int,
-    tables: DictTables,
-    store: InMemoryMessageStore,
-    projections: InMemoryProjectionStore,
-    outbox: Outbox,
-    clock: Clock,
-    window_ms: int = 100,
-    max_dirty_rows: int = 100_000,
-) -> WorkerCore:
-    config = WorkerConfig(
-        lanes=lanes,
-        projector=ProjectorConfig(
-            window_ms=window_ms, max_dirty_rows=max_dirty_rows, include_muted=False, unread_precise_limit=200
-        ),
-    )
-    return WorkerCore(
-        config, message_store=store, projection_store=projections, tables=tables, outbox=outbox, clock=clock
-    )
-
-
-def records(lines: Sequence[bytes], start: int = 0) -> list[RawRecord]:
-    """Lines as the records of partition 0 from offset `start` on (a later batch continues the
-    log: a batch at offsets the core already applied is skipped as a re-read)."""
-    return [
-        RawRecord("mailbox-tail", 0, offset, b"k", raw.rstrip(b"\n"))
-        for offset, raw in enumerate(lines, start)
-    ]
-
-
-async def feed(core: WorkerCore, batch_list: list[list[RawRecord]], clock: Clock, rnd: random.Random) -> None:
+async def feed(
+    core: WorkerCore, batch_list: list[list[RawRecord]], clock: ManualClock, rnd: random.Random
+) -> None:
     for batch in batch_list:
         await core.on_records(batch)
         clock.now += rnd.choice((0, 10, 60, 150))
@@ -154,12 +50,6 @@ def batches(recs: list[RawRecord], rnd: random.Random) -> list[list[RawRecord]]:
         out.append(recs[i : i + size])
         i += size
     return out
-
-
-async def final_projection(
-    projections: InMemoryProjectionStore, user_ids: list[int]
-) -> tuple[list[Any], list[Any]]:
-    return await as_replay_files(projections, user_ids)
 
 
 SETTINGS = settings(
@@ -180,7 +70,12 @@ def test_worker_projection_equals_replay(stream: Stream, seed: int, crash: bool)
     expected = run_replay(lines, ReplayOptions(lanes=stream.lanes))
     rnd = random.Random(seed)
     store = message_store_for(lines, stream.lanes)
-    tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), Clock()
+    tables, projections, outbox, clock = (
+        MemoryTables(),
+        InMemoryProjectionStore(),
+        RecordingOutbox(),
+        ManualClock(),
+    )
     recs = records(lines)
 
     async def run() -> None:
@@ -202,7 +97,7 @@ def test_worker_projection_equals_replay(stream: Stream, seed: int, crash: bool)
         await core.flush_all()
 
     asyncio.run(run())
-    rows, badges = asyncio.run(final_projection(projections, [b["user_id"] for b in expected.badges]))
+    rows, badges = asyncio.run(as_replay_files(projections, [b["user_id"] for b in expected.badges]))
     assert rows == expected.projections
     assert badges == expected.badges
     assert len(outbox.letters) >= expected.stats["dead_letters"] > 0 or expected.stats["dead_letters"] == 0
@@ -215,10 +110,15 @@ def test_worker_projection_equals_replay(stream: Stream, seed: int, crash: bool)
 
 
 def test_dead_letters_carry_reason_and_origin() -> None:
-    s = Builder()
+    s = StreamBuilder()
     s.message(7, 1)
     lines = [b"{oops", *s.close()]
-    tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), Clock()
+    tables, projections, outbox, clock = (
+        MemoryTables(),
+        InMemoryProjectionStore(),
+        RecordingOutbox(),
+        ManualClock(),
+    )
     core = make_core(1, tables, InMemoryMessageStore(), projections, outbox, clock)
     asyncio.run(core.on_records(records(lines)))
     (letter,) = outbox.letters
@@ -228,9 +128,14 @@ def test_dead_letters_carry_reason_and_origin() -> None:
 
 
 def test_a_null_or_empty_value_is_a_dead_letter_with_its_reason() -> None:
-    s = Builder()
+    s = StreamBuilder()
     s.message(7, 1)
-    tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), Clock()
+    tables, projections, outbox, clock = (
+        MemoryTables(),
+        InMemoryProjectionStore(),
+        RecordingOutbox(),
+        ManualClock(),
+    )
     core = make_core(1, tables, InMemoryMessageStore(), projections, outbox, clock)
     tombstone = raw_record("mailbox-tail", 0, 0, b"7", None)
     empty = RawRecord("mailbox-tail", 0, 1, b"7", b"")
@@ -242,17 +147,18 @@ def test_a_null_or_empty_value_is_a_dead_letter_with_its_reason() -> None:
 
 
 def test_pending_entries_survive_a_crash_in_the_tables() -> None:
-    s = Builder(lanes=2)
+    s = StreamBuilder(lanes=2)
     s.message(7, 1, lane=1)
     s.marker(0, 1)  # lane 1 has not reported: the entry waits
-    tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), Clock()
+    tables = RepublishRecordingTables()
+    projections, outbox, clock = InMemoryProjectionStore(), RecordingOutbox(), ManualClock()
     store = InMemoryMessageStore()
     core = make_core(2, tables, store, projections, outbox, clock)
     asyncio.run(core.on_records(records(s.lines)))
-    assert tables.data["pending"] == {}  # hot state: persisted at the window's end, not per batch
+    assert tables.snapshot(0).pending == []  # hot state: persisted at the window's end, not per batch
     clock.now += 100
     asyncio.run(core.flush_due(clock.now))
-    assert len(tables.data["pending"]) == 1 and core.stats.applied == 0
+    assert len(tables.snapshot(0).pending) == 1 and core.stats.applied == 0
     assert core.durable_offsets() == {0: len(s.lines)}
     restarted = make_core(2, tables, store, projections, outbox, clock)
     asyncio.run(restarted.restore_assigned([0]))
@@ -261,7 +167,7 @@ def test_pending_entries_survive_a_crash_in_the_tables() -> None:
     late = RawRecord("mailbox-tail", 0, len(s.lines), None, marker)
     asyncio.run(restarted.on_records([late]))
     asyncio.run(restarted.flush_all())
-    assert tables.data["pending"] == {}
+    assert tables.snapshot(0).pending == []
     stored = asyncio.run(projections.load(7))
     assert stored.rows[CONV_A]["unread_count"] == 1
 
@@ -329,7 +235,12 @@ def test_values_cassandra_cannot_hold_are_not_mirrored_and_a_failing_mirror_neve
         orjson.dumps({"type": "watermark", "lane": 0, "watermark": 2**64 - 1, "ts": 7}),
     ]
     writer = RecordingWriter(fail=True)
-    tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), Clock()
+    tables, projections, outbox, clock = (
+        MemoryTables(),
+        InMemoryProjectionStore(),
+        RecordingOutbox(),
+        ManualClock(),
+    )
     config = WorkerConfig(
         lanes=1,
         projector=ProjectorConfig(window_ms=100, max_dirty_rows=100_000, unread_precise_limit=200),
@@ -405,10 +316,10 @@ def test_a_slow_mirror_holds_batches_back_only_past_its_backlog_bound_and_a_pers
         config,
         message_store=InMemoryMessageStore(),
         projection_store=InMemoryProjectionStore(),
-        tables=DictTables(),
-        outbox=Outbox(),
+        tables=MemoryTables(),
+        outbox=RecordingOutbox(),
         state_writer=writer,
-        clock=Clock(),
+        clock=ManualClock(),
     )
 
     async def run() -> None:
@@ -460,21 +371,23 @@ def test_cassandra_writes_owed_at_a_crash_are_written_after_the_restart(stream: 
     recs = records(lines)
     parts = batches(recs, rnd)
 
-    def core_over(tables: DictTables, writer: MirrorWriter) -> WorkerCore:
-        core = make_core(stream.lanes, tables, store, InMemoryProjectionStore(), Outbox(), Clock())
+    def core_over(tables: MemoryTables, writer: MirrorWriter) -> WorkerCore:
+        core = make_core(
+            stream.lanes, tables, store, InMemoryProjectionStore(), RecordingOutbox(), ManualClock()
+        )
         core.state_writer = writer
         return core
 
     async def never_failing() -> dict[tuple[int, str], dict[str, Any]]:
         cassandra: dict[tuple[int, str], dict[str, Any]] = {}
-        core = core_over(DictTables(), MirrorWriter(cassandra))
+        core = core_over(MemoryTables(), MirrorWriter(cassandra))
         await feed(core, parts, core.clock, random.Random(seed))  # type: ignore[arg-type]
         await core.flush_all()
         return cassandra
 
     async def failing_then_killed() -> tuple[dict[tuple[int, str], dict[str, Any]], int]:
         cassandra: dict[tuple[int, str], dict[str, Any]] = {}
-        tables = DictTables()
+        tables = MemoryTables()
         writer = MirrorWriter(cassandra)
         core = core_over(tables, writer)
         clock = core.clock
@@ -506,7 +419,7 @@ def test_a_partition_handed_over_takes_its_owed_cassandra_writes_along() -> None
     """Worker A persists rows owing Cassandra writes and hands the partition over; worker B
     restages and writes them, then newer ones. A's writer must not write them late (state
     columns are last-write-wins: B's newer values would be overwritten)."""
-    s = Builder()
+    s = StreamBuilder()
     s.message(7, 1)
     s.message(7, 2)
     first = s.close()
@@ -515,11 +428,11 @@ def test_a_partition_handed_over_takes_its_owed_cassandra_writes_along() -> None
     second = s.close()
     cassandra: dict[tuple[int, str], dict[str, Any]] = {}
     store = message_store_for([*first, *second], 1)
-    tables = DictTables()
+    tables = MemoryTables()
     writer_a, writer_b = MirrorWriter(cassandra), MirrorWriter(cassandra)
-    worker_a = make_core(1, tables, store, InMemoryProjectionStore(), Outbox(), Clock())
+    worker_a = make_core(1, tables, store, InMemoryProjectionStore(), RecordingOutbox(), ManualClock())
     worker_a.state_writer = writer_a
-    worker_b = make_core(1, tables, store, InMemoryProjectionStore(), Outbox(), Clock())
+    worker_b = make_core(1, tables, store, InMemoryProjectionStore(), RecordingOutbox(), ManualClock())
     worker_b.state_writer = writer_b
 
     async def run() -> None:
@@ -543,21 +456,21 @@ def test_a_partition_handed_over_takes_its_owed_cassandra_writes_along() -> None
 
 
 def test_an_unreadable_owed_record_is_logged_and_the_partition_still_restores() -> None:
-    s = Builder()
+    s = StreamBuilder()
     s.message(7, 1)
-    tables, store = DictTables(), InMemoryMessageStore()
+    tables, store = MemoryTables(), InMemoryMessageStore()
     down = MirrorWriter({})
     down.down = True
-    core = make_core(1, tables, store, InMemoryProjectionStore(), Outbox(), Clock())
+    core = make_core(1, tables, store, InMemoryProjectionStore(), RecordingOutbox(), ManualClock())
     core.state_writer = down
     asyncio.run(core.on_records(records(s.close())))
     asyncio.run(core.flush_all())
-    (key,) = tables.data["rows"]
-    record = msgspec.msgpack.decode(tables.data["rows"][key])
+    (key,) = tables.rows[0]
+    record = msgspec.msgpack.decode(tables.rows[0][key])
     assert set(record["mirror_owed"]) == {"state"}
     record["mirror_owed"] = [1, 2]  # not what this version writes
-    tables.data["rows"][key] = msgspec.msgpack.encode(record)
-    restarted = make_core(1, tables, store, InMemoryProjectionStore(), Outbox(), Clock())
+    tables.rows[0][key] = msgspec.msgpack.encode(record)
+    restarted = make_core(1, tables, store, InMemoryProjectionStore(), RecordingOutbox(), ManualClock())
     restarted.state_writer = MirrorWriter({})
     asyncio.run(restarted.restore_assigned([0]))
     assert restarted.stats.state_restaged_rows == 0

@@ -34,8 +34,8 @@ from app.settings import Settings, SettingsError
 from app.stores.cassandra_messages import ConversationHead
 from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 API_SECRET = "unit-test-secret-0123456789-abcdefghij"
 OPS_SECRET = "ops-unit-test-secret-0123456789-abcdef"
 SETTINGS = Settings(
