@@ -61,6 +61,8 @@ MIRROR_BACKLOG_BATCHES = 8
 _OWED_KEY = "mirror_owed"
 # Key of the partition's next offset inside its gate record (WatermarkGate.load ignores it).
 _NEXT_OFFSET_KEY = "next_offset"
+# Key of the last flushed version inside a user's record (UserState.dump).
+_FLUSHED_KEY = "flushed_seq"
 
 
 CQL_BIGINT_MAX = 2**63 - 1
@@ -530,8 +532,18 @@ class WorkerCore:
             if (user_id, conversation_id) in owing:
                 record[_OWED_KEY] = owed[(user_id, conversation_id)]
             tables.put_row(partition, user_id, conversation_id, msgspec.msgpack.encode(record))
-        for user_id in changes.users:
-            tables.put_user(partition, user_id, msgspec.msgpack.encode(processor.user_record(user_id)))
+        # A flush produced but not published yet must not look flushed in the changelog: should
+        # the worker die before the store write, the restored user would not be flushed again and
+        # the store would keep the older rows. Its record says the version before that flush.
+        unpublished: dict[int, int] = {}
+        for batches in state.unpublished:
+            for batch in batches:
+                unpublished.setdefault(batch.user_id, batch.prev_projection_mailbox_seq)
+        for user_id in changes.users | unpublished.keys():
+            record = processor.user_record(user_id)
+            if user_id in unpublished:
+                record[_FLUSHED_KEY] = min(record[_FLUSHED_KEY], unpublished[user_id])
+            tables.put_user(partition, user_id, msgspec.msgpack.encode(record))
         if changes.gate:
             gate = processor.gate_record()
             if state.next_offset is not None:
@@ -597,8 +609,11 @@ class WorkerCore:
             await self.persist(state)
             published = 0
             while state.unpublished:
-                batches = state.unpublished.pop(0)
+                batches = state.unpublished[0]
                 published += await self._write(batches)
+                state.unpublished.pop(0)
+                # Their records now say these versions are flushed (with the next persist).
+                state.processor.touch((), [batch.user_id for batch in batches], self.clock())
             return published
 
     async def _write(self, batches: list[UserFlush]) -> int:

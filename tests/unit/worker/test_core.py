@@ -5,6 +5,7 @@ replay's, whatever the batching, the flush timing, or a crash between batches.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from typing import Any
 
@@ -20,7 +21,7 @@ from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.memory_tables import MemoryTables
 from app.worker.core import MIRROR_BACKLOG_BATCHES, WorkerConfig, WorkerCore
 from app.worker.ports import RawRecord, raw_record
-from tests.support.builders import CONV_A, StreamBuilder
+from tests.support.builders import CONV_A, CONV_B, StreamBuilder
 from tests.support.clock import ManualClock
 from tests.support.mirror_writer import MirrorWriter
 from tests.support.projection_files import as_replay_files
@@ -475,3 +476,52 @@ def test_an_unreadable_owed_record_is_logged_and_the_partition_still_restores() 
     asyncio.run(restarted.restore_assigned([0]))
     assert restarted.stats.state_restaged_rows == 0
     assert restarted.partitions[0].processor.users[7].rows[CONV_A].unread_count == 1
+
+
+class _Crash(Exception):
+    pass
+
+
+class _CrashingStore(InMemoryProjectionStore):
+    """A projection store whose writes fail while `down`: the process dies between the persist
+    that precedes a flush's store write and the write itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+
+    async def write(self, batches: Any) -> Any:
+        if self.down:
+            raise _Crash
+        return await super().write(batches)
+
+
+def test_a_kill_between_the_persist_and_the_store_write_loses_no_row() -> None:
+    """Durable before visible: the persist that precedes a flush's store write must not record
+    the flush as done. Killed right there, the restarted worker flushes the user again (the
+    store had not seen those rows); before the fix the user's record said flushed, nothing was
+    written again and the store kept the older rows for good."""
+    s = StreamBuilder()
+    s.message(7, 1, conv=CONV_A)
+    s.message(7, 1, conv=CONV_B)
+    lines = s.close()
+    expected = run_replay(lines, ReplayOptions())
+    store = message_store_for(lines, 1)
+    tables, projections, outbox, clock = MemoryTables(), _CrashingStore(), RecordingOutbox(), ManualClock()
+
+    async def run() -> tuple[list[Any], list[Any]]:
+        core = make_core(1, tables, store, projections, outbox, clock)
+        await core.on_records(records(lines))
+        projections.down = True
+        with contextlib.suppress(_Crash):
+            await core.flush_all()  # persisted, then the write fails: the process is gone
+        projections.down = False
+        restarted = make_core(1, tables, store, projections, outbox, clock)
+        await restarted.restore_assigned([0])
+        clock.now += 10_000  # the restored partition flushes within one window
+        await restarted.flush_due(clock.now)
+        return await as_replay_files(projections, [7])
+
+    rows, badges = asyncio.run(run())
+    assert rows == expected.projections
+    assert badges == expected.badges
