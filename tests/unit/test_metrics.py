@@ -23,7 +23,7 @@ from tests.support.api import SETTINGS, T0, Api
 from tests.support.builders import CONV_A, StreamBuilder
 from tests.support.clock import ManualClock
 from tests.support.metrics import metrics_text, scrape
-from tests.support.mirror_writer import MirrorWriter
+from tests.support.mirror_writer import MirrorCassandra, MirrorWriter
 from tests.support.rows import flush, make_row
 from tests.support.worker import RecordingOutbox, make_core, records
 
@@ -97,7 +97,7 @@ def test_mirror_failures_owed_rows_and_their_restaging_are_counted() -> None:
     s.message(7, 1)
     s.message(8, 1)
     store = InMemoryMessageStore()
-    tables, cassandra = MemoryTables(), {}  # type: ignore[var-annotated]
+    tables, cassandra = MemoryTables(), MirrorCassandra()
     down = MirrorWriter(cassandra)
     down.down = True
     core = make_core(1, tables, store, InMemoryProjectionStore(), RecordingOutbox(), ManualClock())
@@ -117,7 +117,7 @@ def test_mirror_failures_owed_rows_and_their_restaging_are_counted() -> None:
     text = scrape(WorkerMetrics(), restarted)
     assert sample(text, "projector_state_restaged_rows_total") == 2
     assert sample(text, "projector_state_writes_total") == 2
-    assert set(cassandra) == {(7, CONV_A), (8, CONV_A)}
+    assert set(cassandra.state) == {(7, CONV_A), (8, CONV_A)}
 
 
 def test_revoked_partitions_stop_reporting_watermark_lag() -> None:

@@ -23,7 +23,7 @@ from app.worker.core import MIRROR_BACKLOG_BATCHES, WorkerConfig, WorkerCore
 from app.worker.ports import RawRecord, raw_record
 from tests.support.builders import CONV_A, CONV_B, StreamBuilder
 from tests.support.clock import ManualClock
-from tests.support.mirror_writer import MirrorWriter
+from tests.support.mirror_writer import MirrorCassandra, MirrorWriter
 from tests.support.projection_files import as_replay_files
 from tests.support.strategies import Stream, scenarios, streams
 from tests.support.worker import (
@@ -379,15 +379,15 @@ def test_cassandra_writes_owed_at_a_crash_are_written_after_the_restart(stream: 
         core.state_writer = writer
         return core
 
-    async def never_failing() -> dict[tuple[int, str], dict[str, Any]]:
-        cassandra: dict[tuple[int, str], dict[str, Any]] = {}
+    async def never_failing() -> MirrorCassandra:
+        cassandra = MirrorCassandra()
         core = core_over(MemoryTables(), MirrorWriter(cassandra))
         await feed(core, parts, core.clock, random.Random(seed))  # type: ignore[arg-type]
         await core.flush_all()
         return cassandra
 
-    async def failing_then_killed() -> tuple[dict[tuple[int, str], dict[str, Any]], int]:
-        cassandra: dict[tuple[int, str], dict[str, Any]] = {}
+    async def failing_then_killed() -> tuple[MirrorCassandra, int]:
+        cassandra = MirrorCassandra()
         tables = MemoryTables()
         writer = MirrorWriter(cassandra)
         core = core_over(tables, writer)
@@ -427,7 +427,7 @@ def test_a_partition_handed_over_takes_its_owed_cassandra_writes_along() -> None
     s.lines = []
     s.read(7, 2)
     second = s.close()
-    cassandra: dict[tuple[int, str], dict[str, Any]] = {}
+    cassandra = MirrorCassandra()
     store = message_store_for([*first, *second], 1)
     tables = MemoryTables()
     writer_a, writer_b = MirrorWriter(cassandra), MirrorWriter(cassandra)
@@ -441,7 +441,7 @@ def test_a_partition_handed_over_takes_its_owed_cassandra_writes_along() -> None
         await worker_a.on_records(records(first))
         await worker_a.release([0])
         worker_a.forget([0])
-        assert writer_a.pending == {}  # handed over with the records
+        assert writer_a.owed() == {}  # handed over with the records
         await worker_b.restore_assigned([0])
         offset = len(first)
         await worker_b.on_records(
@@ -452,7 +452,7 @@ def test_a_partition_handed_over_takes_its_owed_cassandra_writes_along() -> None
         assert await writer_a.flush() == 0
 
     asyncio.run(run())
-    assert cassandra[(7, CONV_A)]["state"]["read_conversation_seq"] == 2
+    assert cassandra.state[(7, CONV_A)]["read_conversation_seq"] == 2
     assert worker_b.stats.state_restaged_rows == 1
 
 
@@ -460,7 +460,7 @@ def test_an_unreadable_owed_record_is_logged_and_the_partition_still_restores() 
     s = StreamBuilder()
     s.message(7, 1)
     tables, store = MemoryTables(), InMemoryMessageStore()
-    down = MirrorWriter({})
+    down = MirrorWriter(MirrorCassandra())
     down.down = True
     core = make_core(1, tables, store, InMemoryProjectionStore(), RecordingOutbox(), ManualClock())
     core.state_writer = down
@@ -472,7 +472,7 @@ def test_an_unreadable_owed_record_is_logged_and_the_partition_still_restores() 
     record["mirror_owed"] = [1, 2]  # not what this version writes
     tables.rows[0][key] = msgspec.msgpack.encode(record)
     restarted = make_core(1, tables, store, InMemoryProjectionStore(), RecordingOutbox(), ManualClock())
-    restarted.state_writer = MirrorWriter({})
+    restarted.state_writer = MirrorWriter(MirrorCassandra())
     asyncio.run(restarted.restore_assigned([0]))
     assert restarted.stats.state_restaged_rows == 0
     assert restarted.partitions[0].processor.users[7].rows[CONV_A].unread_count == 1
