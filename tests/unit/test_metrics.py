@@ -1,4 +1,4 @@
-"""Prometheus metrics (issue 7): the worker's are pulled from WorkerCore (dict-backed fakes), the
+"""Prometheus metrics (issue 7): the worker's are pulled from WorkerCore (in-memory ports), the
 API's from its snapshot layer; every named metric is exposed and moves when it should."""
 
 from __future__ import annotations

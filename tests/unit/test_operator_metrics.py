@@ -22,7 +22,7 @@ from tests.support.worker import RecordingOutbox, make_core, records
 
 
 def message(**changes: object) -> bytes:
-    """A valid message entry (tests/unit/builders) with some fields replaced."""
+    """A valid message entry (tests/support/builders.py) with some fields replaced."""
     s = StreamBuilder(lanes=1)
     s.message(7, 1)
     return orjson.dumps(orjson.loads(s.lines[0]) | changes)

@@ -1,5 +1,5 @@
-"""The unread audit in the worker (app/worker/audit.py) over the real WorkerCore, with dict-backed
-tables and the in-memory stores: drift injected into the projection store or into the state is
+"""The unread audit in the worker (app/worker/audit.py) over the real WorkerCore, with the in-memory
+tables and stores: drift injected into the projection store or into the state is
 found, corrected to the replay's result, sent to clients as correction frames, and counted."""
 
 from __future__ import annotations
