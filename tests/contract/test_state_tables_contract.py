@@ -65,9 +65,8 @@ class FaustTables:
         self.app = new_faust_app(settings)
         self.faust_tables = declare_tables(self.app, settings.topic_partitions)
         # As the worker wires it (app/runtime/worker.create_app): the aiokafka producer, late-bound.
-        self.sender = BatchSender(lambda: self.app.producer._ensure_producer())
-        self.tables: Any = FaustStateTables(self.faust_tables, self.sender)
-        self._new_tables = lambda: FaustStateTables(self.faust_tables, self.sender)
+        self.sender = BatchSender(lambda: self.app.producer._ensure_producer())  # type: ignore[attr-defined]
+        self.tables = FaustStateTables(self.faust_tables, self.sender)
 
     def changelog_topics(self) -> dict[str, str]:
         return {name: table.changelog_topic.get_topic_name() for name, table in self.faust_tables.items()}
@@ -86,7 +85,7 @@ class FaustTables:
         }
         rebalanced = asyncio.Event()
 
-        @self.app.on_rebalance_complete.connect  # type: ignore[untyped-decorator, misc]
+        @self.app.on_rebalance_complete.connect  # type: ignore[arg-type]  # mode's stubs want sync
         async def on_rebalance_complete(sender: Any, **_: Any) -> None:
             rebalanced.set()  # sent once the assigned partitions are recovered
 
@@ -100,15 +99,17 @@ class FaustTables:
         try:
             await self.app.start()
             await asyncio.wait_for(all_assigned(), START_TIMEOUT_S)
-            await asyncio.wait_for(self.app.tables.recovery.completed.wait(), START_TIMEOUT_S)
+            recovery = self.app.tables.recovery  # type: ignore[attr-defined]  # TableManager's
+            await asyncio.wait_for(recovery.completed.wait(), START_TIMEOUT_S)
         except BaseException:
             await self.stop()  # a started consumer thread would outlive the test's event loop
             raise
 
     def new_tables(self) -> StateTables:
         """Another adapter over the same faust tables (a new process would build one)."""
-        tables: StateTables = self._new_tables()
-        return tables
+        from tables.state import FaustStateTables
+
+        return FaustStateTables(self.faust_tables, self.sender)
 
     async def delivered(self) -> None:
         """Wait until what the producer was handed is on the broker (the worker's offset commit
