@@ -62,7 +62,10 @@ def activity_id(created_at: int, conv_index: int, seq: int) -> str:
 
 
 class Builder:
-    """Hand-written streams for example tests: one lane, mailbox_seq 1, 2, 3, ... in call order."""
+    """Hand-written streams in the drawn streams' shape: one lane, mailbox_seq 1, 2, 3, ... in
+    call order, BASE_TS timestamps, time-sortable activity ids, the entries kept as dicts (the
+    model reads them). For the property tests' examples and tests that sit beside drawn streams;
+    other example tests use tests/support/builders.StreamBuilder."""
 
     def __init__(self, lanes: int = 1) -> None:
         self.lanes = lanes
