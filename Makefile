@@ -4,7 +4,9 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup tools run test test-fast chaos-crash lint typecheck check services-up services-down services-status bench clean proto bench-api
+.PHONY: help setup tools run test test-fast chaos-crash lint typecheck check services-up services-down services-status bench clean proto bench-api \
+	redis-cluster-up redis-cluster-down redis-cluster-status kafka-cluster-up kafka-cluster-down kafka-cluster-status \
+	chaos-infra-check
 
 help: ## List the targets with what they do
 	@awk 'BEGIN {FS = ":.*?## "} /^[a-zA-Z_-]+:.*?## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -30,10 +32,31 @@ services-down: ## Stop the local Kafka, Redis and Cassandra
 services-status: ## Show which local servers are running
 	bash scripts/services.sh status
 
+redis-cluster-up: ## Start (idempotent; reuses/repairs) the local Redis Cluster: 3 masters + 3 replicas on 127.0.0.1:7101-7106
+	bash scripts/redis_cluster.sh up
+
+redis-cluster-down: ## Stop this checkout's Redis Cluster nodes and forget the cluster (the next up creates it anew)
+	bash scripts/redis_cluster.sh down
+
+redis-cluster-status: ## Health of the local Redis Cluster, one line per node
+	bash scripts/redis_cluster.sh status
+
+kafka-cluster-up: setup ## Start (idempotent) the chaos tests' 3-node Kafka KRaft cluster (RF 3, min ISR 2) on 127.0.0.1:9191-9193
+	bash scripts/kafka_cluster.sh up
+
+kafka-cluster-down: ## Stop this checkout's 3-node Kafka cluster (data kept in .local/kafka-cluster)
+	bash scripts/kafka_cluster.sh down
+
+kafka-cluster-status: ## Health of the 3-node Kafka cluster, one line per node
+	bash scripts/kafka_cluster.sh status
+
+chaos-infra-check: services-up tools ## The chaos tooling's own tests (-m chaos): starts the Kafka cluster itself, stops it after unless KAFKA_CLUSTER_KEEP=1
+	$(PY) -m pytest -q -m chaos tests/chaos
+
 run: services-up ## Set up, start the servers and run the main job (worker fed by the simulator)
 	bash scripts/run.sh
 
-test: services-up tools ## Set up, start the servers, install the test tools and run the whole test suite
+test: services-up tools ## Set up, start the servers, install the test tools and run the whole test suite (chaos tests apart)
 	$(PY) -m pytest -q -m "not chaos"
 
 test-fast: setup ## Run the unit, property and contract tests only (no servers)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from app.domain.projector import MAX_DIRTY_ROWS_MIN, UNREAD_PRECISE_LIMIT_MIN, WINDOW_MS_MIN
+from app.redis_url import parse_redis_url
 
 ENV_PREFIX = "PROJECTOR_"
 
@@ -62,6 +63,8 @@ class SettingsError(ValueError):
 class Settings:
     # --- servers -------------------------------------------------------------------------------
     kafka_bootstrap: str = "127.0.0.1:9092"
+    # One server (redis://, rediss://, unix://) or a Redis Cluster
+    # (redis+cluster://host:port[,host:port...]); every form in app/redis_url.py.
     redis_url: str = "redis://127.0.0.1:6379/0"
     cassandra_contact_points: tuple[str, ...] = ("127.0.0.1",)
     cassandra_port: int = 9042
@@ -140,6 +143,11 @@ class Settings:
     # records' total size is also capped per partition and fetch by intake_fetch_max_bytes.
     intake_batch_max_records: int = bounded(20_000, 1)
     intake_fetch_max_bytes: int = bounded(4 * 1024 * 1024, 1024)
+    # The worker's hot set: at most this many (user, conversation) rows per partition stay in
+    # memory; the rest live in the RocksDB changelog tables and are read on first touch (one
+    # multi-get per batch). ~500 bytes of RAM per resident row (README "Sizing a worker"): the
+    # default is ~256 MiB per partition at most. Clean rows beyond it leave memory after a persist.
+    hot_rows: int = bounded(500_000, 1000)
     # Beyond this distance between base and latest, unread becomes inexact (shown as 99+).
     unread_precise_limit: int = bounded(200, UNREAD_PRECISE_LIMIT_MIN)
 
@@ -148,6 +156,12 @@ class Settings:
     projection_namespace: str = "proj"
     # Count persistent writes per (user, conversation) in the store (audit of docs/contract.md §3.9's bound).
     projection_count_writes: bool = False
+    # How long the worker, the audit and `projector rebuild` keep retrying (exponential backoff
+    # with jitter) a store call that failed in a way that passes: connection refused/reset, a
+    # timeout, CLUSTERDOWN, TRYAGAIN, a redirection loop. Long enough to ride out a cluster
+    # failover (node timeout + election: ~5 s on the local cluster); then the error is raised.
+    # The API never waits: it answers 503. 0 = no retries.
+    redis_retry_budget_ms: int = 30_000
 
     # --- unread audit (issue 7; app/worker/audit.py) ----------------------------------------------
     # Every `unread_audit_interval_ms` the worker samples the rows that have unread and have not
@@ -364,8 +378,12 @@ class Settings:
             m = _HOST_PORT_RE.fullmatch(part.strip())
             if m is None or not 0 < int(m["port"]) < 65536:
                 p.append(f"kafka_bootstrap: {part.strip()!r} is not HOST:PORT")
-        if not re.fullmatch(r"(rediss?|unix)://\S+", self.redis_url):
-            p.append(f"redis_url: {self.redis_url!r} must start with redis://, rediss:// or unix://")
+        try:
+            parse_redis_url(self.redis_url)
+        except ValueError as exc:  # the message never repeats the URL: it may hold a password
+            p.append(f"redis_url: {exc}")
+        if not 0 <= self.redis_retry_budget_ms <= 600_000:
+            p.append(f"redis_retry_budget_ms: {self.redis_retry_budget_ms} is not in 0..600000")
         if not self.cassandra_contact_points or any(
             not h or h != h.strip() or "," in h for h in self.cassandra_contact_points
         ):

@@ -4,6 +4,7 @@
 #   scripts/services.sh up      install what is missing, start what is not healthy, wait for health
 #   scripts/services.sh down    stop the servers this checkout started
 #   scripts/services.sh status  one line per server
+#   scripts/services.sh jars kafka|cassandra   resolve a server's jars into .local/<server>/lib only
 #
 # Everything a server writes (jars, config, data, log, pid) lives under .local/<server>/ of the
 # checkout. A server that already answers a real health check on its port is REUSED, whichever
@@ -401,8 +402,18 @@ case "${1:-}" in
         cmd_down
         ;;
     status) cmd_status ;;
+    jars)
+        # Resolve a server's jars only (scripts/kafka_cluster.sh runs its brokers from Kafka's).
+        lock
+        shift
+        for svc in "$@"; do
+            mkdir -p "$LOCAL/$svc"
+            require_java "$svc"
+            resolve_jars "$svc"
+        done
+        ;;
     *)
-        echo "usage: $0 up|down|status" >&2
+        echo "usage: $0 up|down|status|jars SERVER..." >&2
         exit 2
         ;;
 esac

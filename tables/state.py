@@ -1,21 +1,25 @@
 """The worker's changelog tables (RocksDB via rocksdict, with Kafka changelog topics), and the
 adapter that gives `app.worker.core` the `StateTables` Protocol on top of them.
 
-Keys are `"{partition}/..."` strings: a partition's state can be found again after a rebalance
-without knowing the producer's partitioner, and every write is routed to the changelog
-partition of the source partition it belongs to (co-partitioned with mailbox-tail).
+Every write is routed to the changelog partition of the source partition it belongs to
+(co-partitioned with mailbox-tail); each table partition is its own RocksDB database.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import faust
 from faust.types import TP
+from rocksdict import WriteBatch
 
 from app.kafka.batches import BatchSender
-from app.worker.ports import PartitionSnapshot
+from app.worker.ports import GATE_KEY, parse_row_key, pending_key, row_key, user_key
+
+ROW_KEY_BYTES = 24  # user id (8) + conversation UUID (16)
+PENDING_KEY_BYTES = 16  # user id (8) + mailbox_seq (8)
 
 
 def declare_tables(app: faust.App, partitions: int) -> dict[str, Any]:
@@ -43,20 +47,23 @@ def declare_tables(app: faust.App, partitions: int) -> dict[str, Any]:
 
 
 class FaustStateTables:
-    """`StateTables` over faust tables, writing the RocksDB partition stores and the changelog
-    topics directly.
+    """`StateTables` over faust tables: one RocksDB database per table partition (faust's own
+    stores), and a changelog topic per table.
 
-    A batch writes thousands of keys. Through `table[key] = value` each write would pass faust's
-    ProducerBuffer, which drains one message at a time and stalls the stream every 100 pending
-    messages (measured: ~2k table writes/s, the whole worker at ~1k entries/s); and faust picks
-    the partition's store from the current stream event, which batch intake does not have. Here
-    each write goes to the named partition's RocksDB database and its changelog record to the
-    producer's batching accumulator; `commit()` (end of a persist) awaits their hand-off, and the
-    offset commit flushes the producer first, so no offset is committed past a changelog record
-    in flight.
+    A persist writes thousands of keys. Through `table[key] = value` each write would pass
+    faust's ProducerBuffer (measured: ~2k table writes/s), and faust picks the partition's store
+    from the current stream event, which batch intake does not have. Here the writes of a persist
+    are staged; `commit()` hands the changelog records to the producer in one batch per
+    partition, WAITS until the broker has them all, and only then writes them to the local
+    RocksDB databases (one write batch each).
 
-    Keys are our own UTF-8 bytes (never decoded by faust), `"{partition}/..."`, so a partition's
-    state can be found again after a rebalance.
+    So the local store is never ahead of the changelog: a crash before the broker has a persist
+    leaves both without it (the entries are read again), a crash after leaves the local store
+    behind, and faust's recovery brings it up to the changelog at the next start. Restoring a
+    partition never has to publish what it holds again, whatever its size.
+
+    Keys are the worker's own bytes (app/worker/ports.py: user ids big-endian, conversation ids
+    as UUID bytes), never decoded by faust.
     """
 
     def __init__(self, tables: dict[str, Any], sender: BatchSender) -> None:
@@ -64,28 +71,43 @@ class FaustStateTables:
         self.rows = tables["rows"]
         self.users = tables["users"]
         self.gates = tables["gates"]
-        self.pending = tables["pending"]
-        self._outgoing: list[tuple[Any, bytes, bytes | None, int]] = []
+        self.pending_table = tables["pending"]
+        self._staged: list[tuple[Any, bytes, bytes | None, int]] = []
 
-    def _write(self, table: Any, partition: int, key: str, value: bytes | None) -> None:
-        # faust's RocksDB store keeps one rocksdict database per partition. Its key index (a
-        # cache for faust's own reads by key) is not kept: these tables are only read whole.
-        db = table.data._db_for_partition(partition)
-        raw_key = key.encode()
-        if value is None:
-            db.delete(raw_key)
-        else:
-            db.put(raw_key, value)
-        self._outgoing.append((table, raw_key, value, partition))
+    @staticmethod
+    def _db(table: Any, partition: int) -> Any:
+        # faust's RocksDB store keeps one rocksdict database per partition (raw bytes mode).
+        return table.data._db_for_partition(partition)
+
+    def _stage(self, table: Any, partition: int, key: bytes, value: bytes | None) -> None:
+        self._staged.append((table, key, value, partition))
+
+    def put_row(self, partition: int, user_id: int, conversation_id: str, blob: bytes) -> None:
+        self._stage(self.rows, partition, row_key(user_id, conversation_id), blob)
+
+    def put_user(self, partition: int, user_id: int, blob: bytes) -> None:
+        self._stage(self.users, partition, user_key(user_id), blob)
+
+    def put_gate(self, partition: int, blob: bytes) -> None:
+        self._stage(self.gates, partition, GATE_KEY, blob)
+
+    def put_pending(self, partition: int, user_id: int, mailbox_seq: int, raw: bytes) -> None:
+        self._stage(self.pending_table, partition, pending_key(user_id, mailbox_seq), raw)
+
+    def delete_pending(self, partition: int, user_id: int, mailbox_seq: int) -> None:
+        self._stage(self.pending_table, partition, pending_key(user_id, mailbox_seq), None)
 
     async def commit(self) -> None:
-        """Hand this batch's changelog records to the producer, one batch per partition."""
-        outgoing, self._outgoing = self._outgoing, []
+        """The changelog first (delivered), then the local store."""
+        staged, self._staged = self._staged, []
+        if not staged:
+            return
         grouped: dict[int, dict[int, list[tuple[bytes | None, bytes | None]]]] = {}
         tables: dict[int, Any] = {}
-        for table, key, value, partition in outgoing:
+        for table, key, value, partition in staged:
             tables[id(table)] = table
             grouped.setdefault(id(table), {}).setdefault(partition, []).append((key, value))
+        futures: list[asyncio.Future[Any]] = []
         for table_id, by_partition in grouped.items():
             table = tables[table_id]
             topic = table.changelog_topic.get_topic_name()
@@ -95,49 +117,53 @@ class FaustStateTables:
                 # a changelog record twice is harmless), never skip past what the store lacks.
                 table.data.set_persisted_offset(TP(topic, partition), metadata.offset)
 
-            await self.sender.send(topic, by_partition, persisted)
+            futures += await self.sender.send(topic, by_partition, persisted)
+        await asyncio.gather(*futures)  # every record is in the changelog
+        batches: dict[tuple[int, int], tuple[Any, Any]] = {}
+        for table, key, value, partition in staged:
+            entry = batches.get((id(table), partition))
+            if entry is None:
+                batch = WriteBatch(raw_mode=True)
+                entry = batches[(id(table), partition)] = (self._db(table, partition), batch)
+            if value is None:
+                entry[1].delete(key)
+            else:
+                entry[1].put(key, value)
+        for db, batch in batches.values():
+            db.write(batch)
 
-    def republish(self, partition: int) -> None:
-        prefix = f"{partition}/".encode()
-        gate_key = str(partition).encode()
-        for table in (self.rows, self.users, self.pending):
-            for key, value in self._items(table):
-                if key.startswith(prefix):
-                    self._outgoing.append((table, key, value, partition))
-        for key, value in self._items(self.gates):
-            if key == gate_key:
-                self._outgoing.append((self.gates, key, value, partition))
+    def get_users(self, partition: int, user_ids: Collection[int]) -> dict[int, bytes]:
+        ids = list(user_ids)
+        values = self._db(self.users, partition).get([user_key(u) for u in ids])
+        return {u: v for u, v in zip(ids, values, strict=True) if v is not None}
 
-    def put_row(self, partition: int, user_id: int, conversation_id: str, blob: bytes) -> None:
-        self._write(self.rows, partition, f"{partition}/{user_id}/{conversation_id}", blob)
+    def get_rows(self, partition: int, keys: Collection[tuple[int, str]]) -> dict[tuple[int, str], bytes]:
+        wanted = list(keys)
+        values = self._db(self.rows, partition).get([row_key(u, c) for u, c in wanted])
+        return {k: v for k, v in zip(wanted, values, strict=True) if v is not None}
 
-    def put_user(self, partition: int, user_id: int, blob: bytes) -> None:
-        self._write(self.users, partition, f"{partition}/{user_id}", blob)
+    def user_rows(self, partition: int, user_id: int) -> list[tuple[str, bytes]]:
+        prefix = user_key(user_id)
+        out = []
+        for key, value in self._db(self.rows, partition).items(from_key=prefix):
+            if not key.startswith(prefix):
+                break
+            if len(key) == ROW_KEY_BYTES:
+                out.append((parse_row_key(key)[1], value))
+        return out
 
-    def put_gate(self, partition: int, blob: bytes) -> None:
-        self._write(self.gates, partition, f"{partition}", blob)
+    def row_keys(self, partition: int) -> Iterator[tuple[int, str]]:
+        for key in self._db(self.rows, partition).keys():  # noqa: SIM118  # an Rdict, not a dict
+            if len(key) == ROW_KEY_BYTES:  # faust keeps its own bookkeeping keys beside ours
+                yield parse_row_key(key)
 
-    def put_pending(self, partition: int, user_id: int, mailbox_seq: int, raw: bytes) -> None:
-        self._write(self.pending, partition, f"{partition}/{user_id}/{mailbox_seq}", raw)
+    def gate(self, partition: int) -> bytes | None:
+        value: bytes | None = self._db(self.gates, partition).get(GATE_KEY)
+        return value
 
-    def delete_pending(self, partition: int, user_id: int, mailbox_seq: int) -> None:
-        self._write(self.pending, partition, f"{partition}/{user_id}/{mailbox_seq}", None)
-
-    def snapshot(self, partition: int) -> PartitionSnapshot:
-        # Iteration covers every active partition's store and needs no current event, so the
-        # snapshot can run from the rebalance signal too.
-        prefix = f"{partition}/".encode()
-        gate_key = str(partition).encode()
-        gate = next((value for key, value in self._items(self.gates) if key == gate_key), None)
-        return PartitionSnapshot(
-            rows=[value for key, value in self._items(self.rows) if key.startswith(prefix)],
-            users=[value for key, value in self._items(self.users) if key.startswith(prefix)],
-            gate=gate,
-            pending=[value for key, value in self._items(self.pending) if key.startswith(prefix)],
-        )
-
-    @staticmethod
-    def _items(table: Any) -> Iterator[tuple[bytes, bytes]]:
-        for key, value in table.data._iteritems():
-            if value is not None:
-                yield key, value
+    def pending(self, partition: int) -> list[bytes]:
+        return [
+            value
+            for key, value in self._db(self.pending_table, partition).items()
+            if len(key) == PENDING_KEY_BYTES
+        ]

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 import orjson
-from redis.exceptions import RedisError
 
 from app.domain.projection_store import StoredProjection
 from app.domain.rebuild import Head, row_from_state
@@ -72,31 +71,16 @@ class RedisProjectionReader:
         self.store = store
 
     async def load_rows(self, user_id: int) -> LoadedRows:
-        # As RedisProjectionStore.load (MULTI: rows and meta of the same instant), but the rows
-        # stay the stored bytes: decoding all 21 fields of 5,000 rows only to re-encode them
-        # would be most of a cold load.
+        # As RedisProjectionStore.load (rows and meta of the same instant: MULTI, or one script
+        # on a cluster), but the rows stay the stored bytes: decoding all 21 fields of 5,000 rows
+        # only to re-encode them would be most of a cold load.
         await self.store.follow_serving(SERVING_RECHECK_S)
-        pipe = self.store.client.pipeline(transaction=True)
-        pipe.hgetall(self.store.rows_key(user_id))
-        pipe.hmget(self.store.meta_key(user_id), list(META_FIELDS))
-        try:
-            raw_rows, raw_meta = await pipe.execute()
-        except (RedisError, OSError) as exc:
-            raise ProjectionStoreError(
-                f"projection store unreachable during load: {type(exc).__name__}: {exc}"
-            ) from None
+        raw_rows, raw_meta = await self.store.read_user(user_id)  # ProjectionStoreError: 503
         return LoadedRows(_meta(user_id, raw_meta), list(raw_rows.values()))
 
     async def meta(self, user_id: int) -> StoreMeta:
         await self.store.follow_serving(SERVING_RECHECK_S)
-        key = self.store.meta_key(user_id)
-        try:
-            raw = await self.store.client.hmget(key, list(META_FIELDS))
-        except (RedisError, OSError) as exc:  # the store is down or refused: 503, not the caller's fault
-            raise ProjectionStoreError(
-                f"projection store unreachable during meta: {type(exc).__name__}: {exc}"
-            ) from None
-        return _meta(user_id, raw)
+        return _meta(user_id, await self.store.read_meta(user_id))
 
 
 class MemoryProjectionReader:

@@ -53,7 +53,9 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
     from app.stores.cassandra_state import UserConversationStateWriter
     from app.stores.redis_projection import RedisProjectionStore
 
-    store = RedisProjectionStore.from_settings(settings)  # follows {ns}:serving
+    # Follows {ns}:serving. No retry budget: a request never waits out a failover, it gets a 503
+    # (redis-py still follows MOVED/ASK/TRYAGAIN on a cluster).
+    store = RedisProjectionStore.from_settings(settings, retry_budget_s=0)
     cluster = None
     ops = None
     try:

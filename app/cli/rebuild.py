@@ -275,7 +275,12 @@ async def _rebuild(settings: Any, args: argparse.Namespace, metrics: RebuildMetr
     namespace: str = args.namespace
     live = RedisProjectionStore.from_settings(settings)  # follows {base}:serving
     try:
-        target = RedisProjectionStore(live.client, namespace, max_users_per_trip=settings.flush_batch_size)
+        target = RedisProjectionStore(
+            live.client,
+            namespace,
+            max_users_per_trip=settings.flush_batch_size,
+            retry_budget_s=live.retry_budget_s,
+        )
     except ValueError as exc:
         await live.aclose()
         raise RebuildRefused(str(exc)) from None

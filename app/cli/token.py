@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
     from app.api.tokens import TokenSigner
+
     if args.operator:
         return _operator(settings, args)
     if not settings.api_secret:

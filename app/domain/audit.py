@@ -38,6 +38,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from app.domain import seqs
 from app.domain.badge import Badge, full_recompute
 from app.domain.conversation import ConversationState
 from app.domain.flush import Correction
@@ -126,7 +127,7 @@ class Sampler:
 
 def copy_row(row: ConversationState) -> ConversationState:
     """An independent copy (bitmaps included): the recount runs on it, away from the live row."""
-    return ConversationState.load(row.dump())
+    return row.copy()
 
 
 def recount(row: ConversationState, store: MessageStore, limit: int) -> None:
@@ -138,8 +139,8 @@ def recount(row: ConversationState, store: MessageStore, limit: int) -> None:
     `latest` only if it was before."""
     base, latest = row.base, row.latest
     if latest > base:
-        row.counting.remove_range(base + 1, latest + 1)
-        row.mentioning.remove_range(base + 1, latest + 1)
+        seqs.remove_range(row.counting, base + 1, latest + 1)
+        seqs.remove_range(row.mentioning, base + 1, latest + 1)
         row.floor = max(row.floor, latest)
     recompute(row, store, limit)
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from pyroaring import BitMap64
-
+from app.domain import seqs
 from app.domain.entries import (
     ArchiveEntry,
     ClearHistoryEntry,
@@ -60,6 +60,7 @@ class ConversationState:
         "unread_exact",
         "user_id",
         "version",
+        "writes",
     )
 
     def __init__(self, user_id: int, conversation_id: str) -> None:
@@ -79,10 +80,11 @@ class ConversationState:
         self.head_seq: int | None = None
         self.head_message_id: str | None = None
         self.head_activity_id: str | None = None
-        self.received = BitMap64()  # every message seq this user received here
-        self.counting = BitMap64()  # hand: received/known seqs that count as unread
-        self.mentioning = BitMap64()  # hand: counting seqs that mention the user
-        self.recalled = BitMap64()  # hand: recalled or deleted targets
+        # Sets of conversation seqs (app/domain/seqs.py; None until the first one):
+        self.received: seqs.Seqs = None  # every message seq this user received here
+        self.counting: seqs.Seqs = None  # hand: received/known seqs that count as unread
+        self.mentioning: seqs.Seqs = None  # hand: counting seqs that mention the user
+        self.recalled: seqs.Seqs = None  # hand: recalled or deleted targets
         self.floor = 0  # the hand is complete for every seq above floor
         self.unread_count = 0
         self.unread_exact = True
@@ -92,6 +94,9 @@ class ConversationState:
         # `ts` of that entry (event time, ms): how long the row has been idle, for the unread
         # audit (app/domain/audit.py); 0 = unknown (a record written before it was kept).
         self.changed_at = 0
+        # How many flushes wrote this row (replay's max_writes_per_user_conversation; kept with
+        # the row, so no second table of every row is needed to count it).
+        self.writes = 0
 
     # -- derived values ---------------------------------------------------------------------
 
@@ -128,24 +133,29 @@ class ConversationState:
 
     def _on_message(self, entry: MessageEntry, store: MessageStore, limit: int) -> None:
         seq = entry.conversation_seq
-        self.received.add(seq)
+        self.received = seqs.add(self.received, seq)
         head = self.head_seq
         if (head is None or seq > head) and (
             self.membership == "active" or (self.left_at is not None and seq <= self.left_at)
         ):
             self.head_seq = head = seq
-            self.head_message_id = entry.message_id
-            self.head_activity_id = entry.activity_id
+            # Interned: every member's row of a group points at the same two strings.
+            self.head_message_id = sys.intern(entry.message_id)
+            self.head_activity_id = sys.intern(entry.activity_id)
         base = self.base
-        if entry.sender_id == self.user_id or not entry.counts_unread or seq <= base or seq in self.recalled:
+        if (
+            entry.sender_id == self.user_id
+            or not entry.counts_unread
+            or seq <= base
+            or seqs.has(self.recalled, seq)
+        ):
             return
-        counting = self.counting
-        newly_counted = seq not in counting
+        newly_counted = not seqs.has(self.counting, seq)
         if newly_counted:
-            counting.add(seq)
-        newly_mentioned = entry.mention and seq not in self.mentioning
+            self.counting = seqs.add(self.counting, seq)
+        newly_mentioned = entry.mention and not seqs.has(self.mentioning, seq)
         if newly_mentioned:
-            self.mentioning.add(seq)
+            self.mentioning = seqs.add(self.mentioning, seq)
         if not self.unread_exact:
             return  # an inexact row shows the limit until the base moves
         if self.floor > base:
@@ -170,9 +180,9 @@ class ConversationState:
         # or below the base (the base can move down with a join), so a message that arrives
         # after its recall never counts.
         seq = entry.target_conversation_seq
-        self.recalled.add(seq)
-        self.counting.discard(seq)
-        self.mentioning.discard(seq)
+        self.recalled = seqs.add(self.recalled, seq)
+        seqs.discard(self.counting, seq)
+        seqs.discard(self.mentioning, seq)
         if self.unread_exact:
             self._refresh(store, limit)
 
@@ -267,10 +277,10 @@ class ConversationState:
         if not received:
             return
         if self.membership == "active" or self.left_at is None:
-            top: int | None = received.max()
+            top: int | None = seqs.highest(received)
         else:
-            rank = received.rank(self.left_at)  # how many received seqs are <= left_at
-            top = received[rank - 1] if rank else None
+            rank = seqs.rank(received, self.left_at)  # how many received seqs are <= left_at
+            top = seqs.at(received, rank - 1) if rank else None
         if top == self.head_seq:
             return
         if top is None:
@@ -278,8 +288,8 @@ class ConversationState:
             return
         stored = store.get(self.conversation_id, top)
         self.head_seq = top
-        self.head_message_id = stored.message_id if stored else None
-        self.head_activity_id = stored.activity_id if stored else None
+        self.head_message_id = sys.intern(stored.message_id) if stored else None
+        self.head_activity_id = sys.intern(stored.activity_id) if stored else None
 
     # -- output -----------------------------------------------------------------------------
 
@@ -316,20 +326,36 @@ class ConversationState:
 
     # -- persistence (what a changelog table holds) --------------------------------------------
 
-    def dump(self) -> dict[str, Any]:
-        state: dict[str, Any] = {name: getattr(self, name) for name in _PLAIN_FIELDS}
-        for name in _BITMAP_FIELDS:
-            state[name] = getattr(self, name).serialize()
-        return state
+    def dump(self) -> list[Any]:
+        """The row as its changelog record holds it: the fields in a fixed order (the key holds
+        the user and the conversation), the seq sets in roaring's portable format (None when
+        empty). Compact on disk and cheap to decode."""
+        return [
+            _RECORD_FORMAT,
+            *(getattr(self, name) for name in _PLAIN_FIELDS),
+            *(seqs.dump(getattr(self, name)) for name in _BITMAP_FIELDS),
+        ]
 
     @classmethod
-    def load(cls, state: dict[str, Any]) -> ConversationState:
+    def load(cls, record: list[Any], user_id: int, conversation_id: str) -> ConversationState:
+        if record[0] != _RECORD_FORMAT:
+            raise ValueError(f"unknown row record format {record[0]!r}")
         row = cls.__new__(cls)
-        for name in _PLAIN_FIELDS:
-            setattr(row, name, state.get(name, 0) if name in _LATER_FIELDS else state[name])
-        for name in _BITMAP_FIELDS:
-            setattr(row, name, BitMap64.deserialize(state[name]))
+        row.user_id = user_id
+        row.conversation_id = sys.intern(conversation_id)
+        for name, value in zip(_PLAIN_FIELDS, record[1 : 1 + len(_PLAIN_FIELDS)], strict=True):
+            setattr(row, name, value)
+        if row.head_message_id is not None:
+            row.head_message_id = sys.intern(row.head_message_id)
+        if row.head_activity_id is not None:
+            row.head_activity_id = sys.intern(row.head_activity_id)
+        for name, data in zip(_BITMAP_FIELDS, record[1 + len(_PLAIN_FIELDS) :], strict=True):
+            setattr(row, name, seqs.load(data))
         return row
+
+    def copy(self) -> ConversationState:
+        """An independent copy (seq sets included)."""
+        return ConversationState.load(self.dump(), self.user_id, self.conversation_id)
 
 
 # Entry types that move a conversation between zones or change membership: they invalidate
@@ -339,10 +365,14 @@ STRUCTURAL_ENTRIES: frozenset[type] = frozenset(
 )
 
 _BITMAP_FIELDS = ("received", "counting", "mentioning", "recalled")
-# Fields added after records were first written to the changelog: absent from older records,
-# they load as 0 (changed_at 0 = idle since ever: the row is eligible for the unread audit).
-_LATER_FIELDS = frozenset({"changed_at"})
-_PLAIN_FIELDS = tuple(name for name in ConversationState.__slots__ if name not in _BITMAP_FIELDS)
+# Every field but the ids (the record's key holds them) and the seq sets, in slot order: the
+# record's layout. A change of layout is a new format number.
+_PLAIN_FIELDS = tuple(
+    name
+    for name in ConversationState.__slots__
+    if name not in _BITMAP_FIELDS and name not in ("user_id", "conversation_id")
+)
+_RECORD_FORMAT = 2
 
 # Dispatch on the decoded struct's class: one dict lookup on the hot path.
 _HANDLERS: dict[type, Callable[[ConversationState, Any, MessageStore, int], None]] = {

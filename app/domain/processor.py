@@ -23,7 +23,7 @@ processing-time driver when the open window ends.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -45,6 +45,7 @@ from app.domain.flush import UserFlush
 from app.domain.member_stats import MemberStats
 from app.domain.ports import MessageStore
 from app.domain.projector import Applied, Projector, ProjectorConfig, UserState
+from app.domain.residency import MEMBER_STATS_KEY, ROW_STATE_KEY, Residency, StateSource
 from app.domain.watermark import Offer, WatermarkGate
 
 # Fields of a row that UserConversationState keeps (what a rebuild from state needs).
@@ -60,8 +61,6 @@ STATE_FIELDS = (
     "archived",
     "muted",
 )
-# Key of the member statistics inside a row's changelog record (ConversationState.load ignores it).
-MEMBER_STATS_KEY = "member_stats"
 # Entries that can move a member's statistics (the rest never touch them).
 _STATS_ENTRIES = frozenset({MessageEntry, RecallEntry, DeleteMessageEntry})
 
@@ -171,9 +170,10 @@ class Changes:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """A partition's state as the changelog tables hold it (decoded records)."""
+    """A partition's whole state as the changelog tables hold it (decoded records): rows as
+    (user_id, conversation_id, record)."""
 
-    rows: list[dict[str, Any]]
+    rows: list[tuple[int, str, dict[str, Any]]]
     users: list[dict[str, Any]]
     gate: dict[str, Any] | None
     pending: list[bytes]
@@ -199,6 +199,8 @@ class PartitionProcessor:
         mirror: bool = False,
         member_stats: bool = False,
         track_changes: bool = False,
+        source: StateSource | None = None,
+        hot_rows: int = 0,
     ) -> None:
         self.config = config
         self.lanes = lanes
@@ -214,6 +216,10 @@ class PartitionProcessor:
         # Highest mailbox_seq of any entry read: minus gate.hi, the watermark lag (metrics).
         self.max_seen_seq = 0
         self.changes = Changes()
+        # With persisted state behind it, memory holds a bounded hot set (app/domain/residency.py).
+        self.residency = (
+            Residency(self.projector, source, self.member_stats, hot_rows) if source is not None else None
+        )
 
     # -- input ----------------------------------------------------------------------------------
 
@@ -227,9 +233,18 @@ class PartitionProcessor:
         gate = self.gate
         apply = self._apply
         changes = self.changes if self.track_changes else None
+        decoded = [decode_record(raw, lanes) for raw in records]
+        if self.residency is not None:
+            # One multi-get for the users and rows this batch touches (entries released from the
+            # pending buffer by its markers are read as they meet a miss).
+            self.residency.prefetch(
+                (record.user_id, record.conversation_id)
+                for record in decoded
+                if not isinstance(record, WatermarkMarker | DeadLetter)
+            )
         for index, raw in enumerate(records):
             stats.records += 1
-            record = decode_record(raw, lanes)
+            record = decoded[index]
             kind = type(record)
             if kind is WatermarkMarker:
                 stats.markers += 1
@@ -272,8 +287,9 @@ class PartitionProcessor:
             self._flush_into(step)
         mirror = self.mirror
         if mirror:
-            user = projector.users.get(entry.user_id)
-            new_row = user is None or entry.conversation_id not in user.rows
+            # Read through: with state on disk, a row not in memory is not a new row.
+            user = projector.user(entry.user_id)
+            new_row = user is None or projector.row(user, entry.conversation_id) is None
         if projector.apply(entry, at) is Applied.DUPLICATE:
             self.stats.duplicates += 1
             return
@@ -402,24 +418,38 @@ class PartitionProcessor:
             changes.since = now
 
     def row_record(self, user_id: int, conversation_id: str) -> dict[str, Any]:
-        """A row's changelog record: the row's state, with the member statistics kept beside it."""
-        record = self.projector.users[user_id].rows[conversation_id].dump()
+        """A row's changelog record: the row's state, with the member statistics kept beside it
+        (read from the persisted state first if the row is not in memory)."""
+        projector = self.projector
+        user = projector.user(user_id)
+        row = projector.row(user, conversation_id) if user is not None else None
+        if row is None:
+            raise KeyError(f"no row for user {user_id} in conversation {conversation_id}")
+        record: dict[str, Any] = {ROW_STATE_KEY: row.dump()}
         stats = self.member_stats.get((user_id, conversation_id))
         if stats is not None:
             record[MEMBER_STATS_KEY] = stats.dump()
         return record
 
     def user_record(self, user_id: int) -> dict[str, Any]:
-        return self.projector.users[user_id].dump()
+        user = self.projector.user(user_id)
+        if user is None:
+            raise KeyError(f"no user {user_id}")
+        return user.dump()
 
     def gate_record(self) -> dict[str, Any]:
         return self.gate.dump()
 
+    def unflushed_users(self) -> list[int]:
+        """Users in memory with applied entries no flush has carried yet."""
+        return [u.user_id for u in self.projector.users.values() if u.projection_mailbox_seq > u.flushed_seq]
+
     def snapshot(self) -> Snapshot:
-        """Everything the changelog tables hold for this partition (replay's crash tests)."""
+        """Everything this processor holds for the partition (replay's crash tests; all in
+        memory)."""
         users = self.projector.users
         return Snapshot(
-            rows=[self.row_record(u, c) for u, user in users.items() for c in user.rows],
+            rows=[(u, c, self.row_record(u, c)) for u, user in users.items() for c in user.rows],
             users=[user.dump() for user in users.values()],
             gate=self.gate.dump(),
             pending=list(self.pending_raw()),
@@ -438,37 +468,80 @@ class PartitionProcessor:
         snapshot: Snapshot,
         **options: Any,
     ) -> PartitionProcessor:
-        """A processor over restored state: the dirty set is lost (never checkpointed), so every
-        user with work not yet flushed is dirty again, and every badge is recomputed in full (a
-        restart replays from an older checkpoint: a reconcile)."""
+        """A processor over a whole restored state, all in memory: the dirty set is lost (never
+        checkpointed), so every user with work not yet flushed is dirty again, and every badge
+        is recomputed in full (a restart is a reconcile)."""
         processor = cls(config, store, **options)
         projector = processor.projector
-        rows: list[ConversationState] = []
-        for record in snapshot.rows:
-            row = ConversationState.load(record)
-            rows.append(row)
-            if MEMBER_STATS_KEY in record:
-                processor.member_stats[(row.user_id, row.conversation_id)] = MemberStats.load(
-                    record[MEMBER_STATS_KEY]
-                )
         for user_state in snapshot.users:
             loaded = UserState.load(user_state, [])
             projector.users[loaded.user_id] = loaded
-        for row in rows:
-            user = projector.users.get(row.user_id)
+        for user_id, conversation_id, record in snapshot.rows:
+            user = projector.users.get(user_id)
             if user is None:  # a row written in a batch whose user record was lost: keep the row
-                user = projector.users[row.user_id] = UserState(row.user_id)
+                user = projector.users[user_id] = UserState(user_id)
+            row = ConversationState.load(record[ROW_STATE_KEY], user_id, conversation_id)
             user.rows[row.conversation_id] = row
+            if MEMBER_STATS_KEY in record:
+                processor.member_stats[(user_id, row.conversation_id)] = MemberStats.load(
+                    record[MEMBER_STATS_KEY]
+                )
         projector.restarted()
+        processor._restore_gate(snapshot.gate, snapshot.pending)
+        return processor
+
+    @classmethod
+    def restore_lazily(
+        cls,
+        config: ProjectorConfig,
+        store: MessageStore,
+        source: StateSource,
+        gate: dict[str, Any] | None,
+        pending: list[bytes],
+        unflushed: Iterable[int],
+        **options: Any,
+    ) -> PartitionProcessor:
+        """A processor over persisted state it reads on demand: only the gate, the waiting
+        entries and the users with work no flush carried (all their rows: they are flushed
+        again, within one window) come into memory now; every other user and row is read on
+        first touch, and its badge is then recomputed at its next flush (a restart is a
+        reconcile). So the time to the first batch does not grow with the state's size."""
+        processor = cls(config, store, source=source, **options)
+        residency = processor.residency
+        assert residency is not None
+        projector = processor.projector
+        for user_id in unflushed:
+            user = projector.user(user_id)
+            if user is not None:
+                projector.complete(user)
+        projector.restarted()  # the users in memory: all rows dirty, badges recomputed
+        residency.reconcile_on_load = True
+        processor._restore_gate(gate, pending)
+        return processor
+
+    def _restore_gate(self, gate: dict[str, Any] | None, pending: list[bytes]) -> None:
         waiting: list[Entry] = []
-        for raw in snapshot.pending:
-            decoded = decode_record(raw, processor.lanes)
+        for raw in pending:
+            decoded = decode_record(raw, self.lanes)
             if not isinstance(decoded, DeadLetter | WatermarkMarker):
                 waiting.append(decoded)
-        gate_state = snapshot.gate if snapshot.gate is not None else {"marks": [], "hi": 0}
-        processor.gate = WatermarkGate.load(processor.lanes, gate_state, waiting)
-        processor.max_seen_seq = max([processor.gate.hi, *(entry.mailbox_seq for entry in waiting)])
-        return processor
+        self.gate = WatermarkGate.load(
+            self.lanes, gate if gate is not None else {"marks": [], "hi": 0}, waiting
+        )
+        self.max_seen_seq = max([self.gate.hi, *(entry.mailbox_seq for entry in waiting)])
+
+    def evict(self, pinned_users: Collection[int] = ()) -> int:
+        """After a persist: clean rows beyond the hot set's bound leave memory (none without a
+        persisted state behind the processor); `pinned_users` stay (the driver still needs them)."""
+        if self.residency is None:
+            return 0
+        return self.residency.evict(self.changes.rows, set(self.changes.users).union(pinned_users))
+
+    @property
+    def resident_rows(self) -> int:
+        if self.residency is not None:
+            return self.residency.resident_rows
+        return sum(len(user.rows) for user in self.projector.users.values())
 
     # -- reads (audit, metrics) -----------------------------------------------------------------
 
@@ -480,14 +553,18 @@ class PartitionProcessor:
         """The user's rows waiting for the next flush."""
         return self.projector.dirty.rows.get(user_id, ())
 
-    def settled_rows(self) -> Iterator[ConversationState]:
-        """Rows with nothing waiting for a flush (what the unread audit may sample)."""
+    def settled_rows(self, wanted: Callable[[int, str], bool] | None = None) -> Iterator[ConversationState]:
+        """Rows with nothing waiting for a flush (what the unread audit may sample): the ones in
+        memory, then (with persisted state behind) the others that `wanted` picks by their key,
+        read one by one and not kept."""
         dirty = self.projector.dirty.rows
         for user in list(self.projector.users.values()):
             waiting = dirty.get(user.user_id)
             for conversation_id, row in list(user.rows.items()):
                 if waiting is None or conversation_id not in waiting:
                     yield row
+        if self.residency is not None:
+            yield from self.residency.cold_rows(wanted or (lambda user_id, conversation_id: True))
 
     def mark_dirty(self, user_id: int, conversation_ids: Iterable[str], now: int) -> None:
         """Have these rows written again by the user's next flush (within one window)."""

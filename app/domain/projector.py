@@ -6,10 +6,11 @@ is the only thing it reads, for bounded recomputes) and takes time as an argumen
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 from app.domain.badge import ZERO, Badge, full_recompute, moved
 from app.domain.conversation import STRUCTURAL_ENTRIES, ConversationState
@@ -50,11 +51,17 @@ class Applied(Enum):
 
 
 class UserState:
-    """Per-user state: rows, version, badge."""
+    """Per-user state: rows, version, badge.
+
+    `rows` holds the user's rows that are in memory; `complete` says whether that is all of them
+    (a new user, or one whose rows were all read). With state kept on disk (app/domain/residency.py)
+    a user's rows are read one by one as entries touch them, and all of them before anything
+    needs them all (a full badge recompute)."""
 
     __slots__ = (
         "badge",
         "badge_reconcile",
+        "complete",
         "driving_event_id",
         "flushed_seq",
         "projection_mailbox_seq",
@@ -66,6 +73,7 @@ class UserState:
     def __init__(self, user_id: int) -> None:
         self.user_id = user_id
         self.rows: dict[str, ConversationState] = {}
+        self.complete = True
         self.projection_mailbox_seq = 0  # highest applied mailbox_seq: the version source
         self.flushed_seq = 0  # version of the last flushed batch (prev_projection_mailbox_seq)
         self.driving_event_id = ""
@@ -87,6 +95,8 @@ class UserState:
 
     @classmethod
     def load(cls, state: dict[str, Any], rows: Iterable[ConversationState]) -> UserState:
+        """A user from its record; `rows` are the ones read with it (`complete` is the caller's
+        to say)."""
         user = cls(int(state["user_id"]))
         user.projection_mailbox_seq = int(state["projection_mailbox_seq"])
         user.flushed_seq = int(state["flushed_seq"])
@@ -95,6 +105,23 @@ class UserState:
         user.structure_version = int(state["structure_version"])
         user.rows = {row.conversation_id: row for row in rows}
         return user
+
+
+class StateLoader(Protocol):
+    """Where users and rows not in memory come from (app/domain/residency.py); the projector
+    asks only on a miss."""
+
+    def load_user(self, user_id: int) -> UserState | None: ...
+
+    def load_row(self, user: UserState, conversation_id: str) -> ConversationState | None: ...
+
+    def complete(self, user: UserState) -> None:
+        """Read every row of the user that is not in memory yet."""
+        ...
+
+    def created(self, user: UserState, row: ConversationState | None) -> None:
+        """A new user (row None) or a new row was created in memory."""
+        ...
 
 
 class Projector:
@@ -106,25 +133,55 @@ class Projector:
         self.users: dict[int, UserState] = {}
         self.policy = FlushPolicy(config.window_ms, config.max_dirty_rows)  # validated by the config
         self.dirty = DirtySet()
+        # None: everything is in memory (replay, tests). Otherwise misses are read through it.
+        self.loader: StateLoader | None = None
 
     # -- applying -------------------------------------------------------------------------------
 
+    def user(self, user_id: int) -> UserState | None:
+        """The user's state, read from the loader when it is not in memory."""
+        user = self.users.get(user_id)
+        if user is None and self.loader is not None:
+            user = self.loader.load_user(user_id)
+        return user
+
+    def row(self, user: UserState, conversation_id: str) -> ConversationState | None:
+        row = user.rows.get(conversation_id)
+        if row is None and not user.complete and self.loader is not None:
+            row = self.loader.load_row(user, conversation_id)
+        return row
+
+    def complete(self, user: UserState) -> None:
+        """Every row of the user in memory (a full badge recompute needs them all)."""
+        if not user.complete and self.loader is not None:
+            self.loader.complete(user)
+
     def is_duplicate(self, entry: Entry) -> bool:
-        user = self.users.get(entry.user_id)
+        user = self.user(entry.user_id)
         return user is not None and entry.mailbox_seq <= user.projection_mailbox_seq
 
     def apply(self, entry: Entry, now_ms: int) -> Applied:
         """Apply one entry released by the watermark gate (in mailbox_seq order per user)."""
         user_id = entry.user_id
         user = self.users.get(user_id)
+        if user is None and self.loader is not None:
+            user = self.loader.load_user(user_id)
         if user is None:
             user = self.users[user_id] = UserState(user_id)
+            if self.loader is not None:
+                self.loader.created(user, None)
         elif entry.mailbox_seq <= user.projection_mailbox_seq:
             return Applied.DUPLICATE
         conversation_id = entry.conversation_id
         row = user.rows.get(conversation_id)
+        if row is None and not user.complete and self.loader is not None:
+            row = self.loader.load_row(user, conversation_id)
         if row is None:
-            row = user.rows[conversation_id] = ConversationState(user_id, conversation_id)
+            # Interned: every member's row of a conversation shares one id string.
+            conversation_id = sys.intern(conversation_id)
+            row = user.rows[conversation_id] = ConversationState(user.user_id, conversation_id)
+            if self.loader is not None:
+                self.loader.created(user, row)
         before = (row.unread_count, row.mention_count, row.membership, row.archived, row.muted)
         base_before = row.base
         row.apply(entry, self.store, self.config.unread_precise_limit)
@@ -193,9 +250,14 @@ class Projector:
     def _batch(self, user: UserState, conversation_ids: list[str]) -> UserFlush:
         version = user.projection_mailbox_seq
         if user.badge_reconcile:
+            self.complete(user)
             user.badge = full_recompute(user.rows.values(), self.config.include_muted)
             user.badge_reconcile = False
-        rows = [user.rows[cid].as_row() for cid in conversation_ids]
+        rows = []
+        for cid in conversation_ids:
+            row = user.rows[cid]
+            row.writes += 1
+            rows.append(row.as_row())
         batch = UserFlush(
             user_id=user.user_id,
             rows=rows,
@@ -221,15 +283,19 @@ class Projector:
         """What the changelog tables hold: rows and per-user state (never the dirty set)."""
         return {
             "users": [user.dump() for user in self.users.values()],
-            "rows": [row.dump() for user in self.users.values() for row in user.rows.values()],
+            "rows": [
+                [user.user_id, cid, row.dump()]
+                for user in self.users.values()
+                for cid, row in user.rows.items()
+            ],
         }
 
     @classmethod
     def restore(cls, config: ProjectorConfig, store: MessageStore, state: dict[str, Any]) -> Projector:
         projector = cls(config, store)
         rows_by_user: dict[int, list[ConversationState]] = {}
-        for row_state in state["rows"]:
-            row = ConversationState.load(row_state)
+        for user_id, conversation_id, row_state in state["rows"]:
+            row = ConversationState.load(row_state, user_id, conversation_id)
             rows_by_user.setdefault(row.user_id, []).append(row)
         for user_state in state["users"]:
             user_id = int(user_state["user_id"])

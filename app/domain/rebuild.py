@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from app.domain import seqs
 from app.domain.conversation import ConversationState
 from app.domain.ports import MessageStore
 from app.domain.unread import UNREAD_PRECISE_LIMIT, recompute
@@ -76,7 +77,7 @@ def _set_head(row: ConversationState, head: Head | None, store: MessageStore, li
         return  # nothing in the member's window (joined at the head and received nothing since)
     if row.left_at is None or head.conversation_seq <= row.left_at:
         row.head_seq, row.head_message_id, row.head_activity_id = head
-        row.received.add(head.conversation_seq)
+        row.received = seqs.add(row.received, head.conversation_seq)
         return
     upto = row.left_at
     while upto > row.joined_at:
@@ -86,7 +87,7 @@ def _set_head(row: ConversationState, head: Head | None, store: MessageStore, li
             row.head_seq = top.conversation_seq
             row.head_message_id = top.message_id
             row.head_activity_id = top.activity_id
-            row.received.add(top.conversation_seq)
+            row.received = seqs.add(row.received, top.conversation_seq)
             return
         upto -= limit
 
@@ -102,5 +103,5 @@ def as_replay_base(row: ConversationState) -> ConversationState:
     message counted once, not a message counted for the first time.
     """
     if row.head_seq:
-        row.received.add_range(1, row.head_seq + 1)
+        row.received = seqs.add_range(row.received, 1, row.head_seq + 1)
     return row

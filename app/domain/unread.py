@@ -19,8 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from pyroaring import BitMap64
-
+from app.domain import seqs
 from app.domain.ports import MessageStore, StoredMessage
 
 UNREAD_PRECISE_LIMIT = 200
@@ -34,10 +33,10 @@ class UnreadHand(Protocol):
     conversation_id: str
     base: int
     floor: int
-    received: BitMap64
-    counting: BitMap64
-    mentioning: BitMap64
-    recalled: BitMap64
+    received: seqs.Seqs
+    counting: seqs.Seqs
+    mentioning: seqs.Seqs
+    recalled: seqs.Seqs
     unread_count: int
     unread_exact: bool
     mention_count: int
@@ -60,22 +59,13 @@ def derive_from_hand(row: UnreadHand) -> None:
         derive_over(row, base, latest)
 
 
-def _first_in(bitmap: BitMap64, after: int, upto: int) -> int | None:
-    """The lowest member of `bitmap` in (after, upto], or None."""
-    rank = bitmap.rank(after)
-    if rank >= len(bitmap):
-        return None
-    candidate: int = bitmap[rank]
-    return candidate if candidate <= upto else None
-
-
 def prune_to_base(row: UnreadHand) -> None:
     """Drop hand entries at or below the base: they can no longer count. Recalls are kept: a
     join can move the base back down, and a recalled message must still never count."""
     base = row.base
     if row.floor < base:
-        row.counting.remove_range(0, base + 1)
-        row.mentioning.remove_range(0, base + 1)
+        seqs.remove_range(row.counting, 0, base + 1)
+        seqs.remove_range(row.mentioning, 0, base + 1)
         row.floor = base
 
 
@@ -121,15 +111,15 @@ def recompute(row: UnreadHand, store: MessageStore, limit: int, *, received_only
     row.unread_count = limit
     row.unread_exact = False
     low = max(base, latest - limit)
-    row.mention_count = row.mentioning.range_cardinality(low + 1, latest + 1)
-    row.mention_first = _first_in(row.mentioning, low, latest) if row.mention_count else None
+    row.mention_count = seqs.count_range(row.mentioning, low + 1, latest + 1)
+    row.mention_first = seqs.first_in(row.mentioning, low, latest) if row.mention_count else None
 
 
 def derive_over(row: UnreadHand, base: int, latest: int) -> None:
     """Counts over (base, latest] from a hand known to be complete there."""
-    row.unread_count = row.counting.range_cardinality(base + 1, latest + 1)
-    row.mention_count = row.mentioning.range_cardinality(base + 1, latest + 1)
-    row.mention_first = _first_in(row.mentioning, base, latest) if row.mention_count else None
+    row.unread_count = seqs.count_range(row.counting, base + 1, latest + 1)
+    row.mention_count = seqs.count_range(row.mentioning, base + 1, latest + 1)
+    row.mention_first = seqs.first_in(row.mentioning, base, latest) if row.mention_count else None
     row.unread_exact = True
 
 
@@ -139,15 +129,15 @@ def merge_stored(row: UnreadHand, messages: Sequence[StoredMessage], received_on
     received = row.received
     for message in messages:
         seq = message.conversation_seq
-        if received_only and seq not in received:
+        if received_only and not seqs.has(received, seq):
             continue
         # With received_only, "recalled" is this user's own knowledge too (a recall fanned out to
         # other members only does not change this user's definition).
-        if seq in row.recalled or (message.recalled and not received_only):
-            row.recalled.add(seq)
-            row.counting.discard(seq)
-            row.mentioning.discard(seq)
+        if seqs.has(row.recalled, seq) or (message.recalled and not received_only):
+            row.recalled = seqs.add(row.recalled, seq)
+            seqs.discard(row.counting, seq)
+            seqs.discard(row.mentioning, seq)
         elif message.sender_id != user and message.counts_unread:
-            row.counting.add(seq)
+            row.counting = seqs.add(row.counting, seq)
             if user in message.mentions:
-                row.mentioning.add(seq)
+                row.mentioning = seqs.add(row.mentioning, seq)

@@ -85,8 +85,6 @@ class Replayer:
         self.processing = ProcessingStats()
         self.processor = self._processor(lambda config, store, **kw: PartitionProcessor(config, store, **kw))
         self.on_frame = on_frame
-        self.final_rows: dict[tuple[int, str], dict[str, Any]] = {}
-        self.writes: dict[tuple[int, str], int] = {}
         self.dead_letter_reasons: list[str] = []
 
     def _processor(self, make: Callable[..., PartitionProcessor]) -> PartitionProcessor:
@@ -124,13 +122,6 @@ class Replayer:
             self._record(batch)
 
     def _record(self, batch: UserFlush) -> None:
-        writes = self.writes
-        for row in batch.rows:
-            key = (batch.user_id, row["conversation_id"])
-            self.final_rows[key] = row
-            count = writes[key] = writes.get(key, 0) + 1
-            if count > self.stats.max_writes_per_user_conversation:
-                self.stats.max_writes_per_user_conversation = count
         self.stats.projection_writes += len(batch.rows)
         self.on_frame(batch.session_delta())
         self.on_frame(batch.badge_update())
@@ -163,7 +154,6 @@ class Replayer:
         replayer = cls(options, on_frame)
         state = msgspec.msgpack.decode(checkpoint)
         replayer.store = crashed.store
-        replayer.final_rows = crashed.final_rows
         snapshot = Snapshot(state["rows"], state["users"], state["gate"], state["pending"])
         replayer.processor = replayer._processor(
             lambda config, store, **kw: PartitionProcessor.restore(config, store, snapshot, **kw)
@@ -184,10 +174,17 @@ class Replayer:
         stats.dead_letters = processing.dead_letters
         stats.applied_messages = processing.applied_messages
         stats.pending = processor.pending_count
-        projections = [self.final_rows[key] for key in sorted(self.final_rows)]
+        # Everything is flushed now: each row's state is the row its last flush wrote (no second
+        # copy of every row is kept on the way).
+        projections = []
         badges = []
         for user_id in sorted(processor.users):
             user = processor.users[user_id]
+            for conversation_id in sorted(user.rows):
+                row = user.rows[conversation_id]
+                if row.writes > stats.max_writes_per_user_conversation:
+                    stats.max_writes_per_user_conversation = row.writes
+                projections.append(row.as_row())
             badges.append(
                 {
                     "user_id": user_id,

@@ -1,45 +1,85 @@
 """The worker's `StateTables` port in dicts: what a rebuild by replay runs on (never a changelog),
-and the in-memory twin of the faust tables in tests; one contract suite runs against both."""
+and the in-memory twin of the faust tables in tests; one contract suite runs against both.
+
+Writes become visible at `commit`, as with the faust tables (which write their local store once
+the changelog has the records)."""
 
 from __future__ import annotations
 
-from app.worker.ports import PartitionSnapshot
+from collections.abc import Collection, Iterator
+
+from app.worker.ports import (
+    GATE_KEY,
+    parse_row_key,
+    pending_key,
+    row_key,
+    user_key,
+)
 
 
 class MemoryTables:
-    """StateTables in dicts (the rebuild's own; never a changelog)."""
+    """StateTables in dicts (per partition: table -> key -> value)."""
 
     def __init__(self) -> None:
-        self.rows: dict[int, dict[tuple[int, str], bytes]] = {}
-        self.users: dict[int, dict[int, bytes]] = {}
-        self.gates: dict[int, bytes] = {}
-        self.pending: dict[int, dict[tuple[int, int], bytes]] = {}
+        self.data: dict[int, dict[str, dict[bytes, bytes]]] = {}
+        self._staged: list[tuple[int, str, bytes, bytes | None]] = []
+
+    def _table(self, partition: int, name: str) -> dict[bytes, bytes]:
+        return self.data.setdefault(partition, {}).setdefault(name, {})
 
     def put_row(self, partition: int, user_id: int, conversation_id: str, blob: bytes) -> None:
-        self.rows.setdefault(partition, {})[(user_id, conversation_id)] = blob
+        self._staged.append((partition, "rows", row_key(user_id, conversation_id), blob))
 
     def put_user(self, partition: int, user_id: int, blob: bytes) -> None:
-        self.users.setdefault(partition, {})[user_id] = blob
+        self._staged.append((partition, "users", user_key(user_id), blob))
 
     def put_gate(self, partition: int, blob: bytes) -> None:
-        self.gates[partition] = blob
+        self._staged.append((partition, "gates", GATE_KEY, blob))
 
     def put_pending(self, partition: int, user_id: int, mailbox_seq: int, raw: bytes) -> None:
-        self.pending.setdefault(partition, {})[(user_id, mailbox_seq)] = raw
+        self._staged.append((partition, "pending", pending_key(user_id, mailbox_seq), raw))
 
     def delete_pending(self, partition: int, user_id: int, mailbox_seq: int) -> None:
-        self.pending.get(partition, {}).pop((user_id, mailbox_seq), None)
-
-    def snapshot(self, partition: int) -> PartitionSnapshot:
-        return PartitionSnapshot(
-            list(self.rows.get(partition, {}).values()),
-            list(self.users.get(partition, {}).values()),
-            self.gates.get(partition),
-            list(self.pending.get(partition, {}).values()),
-        )
-
-    def republish(self, partition: int) -> None:
-        pass  # nothing behind these tables to fall behind
+        self._staged.append((partition, "pending", pending_key(user_id, mailbox_seq), None))
 
     async def commit(self) -> None:
-        pass
+        staged, self._staged = self._staged, []
+        for partition, name, key, value in staged:
+            table = self._table(partition, name)
+            if value is None:
+                table.pop(key, None)
+            else:
+                table[key] = value
+
+    def get_users(self, partition: int, user_ids: Collection[int]) -> dict[int, bytes]:
+        table = self._table(partition, "users")
+        found = {user_id: table.get(user_key(user_id)) for user_id in user_ids}
+        return {user_id: value for user_id, value in found.items() if value is not None}
+
+    def get_rows(self, partition: int, keys: Collection[tuple[int, str]]) -> dict[tuple[int, str], bytes]:
+        table = self._table(partition, "rows")
+        found = {key: table.get(row_key(*key)) for key in keys}
+        return {key: value for key, value in found.items() if value is not None}
+
+    def user_rows(self, partition: int, user_id: int) -> list[tuple[str, bytes]]:
+        prefix = user_key(user_id)
+        table = self._table(partition, "rows")
+        return sorted(
+            (parse_row_key(key)[1], value) for key, value in table.items() if key.startswith(prefix)
+        )
+
+    def row_keys(self, partition: int) -> Iterator[tuple[int, str]]:
+        return iter([parse_row_key(key) for key in sorted(self._table(partition, "rows"))])
+
+    def gate(self, partition: int) -> bytes | None:
+        return self._table(partition, "gates").get(GATE_KEY)
+
+    def pending(self, partition: int) -> list[bytes]:
+        table = self._table(partition, "pending")
+        return [table[key] for key in sorted(table)]
+
+    # -- inspection (tests) ---------------------------------------------------------------------
+
+    def count(self, partition: int, name: str) -> int:
+        """How many records a table holds for the partition (tests)."""
+        return len(self._table(partition, name))

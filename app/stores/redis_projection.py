@@ -31,27 +31,124 @@ a batch after a crash is refused (idempotent). Many users share one pipelined ro
 Corrections (the unread audit, issue 7): another script rewrites some rows and the badge of one
 user only while the stored version is exactly the one the audit compared against, and leaves the
 version alone (`correct`).
+
+Redis Cluster (``PROJECTOR_REDIS_URL=redis+cluster://...``, app/stores/redis_client.py). Every
+multi-key operation stays inside one hash slot BY CONSTRUCTION:
+
+* a user's keys are ``{ns}:<kind>:{<user_id>}`` and the namespace may not contain ``{`` or ``}``
+  (checked here and in Settings), so the first ``{...}`` of every key of user U is exactly
+  ``{U}``: all of U's keys hash to CRC16("U") mod 16384, whatever the namespace (a rebuild's
+  namespace too) — tests/unit/test_redis_url.py checks this;
+* each Lua script call is given the keys of ONE user (rows, meta, writes) and touches no other
+  key; each MULTI (``load``, ``load_rows``, the API's snapshot read) reads the keys of one user;
+* pipelines of many users (a flush's trip, ``versions``) are not transactions: the cluster
+  client splits them per node, and each command in them is single-user;
+* nothing is global but ``{base}:serving``, the rebuild's swap pointer: ONE string key, only ever
+  read with GET and written with SET (one atomic command on whichever node owns its slot), never
+  inside a script or MULTI with other keys. The structure version is per user, in the user's meta
+  hash; there is no cross-user invariant a slot boundary could break;
+* ``user_ids`` and ``delete_all`` SCAN every master (redis-py's cluster ``scan_iter``) and UNLINK
+  per slot. During a slot migration a SCAN may miss or repeat a key; both are used by the rebuild
+  and the tests on a namespace nobody writes to at the same time.
+
+Failures that pass (a connection refused or reset, a timeout, CLUSTERDOWN during a failover,
+TRYAGAIN during a migration, a redirection loop) are retried with exponential backoff and jitter
+for up to `retry_budget_s` (``PROJECTOR_REDIS_RETRY_BUDGET_MS`` through `from_settings`), on top
+of redis-py's own MOVED/ASK/TRYAGAIN handling; only then do they become ProjectionStoreError.
+Re-sending is safe because every write is conditional: a write script refuses a version the
+store already holds, a correction applies only at the version it names, and reads repeat freely.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
+import logging
 import re
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import redis.asyncio as redis
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.asyncio.cluster import RedisCluster
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import (
+    AskError,
+    AuthenticationError,
+    AuthorizationError,
+    ClusterError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.domain.projection_store import StoredProjection, StoredRows
 from app.stores.projection_codec import EncodedBatch, decode_rows, encode_batches, encode_corrections
+from app.stores.redis_client import RedisClient, open_redis
 
 if TYPE_CHECKING:
     from app.domain.flush import Correction, UserFlush
     from app.settings import Settings
 
 _T = TypeVar("_T")
+
+log = logging.getLogger(__name__)
+
+# What redis-py raises when the store failed (as opposed to a bug of ours); the cluster client's
+# topology errors are not RedisErrors.
+STORE_ERRORS = (RedisError, RedisClusterException, OSError)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A store failure that passes by itself (worth a retry), as opposed to a refusal (a wrong
+    type, a script error, bad credentials) that a retry would only repeat."""
+    if isinstance(exc, AuthenticationError | AuthorizationError):
+        return False
+    if isinstance(
+        exc,
+        RedisConnectionError  # refused, reset, closed (BusyLoading and MaxConnections are ones too)
+        | RedisTimeoutError
+        | ClusterError  # CLUSTERDOWN, MASTERDOWN, "TTL exhausted" (too many redirections)
+        | TryAgainError  # a multi-key command while its slot's keys are split by a migration
+        | AskError  # MOVED/ASK left after redis-py's own redirections (a topology in motion)
+        | ReadOnlyError  # a write that reached a master just demoted to replica
+        | SlotNotCoveredError  # a slot without a master, mid-failover
+        | OSError
+        | asyncio.TimeoutError,
+    ):
+        return True
+    if isinstance(exc, RedisClusterException):
+        # The cluster client's topology refresh failed: no startup node reachable, or the nodes
+        # disagree / do not cover every slot while a failover is under way.
+        text = str(exc)
+        return any(s in text for s in ("cannot be connected", "not covered", "could not agree"))
+    return False
+
+
+class _Backoff:
+    """redis-py's exponential backoff with full jitter, bounded by a total time budget."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.budget_s = budget_s
+        self.failures = 0
+        self.deadline = time.monotonic() + budget_s
+        self._backoff = ExponentialWithJitterBackoff(base=0.05, cap=2.0)
+
+    async def wait(self) -> bool:
+        """Sleep before the next attempt; False (at once) when the budget is spent."""
+        remaining = self.deadline - time.monotonic()
+        if self.budget_s <= 0 or remaining <= 0:
+            return False
+        delay = min(self._backoff.compute(self.failures), remaining)
+        self.failures += 1
+        await asyncio.sleep(delay)
+        return True
+
 
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
@@ -79,8 +176,8 @@ for i = first, last, slice do
   redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + slice - 1, last)))
 end"""
 
-# KEYS: rows, meta, writes. ARGV: version, structure_version, total_unread, total_mention,
-# muted_unread, count_writes ('1'/'0'), then conversation_id, row JSON, ...
+# KEYS: rows, meta[, writes (only when counting)]. ARGV: version, structure_version, total_unread,
+# total_mention, muted_unread, count_writes ('1'/'0'), then conversation_id, row JSON, ...
 #
 # Versions are compared as canonical decimal strings (length, then bytes), not with tonumber():
 # Lua numbers are doubles, and a mailbox_seq above 2^53 would compare wrongly and could let an
@@ -130,6 +227,28 @@ return 1
 """
 
 
+# A user's rows and meta read in one atomic step, for a cluster (see `read_user`). KEYS: rows,
+# meta. ARGV: 'all' (every row: HGETALL), or 'some' then the conversation ids (HMGET, in slices
+# for the same unpack() limit as the writes). Returns {rows, meta}; a missing row or meta field
+# is false in Lua and comes back as nil.
+READ_SCRIPT = """
+local rows
+if ARGV[1] == 'all' then
+  rows = redis.call('HGETALL', KEYS[1])
+else
+  rows = {}
+  local slice = 1000
+  for i = 2, #ARGV, slice do
+    local part = redis.call('HMGET', KEYS[1], unpack(ARGV, i, math.min(i + slice - 1, #ARGV)))
+    for j = 1, #part do
+      rows[#rows + 1] = part[j]
+    end
+  end
+end
+return {rows, redis.call('HMGET', KEYS[2], META)}
+""".replace("META", ", ".join(f"'{name}'" for name in META_FIELDS))
+
+
 class _Script:
     """A Lua script run by digest (EVALSHA); `sha` is replaced when the server reloads it."""
 
@@ -158,12 +277,13 @@ class RedisProjectionStore:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         namespace: str = "proj",
         count_writes: bool = False,
         *,
         max_users_per_trip: int = 256,
         max_fields_per_trip: int = 4096,
+        retry_budget_s: float = 0.0,
     ) -> None:
         if not _NAMESPACE_RE.fullmatch(namespace):
             raise ValueError(
@@ -171,13 +291,17 @@ class RedisProjectionStore:
             )
         if max_users_per_trip < 1 or max_fields_per_trip < 1:
             raise ValueError("max_users_per_trip and max_fields_per_trip must be >= 1")
+        if not 0 <= retry_budget_s <= 600:
+            raise ValueError("retry_budget_s must be in 0..600")
         self.client = client
+        self.retry_budget_s = retry_budget_s
         self.namespace = namespace
         self.count_writes = count_writes
         self.max_users_per_trip = max_users_per_trip
         self.max_fields_per_trip = max_fields_per_trip
         self._write_script = _Script(WRITE_SCRIPT)
         self._correct_script = _Script(CORRECT_SCRIPT)
+        self._read_script = _Script(READ_SCRIPT)
         self._owns_client = False
         # Only keys of exactly this layout are ever deleted by delete_all.
         self._own_key = re.compile(rf"{re.escape(namespace)}:(rows|meta|writes):\{{(\d+)\}}")
@@ -187,19 +311,33 @@ class RedisProjectionStore:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, namespace: str | None = None, count_writes: bool = False
+        cls,
+        settings: Settings,
+        namespace: str | None = None,
+        count_writes: bool = False,
+        *,
+        retry_budget_s: float | None = None,
     ) -> RedisProjectionStore:
-        """A store on its own client for `settings.redis_url`, `flush_batch_size` users per
-        round trip; `aclose()` closes that client. No I/O until the first call.
+        """A store on its own client for `settings.redis_url` (one server or a cluster: see
+        app/stores/redis_client.py), `flush_batch_size` users per round trip, retrying passing
+        failures for `settings.redis_retry_budget_ms` unless `retry_budget_s` says otherwise (the
+        API: 0); `aclose()` closes that client. No I/O until the first call.
 
         Without `namespace`: the serving namespace of `settings.projection_namespace`, followed
         (see :meth:`follow_serving`); with one: exactly that namespace."""
         from app.connections import redis_client_options
 
         # Credentials and TLS files next to the URL: app/connections.py, for every Redis client.
-        client = redis.Redis.from_url(settings.redis_url, **redis_client_options(settings))
+        client = open_redis(settings.redis_url, **redis_client_options(settings))
         base = settings.projection_namespace
-        store = cls(client, namespace or base, count_writes, max_users_per_trip=settings.flush_batch_size)
+        budget = settings.redis_retry_budget_ms / 1000 if retry_budget_s is None else retry_budget_s
+        store = cls(
+            client,
+            namespace or base,
+            count_writes,
+            max_users_per_trip=settings.flush_batch_size,
+            retry_budget_s=budget,
+        )
         store._owns_client = True
         if namespace is None:
             store.base = base
@@ -213,7 +351,8 @@ class RedisProjectionStore:
         now = time.monotonic()
         if now - self._checked_at < max_age_s:
             return self.namespace
-        raw = await self._guard("serving", self.client.get(serving_key(self.base)))
+        base = self.base
+        raw = await self._guard("serving", lambda: self.client.get(serving_key(base)))
         self._checked_at = now
         target = self.base if raw is None else _text(raw)
         if target != self.namespace and _NAMESPACE_RE.fullmatch(target):
@@ -246,7 +385,7 @@ class RedisProjectionStore:
         # Trips run one after another, in call order: if a user appears twice in one call, the
         # earlier batch is compared and written first, as in the in-memory store.
         for trip in self._trips(encoded):
-            results.extend(await self._guard("write", self._write_trip(trip)))
+            results.extend(await self._guard("write", functools.partial(self._write_trip, trip)))
         return results
 
     async def versions(self, user_ids: Sequence[int]) -> list[int]:
@@ -254,20 +393,19 @@ class RedisProjectionStore:
         step = self.max_fields_per_trip  # one HGET reads one field
         for start in range(0, len(user_ids), step):
             chunk = user_ids[start : start + step]
-            pipe = self.client.pipeline(transaction=False)
-            for user_id in chunk:
-                pipe.hget(self.meta_key(user_id), "version")
-            replies = await self._guard("versions", pipe.execute())
+
+            async def read(chunk: Sequence[int] = chunk) -> list[Any]:
+                pipe = self.client.pipeline(transaction=False)
+                for user_id in chunk:
+                    pipe.hget(self.meta_key(user_id), "version")
+                return list(await pipe.execute())
+
+            replies = await self._guard("versions", read)
             out.extend(0 if reply is None else int(_text(reply)) for reply in replies)
         return out
 
     async def load(self, user_id: int) -> StoredProjection:
-        # MULTI: rows and meta from the same instant (a flush between the two reads would
-        # otherwise pair old rows with a new badge). Same slot, so this also works on a cluster.
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hgetall(self.rows_key(user_id))
-        pipe.hmget(self.meta_key(user_id), list(META_FIELDS))
-        raw_rows, meta = await self._guard("load", pipe.execute())
+        raw_rows, meta = await self.read_user(user_id)
         try:
             values = [0 if value is None else int(_text(value)) for value in meta]
             rows = decode_rows({_text(k): v for k, v in raw_rows.items()})
@@ -288,14 +426,10 @@ class RedisProjectionStore:
         )
 
     async def load_rows(self, user_id: int, conversation_ids: Sequence[str]) -> StoredRows:
-        # MULTI, as `load`: the rows and the meta of one instant (one slot: cluster-safe).
         wanted = list(conversation_ids)
-        pipe = self.client.pipeline(transaction=True)
-        if wanted:
-            pipe.hmget(self.rows_key(user_id), wanted)
-        pipe.hmget(self.meta_key(user_id), list(META_FIELDS))
-        replies = await self._guard("load_rows", pipe.execute())
-        raw_rows, meta = (replies[0], replies[1]) if wanted else ([], replies[0])
+        raw_rows, meta = (
+            await self.read_some(user_id, wanted) if wanted else ([], await self.read_meta(user_id))
+        )
         try:
             version, _, total_unread, total_mention, muted_unread = (
                 0 if value is None else int(_text(value)) for value in meta
@@ -316,6 +450,62 @@ class RedisProjectionStore:
             projection_mailbox_seq=version,
         )
 
+    async def read_user(self, user_id: int) -> tuple[dict[Any, bytes], list[Any]]:
+        """Every row of the user (conversation id -> row JSON, as stored) and the META_FIELDS
+        values (bytes or None), from the same instant: a flush between two separate reads would
+        pair old rows with a new badge."""
+        if isinstance(self.client, RedisCluster):
+            rows, meta = await self._guard("load", lambda: self._read_script_call(user_id, ["all"]))
+            return dict(zip(rows[::2], rows[1::2], strict=True)), meta
+
+        async def multi() -> list[Any]:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hgetall(self.rows_key(user_id))
+            pipe.hmget(self.meta_key(user_id), list(META_FIELDS))
+            return list(await pipe.execute())
+
+        raw_rows, meta = await self._guard("load", multi)
+        return raw_rows, meta
+
+    async def read_some(self, user_id: int, wanted: Sequence[str]) -> tuple[list[Any], list[Any]]:
+        """As `read_user`, for the rows of `wanted` only (None where the store has none)."""
+        if isinstance(self.client, RedisCluster):
+            rows, meta = await self._guard(
+                "load_rows", lambda: self._read_script_call(user_id, ["some", *wanted])
+            )
+            return rows, meta
+
+        async def multi() -> list[Any]:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hmget(self.rows_key(user_id), list(wanted))
+            pipe.hmget(self.meta_key(user_id), list(META_FIELDS))
+            return list(await pipe.execute())
+
+        rows, meta = await self._guard("load_rows", multi)
+        return rows, meta
+
+    async def read_meta(self, user_id: int) -> list[Any]:
+        """The META_FIELDS values of the user (one HMGET: atomic on its own)."""
+        meta: list[Any] = await self._guard(
+            "meta", lambda: self.client.hmget(self.meta_key(user_id), list(META_FIELDS))
+        )
+        return meta
+
+    async def _read_script_call(self, user_id: int, args: list[str]) -> list[Any]:
+        # Why a script and not MULTI on a cluster: redis-py's asyncio cluster client (8.1) runs
+        # every command queued in a cluster MULTI through asyncio.run() in a helper thread, which
+        # opens (topology refresh) or uses connections on a throwaway event loop ("attached to a
+        # different loop", "Event loop is closed"). One read-only script over the user's two
+        # keys (one slot) is just as atomic and follows MOVED/ASK/TRYAGAIN like any command.
+        keys = [self.rows_key(user_id), self.meta_key(user_id)]
+        script = self._read_script
+        try:
+            reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            script.sha = _text(await self.client.script_load(script.text))
+            reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
+        return list(reply)
+
     async def correct(self, corrections: Sequence[Correction]) -> list[bool]:
         encoded = encode_corrections(corrections)  # ValueError/TypeError before any I/O
         if not encoded:
@@ -334,13 +524,12 @@ class RedisProjectionStore:
                 args.append(conversation_id)
                 args.append(row)
             calls.append((keys, args))
-        replies = await self._guard("correct", self._eval_each(self._correct_script, calls))
+        replies = await self._guard("correct", lambda: self._eval_each(self._correct_script, calls))
         results: list[bool] = []
         for correction, reply in zip(encoded, replies, strict=True):
             if isinstance(reply, Exception):
-                raise ProjectionStoreError(
-                    f"projection store: correcting user {correction.user_id} "
-                    f"(version {correction.version}) failed: {reply}"
+                raise self._call_error(
+                    "correct", f"correcting user {correction.user_id}", correction.version, reply
                 )
             results.append(int(reply) == 1)
         return results
@@ -349,7 +538,7 @@ class RedisProjectionStore:
 
     async def write_counts(self, user_id: int) -> dict[str, int]:
         """Persistent writes per conversation of this user (empty unless `count_writes`)."""
-        raw = await self._guard("write_counts", self.client.hgetall(self.writes_key(user_id)))
+        raw = await self._guard("write_counts", lambda: self.client.hgetall(self.writes_key(user_id)))
         return {_text(k): int(_text(v)) for k, v in raw.items()}
 
     async def user_ids(self) -> list[int]:
@@ -363,7 +552,7 @@ class RedisProjectionStore:
                     found.add(int(m[2]))
             return sorted(found)
 
-        return await self._guard("user_ids", scan())
+        return await self._guard("user_ids", scan)
 
     async def delete_all(self) -> int:
         """Delete this namespace (SCAN + UNLINK in batches); returns how many users it held."""
@@ -386,7 +575,7 @@ class RedisProjectionStore:
                 await self.client.unlink(*doomed)
             return len(users)
 
-        return await self._guard("delete_all", run())
+        return await self._guard("delete_all", run)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -409,7 +598,12 @@ class RedisProjectionStore:
         return trips
 
     def _script_call(self, batch: EncodedBatch) -> tuple[list[str], list[str | bytes]]:
-        keys = [self.rows_key(batch.user_id), self.meta_key(batch.user_id), self.writes_key(batch.user_id)]
+        keys = [self.rows_key(batch.user_id), self.meta_key(batch.user_id)]
+        if self.count_writes:
+            # Only then: while a cluster slot migrates, a multi-key command naming a key that
+            # does not exist is answered TRYAGAIN until the migration ends, and the writes key
+            # never exists unless writes are counted.
+            keys.append(self.writes_key(batch.user_id))
         args: list[str | bytes] = [
             str(batch.version),
             str(batch.structure_version),
@@ -430,48 +624,146 @@ class RedisProjectionStore:
         results: list[int | None] = []
         for batch, reply in zip(trip, replies, strict=True):
             if isinstance(reply, Exception):
-                raise ProjectionStoreError(
-                    f"projection store: writing user {batch.user_id} "
-                    f"(version {batch.version}) failed: {reply}"
-                )
+                raise self._call_error("write", f"writing user {batch.user_id}", batch.version, reply)
             results.append(None if reply is None else int(_text(reply)))
         return results
 
     async def _eval_each(
         self, script: _Script, calls: list[tuple[list[str], list[str | bytes]]]
     ) -> list[Any]:
-        """`script` once per (keys, args) call, in one pipelined trip; a reply per call, errors
-        in place. If the server lost the script (restart, SCRIPT FLUSH, failover), it is loaded
-        and exactly the calls that got NOSCRIPT are re-sent: a NOSCRIPT call did not run, so
-        that is safe (and both scripts' version checks would refuse a repeat anyway)."""
-        replies = await self._evalsha_trip(script, calls)
-        retry = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-        if retry:
-            script.sha = _text(await self.client.script_load(script.text))
-            again = await self._evalsha_trip(script, [calls[i] for i in retry])
-            for i, reply in zip(retry, again, strict=True):
+        """`script` once per (keys, args) call, pipelined; a reply per call, errors in place.
+
+        Calls that failed in a way that passes (connection reset, failover, TRYAGAIN, ...; the
+        whole pipeline or single calls) are re-sent, and only those, with backoff within the
+        retry budget; then their errors stay in place for the caller. If the server lost the
+        script (restart, SCRIPT FLUSH, a replica promoted that never loaded it), it is loaded
+        (on every master of a cluster) and the NOSCRIPT calls re-sent: they did not run.
+
+        Why re-sending is safe: both scripts are conditional on the stored version, so a call
+        that did run before its reply was lost is refused the second time (the write script
+        then answers "already stored" for it: the caller cannot tell it from a crash replay,
+        and treats it the same way)."""
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        backoff = _Backoff(self.retry_budget_s)
+        reloaded = False
+        while todo:
+            try:
+                got = await self._evalsha_trip(script, [calls[i] for i in todo])
+            except STORE_ERRORS as exc:  # the whole trip failed: every call's outcome unknown
+                got = [exc] * len(todo)
+            for i, reply in zip(todo, got, strict=True):
                 replies[i] = reply
+            lost = [i for i in todo if isinstance(replies[i], NoScriptError)]
+            passing = [i for i in todo if is_transient(replies[i])]
+            if lost and not reloaded:
+                sha = await self._guard("script load", lambda: self.client.script_load(script.text))
+                script.sha = _text(sha)
+                reloaded = True  # once at once; a NOSCRIPT again (a node just promoted) waits
+                todo = sorted(lost + passing)  # in call order: a user twice in a trip
+                if not passing:
+                    continue
+            else:
+                todo = sorted(lost + passing)  # in call order: a user twice in a trip
+                reloaded = False
+            if not todo:
+                break
+            first = replies[todo[0]]
+            if not await backoff.wait():
+                break  # the caller raises with the error in place
+            log.warning(
+                "projection store (%s): %d of %d calls failed (%s: %s); retry %d",
+                self.namespace,
+                len(todo),
+                len(calls),
+                type(first).__name__,
+                first,
+                backoff.failures,
+            )
         return replies
+
+    def _call_error(self, what: str, doing: str, version: int, exc: Exception) -> ProjectionStoreError:
+        """A script call's error left in place (after the retries, for one that passes)."""
+        if is_transient(exc):
+            return ProjectionStoreError(
+                f"projection store ({self.namespace}) unreachable during {what}: {doing} "
+                f"(version {version}) failed: {type(exc).__name__}: {exc}"
+            )
+        return ProjectionStoreError(f"projection store: {doing} (version {version}) failed: {exc}")
 
     async def _evalsha_trip(
         self, script: _Script, calls: list[tuple[list[str], list[str | bytes]]]
     ) -> list[Any]:
+        groups = self._by_master(calls)
+        if len(groups) == 1:
+            return await self._evalsha_pipeline(script, calls)
+        # A cluster: one pipeline per master, concurrently. A master that fails (killed, mid-
+        # failover) then fails only its own users' calls: the others' replies (what each store
+        # held before) come back and their frames go out, instead of the whole trip being re-sent
+        # and answered "already stored".
+        answers = await asyncio.gather(
+            *(self._evalsha_pipeline(script, [calls[i] for i in group]) for group in groups),
+            return_exceptions=True,
+        )
+        replies: list[Any] = [None] * len(calls)
+        for group, answer in zip(groups, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, STORE_ERRORS):
+                    raise answer
+                answer = [answer] * len(group)
+            for i, reply in zip(group, answer, strict=True):
+                replies[i] = reply
+        return replies
+
+    async def _evalsha_pipeline(
+        self, script: _Script, calls: list[tuple[list[str], list[str | bytes]]]
+    ) -> list[Any]:
         # transaction=False: each script is atomic on its own; MULTI around many users would
-        # only add a server-side queue, not safety. Errors come back in place (raise_on_error
-        # False) so one bad user cannot hide which others were written.
+        # only add a server-side queue, not safety (and on a cluster could not span their slots).
+        # Errors come back in place (raise_on_error False) so one bad user cannot hide which
+        # others were written.
+        # execute_command, not pipe.evalsha(): redis-py's cluster pipeline refuses the method
+        # (a blanket block), while it routes the command itself by its KEYS like any other.
         pipe = self.client.pipeline(transaction=False)
         for keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
         return list(await pipe.execute(raise_on_error=False))
 
-    async def _guard(self, what: str, call: Awaitable[_T]) -> _T:
-        """Translate Redis failures at the boundary into ProjectionStoreError."""
-        try:
-            return await call
-        except ProjectionStoreError:
-            raise
-        except (RedisError, OSError) as exc:
-            kind = "unreachable" if not isinstance(exc, ResponseError) else "refused the command"
-            raise ProjectionStoreError(
-                f"projection store ({self.namespace}) {kind} during {what}: {type(exc).__name__}: {exc}"
-            ) from None
+    def _by_master(self, calls: list[tuple[list[str], list[str | bytes]]]) -> list[list[int]]:
+        """Call indexes grouped by the master that owns their slot, as the cluster client knows
+        the slot map now (one group, in order, for a single server or before the client has
+        read the map). A stale map costs nothing: the pipeline still follows MOVED."""
+        client = self.client
+        if not isinstance(client, RedisCluster) or not client.nodes_manager.slots_cache:
+            return [list(range(len(calls)))]
+        groups: dict[str, list[int]] = {}
+        cache = client.nodes_manager.slots_cache
+        for i, (keys, _) in enumerate(calls):
+            owners = cache.get(client.keyslot(keys[0]))
+            groups.setdefault(owners[0].name if owners else "", []).append(i)
+        return list(groups.values())
+
+    async def _guard(self, what: str, call: Callable[[], Awaitable[_T]]) -> _T:
+        """Run `call()`, again after a failure that passes (within the retry budget), and
+        translate what is left into ProjectionStoreError at the boundary."""
+        backoff = _Backoff(self.retry_budget_s)
+        while True:
+            try:
+                return await call()
+            except ProjectionStoreError:
+                raise
+            except STORE_ERRORS as exc:
+                if is_transient(exc) and await backoff.wait():
+                    log.warning(
+                        "projection store (%s): %s failed (%s: %s); retry %d",
+                        self.namespace,
+                        what,
+                        type(exc).__name__,
+                        exc,
+                        backoff.failures,
+                    )
+                    continue
+                kind = "unreachable" if is_transient(exc) else "refused the command"
+                raise ProjectionStoreError(
+                    f"projection store ({self.namespace}) {kind} during {what}: {type(exc).__name__}: {exc}"
+                ) from None

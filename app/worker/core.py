@@ -27,7 +27,7 @@ import base64
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +44,6 @@ from app.domain.processor import (
     MirrorChange,
     PartitionProcessor,
     ProcessingStats,
-    Snapshot,
     StateChange,
 )
 from app.domain.projection_store import ProjectionStore
@@ -63,6 +62,11 @@ _OWED_KEY = "mirror_owed"
 _NEXT_OFFSET_KEY = "next_offset"
 # Key of the last flushed version inside a user's record (UserState.dump).
 _FLUSHED_KEY = "flushed_seq"
+# Keys inside a partition's gate record: the users whose record says work no flush has carried
+# (restored at once, flushed again within a window), and the rows whose record owes Cassandra
+# writes (staged again at once). Both are small: what the last window touched.
+_UNFLUSHED_KEY = "unflushed"
+_OWING_KEY = "owing"
 
 
 CQL_BIGINT_MAX = 2**63 - 1
@@ -117,8 +121,12 @@ class PartitionState:
     def __init__(self, partition: int, processor: PartitionProcessor) -> None:
         self.partition = partition
         self.processor = processor
-        # Rows whose changelog record carries Cassandra writes still owed (see WorkerCore.persist).
+        # Rows whose changelog record carries Cassandra writes still owed (see WorkerCore.persist),
+        # and the same as the gate record last listed them.
         self.owing: set[tuple[int, str]] = set()
+        self.owing_persisted: set[tuple[int, str]] = set()
+        # The users the gate record lists as having work no flush carried (see _write_tables).
+        self.unflushed: list[int] = []
         # Flushes the processor produced and nobody published yet, in the order produced: a
         # user's versions must reach the store and the frames in order.
         self.unpublished: list[list[UserFlush]] = []
@@ -139,12 +147,15 @@ class PartitionState:
 class WorkerConfig:
     lanes: int
     projector: ProjectorConfig
+    # Rows kept in memory per partition at most (the rest is read from the tables on demand).
+    hot_rows: int = 500_000
 
     @classmethod
     def from_settings(cls, settings: Any) -> WorkerConfig:
         """The processing configuration of `settings` (app.settings.Settings), built once."""
         return cls(
             lanes=settings.lanes,
+            hot_rows=settings.hot_rows,
             projector=ProjectorConfig(
                 window_ms=settings.projection_compaction_window_ms,
                 max_dirty_rows=settings.max_dirty_rows,
@@ -219,47 +230,48 @@ class WorkerCore:
             "mirror": self.state_writer is not None,
             "member_stats": True,
             "track_changes": True,
+            "hot_rows": self.config.hot_rows,
         }
 
     def _restore(self, partition: int) -> PartitionState:
-        raw = self.tables.snapshot(partition)
-        if raw.rows or raw.users or raw.pending or raw.gate:
-            # The local store can be AHEAD of the changelog: a crash after a batch's local writes
-            # but before its changelog records were delivered. That batch's entries are read again
-            # and skipped (the local state has them), so nothing would ever write their effect to
-            # the changelog, and a later restart without this local store would lose it while the
-            # offsets are already past. Publishing what was restored closes that gap (before any
-            # offset of this incarnation is committed: a commit flushes the producer first).
-            self.tables.republish(partition)
-        rows = [msgspec.msgpack.decode(blob) for blob in raw.rows]
-        gate = msgspec.msgpack.decode(raw.gate) if raw.gate else None
-        snapshot = Snapshot(
-            rows=rows,
-            users=[msgspec.msgpack.decode(blob) for blob in raw.users],
-            gate=gate,
-            pending=list(raw.pending),
-        )
-        processor = PartitionProcessor.restore(
-            self.config.projector, self.message_store, snapshot, **self._processor_options()
+        """A partition's processor over its changelog tables, read lazily: the gate record (its
+        next offset, the users with work no flush carried, the rows owing Cassandra writes), the
+        waiting entries, and those users and rows; everything else on first touch."""
+        tables = self.tables
+        raw_gate = tables.gate(partition)
+        gate = msgspec.msgpack.decode(raw_gate) if raw_gate else None
+        extras = gate or {}
+        processor = PartitionProcessor.restore_lazily(
+            self.config.projector,
+            self.message_store,
+            TablesSource(tables, partition),
+            gate,
+            tables.pending(partition),
+            [int(u) for u in extras.get(_UNFLUSHED_KEY, ())],
+            **self._processor_options(),
         )
         # Unflushed work survived in the changelog: flush it within one window from now.
         processor.open_window_at(self.clock())
         state = PartitionState(partition, processor)
-        next_offset = gate.get(_NEXT_OFFSET_KEY) if gate else None
+        next_offset = extras.get(_NEXT_OFFSET_KEY)
         state.next_offset = state.durable_offset = next_offset if isinstance(next_offset, int) else None
-        for record in rows:
+        # The gate record's lists go on as they were persisted: a user stays listed until a
+        # persist writes its record as flushed (a second crash before that must find it again).
+        state.unflushed = [int(u) for u in extras.get(_UNFLUSHED_KEY, ())]
+        owing = [(int(u), str(c)) for u, c in extras.get(_OWING_KEY, ())]
+        state.owing_persisted = set(owing)
+        for key, blob in tables.get_rows(partition, owing).items():
+            record = msgspec.msgpack.decode(blob)
             if _OWED_KEY in record:
-                key = (int(record["user_id"]), str(record["conversation_id"]))
                 state.owing.add(key)
                 self._restage(key, record[_OWED_KEY])
         if state.owing:
             self._mirror_soon()
-        if processor.users or processor.pending_count:
+        if gate is not None:
             log.info(
-                "restored partition %d: %d users, %d rows, %d waiting, hi=%d, next offset %s",
+                "restored partition %d: %d users with unflushed work, %d waiting, hi=%d, next offset %s",
                 partition,
                 len(processor.users),
-                len(rows),
                 processor.pending_count,
                 processor.gate.hi,
                 state.next_offset,
@@ -451,6 +463,9 @@ class WorkerCore:
             await self.tables.commit()
             if offset is not None:
                 state.durable_offset = offset
+            # Clean rows beyond the hot set's bound may leave memory now (the tables have them).
+            pinned = {batch.user_id for batches in state.unpublished for batch in batches}
+            state.processor.evict(pinned)
 
     def _mirror_soon(self) -> bool:
         """Count staged work for the mirror and start a round unless one runs (then True)."""
@@ -475,12 +490,7 @@ class WorkerCore:
         longer owing are written again (an untouched row that still owes keeps its record)."""
         if not owed and not state.owing:
             return
-        users = state.processor.users
-        owing: set[tuple[int, str]] = set()
-        for user_id, conversation_id in owed:
-            user = users.get(user_id)
-            if user is not None and conversation_id in user.rows:
-                owing.add((user_id, conversation_id))
+        owing = set(owed)  # the writer owes only for rows that were applied: they exist
         changes.rows.update(owing ^ state.owing)
         state.owing = owing
         self.stats.state_owed_rows += len(owing & changes.rows)
@@ -539,15 +549,22 @@ class WorkerCore:
         for batches in state.unpublished:
             for batch in batches:
                 unpublished.setdefault(batch.user_id, batch.prev_projection_mailbox_seq)
-        for user_id in changes.users | unpublished.keys():
+        written = changes.users | unpublished.keys()
+        unflushed = set(state.unflushed) - written
+        for user_id in written:
             record = processor.user_record(user_id)
             if user_id in unpublished:
                 record[_FLUSHED_KEY] = min(record[_FLUSHED_KEY], unpublished[user_id])
+            if record["projection_mailbox_seq"] > record[_FLUSHED_KEY]:
+                unflushed.add(user_id)
             tables.put_user(partition, user_id, msgspec.msgpack.encode(record))
-        if changes.gate:
+        if changes.gate or changes.users or unpublished or owing != state.owing_persisted:
             gate = processor.gate_record()
             if state.next_offset is not None:
                 gate[_NEXT_OFFSET_KEY] = state.next_offset
+            gate[_UNFLUSHED_KEY] = state.unflushed = sorted(unflushed)
+            gate[_OWING_KEY] = sorted(owing)
+            state.owing_persisted = set(owing)
             tables.put_gate(partition, msgspec.msgpack.encode(gate))
 
     # -- flushing -----------------------------------------------------------------------------
@@ -659,6 +676,32 @@ class WorkerCore:
             if user_id in state.processor.users:
                 return state
         return None
+
+
+class TablesSource:
+    """The processor's `StateSource` over one partition of the changelog tables (records decoded
+    here: msgpack)."""
+
+    def __init__(self, tables: StateTables, partition: int) -> None:
+        self.tables = tables
+        self.partition = partition
+
+    def get_users(self, user_ids: Collection[int]) -> dict[int, dict[str, Any]]:
+        found = self.tables.get_users(self.partition, user_ids)
+        return {user_id: msgspec.msgpack.decode(blob) for user_id, blob in found.items()}
+
+    def get_rows(self, keys: Collection[tuple[int, str]]) -> dict[tuple[int, str], dict[str, Any]]:
+        found = self.tables.get_rows(self.partition, keys)
+        return {key: msgspec.msgpack.decode(blob) for key, blob in found.items()}
+
+    def user_rows(self, user_id: int) -> list[tuple[str, dict[str, Any]]]:
+        return [
+            (cid, msgspec.msgpack.decode(blob))
+            for cid, blob in self.tables.user_rows(self.partition, user_id)
+        ]
+
+    def row_keys(self) -> Iterator[tuple[int, str]]:
+        return self.tables.row_keys(self.partition)
 
 
 def _holes(expected: int | None, records: Sequence[RawRecord], fetch_to: int) -> int:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import uuid
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 
@@ -22,18 +23,37 @@ def raw_record(topic: str, partition: int, offset: int, key: bytes | None, value
     return RawRecord(topic, partition, offset, key, value if value is not None else b"")
 
 
-class PartitionSnapshot(NamedTuple):
-    """What the changelog tables hold for one partition."""
+# -- the changelog tables' layout -----------------------------------------------------------------
+# Keys are bytes in an order that is the state's order: a user id as 8 big-endian bytes (so a
+# user's rows are one prefix, and users sort numerically), a conversation id as its 16 UUID
+# bytes. A table holds one partition per RocksDB database (and changelog partition), so the key
+# needs no partition.
+GATE_KEY = b"gate"
 
-    rows: list[bytes]
-    users: list[bytes]
-    gate: bytes | None
-    pending: list[bytes]
+
+def user_key(user_id: int) -> bytes:
+    return user_id.to_bytes(8, "big")
+
+
+def row_key(user_id: int, conversation_id: str) -> bytes:
+    return user_id.to_bytes(8, "big") + uuid.UUID(conversation_id).bytes
+
+
+def pending_key(user_id: int, mailbox_seq: int) -> bytes:
+    return user_id.to_bytes(8, "big") + mailbox_seq.to_bytes(8, "big")
+
+
+def parse_row_key(key: bytes) -> tuple[int, str]:
+    return int.from_bytes(key[:8], "big"), str(uuid.UUID(bytes=key[8:24]))
+
+
+def parse_user_key(key: bytes) -> int:
+    return int.from_bytes(key[:8], "big")
 
 
 class StateTables(Protocol):
-    """The changelog-backed tables (RocksDB + Kafka changelog in production). Every write
-    names its partition: it goes to that partition's store and changelog partition."""
+    """The changelog-backed tables (RocksDB + Kafka changelog in production). Every call names
+    its partition: writes go to that partition's store and changelog partition, reads read it."""
 
     def put_row(self, partition: int, user_id: int, conversation_id: str, blob: bytes) -> None: ...
 
@@ -45,14 +65,31 @@ class StateTables(Protocol):
 
     def delete_pending(self, partition: int, user_id: int, mailbox_seq: int) -> None: ...
 
-    def snapshot(self, partition: int) -> PartitionSnapshot: ...
-
-    def republish(self, partition: int) -> None:
-        """Queue every record the partition's tables hold for the changelog (sent by `commit`)."""
+    async def commit(self) -> None:
+        """End of a persist: every write since the last commit is in the changelog (delivered)
+        and in the local store. Reads see a write only once it is committed."""
         ...
 
-    async def commit(self) -> None:
-        """End of a persist: the changelog records of its writes are on their way."""
+    def get_users(self, partition: int, user_ids: Collection[int]) -> dict[int, bytes]:
+        """The users' records that exist (one multi-get)."""
+        ...
+
+    def get_rows(self, partition: int, keys: Collection[tuple[int, str]]) -> dict[tuple[int, str], bytes]:
+        """The rows' records that exist (one multi-get)."""
+        ...
+
+    def user_rows(self, partition: int, user_id: int) -> list[tuple[str, bytes]]:
+        """Every row of the user (one prefix scan), by conversation id."""
+        ...
+
+    def row_keys(self, partition: int) -> Iterator[tuple[int, str]]:
+        """Every row's (user, conversation), in key order, values not read."""
+        ...
+
+    def gate(self, partition: int) -> bytes | None: ...
+
+    def pending(self, partition: int) -> list[bytes]:
+        """The waiting entries' raw records."""
         ...
 
 

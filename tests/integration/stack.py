@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from app.domain.badge import Badge
 from app.settings import Settings
 from tests.support.projection_files import as_replay_files
 
@@ -360,3 +361,64 @@ def store_messages(settings: Settings, lines: Iterable[bytes]) -> None:
         store.update_heads(heads.values())
     finally:
         cluster.shutdown()
+
+
+def simulated(
+    stack: Stack, tmp: Path, messages: int = 300, seed: int = 5, rate: str = "0"
+) -> tuple[Path, dict[str, Any]]:
+    """Run `projector simulate` into the stack; replay its --out file for the expected result."""
+    stream = tmp / f"stream-{seed}.jsonl"
+    stack.run(
+        "simulate",
+        "--users",
+        "30",
+        "--conversations",
+        "10",
+        "--group-size",
+        "20",
+        "--messages",
+        str(messages),
+        "--rate",
+        rate,
+        "--lanes",
+        str(stack.settings.lanes),
+        "--seed",
+        str(seed),
+        "--out",
+        str(stream),
+        "--progress",
+        "never",
+    )
+    out = tmp / f"replay-{seed}"
+    stack.run("replay", "--input", str(stream), "--out", str(out), "--lanes", str(stack.settings.lanes))
+    expected = {
+        "rows": read_jsonl(out / "projections.jsonl"),
+        "badges": read_jsonl(out / "badges.jsonl"),
+        "versions": {b["user_id"]: b["projection_mailbox_seq"] for b in read_jsonl(out / "badges.jsonl")},
+    }
+    return stream, expected
+
+
+def badge_from_rows(rows: list[dict[str, Any]], include_muted: bool = False) -> Badge:
+    unread = mention = muted = 0
+    for row in rows:
+        active = row["membership"] == "active"
+        if active and not row["archived"] and (include_muted or not row["muted"]):
+            unread += row["unread_count"]
+        if active:
+            mention += row["mention_count"]
+        if row["muted"]:
+            muted += row["unread_count"]
+    return Badge(unread, mention, muted)
+
+
+async def assert_final_equals_replay(stack: Stack, expected: dict[str, Any]) -> None:
+    rows, badges = await stack.projection(sorted(expected["versions"]))
+    assert badges == expected["badges"]
+    assert rows == expected["rows"]
+    # J-7: badge and rows never tear: every user's badge is the sum over its rows.
+    for badge in badges:
+        mine = [row for row in rows if row["user_id"] == badge["user_id"]]
+        assert badge_from_rows(mine) == Badge(
+            badge["total_unread"], badge["total_mention"], badge["muted_unread"]
+        )

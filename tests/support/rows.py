@@ -98,3 +98,9 @@ def expected_order(rows: list[dict[str, Any]], folder: Folder) -> list[str]:
     """The order by the client library's sort (an independent implementation)."""
     chosen = [r for r in rows if r["listed"] and (r["archived"] is (folder is Folder.ARCHIVED))]
     return [str(r["conversation_id"]) for r in sort_rows(chosen)]
+
+
+def listed(rows: list[dict[str, Any]], user_id: int, archived: bool) -> list[dict[str, Any]]:
+    """A user's listed rows of one folder, in the client library's order."""
+    mine = [r for r in rows if r["user_id"] == user_id and r["listed"] and r["archived"] is archived]
+    return [dict(r) for r in sort_rows(mine)]

@@ -39,19 +39,6 @@ class RecordingOutbox:
             self.frames_out += [orjson.loads(delta), orjson.loads(badge)]
 
 
-class RepublishRecordingTables(MemoryTables):
-    """MemoryTables that remember which partitions were republished: in memory a republish has
-    nothing to send, so a test that asserts a restore republishes looks here."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.republished: list[int] = []
-
-    def republish(self, partition: int) -> None:
-        self.republished.append(partition)
-        super().republish(partition)
-
-
 def message_store_for(lines: Sequence[bytes], lanes: int) -> InMemoryMessageStore:
     """The MessageStore as the writers left it before the mailbox entries were produced."""
     store = InMemoryMessageStore()
@@ -81,12 +68,14 @@ def make_core(
     clock: ManualClock,
     window_ms: int = 100,
     max_dirty_rows: int = 100_000,
+    hot_rows: int = 500_000,
 ) -> WorkerCore:
     config = WorkerConfig(
         lanes=lanes,
         projector=ProjectorConfig(
             window_ms=window_ms, max_dirty_rows=max_dirty_rows, include_muted=False, unread_precise_limit=200
         ),
+        hot_rows=hot_rows,
     )
     return WorkerCore(
         config, message_store=store, projection_store=projections, tables=tables, outbox=outbox, clock=clock

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from app.domain import seqs
 from app.domain.audit import (
     AuditPolicy,
     Repair,
@@ -152,8 +153,8 @@ def test_a_correct_row_recounts_to_itself_and_a_drifted_one_to_the_definition() 
     assert counts(copy) == counts(a)
     # Drift: wrong counts AND a hand that agrees with them (so the hand cannot give it away).
     a.unread_count, a.mention_count, a.mention_first = 9, 0, None
-    a.counting.add(4)
-    a.mentioning.clear()
+    a.counting = seqs.add(a.counting, 4)
+    a.mentioning = None
     drifted = copy_row(a)
     recount(drifted, replayer.store, 200)
     assert counts(drifted) == (3, True, 1, 2)

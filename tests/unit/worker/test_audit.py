@@ -14,6 +14,7 @@ import orjson
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from app.domain import seqs
 from app.domain.audit import AuditPolicy, eligible
 from app.domain.badge import Badge
 from app.domain.client import ApplyStatus, SessionView
@@ -205,7 +206,7 @@ def test_a_drifted_state_is_corrected_persisted_and_written_with_its_badge() -> 
         user = w.core.partitions[0].processor.users[7]
         row = user.rows[CONV_A]
         row.unread_count += 5
-        row.counting.add(4)
+        row.counting = seqs.add(row.counting, 4)
         user.badge = Badge(user.badge.total_unread + 5, *user.badge[1:])
         await w.core.flush_all()
         w.settled()
@@ -216,9 +217,10 @@ def test_a_drifted_state_is_corrected_persisted_and_written_with_its_badge() -> 
         assert rows == w.expected.projections and badges == w.expected.badges
         assert row.unread_count == 3 and user.badge == Badge(5, 1, 0)
         # Persisted: the changelog tables hold the corrected row and user.
-        record = msgspec.msgpack.decode(w.tables.rows[0][(7, CONV_A)])
-        assert record["unread_count"] == 3
-        assert msgspec.msgpack.decode(w.tables.users[0][7])["badge"] == [5, 1, 0]
+        blob = w.tables.get_rows(0, [(7, CONV_A)])[(7, CONV_A)]
+        persisted = ConversationState.load(msgspec.msgpack.decode(blob)["s"], 7, CONV_A)
+        assert persisted.unread_count == 3
+        assert msgspec.msgpack.decode(w.tables.get_users(0, [7])[7])["badge"] == [5, 1, 0]
         badge_frames = [f for f in w.outbox.sent if f["type"] == "BADGE_UPDATE" and f.get("correction")]
         assert [(f["user_id"], f["total_unread"]) for f in badge_frames] == [(7, 5)]
 

@@ -26,13 +26,7 @@ from tests.support.clock import ManualClock
 from tests.support.mirror_writer import MirrorCassandra, MirrorWriter
 from tests.support.projection_files import as_replay_files
 from tests.support.strategies import Stream, scenarios, streams
-from tests.support.worker import (
-    RecordingOutbox,
-    RepublishRecordingTables,
-    make_core,
-    message_store_for,
-    records,
-)
+from tests.support.worker import RecordingOutbox, make_core, message_store_for, records
 
 
 async def feed(
@@ -65,8 +59,11 @@ SETTINGS = settings(
     stream=st.one_of(streams(), streams(scenarios(min_steps=30, max_steps=120))),
     seed=st.integers(0, 2**32 - 1),
     crash=st.booleans(),
+    hot_rows=st.sampled_from([500_000, 500_000, 1, 3]),
 )
-def test_worker_projection_equals_replay(stream: Stream, seed: int, crash: bool) -> None:
+def test_worker_projection_equals_replay(stream: Stream, seed: int, crash: bool, hot_rows: int) -> None:
+    """Whatever the batching, the flush timing, a crash between batches — and a hot set of a
+    handful of rows, so that every persist evicts and every batch reads the state back."""
     lines = [line for line in stream.lines() if line.strip()]
     expected = run_replay(lines, ReplayOptions(lanes=stream.lanes))
     rnd = random.Random(seed)
@@ -79,8 +76,11 @@ def test_worker_projection_equals_replay(stream: Stream, seed: int, crash: bool)
     )
     recs = records(lines)
 
+    def new_core() -> WorkerCore:
+        return make_core(stream.lanes, tables, store, projections, outbox, clock, hot_rows=hot_rows)
+
     async def run() -> None:
-        core = make_core(stream.lanes, tables, store, projections, outbox, clock)
+        core = new_core()
         parts = batches(recs, rnd)
         if crash and parts:
             cut = rnd.randrange(len(parts))
@@ -90,7 +90,7 @@ def test_worker_projection_equals_replay(stream: Stream, seed: int, crash: bool)
             # from there, or from a few records earlier (an older commit).
             crashed = core.partitions.get(0)
             durable = crashed.durable_offset if crashed is not None else None
-            core = make_core(stream.lanes, tables, store, projections, outbox, clock)
+            core = new_core()
             again = recs[max(0, (durable or 0) - rnd.randint(0, 5)) :]
             await feed(core, batches(again, rnd), clock, rnd)
         else:
@@ -151,24 +151,27 @@ def test_pending_entries_survive_a_crash_in_the_tables() -> None:
     s = StreamBuilder(lanes=2)
     s.message(7, 1, lane=1)
     s.marker(0, 1)  # lane 1 has not reported: the entry waits
-    tables = RepublishRecordingTables()
-    projections, outbox, clock = InMemoryProjectionStore(), RecordingOutbox(), ManualClock()
+    tables, projections, outbox, clock = (
+        MemoryTables(),
+        InMemoryProjectionStore(),
+        RecordingOutbox(),
+        ManualClock(),
+    )
     store = InMemoryMessageStore()
     core = make_core(2, tables, store, projections, outbox, clock)
     asyncio.run(core.on_records(records(s.lines)))
-    assert tables.snapshot(0).pending == []  # hot state: persisted at the window's end, not per batch
+    assert tables.count(0, "pending") == 0  # hot state: persisted at the window's end, not per batch
     clock.now += 100
     asyncio.run(core.flush_due(clock.now))
-    assert len(tables.snapshot(0).pending) == 1 and core.stats.applied == 0
+    assert tables.count(0, "pending") == 1 and core.stats.applied == 0
     assert core.durable_offsets() == {0: len(s.lines)}
     restarted = make_core(2, tables, store, projections, outbox, clock)
     asyncio.run(restarted.restore_assigned([0]))
-    assert tables.republished == [0]  # what was restored goes to the changelog again
     marker = b'{"type":"watermark","lane":1,"watermark":1,"ts":5}'
     late = RawRecord("mailbox-tail", 0, len(s.lines), None, marker)
     asyncio.run(restarted.on_records([late]))
     asyncio.run(restarted.flush_all())
-    assert tables.snapshot(0).pending == []
+    assert tables.count(0, "pending") == 0
     stored = asyncio.run(projections.load(7))
     assert stored.rows[CONV_A]["unread_count"] == 1
 
@@ -466,11 +469,12 @@ def test_an_unreadable_owed_record_is_logged_and_the_partition_still_restores() 
     core.state_writer = down
     asyncio.run(core.on_records(records(s.close())))
     asyncio.run(core.flush_all())
-    (key,) = tables.rows[0]
-    record = msgspec.msgpack.decode(tables.rows[0][key])
+    rows = tables.data[0]["rows"]
+    (key,) = rows
+    record = msgspec.msgpack.decode(rows[key])
     assert set(record["mirror_owed"]) == {"state"}
     record["mirror_owed"] = [1, 2]  # not what this version writes
-    tables.rows[0][key] = msgspec.msgpack.encode(record)
+    rows[key] = msgspec.msgpack.encode(record)
     restarted = make_core(1, tables, store, InMemoryProjectionStore(), RecordingOutbox(), ManualClock())
     restarted.state_writer = MirrorWriter(MirrorCassandra())
     asyncio.run(restarted.restore_assigned([0]))
@@ -523,5 +527,87 @@ def test_a_kill_between_the_persist_and_the_store_write_loses_no_row() -> None:
         return await as_replay_files(projections, [7])
 
     rows, badges = asyncio.run(run())
+    assert rows == expected.projections
+    assert badges == expected.badges
+
+
+def test_work_no_flush_carried_survives_two_crashes_in_a_row() -> None:
+    """A restored partition reads only the users its gate record lists as having work no flush
+    carried. That list must survive the restored worker's own persists until those users are
+    flushed: killed again before the flush, the next restart must still find them."""
+    s = StreamBuilder()
+    s.message(7, 1, conv=CONV_A)
+    first = s.close()
+    s.lines = []
+    s.message(8, 2, conv=CONV_B)
+    second = s.close()
+    lines = [*first, *second]
+    expected = run_replay(lines, ReplayOptions())
+    store = message_store_for(lines, 1)
+    tables, projections, outbox, clock = (
+        MemoryTables(),
+        InMemoryProjectionStore(),
+        RecordingOutbox(),
+        ManualClock(),
+    )
+
+    async def run() -> tuple[list[Any], list[Any]]:
+        core = make_core(1, tables, store, projections, outbox, clock, window_ms=100_000)
+        await core.on_records(records(first))
+        await core.persist(core.partitions[0])  # persisted, never flushed: killed here
+        again = make_core(1, tables, store, projections, outbox, clock, window_ms=100_000)
+        await again.restore_assigned([0])
+        await again.on_records(records(second, len(first)))  # user 8 only
+        await again.persist(again.partitions[0])  # killed again before any flush
+        last = make_core(1, tables, store, projections, outbox, clock, window_ms=100)
+        await last.restore_assigned([0])
+        clock.now += 10_000
+        await last.flush_due(clock.now)
+        return await as_replay_files(projections, [7, 8])
+
+    rows, badges = asyncio.run(run())
+    assert rows == expected.projections
+    assert badges == expected.badges
+
+
+def test_a_hot_set_of_two_rows_reads_the_state_back_and_ends_as_replay() -> None:
+    """Six rows, at most two in memory: every persist evicts, batches read users and rows back
+    from the tables (one multi-get each), badges are recomputed over rows read back; the outcome
+    is replay's."""
+    s = StreamBuilder()
+    seq = 0
+    for _ in range(4):
+        for user in (7, 8, 9):
+            for conv in (CONV_A, CONV_B):
+                seq += 1
+                s.message(user, seq, conv=conv, mention=seq % 5 == 0)
+        s.marker(0)  # the lane reports: these entries apply now
+        s.read(7, seq - 2, conv=CONV_A)
+    lines = s.close()
+    expected = run_replay(lines, ReplayOptions())
+    store = message_store_for(lines, 1)
+    tables, projections, outbox, clock = (
+        MemoryTables(),
+        InMemoryProjectionStore(),
+        RecordingOutbox(),
+        ManualClock(),
+    )
+    core = make_core(1, tables, store, projections, outbox, clock, hot_rows=2)
+
+    async def run() -> int:
+        most = 0
+        for start in range(0, len(lines), 3):
+            await core.on_records(records(lines[start : start + 3], start))
+            clock.now += 150
+            await core.flush_due(clock.now)
+            most = max(most, core.partitions[0].processor.resident_rows)
+        await core.flush_all()
+        return most
+
+    asyncio.run(run())
+    processor = core.partitions[0].processor
+    assert processor.residency is not None and processor.residency.reads > 0
+    assert processor.resident_rows <= 2
+    rows, badges = asyncio.run(as_replay_files(projections, [7, 8, 9]))
     assert rows == expected.projections
     assert badges == expected.badges

@@ -1,0 +1,184 @@
+"""State that outgrows memory: persisted state is the source of truth, memory holds a hot set.
+
+A partition's users and rows live in its persisted state (the worker's RocksDB changelog tables,
+replay's `--state-dir`), reached through the `StateSource` port. The processor keeps in memory
+only what it works on: a batch reads the users and rows it touches (one multi-get per batch,
+`prefetch`), an entry that meets a miss anyway reads it then, and a full badge recompute reads all
+of a user's rows (`complete`). After each persist the driver may `evict`: clean rows (nothing
+changed since the persist, nothing waiting for a flush) leave memory, least recently changed
+first, until the resident rows are back under the bound; a user goes with its last row.
+
+Pure: the source is a port; time is not read here.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Collection, Iterable, Iterator
+from typing import Any, Protocol
+
+from app.domain.conversation import ConversationState
+from app.domain.member_stats import MemberStats
+from app.domain.projector import Projector, UserState
+
+# The changelog record of a row: {"s": ConversationState.dump(), "m": MemberStats.dump()?, ...}
+ROW_STATE_KEY = "s"
+MEMBER_STATS_KEY = "m"
+# Evicting brings the resident rows down to this share of the bound, so that eviction rounds are
+# rare (a round looks at every resident row once).
+EVICT_TO = 0.8
+
+
+class StateSource(Protocol):
+    """One partition's persisted state, read-only, records decoded."""
+
+    def get_users(self, user_ids: Collection[int]) -> dict[int, dict[str, Any]]: ...
+
+    def get_rows(self, keys: Collection[tuple[int, str]]) -> dict[tuple[int, str], dict[str, Any]]: ...
+
+    def user_rows(self, user_id: int) -> list[tuple[str, dict[str, Any]]]:
+        """Every row of the user, by conversation id."""
+        ...
+
+    def row_keys(self) -> Iterator[tuple[int, str]]:
+        """Every row's (user, conversation), in (user, conversation) order, without reading it."""
+        ...
+
+
+class Residency:
+    """The projector's `StateLoader` over a `StateSource`, with a bounded number of rows in
+    memory (`hot_rows`)."""
+
+    def __init__(
+        self,
+        projector: Projector,
+        source: StateSource,
+        member_stats: dict[tuple[int, str], MemberStats],
+        hot_rows: int,
+    ) -> None:
+        self.projector = projector
+        self.source = source
+        self.member_stats = member_stats
+        self.hot_rows = hot_rows
+        self.resident_rows = sum(len(user.rows) for user in projector.users.values())
+        # Users read after a restore take part in a reconcile: their next flush recomputes the
+        # badge in full (a restart is a reconcile trigger, seed §3.4), which reads all their rows.
+        self.reconcile_on_load = False
+        self.reads = 0  # rows and users read from the source (tests, metrics)
+        projector.loader = self
+
+    # -- StateLoader --------------------------------------------------------------------------
+
+    def load_user(self, user_id: int) -> UserState | None:
+        record = self.source.get_users((user_id,)).get(user_id)
+        return self._adopt_user(user_id, record) if record is not None else None
+
+    def load_row(self, user: UserState, conversation_id: str) -> ConversationState | None:
+        record = self.source.get_rows(((user.user_id, conversation_id),)).get((user.user_id, conversation_id))
+        return self._adopt_row(user, conversation_id, record) if record is not None else None
+
+    def complete(self, user: UserState) -> None:
+        for conversation_id, record in self.source.user_rows(user.user_id):
+            if conversation_id not in user.rows:
+                self._adopt_row(user, conversation_id, record)
+        user.complete = True
+
+    def created(self, user: UserState, row: ConversationState | None) -> None:
+        if row is not None:
+            self.resident_rows += 1
+
+    # -- batches ------------------------------------------------------------------------------
+
+    def prefetch(self, keys: Iterable[tuple[int, str]]) -> None:
+        """Read, in one multi-get each, the users and rows these entries touch that are not in
+        memory (a new user or row is simply not found)."""
+        keys = set(keys)
+        users = self.projector.users
+        wanted_users = {user_id for user_id, _ in keys if user_id not in users}
+        if wanted_users:
+            for user_id, record in self.source.get_users(wanted_users).items():
+                if user_id not in users:
+                    self._adopt_user(user_id, record)
+        wanted_rows = []
+        for user_id, conversation_id in keys:
+            user = users.get(user_id)
+            if user is not None and not user.complete and conversation_id not in user.rows:
+                wanted_rows.append((user_id, conversation_id))
+        if wanted_rows:
+            for (user_id, conversation_id), record in self.source.get_rows(wanted_rows).items():
+                user = users[user_id]
+                if conversation_id not in user.rows:
+                    self._adopt_row(user, conversation_id, record)
+
+    def evict(self, pinned_rows: Collection[tuple[int, str]], pinned_users: Collection[int]) -> int:
+        """Drop clean rows (not in `pinned_rows`, not waiting for a flush) until the resident rows
+        are under the bound, least recently changed first; users left without rows go too
+        (unless pinned or waiting for a flush). Returns how many rows left memory."""
+        if self.resident_rows <= self.hot_rows:
+            return 0
+        projector = self.projector
+        dirty = projector.dirty.rows
+        target = int(self.hot_rows * EVICT_TO)
+
+        def candidates() -> Iterator[tuple[int, int, str]]:
+            for user_id, user in projector.users.items():
+                waiting = dirty.get(user_id)
+                for conversation_id, row in user.rows.items():
+                    if (waiting is None or conversation_id not in waiting) and (
+                        user_id,
+                        conversation_id,
+                    ) not in pinned_rows:
+                        yield row.changed_at, user_id, conversation_id
+
+        chosen = heapq.nsmallest(self.resident_rows - target, candidates())
+        touched: set[int] = set()
+        for _, user_id, conversation_id in chosen:
+            user = projector.users[user_id]
+            del user.rows[conversation_id]
+            user.complete = False
+            self.member_stats.pop((user_id, conversation_id), None)
+            touched.add(user_id)
+        self.resident_rows -= len(chosen)
+        for user_id in touched:
+            user = projector.users[user_id]
+            if not user.rows and user_id not in pinned_users and user_id not in dirty:
+                del projector.users[user_id]
+        return len(chosen)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def cold_rows(self, wanted: Callable[[int, str], bool]) -> Iterator[ConversationState]:
+        """Rows not in memory that `wanted` picks by their key, read (not kept) one by one."""
+        users = self.projector.users
+        picked: list[tuple[int, str]] = []
+        for user_id, conversation_id in self.source.row_keys():
+            user = users.get(user_id)
+            if user is not None and conversation_id in user.rows:
+                continue  # resident: the caller sees it among the resident rows
+            if wanted(user_id, conversation_id):
+                picked.append((user_id, conversation_id))
+        for start in range(0, len(picked), 512):
+            chunk = picked[start : start + 512]
+            for (user_id, conversation_id), record in self.source.get_rows(chunk).items():
+                yield ConversationState.load(record[ROW_STATE_KEY], user_id, conversation_id)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _adopt_user(self, user_id: int, record: dict[str, Any]) -> UserState:
+        self.reads += 1
+        user = UserState.load(record, [])
+        user.complete = False
+        if self.reconcile_on_load:
+            user.badge_reconcile = True
+        self.projector.users[user_id] = user
+        return user
+
+    def _adopt_row(self, user: UserState, conversation_id: str, record: dict[str, Any]) -> ConversationState:
+        self.reads += 1
+        row = ConversationState.load(record[ROW_STATE_KEY], user.user_id, conversation_id)
+        user.rows[row.conversation_id] = row
+        stats = record.get(MEMBER_STATS_KEY)
+        if stats is not None:
+            self.member_stats[(user.user_id, row.conversation_id)] = MemberStats.load(stats)
+        self.resident_rows += 1
+        return row
