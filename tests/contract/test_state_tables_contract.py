@@ -82,6 +82,11 @@ class FaustTables:
         os.makedirs(os.path.join(settings.data_dir, settings.app_id), exist_ok=True)
         self.settings = settings
         self.app = new_faust_app(settings)
+        # faust creates the changelog topics as it starts, and its first assignment may be
+        # computed before the consumer's metadata has them ("Ignoring missing topic"): they are
+        # assigned at the next metadata refresh, 5 minutes later by default. Refresh every second
+        # here, so `start` sees the rebalance that brings them within its budget.
+        self.app.conf.consumer_metadata_max_age_ms = 1000
         self.faust_tables = declare_tables(self.app, settings.topic_partitions)
         # As the worker wires it (app/runtime/worker.create_app): the aiokafka producer, late-bound.
         self.sender = BatchSender(lambda: self.app.producer._ensure_producer())  # type: ignore[attr-defined]
