@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup tools run test test-fast chaos-crash lint typecheck check services-up services-down services-status bench clean proto bench-api \
+.PHONY: help setup tools run test test-fast chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api \
 	redis-cluster-up redis-cluster-down redis-cluster-status kafka-cluster-up kafka-cluster-down kafka-cluster-status \
 	chaos-infra-check
 
@@ -68,6 +68,12 @@ chaos-crash: services-up ## Issue 11's crash run at full size, CHAOS_RUNS times 
 		echo "== crash run $$i/$(CHAOS_RUNS)"; \
 		$(PY) -m pytest -q -s -m chaos tests/integration/test_crash_safety.py --chaos-seed $$i -p no:cacheprovider || exit 1; \
 	done
+
+chaos-garbage: services-up ## Issue 18's garbage run at full size: 100,000 fuzzed records through a real worker
+	$(PY) -m pytest -q -s -m chaos tests/integration/test_garbage_worker.py -p no:cacheprovider
+
+chaos-api: services-up ## Issue 18's API fuzz at full size: schemathesis, >= 5,000 requests, two users, real servers
+	$(PY) -m pytest -q -s -m chaos tests/integration/test_api_fuzz.py -p no:cacheprovider
 
 lint: setup ## ruff + import rules (the domain core stays pure)
 	.venv/bin/ruff check app agents tables tests bench

@@ -214,8 +214,23 @@ class Settings:
     # and `projector token` refuse to start, so no deployment runs on a guessable default.
     # Generate one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`.
     api_secret: str = dataclasses.field(default="", repr=False)  # never in logs or tracebacks
+    # Secret rotation: the previous api_secret, still accepted (tokens, stream tickets, page
+    # cursors) while it is set; everything new is signed with api_secret. Rotate: set this to the
+    # old secret and api_secret to the new one on every API process, then remove it once every
+    # token signed with the old one has expired (api_token_ttl_s, or the longest --ttl minted).
+    api_secret_previous: str = dataclasses.field(default="", repr=False)
     # Lifetime of a token minted by `projector token` when --ttl is not given.
     api_token_ttl_s: int = bounded(3600, 1)
+    # Request limits (app/api/guard.py): a body over api_max_body_bytes is answered 413, request
+    # headers over api_max_header_bytes (all of them together, the request line included) 431.
+    api_max_body_bytes: int = bounded(64 * 1024, 1024, 16 * 1024 * 1024)
+    api_max_header_bytes: int = bounded(16 * 1024, 1024, 1024 * 1024)
+    # Per-user request rate of this API process: a token bucket of api_rate_limit_burst requests
+    # refilled at api_rate_limit_per_s; over it, 429 with Retry-After. 0 = no limit. Each process
+    # keeps its own buckets: behind a balancer spreading a user over N processes, a user gets up
+    # to N times the rate (README, "Security").
+    api_rate_limit_per_s: float = bounded(100.0, 0)
+    api_rate_limit_burst: int = bounded(200, 1)
     # A snapshot (one user's ordered list) lives this long after its load, then is reloaded.
     api_snapshot_ttl_ms: int = bounded(300_000, 1)
     # At most this many rows go into one user's snapshot (the seed's max_conversations_per_user).
@@ -430,6 +445,18 @@ class Settings:
                 p.append(f"{name}: empty")
         if self.api_secret and len(self.api_secret) < API_SECRET_MIN_CHARS:
             p.append(f"api_secret: {len(self.api_secret)} characters; use at least {API_SECRET_MIN_CHARS}")
+        if self.api_secret_previous:
+            if not self.api_secret:
+                p.append("api_secret_previous: set without api_secret (the secret that signs new tokens)")
+            if len(self.api_secret_previous) < API_SECRET_MIN_CHARS:
+                p.append(
+                    f"api_secret_previous: {len(self.api_secret_previous)} characters; use at least "
+                    f"{API_SECRET_MIN_CHARS}"
+                )
+            if self.api_secret_previous == self.api_secret:
+                p.append("api_secret_previous: equals api_secret (nothing is being rotated)")
+            if self.api_secret_previous == self.ops_secret:
+                p.append("api_secret_previous: must differ from ops_secret")
         if self.api_snapshot_cache_rows < self.api_snapshot_max_rows:
             # Otherwise one heavy user's snapshot could never be cached at all.
             p.append(

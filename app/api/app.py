@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from app.api import badge, health, members, ops, sessions, stream, web_client
+from app.api import badge, guard, health, members, ops, sessions, stream, web_client
 from app.api.cursor import CursorCodec
 from app.api.http import (
     CONTEXT,
@@ -77,8 +77,8 @@ def create_app(settings: Settings, deps: Deps) -> web.Application:
     ctx = ApiContext(
         settings=settings,
         deps=deps,
-        tokens=TokenSigner(settings.api_secret),
-        cursors=CursorCodec(settings.api_secret),
+        tokens=TokenSigner(settings.api_secret, previous=settings.api_secret_previous),
+        cursors=CursorCodec(settings.api_secret, previous=settings.api_secret_previous),
         lists=lists,
     )
     routes: list[Route] = []
@@ -100,7 +100,22 @@ def create_app(settings: Settings, deps: Deps) -> web.Application:
     description["paths"][METRICS_PATH] = {"get": dict(_METRICS_OPERATION, security=[])}
 
     public = frozenset(r.path for r in routes if r.public)
-    app = web.Application(middlewares=[_observed, _retry_after, _errors, _timing, _auth(ctx, public)])
+    limiter = None
+    if settings.api_rate_limit_per_s > 0:
+        limiter = guard.RateLimiter(
+            settings.api_rate_limit_per_s, settings.api_rate_limit_burst, deps.clock_ms
+        )
+    app = web.Application(
+        middlewares=[
+            _observed,
+            _retry_after,
+            _errors,
+            _timing,
+            guard.size_limits(settings),  # before auth: an oversized request is not even read
+            _auth(ctx, public, limiter),
+        ],
+        client_max_size=settings.api_max_body_bytes,
+    )
     app[CONTEXT] = ctx
     stream.install(app, ctx)  # open streams end at shutdown (aiohttp waits for handlers)
     for route in routes:
@@ -153,7 +168,9 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as exc:
-        headers = {"WWW-Authenticate": 'Bearer error="invalid_token"'} if exc.status == 401 else None
+        headers = dict(exc.headers)
+        if exc.status == 401:
+            headers["WWW-Authenticate"] = 'Bearer error="invalid_token"'
         return web.json_response(
             error_body(exc.status, exc.code, exc.message), status=exc.status, headers=headers
         )
@@ -190,11 +207,13 @@ async def _timing(request: web.Request, handler: Handler) -> web.StreamResponse:
     return response
 
 
-def _auth(ctx: ApiContext, public: frozenset[str]) -> Any:
+def _auth(ctx: ApiContext, public: frozenset[str], limiter: guard.RateLimiter | None) -> Any:
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in public and not ops.is_console_path(request.path):
-            request[USER] = _authenticate(ctx, request.headers.get("Authorization"))
+            user_id = request[USER] = _authenticate(ctx, request.headers.get("Authorization"))
+            if limiter is not None:
+                guard.rate_limited(limiter, user_id)  # per user: after we know who it is
         return await handler(request)
 
     return auth
@@ -244,7 +263,16 @@ def _error_response(description: str) -> dict[str, Any]:
 def openapi(routes: Sequence[Route], schemas: dict[str, Any]) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
-        paths.setdefault(route.path, {})[route.method.lower()] = dict(route.operation)
+        operation = dict(route.operation)
+        # What app/api/guard.py answers before any handler, on every route (429: those that
+        # authenticate with the bearer middleware).
+        responses = dict(operation.get("responses", {}))
+        responses.setdefault("413", {"$ref": "#/components/responses/TooLarge"})
+        responses.setdefault("431", {"$ref": "#/components/responses/HeadersTooLarge"})
+        if not route.public:
+            responses.setdefault("429", {"$ref": "#/components/responses/TooManyRequests"})
+        operation["responses"] = responses
+        paths.setdefault(route.path, {})[route.method.lower()] = operation
     return {
         "openapi": "3.1.0",
         "info": {
@@ -292,6 +320,19 @@ def openapi(routes: Sequence[Route], schemas: dict[str, Any]) -> dict[str, Any]:
                     "A parameter or the cursor is invalid (the message says which)"
                 ),
                 "Unauthorized": _error_response("Missing, invalid or expired bearer token"),
+                "TooLarge": _error_response("The request body is over PROJECTOR_API_MAX_BODY_BYTES"),
+                "HeadersTooLarge": _error_response(
+                    "The request line and headers are over PROJECTOR_API_MAX_HEADER_BYTES together"
+                ),
+                "TooManyRequests": {
+                    **_error_response("This user sent more than PROJECTOR_API_RATE_LIMIT_PER_S allows"),
+                    "headers": {
+                        "Retry-After": {
+                            "description": "Seconds until the next request is accepted",
+                            "schema": {"type": "integer", "minimum": 1},
+                        }
+                    },
+                },
                 "Unavailable": {
                     **_error_response("The projection store (or Cassandra) is unavailable"),
                     "headers": {

@@ -50,8 +50,10 @@ class Cursor:
 
 
 class CursorCodec:
-    def __init__(self, secret: str) -> None:
+    def __init__(self, secret: str, previous: str = "") -> None:
         self._key = derive_key(secret, "cursor")
+        # Secret rotation: a cursor the previous secret signed still pages (until it is removed).
+        self._keys = (self._key, derive_key(previous, "cursor")) if previous else (self._key,)
 
     def encode(self, cursor: Cursor) -> str:
         p = cursor.position
@@ -79,7 +81,8 @@ class CursorCodec:
             raise CursorError("cursor is malformed (not a cursor this API issued)") from None
         if len(envelope.mac) != MAC_BYTES:
             raise CursorError("cursor is malformed (no signature)")
-        if not hmac.compare_digest(envelope.mac, self._mac(envelope.position)):
+        macs = [hmac.new(key, envelope.position, hashlib.sha256).digest()[:MAC_BYTES] for key in self._keys]
+        if not any([hmac.compare_digest(envelope.mac, mac) for mac in macs]):
             raise CursorError("cursor signature is invalid (tampered, or not issued by this API)")
         # Signed by us: what follows can only fail for a cursor of another user/folder (or a bug).
         try:

@@ -72,11 +72,14 @@ USER: Final = web.RequestKey("projector_api_user", int)  # set by the auth middl
 class ApiError(Exception):
     """An error the client caused or must know about; rendered as JSON with its status."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = dict(headers or {})
 
 
 def bad_request(message: str, code: str = "bad_request") -> ApiError:
@@ -126,3 +129,9 @@ def int_param(params: Mapping[str, str], name: str, default: int, low: int, high
     if not _DECIMAL.fullmatch(text) or not low <= int(text) <= high:
         raise bad_request(f"{name} must be an integer from {low} to {high}, got {text[:40]!r}")
     return int(text)
+
+
+def or_empty(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A query parameter's schema that also admits the empty value: `query` reads ``?name=`` as
+    absent, so the description must not call it invalid."""
+    return {"anyOf": [dict(schema), {"type": "string", "maxLength": 0}]}

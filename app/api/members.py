@@ -16,14 +16,15 @@ see :func:`build_member_service`); without it the routes answer 503.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any, Final
 
-import orjson
 from aiohttp import web
 
-from app.api.http import ApiContext, ApiError, Route, bad_request, context, current_user, query
+from app.api.http import ApiContext, ApiError, Route, bad_request, context, current_user, or_empty, query
 from app.domain.wire_ids import ID_SCHEMA, id_text
 from app.members.model import BY_IDS_MAX, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX, BaseMember, parse_user_id
 from app.members.server import MemberService
@@ -69,8 +70,11 @@ async def _body(request: web.Request, allowed: frozenset[str]) -> dict[str, Any]
             raise ApiError(413, "too_large", f"request body over {_MAX_BODY} bytes")
 
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+        # Numbers with a fraction or an exponent as exact decimals: JSON's 91.0 or 1e2 is an
+        # integer (JSON Schema says so too, and the description's integers allow them), and a
+        # float would round a u64 id above 2^53.
+        body = json.loads(raw, parse_float=Decimal, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
         raise bad_request("the body must be a JSON object") from None
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")
@@ -78,6 +82,22 @@ async def _body(request: web.Request, allowed: frozenset[str]) -> dict[str, Any]
     if unknown:
         raise bad_request(f"unknown field(s) {unknown} (known: {sorted(allowed)})")
     return body
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _integral(value: object) -> object:
+    """A JSON number with an integral value (91, 91.0, 9.1e1) as an int; anything else as is."""
+    if (
+        isinstance(value, Decimal)
+        and value.is_finite()
+        and value.adjusted() < 21  # past u64 anyway: never expand 1e999999999 into an int
+        and value == value.to_integral_value()
+    ):
+        return int(value)
+    return value
 
 
 def _group(body: Mapping[str, Any]) -> str:
@@ -99,7 +119,7 @@ def _bool(body: Mapping[str, Any], name: str, default: bool) -> bool:
 
 def _user_id(value: object, name: str) -> int:
     try:
-        return parse_user_id(value)
+        return parse_user_id(_integral(value))
     except ValueError:
         raise bad_request(f"{name} must be a user id (an integer in [0, 2^64))") from None
 
@@ -121,7 +141,7 @@ async def members_page(request: web.Request) -> web.Response:
     caller = current_user(request)
     body = await _body(request, _PAGE_FIELDS)
     group = _group(body)
-    limit = body.get("limit", PAGE_LIMIT_DEFAULT)
+    limit = _integral(body.get("limit", PAGE_LIMIT_DEFAULT))
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE_LIMIT_MAX:
         raise bad_request(f"limit must be an integer from 1 to {PAGE_LIMIT_MAX}")
     after = body.get("after_user_id")
@@ -261,7 +281,27 @@ PAGE_OPERATION: Final[dict[str, Any]] = {
         "from it with by-user-ids."
     ),
     "requestBody": _json_body("#/components/schemas/MembersPageRequest"),
-    "responses": {"200": _ok("#/components/schemas/MembersPage"), **_ERRORS},
+    "responses": {
+        "200": {
+            **_ok("#/components/schemas/MembersPage"),
+            "links": {
+                "NextPage": {
+                    "operationId": "membersPage",
+                    "requestBody": {
+                        "chat_session_uid": "$request.body#/chat_session_uid",
+                        "after_user_id": "$response.body#/next_user_id",
+                    },
+                    "description": "The page after this one (next_user_id is null at the end)",
+                },
+                "Readers": {
+                    "operationId": "messageReaders",
+                    "parameters": {"chat_session_uid": "$request.body#/chat_session_uid"},
+                    "description": "Who of this group has read a message",
+                },
+            },
+        },
+        **_ERRORS,
+    },
 }
 BY_IDS_OPERATION: Final[dict[str, Any]] = {
     "operationId": "membersByUserIds",
@@ -277,9 +317,19 @@ READERS_OPERATION: Final[dict[str, Any]] = {
     "operationId": "messageReaders",
     "summary": "Which active members have read up to a message, and which have not",
     "parameters": [
-        {"name": "chat_session_uid", "in": "path", "required": True, "schema": {"type": "string"}},
-        {"name": "conversation_seq", "in": "path", "required": True, "schema": {"type": "integer"}},
-        {"name": "basic_only", "in": "query", "required": False, "schema": {"type": "boolean"}},
+        {
+            "name": "chat_session_uid",
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string", "format": "uuid"},
+        },
+        {
+            "name": "conversation_seq",
+            "in": "path",
+            "required": True,
+            "schema": {"type": "integer", "minimum": 1, "maximum": _SEQ_MAX},
+        },
+        {"name": "basic_only", "in": "query", "required": False, "schema": or_empty({"type": "boolean"})},
     ],
     "responses": {"200": _ok("#/components/schemas/MessageReaders"), **_ERRORS},
 }

@@ -8,7 +8,7 @@ import orjson
 from aiohttp import web
 
 from app.api.cursor import Cursor, CursorError
-from app.api.http import ApiContext, Route, bad_request, context, current_user, int_param, query
+from app.api.http import ApiContext, Route, bad_request, context, current_user, int_param, or_empty, query
 from app.domain.listing import Folder
 from app.domain.wire_ids import ID_SCHEMA
 
@@ -85,19 +85,32 @@ OPERATION: Final[dict[str, Any]] = {
             "name": "limit",
             "in": "query",
             "required": False,
-            "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT},
+            "schema": or_empty(
+                {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT}
+            ),
         },
         {
             "name": "folder",
             "in": "query",
             "required": False,
-            "schema": {"type": "string", "enum": ["main", "archived"], "default": "main"},
+            "schema": or_empty({"type": "string", "enum": ["main", "archived"], "default": "main"}),
         },
     ],
     "responses": {
         "200": {
             "description": "A page",
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SessionPage"}}},
+            # A walk, as clients (and a stateful fuzzer) follow it.
+            "links": {
+                "NextPage": {
+                    "operationId": "listSessions",
+                    "parameters": {
+                        "cursor": "$response.body#/next_cursor",
+                        "folder": "$response.body#/folder",
+                    },
+                    "description": "The page after this one (next_cursor is null on the last page)",
+                }
+            },
         },
         "400": {"$ref": "#/components/responses/BadRequest"},
         "401": {"$ref": "#/components/responses/Unauthorized"},

@@ -36,9 +36,9 @@ import orjson
 from aiohttp import web
 
 from app.api.badge import read_badge
-from app.api.http import ApiContext, ApiError, Route, bad_request, context, current_user, query
+from app.api.http import ApiContext, ApiError, Route, bad_request, context, current_user, or_empty, query
 from app.api.tokens import TokenError, TokenSigner
-from app.domain.wire_ids import U64_MAX, id_text
+from app.domain.wire_ids import U64_MAX, U64_PATTERN, id_text
 from app.gateway.hub import REPULL, TooManyConnections, encode_event
 from app.gateway.service import Gateway
 
@@ -73,7 +73,7 @@ def _gateway(request: web.Request) -> Gateway:
 
 
 def _tickets(ctx: ApiContext) -> TokenSigner:
-    return TokenSigner(ctx.settings.api_secret, TICKET_PURPOSE)
+    return TokenSigner(ctx.settings.api_secret, TICKET_PURPOSE, previous=ctx.settings.api_secret_previous)
 
 
 def _authenticate(request: web.Request, params: Mapping[str, str]) -> int:
@@ -81,19 +81,27 @@ def _authenticate(request: web.Request, params: Mapping[str, str]) -> int:
     header = request.headers.get("Authorization")
     ticket = params.get("access_token")
     now_s = ctx.deps.clock_ms() / 1000
-    if header and ticket:
-        raise bad_request("give either Authorization or access_token, not both")
+    users: list[int] = []
     try:
         if ticket:
-            return _tickets(ctx).verify(ticket, now_s)
+            users.append(_tickets(ctx).verify(ticket, now_s))
         if header:
             scheme, _, token = header.partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
                 raise ApiError(401, "unauthorized", "Authorization must be 'Bearer <token>'")
-            return ctx.tokens.verify(token.strip(), now_s)
+            users.append(ctx.tokens.verify(token.strip(), now_s))
     except TokenError as exc:
         raise ApiError(401, "unauthorized", str(exc)) from None
-    raise ApiError(401, "unauthorized", "missing Authorization: Bearer <token> (or ?access_token=<ticket>)")
+    if not users:
+        raise ApiError(
+            401, "unauthorized", "missing Authorization: Bearer <token> (or ?access_token=<ticket>)"
+        )
+    # Either credential opens the stream (the description's two security alternatives); both
+    # may come (a client with a header behind a URL it was given), and must then both be valid
+    # and name the same user: one identity per stream, never a choice between two.
+    if len(set(users)) > 1:
+        raise ApiError(401, "unauthorized", "Authorization and access_token name different users")
+    return users[0]
 
 
 def _last_event_id(request: web.Request, params: Mapping[str, str]) -> int | None:
@@ -254,19 +262,21 @@ STREAM_OPERATION: Final[dict[str, Any]] = {
             "in": "query",
             "required": False,
             "description": "Resume after this projection_mailbox_seq (the Last-Event-ID header wins)",
-            "schema": {"type": "string", "pattern": "^(0|[1-9][0-9]{0,19})$"},
+            "schema": or_empty({"type": "string", "pattern": U64_PATTERN}),
         },
         {
             "name": "Last-Event-ID",
             "in": "header",
             "required": False,
-            "schema": {"type": "string", "pattern": "^(0|[1-9][0-9]{0,19})$"},
+            "schema": or_empty({"type": "string", "pattern": U64_PATTERN}),
         },
     ],
     "responses": {
         "200": {
             "description": "An endless text/event-stream (see the description)",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            # The schema of one event (the stream is a sequence of them; OpenAPI 3.2 calls this
+            # itemSchema, fuzzers read it from `schema`).
+            "content": {"text/event-stream": {"schema": {"$ref": "#/components/schemas/StreamEvent"}}},
         },
         "400": {"$ref": "#/components/responses/BadRequest"},
         "401": {"$ref": "#/components/responses/Unauthorized"},
@@ -290,6 +300,13 @@ TICKET_OPERATION: Final[dict[str, Any]] = {
         "200": {
             "description": "The ticket",
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/StreamTicket"}}},
+            "links": {
+                "OpenStream": {
+                    "operationId": "stream",
+                    "parameters": {"access_token": "$response.body#/ticket"},
+                    "description": "Open the caller's stream with the ticket (EventSource)",
+                }
+            },
         },
         "401": {"$ref": "#/components/responses/Unauthorized"},
         "503": {"$ref": "#/components/responses/Unavailable"},
@@ -297,6 +314,20 @@ TICKET_OPERATION: Final[dict[str, Any]] = {
 }
 
 SCHEMAS: Final[dict[str, Any]] = {
+    "StreamEvent": {
+        "type": "object",
+        "description": "One server-sent event: its data is one JSON object (ids as decimal strings)",
+        "properties": {
+            "event": {
+                "type": "string",
+                "enum": ["hello", "SESSION_DELTA", "BADGE_UPDATE", "MEMBER_NOTICE", "heartbeat", "repull"],
+            },
+            "data": {"type": "string", "contentMediaType": "application/json"},
+            "id": {"type": "string", "pattern": U64_PATTERN},
+            "retry": {"type": "integer", "minimum": 0},
+        },
+        "required": ["event", "data"],
+    },
     "StreamTicket": {
         "type": "object",
         "properties": {
@@ -305,5 +336,5 @@ SCHEMAS: Final[dict[str, Any]] = {
             "user_id": {"type": "string", "format": "uint64"},
         },
         "required": ["ticket", "expires_in", "user_id"],
-    }
+    },
 }

@@ -62,8 +62,10 @@ class TokenSigner:
     tickets that open /v1/stream from a browser). Each purpose has its own key, so a ticket is
     never a bearer token and a bearer token never a ticket."""
 
-    def __init__(self, secret: str, purpose: str = "token") -> None:
+    def __init__(self, secret: str, purpose: str = "token", previous: str = "") -> None:
         self._key = derive_key(secret, purpose)
+        # Secret rotation: what the previous secret signed is still accepted (never minted).
+        self._keys = (self._key, derive_key(previous, purpose)) if previous else (self._key,)
 
     def mint(self, user_id: int, expires_at_s: int) -> str:
         if isinstance(user_id, bool) or not 0 <= user_id <= U64_MAX:
@@ -84,7 +86,12 @@ class TokenSigner:
             mac = b64url_decode(parts[2])
         except ValueError:
             raise TokenError("token signature is not base64url") from None
-        if not hmac.compare_digest(mac, self._mac(f"{parts[0]}.{parts[1]}")):
+        signed = f"{parts[0]}.{parts[1]}".encode("ascii")
+        # Every key is tried (no early exit): the time taken does not say which one matched.
+        matches = [
+            hmac.compare_digest(mac, hmac.new(key, signed, hashlib.sha256).digest()) for key in self._keys
+        ]
+        if not any(matches):
             raise TokenError("token signature is invalid")
         # Only a payload this server signed is parsed at all.
         try:

@@ -97,12 +97,18 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     from aiohttp import web
 
     from app.api import create_app
+    from app.api.guard import RedactedAccessLogger, runner_args
     from app.logs import access_logger, announce
 
     async with open_deps(settings) as deps:
         app = create_app(settings, deps)
         # PROJECTOR_API_ACCESS_LOG: off by default, one log line per page would dominate the cost.
-        runner = web.AppRunner(app, access_log=access_logger(settings))
+        runner = web.AppRunner(
+            app,
+            access_log=access_logger(settings),
+            access_log_class=RedactedAccessLogger,  # no query strings (tickets, cursors), no headers
+            handler_args=runner_args(settings),  # aiohttp's parser limits above the API's 431
+        )
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()

@@ -7,7 +7,7 @@ import gc
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -15,6 +15,7 @@ import orjson
 
 from app.cli.args import non_negative_int, positive_int
 from app.replay import Frame, Replayer, ReplayOptions
+from app.replay.driver import DEFAULT_HOT_ROWS
 from app.settings import Settings
 
 
@@ -46,6 +47,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "always", "never"),
         default="auto",
         help="progress on stderr (auto: only when stderr is a terminal)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="keep the state in RocksDB in DIR (created; scratch space for this run) and only a "
+        "bounded hot set in memory: replay a log of any size (default: all in memory)",
+    )
+    parser.add_argument(
+        "--hot-rows",
+        type=positive_int,
+        default=DEFAULT_HOT_ROWS,
+        metavar="N",
+        help=f"with --state-dir: rows kept in memory at most (default {DEFAULT_HOT_ROWS})",
     )
 
 
@@ -121,7 +135,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             def write_frame(frame: Frame) -> None:
                 deltas.write(orjson.dumps(frame, option=orjson.OPT_APPEND_NEWLINE))
 
-            replayer = Replayer(options, write_frame)
+            state_dir = Path(args.state_dir) if args.state_dir else None
+            replayer = Replayer(options, write_frame, state_dir=state_dir, hot_rows=args.hot_rows)
             lines = done = 0
             try:
                 for chunk in _chunks(source):
@@ -157,7 +172,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_jsonl(path: Path, items: list[dict[str, Any]]) -> None:
+def _write_jsonl(path: Path, items: Iterable[dict[str, Any]]) -> None:
     with open(path, "wb") as handle:
         for item in items:
             handle.write(orjson.dumps(item, option=orjson.OPT_APPEND_NEWLINE))

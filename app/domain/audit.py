@@ -139,8 +139,8 @@ def recount(row: ConversationState, store: MessageStore, limit: int) -> None:
     `latest` only if it was before."""
     base, latest = row.base, row.latest
     if latest > base:
-        seqs.remove_range(row.counting, base + 1, latest + 1)
-        seqs.remove_range(row.mentioning, base + 1, latest + 1)
+        row.counting = seqs.remove_range(row.counting, base + 1, latest + 1)
+        row.mentioning = seqs.remove_range(row.mentioning, base + 1, latest + 1)
         row.floor = max(row.floor, latest)
     recompute(row, store, limit)
 

@@ -181,8 +181,8 @@ class ConversationState:
         # after its recall never counts.
         seq = entry.target_conversation_seq
         self.recalled = seqs.add(self.recalled, seq)
-        seqs.discard(self.counting, seq)
-        seqs.discard(self.mentioning, seq)
+        self.counting = seqs.discard(self.counting, seq)
+        self.mentioning = seqs.discard(self.mentioning, seq)
         if self.unread_exact:
             self._refresh(store, limit)
 

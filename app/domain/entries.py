@@ -7,9 +7,10 @@ no exception leaves `decode_record`.
 
 from __future__ import annotations
 
+import json
 import operator
 from collections.abc import Callable
-from typing import Annotated, Any, Final, Literal, get_args, get_type_hints
+from typing import Annotated, Any, Final, Literal, get_args, get_origin, get_type_hints
 
 import msgspec
 
@@ -29,6 +30,18 @@ INT64_MAX = 2**63 - 1
 # the decoder costs more than the rest of the decode, and conversation ids repeat (cached).
 ConversationId = str
 ActivityId = str
+# Tracing and message ids are copied into rows, frames and the Cassandra mirror: a bound keeps one
+# producer's long string from making every frame of a big group huge (docs/contract.md §2).
+TEXT_MAX = 256
+Text = Annotated[str, msgspec.Meta(max_length=TEXT_MAX)]
+# A mailbox entry is a flat object of a few hundred bytes. Past this size a record is refused
+# before it is parsed (its dead letter then carries only the head of the value): parsing,
+# pending-buffer and dead-letter records all stay bounded whatever a producer sends.
+MAX_RECORD_BYTES = 64 * 1024
+# Fields the schema does not name are ignored (forward compatibility), but not without bound:
+# nested deeper than this, a record is refused at the same depth in every driver (the JSON
+# parsers recurse; without an explicit bound the verdict would depend on the caller's stack).
+MAX_NESTING = 32
 
 Membership = Literal["active", "left", "removed"]
 Role = Literal["owner", "admin", "member"]
@@ -40,14 +53,14 @@ class _Entry(msgspec.Struct, frozen=True, tag_field="type", kw_only=True, gc=Fal
     mailbox_seq: Positive
     lane: NonNegative
     ts: NonNegative
-    event_id: str
+    event_id: Text
     user_id: U64
     conversation_id: ConversationId
 
 
 class MessageEntry(_Entry, frozen=True, tag="message"):
     conversation_seq: Positive
-    message_id: str
+    message_id: Text
     activity_id: ActivityId
     sender_id: U64
     created_at: NonNegative
@@ -170,9 +183,10 @@ ENTRY_TYPES: tuple[str, ...] = (
 # free-text `reason` can name any value a producer sent).
 DEAD_LETTER_KINDS: Final = (
     "empty",  # a null or zero-length Kafka value
+    "too_large",  # more than MAX_RECORD_BYTES: refused unparsed
     "not_json",  # not a JSON document at all
     "unknown_type",  # no `type`, or one this version does not know
-    "schema",  # a field missing, of the wrong type, or out of the decoder's range
+    "schema",  # a field missing, of the wrong type or out of range; a key repeated; nested too deep
     "lane_out_of_range",  # lane >= the configured lanes
     "int_out_of_range",  # an id or sequence above its bound (u64, or the seq bound)
     "bad_conversation_id",  # conversation_id is not a UUID
@@ -198,10 +212,32 @@ def decode_record(raw: bytes, lanes: int) -> Record | DeadLetter:
         return DeadLetter(
             reason="empty record: no value (a null or zero-length Kafka value)", raw=raw, kind="empty"
         )
+    if len(raw) > MAX_RECORD_BYTES:
+        return DeadLetter(
+            reason=f"record of {len(raw)} bytes, over the {MAX_RECORD_BYTES}-byte bound",
+            raw=raw,
+            kind="too_large",
+        )
     try:
         record = _decoder.decode(raw)
     except msgspec.DecodeError as exc:
         return DeadLetter(reason=_reason(exc, raw), raw=raw, kind=_kind(exc))
+    except RecursionError:  # msgspec skips an unknown field's value recursively
+        return DeadLetter(reason=_TOO_DEEP, raw=raw, kind="schema")
+    kind = type(record)
+    # Every key and every string value of a record holds two quote bytes. A record with no more
+    # quotes than its own fields need has no other key: no repeated key, no unknown field, no
+    # nesting. Only the others (rare: unknown fields, quotes inside strings) are looked at whole.
+    quotes, optional = _QUOTES[kind]
+    if optional:
+        for name, default in optional:
+            value = getattr(record, name)
+            if value != default:
+                quotes += 4 if isinstance(value, str) else 2
+    if raw.count(b'"') != quotes:
+        problem = _shape_problem(raw)
+        if problem is not None:
+            return DeadLetter(reason=problem[1], raw=raw, kind=problem[0])
     if record.lane >= lanes:
         return DeadLetter(
             reason=f"lane {record.lane} out of range [0, {lanes})", raw=raw, kind="lane_out_of_range"
@@ -232,11 +268,13 @@ def decode_record(raw: bytes, lanes: int) -> Record | DeadLetter:
                 kind="bad_conversation_id",
             )
         if conversation_id != conversation_id.lower():
-            # Canonical form is lowercase: one conversation must have one key.
-            return msgspec.structs.replace(entry, conversation_id=conversation_id.lower())
-        if len(_known_conversations) >= _KNOWN_CONVERSATIONS_MAX:
-            _known_conversations.clear()
-        _known_conversations.add(conversation_id)
+            # Canonical form is lowercase: one conversation must have one key. (The checks below
+            # still apply: returning here let an invalid activity_id through.)
+            entry = msgspec.structs.replace(entry, conversation_id=conversation_id.lower())
+        else:
+            if len(_known_conversations) >= _KNOWN_CONVERSATIONS_MAX:
+                _known_conversations.clear()
+            _known_conversations.add(conversation_id)
     if kind is MessageEntry:
         activity_id = entry.activity_id  # type: ignore[union-attr]
         if len(activity_id) != 32 or activity_id.strip(_LOWER_HEX):
@@ -261,6 +299,90 @@ def _is_uuid(text: str) -> bool:
     if text[8] != "-" or text[13] != "-" or text[18] != "-" or text[23] != "-":
         return False
     return not text.replace("-", "").strip(_ANY_HEX) and text.count("-") == 4
+
+
+_TOO_DEEP = f"nested deeper than {MAX_NESTING} levels"
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """A JSON object as its key/value pairs, in order (repeated keys kept)."""
+
+
+def _shape_problem(raw: bytes) -> tuple[str, str] | None:
+    """(kind, reason) of what msgspec does not check in a record it accepted: a repeated key at
+    the top level, nesting deeper than MAX_NESTING, text that is not UTF-8 or not Unicode in an
+    unknown field (msgspec skips those unread); None when there is none of it."""
+    try:
+        # msgspec skips an unknown field without checking its text: the whole record must be
+        # UTF-8 (strict: no encoded surrogates either), and its strings Unicode (below).
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return "not_json", f"not UTF-8: {exc.reason} at byte {exc.start}"
+    try:
+        # Numbers are not converted (no int-digit limits, no float overflow): only shape matters.
+        top = json.loads(text, object_pairs_hook=_Pairs, parse_int=len, parse_float=len)
+    except RecursionError:
+        return "schema", _TOO_DEEP
+    except ValueError as exc:  # msgspec accepted it: a parser difference, refused all the same
+        return "not_json", f"not a plain JSON object: {str(exc)[:100]}"
+    if not isinstance(top, _Pairs):
+        return "schema", "not a JSON object"
+    seen: set[str] = set()
+    for key, _ in top:
+        if key in seen:
+            return "schema", f"duplicate key `{key[:64]}`: the record is ambiguous"
+        seen.add(key)
+    stack: list[tuple[Any, int]] = [(top, 1)]
+    while stack:  # iterative: the depth is what is being bounded
+        node, depth = stack.pop()
+        if depth > MAX_NESTING:
+            return "schema", _TOO_DEEP
+        if isinstance(node, _Pairs):
+            children: list[Any] = []
+            for key, value in node:
+                children.append(key)
+                children.append(value)
+        else:
+            children = node
+        for child in children:
+            if isinstance(child, list):  # _Pairs (an object) or an array
+                stack.append((child, depth + 1))
+            elif isinstance(child, str) and not _is_unicode(child):
+                return "not_json", "a string holds a lone UTF-16 surrogate (\\ud800-\\udfff escape)"
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _is_text(annotation: Any) -> bool:
+    if get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    if get_origin(annotation) is Literal:
+        return all(isinstance(arg, str) for arg in get_args(annotation))
+    return annotation is str
+
+
+def _quotes(kind: type[msgspec.Struct]) -> tuple[int, tuple[tuple[str, Any], ...]]:
+    """Quote bytes a record of this class has with its required fields alone (the `type` tag:
+    key and value), and its optional fields with their defaults."""
+    quotes = 4
+    optional = []
+    hints = get_type_hints(kind, include_extras=True)
+    for info in msgspec.structs.fields(kind):
+        if info.required:
+            quotes += 4 if _is_text(hints[info.name]) else 2
+        else:
+            optional.append((info.name, info.default))
+    return quotes, tuple(optional)
+
+
+_QUOTES = {kind: _quotes(kind) for kind in (*get_args(Entry), WatermarkMarker)}
 
 
 def _int_fields(kind: type) -> tuple[Callable[[Any], tuple[int, ...]], tuple[tuple[str, int], ...]]:
@@ -291,6 +413,8 @@ def _kind(exc: msgspec.DecodeError) -> str:
 
 def _reason(exc: msgspec.DecodeError, raw: bytes) -> str:
     text = str(exc)
+    if len(text) > 300:  # msgspec quotes an invalid value whole (an unknown `type`)
+        text = text[:300] + "..."
     if text.startswith("Invalid value") and "`$.type`" in text:
         return f"unknown type: {text}"
     if text.startswith("Object missing required field `type`"):

@@ -1,35 +1,66 @@
 """Compact sets of conversation seqs: the bitmaps of a row's unread hand.
 
-A row keeps up to four of them (received, counting, mentioning, recalled). Most rows hold few
-seqs, all below 2^32, and many hold none: a 64-bit roaring bitmap costs ~260 bytes even empty, a
-32-bit one ~40. So a set is `None` until its first seq, a 32-bit `BitMap` while every seq fits,
-and becomes a `BitMap64` the first time a seq >= 2^32 arrives (conversation seqs are u64 by
-contract). Every operation goes through these functions, which take and give back the set
-(an `add` may replace it), so the two representations never leak into the rules.
+A row keeps up to four of them (received, counting, mentioning, recalled). Most rows hold a few
+seqs and many hold none, while a roaring bitmap costs hundreds of bytes of C heap even for three
+values (measured: ~200 bytes for a 32-bit one, ~440 for a 64-bit one). So a set is, by size:
+
+* `None` until its first seq;
+* `bytes`: the seqs sorted, 8 native-endian bytes each, while it holds at most SMALL_MAX seqs
+  (one allocation: ~64 bytes for three seqs, where an `array` took ~104);
+* a 32-bit roaring `BitMap` beyond that (compact for long runs: every message since a join), or a
+  `BitMap64` as soon as a seq >= 2^32 arrives (conversation seqs are u64 by contract).
+
+Every operation goes through these functions, which take the set and give back the set (an `add`
+may replace it), so the representations never leak into the rules.
 """
 
 from __future__ import annotations
 
+import sys
+from array import array
+from bisect import bisect_left, bisect_right
 from typing import TypeAlias
 
 from pyroaring import BitMap, BitMap64
 
-Seqs: TypeAlias = BitMap | BitMap64 | None
+Seqs: TypeAlias = "bytes | BitMap | BitMap64 | None"
 
-SMALL = 1 << 32  # a 32-bit BitMap holds seqs below this
+SMALL_MAX = 48  # seqs an array holds before the set becomes a roaring bitmap
+WIDE = 1 << 32  # a 32-bit BitMap holds seqs below this
+_ARRAY_TAG = b"\x02"
 _SMALL_TAG = b"\x00"
 _LARGE_TAG = b"\x01"
+_BIG_ENDIAN = sys.byteorder == "big"
 
 
-def _widen(seqs: BitMap) -> BitMap64:
-    return BitMap64(list(seqs))
+def _view(packed: bytes) -> memoryview:
+    return memoryview(packed).cast("Q")
 
 
-def add(seqs: Seqs, seq: int) -> BitMap | BitMap64:
+def _pack(values: list[int] | range) -> bytes:
+    return array("Q", values).tobytes()
+
+
+def _roaring(values: bytes | BitMap) -> BitMap | BitMap64:
+    items = list(_view(values)) if isinstance(values, bytes) else list(values)
+    if items and items[-1] >= WIDE:
+        return BitMap64(items)
+    return BitMap(items)
+
+
+def add(seqs: Seqs, seq: int) -> bytes | BitMap | BitMap64:
     if seqs is None:
-        seqs = BitMap() if seq < SMALL else BitMap64()
-    elif seq >= SMALL and type(seqs) is BitMap:
-        seqs = _widen(seqs)
+        return _pack((seq,))  # type: ignore[arg-type]
+    if isinstance(seqs, bytes):
+        view = _view(seqs)
+        at = bisect_left(view, seq)
+        if at < len(view) and view[at] == seq:
+            return seqs
+        if len(view) < SMALL_MAX:
+            return seqs[: at * 8] + _pack((seq,)) + seqs[at * 8 :]  # type: ignore[arg-type]
+        seqs = _roaring(seqs)
+    elif seq >= WIDE and isinstance(seqs, BitMap):
+        seqs = BitMap64(list(seqs))
     seqs.add(seq)
     return seqs
 
@@ -38,39 +69,67 @@ def add_range(seqs: Seqs, low: int, high: int) -> Seqs:
     """Add [low, high)."""
     if low >= high:
         return seqs
-    if seqs is None:
-        seqs = BitMap() if high <= SMALL else BitMap64()
-    elif high > SMALL and type(seqs) is BitMap:
-        seqs = _widen(seqs)
+    if seqs is None or isinstance(seqs, bytes):
+        count = len(seqs) // 8 if seqs is not None else 0
+        if high - low + count <= SMALL_MAX:
+            return _pack(sorted(set(_view(seqs) if seqs is not None else ()).union(range(low, high))))
+        seqs = _roaring(seqs) if seqs is not None else (BitMap() if high <= WIDE else BitMap64())
+    if high > WIDE and type(seqs) is BitMap:
+        seqs = BitMap64(list(seqs))
     seqs.add_range(low, high)
     return seqs
 
 
-def discard(seqs: Seqs, seq: int) -> None:
-    if seqs is not None and (seq < SMALL or type(seqs) is BitMap64):
+def discard(seqs: Seqs, seq: int) -> Seqs:
+    if seqs is None:
+        return seqs
+    if isinstance(seqs, bytes):
+        view = _view(seqs)
+        at = bisect_left(view, seq)
+        if at < len(view) and view[at] == seq:
+            return (seqs[: at * 8] + seqs[at * 8 + 8 :]) or None
+        return seqs
+    if seq < WIDE or type(seqs) is BitMap64:
         seqs.discard(seq)
+    return seqs
 
 
 def has(seqs: Seqs, seq: int) -> bool:
-    return seqs is not None and (seq < SMALL or type(seqs) is BitMap64) and seq in seqs
-
-
-def remove_range(seqs: Seqs, low: int, high: int) -> None:
-    """Remove [low, high)."""
     if seqs is None:
-        return
+        return False
+    if isinstance(seqs, bytes):
+        view = _view(seqs)
+        at = bisect_left(view, seq)
+        return at < len(view) and view[at] == seq
+    return (seq < WIDE or type(seqs) is BitMap64) and seq in seqs
+
+
+def remove_range(seqs: Seqs, low: int, high: int) -> Seqs:
+    """Remove [low, high)."""
+    if seqs is None or low >= high:
+        return seqs
+    if isinstance(seqs, bytes):
+        view = _view(seqs)
+        start, end = bisect_left(view, low), bisect_left(view, high)
+        if start == end:
+            return seqs
+        return (seqs[: start * 8] + seqs[end * 8 :]) or None
     if type(seqs) is BitMap:
-        high = min(high, SMALL)
+        high = min(high, WIDE)
     if low < high:
         seqs.remove_range(low, high)
+    return seqs
 
 
 def count_range(seqs: Seqs, low: int, high: int) -> int:
     """How many seqs lie in [low, high)."""
-    if not seqs:
+    if not seqs or low >= high:
         return 0
+    if isinstance(seqs, bytes):
+        view = _view(seqs)
+        return bisect_left(view, high) - bisect_left(view, low)
     if type(seqs) is BitMap:
-        high = min(high, SMALL)
+        high = min(high, WIDE)
         if low >= high:
             return 0
     return int(seqs.range_cardinality(low, high))
@@ -80,7 +139,9 @@ def rank(seqs: Seqs, upto: int) -> int:
     """How many seqs are <= upto."""
     if not seqs:
         return 0
-    if type(seqs) is BitMap and upto >= SMALL:
+    if isinstance(seqs, bytes):
+        return bisect_right(_view(seqs), upto)
+    if type(seqs) is BitMap and upto >= WIDE:
         return len(seqs)
     return int(seqs.rank(upto))
 
@@ -90,40 +151,63 @@ def first_in(seqs: Seqs, after: int, upto: int) -> int | None:
     if not seqs:
         return None
     below = rank(seqs, after)
-    if below >= len(seqs):
+    if below >= size(seqs):
         return None
-    candidate: int = seqs[below]
+    candidate = at(seqs, below)
     return candidate if candidate <= upto else None
 
 
-def at(seqs: BitMap | BitMap64, index: int) -> int:
-    value: int = seqs[index]
-    return value
+def at(seqs: bytes | BitMap | BitMap64, index: int) -> int:
+    if isinstance(seqs, bytes):
+        return int(_view(seqs)[index])
+    return int(seqs[index])
 
 
 def highest(seqs: Seqs) -> int | None:
-    return int(seqs.max()) if seqs else None
+    if not seqs:
+        return None
+    if isinstance(seqs, bytes):
+        return int(_view(seqs)[-1])
+    return int(seqs.max())
 
 
 def size(seqs: Seqs) -> int:
-    return len(seqs) if seqs is not None else 0
+    if seqs is None:
+        return 0
+    return len(seqs) // 8 if isinstance(seqs, bytes) else len(seqs)
 
 
 def copy(seqs: Seqs) -> Seqs:
-    return seqs.copy() if seqs is not None else None
+    if seqs is None or isinstance(seqs, bytes):
+        return seqs  # immutable
+    return seqs.copy()
 
 
 def dump(seqs: Seqs) -> bytes | None:
-    """The portable roaring serialization, tagged with the width (None for an empty set)."""
+    """Tagged bytes (None for an empty set): an array's raw seqs, or roaring's portable format."""
     if not seqs:
         return None
-    seqs.run_optimize()  # long runs of received seqs (every message since a join) become one run
+    if isinstance(seqs, bytes):
+        if _BIG_ENDIAN:  # records are little-endian wherever they were written
+            raw = array("Q", _view(seqs))
+            raw.byteswap()
+            return _ARRAY_TAG + raw.tobytes()
+        return _ARRAY_TAG + seqs
+    seqs.run_optimize()  # long runs (every message since a join) → one run
     return (_SMALL_TAG if type(seqs) is BitMap else _LARGE_TAG) + seqs.serialize()
 
 
 def load(data: bytes | None) -> Seqs:
     if not data:
         return None
-    if data[:1] == _SMALL_TAG:
+    tag = data[:1]
+    if tag == _ARRAY_TAG:
+        if _BIG_ENDIAN:
+            values: array[int] = array("Q")
+            values.frombytes(data[1:])
+            values.byteswap()
+            return values.tobytes()
+        return bytes(data[1:])
+    if tag == _SMALL_TAG:
         return BitMap.deserialize(data[1:])
     return BitMap64.deserialize(data[1:])

@@ -64,8 +64,8 @@ def prune_to_base(row: UnreadHand) -> None:
     join can move the base back down, and a recalled message must still never count."""
     base = row.base
     if row.floor < base:
-        seqs.remove_range(row.counting, 0, base + 1)
-        seqs.remove_range(row.mentioning, 0, base + 1)
+        row.counting = seqs.remove_range(row.counting, 0, base + 1)
+        row.mentioning = seqs.remove_range(row.mentioning, 0, base + 1)
         row.floor = base
 
 
@@ -135,8 +135,8 @@ def merge_stored(row: UnreadHand, messages: Sequence[StoredMessage], received_on
         # other members only does not change this user's definition).
         if seqs.has(row.recalled, seq) or (message.recalled and not received_only):
             row.recalled = seqs.add(row.recalled, seq)
-            seqs.discard(row.counting, seq)
-            seqs.discard(row.mentioning, seq)
+            row.counting = seqs.discard(row.counting, seq)
+            row.mentioning = seqs.discard(row.mentioning, seq)
         elif message.sender_id != user and message.counts_unread:
             row.counting = seqs.add(row.counting, seq)
             if user in message.mentions:

@@ -22,8 +22,24 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 U64_MAX: Final = (1 << 64) - 1
-# The canonical decimal form: no sign, no leading zero, at most 20 digits (2^64-1 has 20).
-U64_PATTERN: Final = "^(0|[1-9][0-9]{0,19})$"
+
+
+def _decimal_at_most(limit: int) -> str:
+    """A regex of the canonical decimals from 0 to `limit` (a description's pattern must not
+    admit a 20-digit string above 2^64-1: a fuzzer sends it as valid)."""
+    top = str(limit)
+    shorter = f"[1-9][0-9]{{0,{len(top) - 2}}}"
+    same_length = []
+    for i, digit in enumerate(top):
+        low = 1 if i == 0 else 0
+        if int(digit) > low:
+            rest = len(top) - i - 1
+            same_length.append(f"{top[:i]}[{low}-{int(digit) - 1}][0-9]{{{rest}}}")
+    return "^(0|" + "|".join([shorter, *same_length, top]) + ")$"
+
+
+# The canonical decimal form: no sign, no leading zero, at most 2^64-1.
+U64_PATTERN: Final = _decimal_at_most(U64_MAX)
 _U64_TEXT: Final = re.compile(r"0|[1-9][0-9]{0,19}")
 
 # The OpenAPI schema of an id as sent to clients.

@@ -8,18 +8,26 @@ processor applies (for any user); the flushes are the projection store and the f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from app.domain.conversation import ConversationState
 from app.domain.flush import UserFlush
 from app.domain.processor import PartitionProcessor, ProcessingStats, Snapshot
-from app.domain.projector import MAX_DIRTY_ROWS_MIN, WINDOW_MS_MIN, Projector, ProjectorConfig
+from app.domain.projector import MAX_DIRTY_ROWS_MIN, WINDOW_MS_MIN, Projector, ProjectorConfig, UserState
+from app.domain.residency import ROW_STATE_KEY
 from app.stores.memory_messages import InMemoryMessageStore
+from app.stores.rocks_tables import RocksTables
+from app.worker.state_source import TablesSource
 
 Frame = dict[str, Any]
+
+# Rows kept in memory by a replay with a state folder (a few hundred bytes each).
+DEFAULT_HOT_ROWS = 200_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +75,11 @@ class ReplayStats:
 
 @dataclass(slots=True)
 class ReplayResult:
-    projections: list[dict[str, Any]]
-    badges: list[dict[str, Any]]
+    """`projections` and `badges` are lists in memory; with a state folder they are read from it
+    as they are iterated (each iteration a scan), so the outputs never sit in memory whole."""
+
+    projections: Iterable[dict[str, Any]]
+    badges: Iterable[dict[str, Any]]
     frames: list[Frame]
     stats: dict[str, Any]
     dead_letter_reasons: list[str] = field(default_factory=list)
@@ -78,14 +89,27 @@ class Replayer:
     """The replay driver: raw lines through one `PartitionProcessor` on event time (each entry's
     `ts` is the clock), its flushes recorded as the projection store and the frames."""
 
-    def __init__(self, options: ReplayOptions, on_frame: Callable[[Frame], None]) -> None:
+    def __init__(
+        self,
+        options: ReplayOptions,
+        on_frame: Callable[[Frame], None],
+        *,
+        state_dir: Path | None = None,
+        hot_rows: int = DEFAULT_HOT_ROWS,
+    ) -> None:
         self.options = options
         self.store = InMemoryMessageStore()
         self.stats = ReplayStats()
         self.processing = ProcessingStats()
+        # With a state folder the rows and users live in RocksDB there and memory holds a bounded
+        # hot set (the worker's own mechanism: app/domain/residency.py), persisted after every
+        # chunk of input.
+        self.tables = RocksTables(state_dir) if state_dir is not None else None
+        self.hot_rows = hot_rows
         self.processor = self._processor(lambda config, store, **kw: PartitionProcessor(config, store, **kw))
         self.on_frame = on_frame
         self.dead_letter_reasons: list[str] = []
+        self._flushed_rows: set[tuple[int, str]] = set()
 
     def _processor(self, make: Callable[..., PartitionProcessor]) -> PartitionProcessor:
         options = self.options
@@ -94,7 +118,16 @@ class Replayer:
             max_dirty_rows=options.max_dirty_rows,
             include_muted=options.include_muted,
         )
-        return make(config, self.store, lanes=options.lanes, stats=self.processing, learn_messages=True)
+        extra: dict[str, Any] = {}
+        if self.tables is not None:
+            extra = {
+                "source": TablesSource(self.tables, 0),
+                "hot_rows": self.hot_rows,
+                "track_changes": True,
+            }
+        return make(
+            config, self.store, lanes=options.lanes, stats=self.processing, learn_messages=True, **extra
+        )
 
     @property
     def projector(self) -> Projector:
@@ -114,12 +147,32 @@ class Replayer:
             reasons = self.dead_letter_reasons
             for _, letter in step.dead_letters[: max(0, 1000 - len(reasons))]:
                 reasons.append(letter.reason)
+        if self.tables is not None:
+            self._persist()
         return len(read)
+
+    def _persist(self) -> None:
+        """State folder: what changed (and what flushes wrote: the rows' write counts, the users'
+        flushed versions) goes to RocksDB; then clean rows beyond the hot set leave memory."""
+        tables = self.tables
+        assert tables is not None
+        processor = self.processor
+        changes = processor.changes_since_persist()
+        for user_id, conversation_id in changes.rows | self._flushed_rows:
+            record = processor.row_record(user_id, conversation_id)
+            tables.put_row(0, user_id, conversation_id, msgspec.msgpack.encode(record))
+        for user_id in changes.users | {user_id for user_id, _ in self._flushed_rows}:
+            tables.put_user(0, user_id, msgspec.msgpack.encode(processor.user_record(user_id)))
+        tables.commit_now()
+        self._flushed_rows.clear()
+        processor.evict()
 
     def _flushed(self, batches: list[UserFlush]) -> None:
         self.stats.flushes += 1
         for batch in batches:
             self._record(batch)
+            if self.tables is not None:
+                self._flushed_rows.update((batch.user_id, row["conversation_id"]) for row in batch.rows)
 
     def _record(self, batch: UserFlush) -> None:
         self.stats.projection_writes += len(batch.rows)
@@ -174,6 +227,8 @@ class Replayer:
         stats.dead_letters = processing.dead_letters
         stats.applied_messages = processing.applied_messages
         stats.pending = processor.pending_count
+        if self.tables is not None:
+            return self._finish_from_folder(self.tables)
         # Everything is flushed now: each row's state is the row its last flush wrote (no second
         # copy of every row is kept on the way).
         projections = []
@@ -201,6 +256,56 @@ class Replayer:
             stats=stats.as_dict(),
             dead_letter_reasons=self.dead_letter_reasons,
         )
+
+    def _finish_from_folder(self, tables: RocksTables) -> ReplayResult:
+        """The outputs read from the state folder in key order (users by id, their rows by
+        conversation id): the same order and the same rows as in memory."""
+        self._persist()
+        stats = self.stats
+        for _, blob in tables.users(0):
+            user_id = msgspec.msgpack.decode(blob)["user_id"]
+            for conversation_id, row_blob in tables.user_rows(0, user_id):
+                record = msgspec.msgpack.decode(row_blob)
+                row = ConversationState.load(record[ROW_STATE_KEY], user_id, conversation_id)
+                stats.max_writes_per_user_conversation = max(
+                    stats.max_writes_per_user_conversation, row.writes
+                )
+
+        def projections() -> Iterator[dict[str, Any]]:
+            for _, blob in tables.users(0):
+                user_id = msgspec.msgpack.decode(blob)["user_id"]
+                for conversation_id, row_blob in tables.user_rows(0, user_id):
+                    record = msgspec.msgpack.decode(row_blob)
+                    yield ConversationState.load(record[ROW_STATE_KEY], user_id, conversation_id).as_row()
+
+        def badges() -> Iterator[dict[str, Any]]:
+            for user_id, blob in tables.users(0):
+                user = UserState.load(msgspec.msgpack.decode(blob), [])
+                yield {
+                    "user_id": user_id,
+                    "total_unread": user.badge.total_unread,
+                    "total_mention": user.badge.total_mention,
+                    "muted_unread": user.badge.muted_unread,
+                    "projection_mailbox_seq": user.projection_mailbox_seq,
+                }
+
+        return ReplayResult(
+            projections=_Rescan(projections),
+            badges=_Rescan(badges),
+            frames=[],
+            stats=stats.as_dict(),
+            dead_letter_reasons=self.dead_letter_reasons,
+        )
+
+
+class _Rescan:
+    """An iterable that runs its generator function again at every iteration."""
+
+    def __init__(self, make: Callable[[], Iterator[dict[str, Any]]]) -> None:
+        self.make = make
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self.make()
 
 
 def run_replay(

@@ -32,6 +32,7 @@ from app.members.model import BaseMember
 from app.stores.cassandra_exec import StoreError, checked_keyspace
 from app.stores.schema import check_user_id
 
+_CQL_BIGINT_MAX = 2**63 - 1
 _MEMBER_COLUMNS = "user_id, role, state, joined_at_conversation_seq, left_at_conversation_seq"
 # Point reads of user_conversation_state in flight per read-receipt request.
 READ_CONCURRENCY = 64
@@ -165,6 +166,10 @@ class CassandraMemberReader:
         return dict(await asyncio.gather(*(one(u) for u in user_ids)))
 
     async def message_sender(self, conversation_id: str, conversation_seq: int) -> int | None:
+        if conversation_seq > _CQL_BIGINT_MAX:
+            # A valid seq (up to 2^64-2) the messages table (bigint) cannot hold: no message is
+            # stored there. Asking Cassandra would fail the request (found by the API fuzzer).
+            return None
         rows = await self._all(self._sender, (uuid.UUID(conversation_id), conversation_seq), "sender")
         # A row without message_id is a recall seen before its message (cassandra_messages.py).
         if not rows or rows[0].message_id is None or rows[0].sender_id is None:

@@ -27,7 +27,7 @@ import base64
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ import msgspec
 import orjson
 
 from app.domain.conversation import ConversationState
+from app.domain.entries import MAX_RECORD_BYTES
 from app.domain.flush import UserFlush
 from app.domain.ports import MessageStore
 from app.domain.processor import (
@@ -50,6 +51,7 @@ from app.domain.projection_store import ProjectionStore
 from app.domain.projector import ProjectorConfig
 from app.worker.offsets import Admission, Verdict, admit
 from app.worker.ports import FlushObserver, Outbox, RawRecord, StateTables, StateWriter
+from app.worker.state_source import TablesSource
 
 log = logging.getLogger("projector.worker")
 
@@ -366,8 +368,10 @@ class WorkerCore:
             record = records[index]
             kinds[letter.kind] = kinds.get(letter.kind, 0) + 1
             out.append((record.key, dead_letter_envelope(record, letter.reason)))
+            # The kind, not the reason: a reason may quote the record's content (user data stays
+            # out of the logs; the dead-letter topic has it).
             log.warning(
-                "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, letter.reason
+                "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, letter.kind
             )
         await self.outbox.dead_letters(out)
 
@@ -678,32 +682,6 @@ class WorkerCore:
         return None
 
 
-class TablesSource:
-    """The processor's `StateSource` over one partition of the changelog tables (records decoded
-    here: msgpack)."""
-
-    def __init__(self, tables: StateTables, partition: int) -> None:
-        self.tables = tables
-        self.partition = partition
-
-    def get_users(self, user_ids: Collection[int]) -> dict[int, dict[str, Any]]:
-        found = self.tables.get_users(self.partition, user_ids)
-        return {user_id: msgspec.msgpack.decode(blob) for user_id, blob in found.items()}
-
-    def get_rows(self, keys: Collection[tuple[int, str]]) -> dict[tuple[int, str], dict[str, Any]]:
-        found = self.tables.get_rows(self.partition, keys)
-        return {key: msgspec.msgpack.decode(blob) for key, blob in found.items()}
-
-    def user_rows(self, user_id: int) -> list[tuple[str, dict[str, Any]]]:
-        return [
-            (cid, msgspec.msgpack.decode(blob))
-            for cid, blob in self.tables.user_rows(self.partition, user_id)
-        ]
-
-    def row_keys(self) -> Iterator[tuple[int, str]]:
-        return self.tables.row_keys(self.partition)
-
-
 def _holes(expected: int | None, records: Sequence[RawRecord], fetch_to: int) -> int:
     """Offsets in [expected, fetch_to) that held no record (the broker moved past them)."""
     if expected is None:
@@ -712,21 +690,29 @@ def _holes(expected: int | None, records: Sequence[RawRecord], fetch_to: int) ->
 
 
 def dead_letter_envelope(record: RawRecord, reason: str) -> bytes:
-    """What goes to the dead-letter topic: why, and exactly where the record came from."""
+    """What goes to the dead-letter topic: why, and exactly where the record came from. A value
+    over MAX_RECORD_BYTES is cut (the envelope must fit the topic whatever the input topic
+    allowed; topic, partition and offset find the whole record)."""
+    raw = record.value or b""
+    cut = len(raw) > MAX_RECORD_BYTES
+    if cut:
+        raw = raw[:MAX_RECORD_BYTES]
     try:
-        value: str = record.value.decode("utf-8")
+        value: str = raw.decode("utf-8")
         encoding = "utf-8"
     except UnicodeDecodeError:
-        value = base64.b64encode(record.value).decode("ascii")
+        value = base64.b64encode(raw).decode("ascii")
         encoding = "base64"
-    return orjson.dumps(
-        {
-            "reason": reason,
-            "topic": record.topic,
-            "partition": record.partition,
-            "offset": record.offset,
-            "key": record.key.decode("utf-8", "replace") if record.key is not None else None,
-            "value": value,
-            "value_encoding": encoding,
-        }
-    )
+    envelope: dict[str, object] = {
+        "reason": reason,
+        "topic": record.topic,
+        "partition": record.partition,
+        "offset": record.offset,
+        "key": record.key[:1024].decode("utf-8", "replace") if record.key is not None else None,
+        "value": value,
+        "value_encoding": encoding,
+    }
+    if cut:
+        envelope["value_truncated"] = True
+        envelope["value_bytes"] = len(record.value)
+    return orjson.dumps(envelope)

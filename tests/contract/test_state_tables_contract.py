@@ -1,6 +1,8 @@
 """The worker's `StateTables` port (app/worker/ports.py): one suite, every implementation.
 
 - ``memory``: app/stores/memory_tables.MemoryTables (the rebuild's tables, the unit tests');
+- ``rocks``: app/stores/rocks_tables.RocksTables, plain RocksDB in a temporary folder (the state of a
+  replay or rebuild that does not fit in memory; no changelog);
 - ``faust``: tables/state.FaustStateTables over the worker's real faust tables (the App built as
   the worker builds it, app/runtime/app.py, with the RocksDB store in a temporary directory and
   its changelog topics on the real Kafka; started so the table manager assigns, recovers and
@@ -21,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -29,6 +31,7 @@ import pytest
 
 from app.settings import Settings
 from app.stores.memory_tables import MemoryTables
+from app.stores.rocks_tables import RocksTables
 from app.worker.ports import GATE_KEY, StateTables, parse_row_key, parse_user_key
 
 pytestmark = pytest.mark.timeout(300)
@@ -190,15 +193,21 @@ async def started_faust(faust_settings: Settings, topics_to_delete: list[str]) -
 @pytest.fixture(
     params=[
         pytest.param("memory", id="memory"),
+        pytest.param("rocks", id="rocks"),
         pytest.param("faust", id="faust", marks=pytest.mark.integration),
     ]
 )
-def tables(request: pytest.FixtureRequest) -> StateTables:
+def tables(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StateTables]:
     if request.param == "faust":
-        # Requested lazily so the memory runs never touch (or need) the servers.
+        # Requested lazily so the other runs never touch (or need) the servers.
         started: FaustTables = request.getfixturevalue("started_faust")
-        return started.tables
-    return MemoryTables()
+        yield started.tables
+    elif request.param == "rocks":
+        rocks = RocksTables(tmp_path / "state")
+        yield rocks
+        rocks.close()
+    else:
+        yield MemoryTables()
 
 
 def write_some(tables: StateTables) -> None:

@@ -22,6 +22,10 @@ from typing import Any
 U64 = 1 << 64
 U32 = 1 << 32
 UNREAD_PRECISE_LIMIT = 200
+# docs/contract.md §2 bounds: record size, nesting, event_id / message_id length.
+MAX_RECORD_BYTES = 64 * 1024
+MAX_NESTING = 32
+TEXT_MAX = 256
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _ACTIVITY = re.compile(r"[0-9a-f]{32}")
@@ -35,7 +39,7 @@ def _int(lo: int, hi: int | None = None) -> Check:
 
 
 def _str(v: Any) -> bool:
-    return type(v) is str
+    return type(v) is str and len(v) <= TEXT_MAX
 
 
 def _bool(v: Any) -> bool:
@@ -97,18 +101,50 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"not JSON: {name}")  # NaN / Infinity are not JSON
 
 
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    if len({k for k, _ in pairs}) != len(pairs):
+        raise ValueError("a key is repeated")
+    return dict(pairs)
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+def _model_int(text: str) -> int | float:
+    # Python refuses to convert ints of more than 4,300 digits (a CPython limit, not JSON's): far
+    # past u64 anyway, such a value is no int to the schema (inf is no JSON integer either).
+    return int(text) if len(text) <= 100 else float("inf")
+
+
 def parse_line(line: bytes, lanes: int) -> tuple[str, Any]:
     """-> ("blank", None) | ("bad", reason) | ("marker", (lane, W)) | ("entry", dict)."""
     if not line.strip():
         return "blank", None
+    if len(line) > MAX_RECORD_BYTES:
+        return "bad", "too large"
     try:
-        obj = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
+        obj = json.loads(line.decode("utf-8"), parse_constant=_reject_constant, parse_int=_model_int)
         # a lone surrogate escape ("\ud800") parses in Python but is not Unicode text
         json.dumps(obj, ensure_ascii=False).encode("utf-8")
-    except (UnicodeDecodeError, UnicodeEncodeError, ValueError):
+    except (UnicodeDecodeError, UnicodeEncodeError, ValueError, RecursionError):
         return "bad", "malformed"
     if not isinstance(obj, dict):
         return "bad", "not an object"
+    try:  # a repeated key makes the record ambiguous (only the top level's keys are fields)
+        _no_repeated_keys(json.loads(line, object_pairs_hook=list, parse_int=len))
+    except ValueError:
+        return "bad", "repeated key"
+    try:
+        too_deep = _depth(obj) > MAX_NESTING
+    except RecursionError:
+        too_deep = True
+    if too_deep:
+        return "bad", "nested too deep"
     kind = obj.get("type")
     if kind == "watermark":
         for name, ok in MARKER.items():

@@ -119,10 +119,10 @@ def test_recount_undoes_any_drift(stream: Stream, seed: int) -> None:
             if rnd.random() < 0.5:
                 drifted.counting = seqs.add(drifted.counting, seq)
             else:
-                seqs.discard(drifted.counting, seq)
+                drifted.counting = seqs.discard(drifted.counting, seq)
             if rnd.random() < 0.5:
                 drifted.mentioning = seqs.add(drifted.mentioning, seq)
             else:
-                seqs.discard(drifted.mentioning, seq)
+                drifted.mentioning = seqs.discard(drifted.mentioning, seq)
         recount(drifted, replayer.store, 200)
         assert counts(drifted) == truth, ("recount_undoes_any_drift", row.as_row())

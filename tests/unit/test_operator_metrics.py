@@ -31,6 +31,7 @@ def message(**changes: object) -> bytes:
 # One record per kind, and the kind decode_record gives it.
 EXAMPLES = {
     "empty": b"",
+    "too_large": message(event_id="x" * 200, message_id="m") + b" " * (64 * 1024),
     "not_json": b"{oops",
     "unknown_type": b'{"type":"teleport"}',
     "schema": b"[]",

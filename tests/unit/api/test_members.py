@@ -4,6 +4,7 @@ the statistics budget, read receipts; and the client's HTTP source against the s
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -267,7 +268,11 @@ async def test_the_openapi_description_names_the_member_routes(api: Api) -> None
     assert schemas["Member"]["properties"]["user_id"]["format"] == "uint64"
     assert schemas["MembersPage"]["properties"]["next_user_id"]["type"] == ["string", "null"]
     assert schemas["MessageReaders"]["properties"]["read_user_ids"]["items"]["format"] == "uint64"
-    assert schemas["SessionRow"]["properties"]["user_id"]["pattern"] == "^(0|[1-9][0-9]{0,19})$"
+    pattern = re.compile(schemas["SessionRow"]["properties"]["user_id"]["pattern"])
+    # Exactly the canonical decimals of a u64: a fuzzer sends whatever the pattern admits.
+    assert pattern.fullmatch("0") and pattern.fullmatch(str(2**64 - 1)) and pattern.fullmatch(str(2**63))
+    assert not pattern.fullmatch(str(2**64)) and not pattern.fullmatch("01") and not pattern.fullmatch("-1")
+    assert not pattern.fullmatch("9" * 20)
 
 
 async def test_client_http_source_and_directory_against_the_routes(api: Api) -> None:

@@ -130,7 +130,9 @@ async def test_credentials(served: Served) -> None:
             ({"Authorization": "Bearer v1.nope.nope"}, {}, 401),
             ({"Authorization": "Bearer " + ticket}, {}, 401),  # a ticket is no bearer token
             ({}, {"access_token": served.token()}, 401),  # nor a bearer token a ticket
-            (served.auth(), {"access_token": ticket}, 400),  # one credential, not two
+            # Both credentials: they must name the same user (one identity per stream).
+            (served.auth(ME + 1), {"access_token": ticket}, 401),
+            (served.auth(), {"access_token": "v1.nope.nope"}, 401),
             (served.auth(), {"last_event_id": "-1"}, 400),
             ({**served.auth(), "Last-Event-ID": "x"}, {}, 400),
             (served.auth(), {"nope": "1"}, 400),
@@ -149,6 +151,11 @@ async def test_credentials(served: Served) -> None:
         stream = await open_stream(http, served, headers={}, access_token=got["ticket"])
         hello = body(await stream.next())
         assert hello["user_id"] == "11982011376358104761"
+        stream.response.close()
+        # A header and a ticket of the same user: the stream opens (the description's two
+        # security alternatives may both be sent).
+        stream = await open_stream(http, served, headers=served.auth(), access_token=got["ticket"])
+        assert body(await stream.next())["user_id"] == "11982011376358104761"
         stream.response.close()
 
 

@@ -1,0 +1,107 @@
+"""The worker's `StateTables` port on plain RocksDB (rocksdict) in a folder: the state of a replay
+or a rebuild that does not fit in memory (`projector replay --state-dir`, `projector rebuild
+--by-replay --state-dir`). No changelog: the folder is scratch space for one run.
+
+One database per table and partition (`{dir}/{table}-{partition}`), the same byte keys as the
+faust tables (app/worker/ports.py), writes staged until `commit` (one write batch per database).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator
+from pathlib import Path
+from typing import Any
+
+from rocksdict import Options, Rdict, WriteBatch
+
+from app.worker.ports import GATE_KEY, parse_row_key, pending_key, row_key, user_key
+
+_ROW_KEY_BYTES = 24
+
+
+class RocksTables:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self._dbs: dict[tuple[str, int], Any] = {}
+        self._staged: list[tuple[str, int, bytes, bytes | None]] = []
+
+    def _db(self, table: str, partition: int) -> Any:
+        db = self._dbs.get((table, partition))
+        if db is None:
+            options = Options(raw_mode=True)
+            db = self._dbs[(table, partition)] = Rdict(str(self.folder / f"{table}-{partition}"), options)
+        return db
+
+    def put_row(self, partition: int, user_id: int, conversation_id: str, blob: bytes) -> None:
+        self._staged.append(("rows", partition, row_key(user_id, conversation_id), blob))
+
+    def put_user(self, partition: int, user_id: int, blob: bytes) -> None:
+        self._staged.append(("users", partition, user_key(user_id), blob))
+
+    def put_gate(self, partition: int, blob: bytes) -> None:
+        self._staged.append(("gates", partition, GATE_KEY, blob))
+
+    def put_pending(self, partition: int, user_id: int, mailbox_seq: int, raw: bytes) -> None:
+        self._staged.append(("pending", partition, pending_key(user_id, mailbox_seq), raw))
+
+    def delete_pending(self, partition: int, user_id: int, mailbox_seq: int) -> None:
+        self._staged.append(("pending", partition, pending_key(user_id, mailbox_seq), None))
+
+    async def commit(self) -> None:
+        self.commit_now()
+
+    def commit_now(self) -> None:
+        staged, self._staged = self._staged, []
+        batches: dict[tuple[str, int], Any] = {}
+        for table, partition, key, value in staged:
+            batch = batches.get((table, partition))
+            if batch is None:
+                batch = batches[(table, partition)] = WriteBatch(raw_mode=True)
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        for (table, partition), batch in batches.items():
+            self._db(table, partition).write(batch)
+
+    def get_users(self, partition: int, user_ids: Collection[int]) -> dict[int, bytes]:
+        ids = list(user_ids)
+        values = self._db("users", partition).get([user_key(u) for u in ids])
+        return {u: v for u, v in zip(ids, values, strict=True) if v is not None}
+
+    def get_rows(self, partition: int, keys: Collection[tuple[int, str]]) -> dict[tuple[int, str], bytes]:
+        wanted = list(keys)
+        values = self._db("rows", partition).get([row_key(u, c) for u, c in wanted])
+        return {k: v for k, v in zip(wanted, values, strict=True) if v is not None}
+
+    def user_rows(self, partition: int, user_id: int) -> list[tuple[str, bytes]]:
+        prefix = user_key(user_id)
+        out = []
+        for key, value in self._db("rows", partition).items(from_key=prefix):
+            if not key.startswith(prefix):
+                break
+            out.append((parse_row_key(key)[1], value))
+        return out
+
+    def row_keys(self, partition: int) -> Iterator[tuple[int, str]]:
+        for key in self._db("rows", partition).keys():  # noqa: SIM118  # an Rdict, not a dict
+            if len(key) == _ROW_KEY_BYTES:
+                yield parse_row_key(key)
+
+    def users(self, partition: int) -> Iterator[tuple[int, bytes]]:
+        """Every user's record, in user id order."""
+        for key, value in self._db("users", partition).items():
+            yield int.from_bytes(key, "big"), value
+
+    def gate(self, partition: int) -> bytes | None:
+        value: bytes | None = self._db("gates", partition).get(GATE_KEY)
+        return value
+
+    def pending(self, partition: int) -> list[bytes]:
+        return list(self._db("pending", partition).values())
+
+    def close(self) -> None:
+        for db in self._dbs.values():
+            db.close()
+        self._dbs.clear()
