@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import faust
+from faust.types import TP
 
 from agents.batch_intake import BatchChannel, ProjectorApp, RecordBatch, commit_offsets
 from app.worker.core import WorkerCore
@@ -70,6 +71,10 @@ class MailboxIntake:
         # Per partition with a fetch ahead of its state: (the state's offset, since when).
         self.behind: dict[int, tuple[int, float]] = {}
         self.seeks = 0
+        # Rebalances completed (`assign`): none yet = the worker has not joined its group (the
+        # readiness check "assignment"). `held`: fetching paused while the store fails (`hold`).
+        self.assignments = 0
+        self.held = False
 
     # -- BatchSink: the consumer's side ----------------------------------------------------------
 
@@ -173,6 +178,32 @@ class MailboxIntake:
             for partition in partitions:
                 self.fetched_to.pop(partition, None)
             await self.core.restore_assigned(sorted(partitions))
+            self.assignments += 1
+
+    def hold(self, held: bool) -> None:
+        """While the projection store fails and the held flushes reached their bound
+        (app/worker/retry.py, PROJECTOR_WORKER_HELD_ROWS_MAX): no fetching of the owned
+        partitions, more records would only grow them; the records wait in Kafka instead, the
+        consumer stays in its group (it still polls). Called at every tick of the flush
+        scheduler: a rebalance's recovery resumes every partition, and the next tick pauses them
+        again."""
+        if not held and not self.held:
+            return
+        consumer: Any = self.app.consumer
+        owned = {TP(self.topic, partition) for partition in self.assigned}
+        if held:
+            if owned:
+                consumer.pause_partitions(owned)
+            if not self.held:
+                log.info(
+                    "intake paused (flushes held while the projection store fails): partitions %s",
+                    sorted(self.assigned),
+                )
+            self.held = True
+        elif self.held and not self.app.rebalancing:  # a recovery resumes them itself
+            consumer.resume_partitions(owned)
+            self.held = False
+            log.info("intake resumed: partitions %s", sorted(self.assigned))
 
     async def revoke(self, partitions: Sequence[int]) -> None:
         """Before the partitions go: their hot state persisted and its offsets committed, so

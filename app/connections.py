@@ -13,7 +13,11 @@ The client libraries are imported inside the functions: importing this module st
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
+import logging
 import ssl
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from app.settings import replication_per_dc
@@ -104,3 +108,71 @@ def redis_client_options(settings: Settings) -> dict[str, Any]:
         options["ssl_certfile"] = settings.redis_ssl_certfile
         options["ssl_keyfile"] = settings.redis_ssl_keyfile
     return options
+
+
+# -- where the servers are ------------------------------------------------------------------------
+
+LOCAL_SERVERS_HINT = "start the local servers with `make services-up`"
+
+
+def is_loopback(host: str) -> bool:
+    """This machine: ``localhost``, 127.0.0.0/8, ``::1`` (brackets allowed)."""
+    host = host.strip().strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def kafka_hosts(bootstrap: str) -> list[str]:
+    """The host of each ``host:port`` of a bootstrap list."""
+    return [_host_of(part.strip()) for part in bootstrap.split(",") if part.strip()]
+
+
+def redis_hosts(url: str) -> list[str]:
+    """The host(s) of a Redis URL (a cluster URL may list several; a unix socket is local)."""
+    scheme, _, rest = url.partition("://")
+    if scheme == "unix":
+        return ["localhost"]
+    netloc = rest.partition("/")[0].partition("?")[0].rpartition("@")[2]
+    return [_host_of(part) for part in netloc.split(",") if part] or ["localhost"]
+
+
+def _host_of(address: str) -> str:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` -> the host."""
+    if address.startswith("["):
+        return address[: address.find("]") + 1]
+    return address.rpartition(":")[0] if address.count(":") == 1 else address
+
+
+def unreachable_hint(hosts: list[str] | tuple[str, ...]) -> str:
+    """What to do about a server that does not answer: for servers on this machine, the local
+    servers are probably not started; for a remote address, that hint would mislead (the
+    network, the address or the server is the problem), so none is given."""
+    if hosts and all(is_loopback(host) for host in hosts):
+        return f"; {LOCAL_SERVERS_HINT}"
+    return "; check the address and that the server runs and is reachable from here"
+
+
+def kafka_error_text(exc: BaseException) -> str:
+    """An aiokafka error in a few words: its str() repeats the class name and, for a bootstrap
+    that failed, lists socket address tuples."""
+    text = str(exc)
+    if "Unable to bootstrap" in text:
+        return "no broker answered"
+    return text if text.startswith(type(exc).__name__) else f"{type(exc).__name__}: {text}"
+
+
+@contextlib.contextmanager
+def quiet_logger(name: str, level: int = logging.CRITICAL) -> Iterator[None]:
+    """Raise a library logger's level for a block: a failed connect the caller reports in one
+    line of its own must not also print the library's line per attempt."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)

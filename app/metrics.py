@@ -82,6 +82,10 @@ WORKER_METRICS: Final = (
     "projector_partition_pending",
     "projector_partition_owed_rows",
     "projector_last_flush_timestamp_seconds",
+    # A failing projection store (issue 15): flushes held and retried, never lost.
+    "projector_store_write_failures_total",
+    "projector_store_failing",
+    "projector_flushes_held",
 )
 API_METRICS: Final = (
     "projector_snapshot_hits_total",
@@ -298,6 +302,22 @@ class WorkerMetrics:
             "Unix time at which the last flush that wrote anything ended (0 before the first)",
             registry=r,
         )
+        self.store_write_failures = Counter(
+            "projector_store_write_failures",
+            "Flush writes (the projection store, then the frames) that failed; the flush stays "
+            "queued and is retried with backoff, nothing is lost",
+            registry=r,
+        )
+        self.store_failing = Gauge(
+            "projector_store_failing",
+            "1 while flush writes fail and flushes are held (retried with backoff), else 0",
+            registry=r,
+        )
+        self.flushes_held = Gauge(
+            "projector_flushes_held",
+            "User flushes produced and not yet written to the projection store",
+            registry=r,
+        )
         self._seen = _Seen()
         self._lag_partitions: set[int] = set()
         self._lanes: set[tuple[str, str]] = set()
@@ -328,6 +348,9 @@ class WorkerMetrics:
         self.state_owed_rows.inc(seen.delta("state_owed_rows", stats.state_owed_rows))
         self.state_restaged_rows.inc(seen.delta("state_restaged_rows", stats.state_restaged_rows))
         self.intake_gaps_refused.inc(seen.delta("intake_gaps_refused", stats.intake_gaps_refused))
+        self.store_write_failures.inc(seen.delta("store_write_failures", stats.store_write_failures))
+        self.store_failing.set(1 if core.store_failing else 0)
+        self.flushes_held.set(core.held_flushes())
         self.intake_records_skipped.inc(seen.delta("intake_records_skipped", stats.intake_records_skipped))
         self.intake_hole_offsets.inc(seen.delta("intake_hole_offsets", stats.intake_hole_offsets))
         if stats.projection_writes:

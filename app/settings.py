@@ -41,6 +41,8 @@ _KEYSPACE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,47}")
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _PARTITION_RANGE_RE = re.compile(r"(?P<low>[0-9]{1,6})(?:-(?P<high>[0-9]{1,6}))?")
 _HOST_PORT_RE = re.compile(r"(?P<host>[^\s:,]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
+# A contact point written as host:port (or [v6]:port); a bare IPv6 address has several colons.
+_HOST_WITH_PORT_RE = re.compile(r"(?:[^\s:\[\]]+|\[[0-9A-Fa-f:.]+\]):\d+")
 
 
 _T = typing.TypeVar("_T", int, float)
@@ -56,7 +58,10 @@ class SettingsError(ValueError):
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
-        super().__init__("invalid settings:\n  - " + "\n  - ".join(self.problems))
+        if len(self.problems) == 1:  # one mistake, one line
+            super().__init__(f"invalid settings: {self.problems[0]}")
+        else:
+            super().__init__("invalid settings:\n  - " + "\n  - ".join(self.problems))
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +167,14 @@ class Settings:
     # failover (node timeout + election: ~5 s on the local cluster); then the error is raised.
     # The API never waits: it answers 503. 0 = no retries.
     redis_retry_budget_ms: int = 30_000
+    # A worker whose projection-store writes fail holds its flushes (never lost: the changelog
+    # keeps them unflushed) and tries again after 0.25 s, 0.5 s, 1 s ... at most this far apart
+    # (README "Deploying a fleet", failure behaviours).
+    worker_store_retry_max_ms: int = bounded(30_000, 250, 600_000)
+    # Meanwhile it goes on reading, applying and committing (its changelog keeps the held users
+    # "not flushed") until its held flushes carry this many rows; then it stops fetching until
+    # the store writes again (memory stays bounded however long the outage). 0 = stop at once.
+    worker_held_rows_max: int = bounded(100_000, 0)
 
     # --- unread audit (issue 7; app/worker/audit.py) ----------------------------------------------
     # Every `unread_audit_interval_ms` the worker samples the rows that have unread and have not
@@ -302,7 +315,8 @@ class Settings:
     def __post_init__(self) -> None:
         problems = self._problems()
         if problems:
-            raise SettingsError(problems)
+            # Every message names the environment variable an operator sets, never the field.
+            raise SettingsError([_with_env_names(problem) for problem in problems])
 
     # ------------------------------------------------------------------------------------------
     @classmethod
@@ -330,7 +344,7 @@ class Settings:
                 if name == "log_level":  # `info` is as clear as `INFO`
                     values[name] = values[name].upper()
             except ValueError as exc:
-                problems.append(f"{key}={env[key]!r}: {exc}")
+                problems.append(f"{key}: {exc}, got {env[key]!r}")
         if problems:
             raise SettingsError(problems)
         return cls(**values)
@@ -403,6 +417,14 @@ class Settings:
             not h or h != h.strip() or "," in h for h in self.cassandra_contact_points
         ):
             p.append(f"cassandra_contact_points: {self.cassandra_contact_points!r} needs host names")
+        with_port = [h for h in self.cassandra_contact_points if _HOST_WITH_PORT_RE.fullmatch(h)]
+        if with_port:
+            # The driver takes bare hosts and one port for all: "10.0.0.1:9042" is not resolvable
+            # as a host name and failed at the first connect with `UnresolvableContactPoints: {}`.
+            p.append(
+                f"cassandra_contact_points: {', '.join(map(repr, with_port))} is host:port, but a "
+                f"contact point is a host only: the port goes in cassandra_port (now {self.cassandra_port})"
+            )
         if not _KEYSPACE_RE.fullmatch(self.cassandra_keyspace):
             p.append(
                 f"cassandra_keyspace: {self.cassandra_keyspace!r} is not a CQL identifier "
@@ -474,6 +496,27 @@ class Settings:
             levels = ", ".join(sorted(_LOG_LEVELS))
             p.append(f"log_level: {self.log_level!r} is not one of {levels}")
         return p
+
+
+# A field name (or a `prefix_*` family of them) in a problem message, outside quoted values.
+_MESSAGE_WORD_RE = re.compile(r"'[^']*'|\"[^\"]*\"|\b[a-z][a-z0-9_]*\*?")
+
+
+def _with_env_names(message: str) -> str:
+    """``kafka_bootstrap: ...`` -> ``PROJECTOR_KAFKA_BOOTSTRAP: ...``: the problems are written
+    with field names (short, next to the code); the operator reads the variables they set.
+    Quoted values are left alone (a topic may be called like a field)."""
+    fields = {f.name for f in dataclasses.fields(Settings)}
+
+    def name(match: re.Match[str]) -> str:
+        word = match.group(0)
+        if word in fields:
+            return ENV_PREFIX + word.upper()
+        if word.endswith("_*") and any(f.startswith(word[:-1]) for f in fields):
+            return ENV_PREFIX + word.upper()
+        return word
+
+    return _MESSAGE_WORD_RE.sub(name, message)
 
 
 def gateway_partition_set(text: str) -> frozenset[int] | None:

@@ -60,12 +60,18 @@ class ApiConfigError(ValueError):
     """The settings cannot run an API (no secret)."""
 
 
-def create_app(settings: Settings, deps: Deps) -> web.Application:
+def check_config(settings: Settings) -> None:
+    """Raise ApiConfigError when these settings cannot run an API: `projector api` asks before
+    it connects to anything, `create_app` again."""
     if not settings.api_secret:
         raise ApiConfigError(
             "PROJECTOR_API_SECRET is not set: the API signs tokens and cursors with it "
             "(at least 32 characters; e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
         )
+
+
+def create_app(settings: Settings, deps: Deps) -> web.Application:
+    check_config(settings)
     cache = SnapshotCache(settings.api_snapshot_cache_rows, settings.api_snapshot_ttl_ms, deps.clock_ms)
     lists = SessionLists(
         deps.projections,

@@ -27,8 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
+    from app.api.app import ApiConfigError, check_config
     from app.logs import configure_logging
 
+    try:  # before anything connects (Cassandra, the gateway's Kafka consumers): nothing to undo
+        check_config(settings)
+    except ApiConfigError as exc:
+        print(f"projector api: {exc}", file=sys.stderr)
+        return 2
     configure_logging(settings, "api")  # PROJECTOR_LOG_FORMAT, PROJECTOR_LOG_LEVEL
     host = args.host or settings.api_host
     port = settings.api_port if args.port is None else args.port

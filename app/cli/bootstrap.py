@@ -20,7 +20,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.connections import kafka_client_options, keyspace_replication
+from app.connections import (
+    kafka_client_options,
+    kafka_error_text,
+    kafka_hosts,
+    keyspace_replication,
+    quiet_logger,
+    unreachable_hint,
+)
 from app.settings import Settings
 from app.stores.cassandra_session import CassandraUnavailable, open_cluster
 from app.stores.schema import TABLES, create_keyspace_cql
@@ -139,11 +146,12 @@ async def ensure_topics(
     admin = AIOKafkaAdminClient(**kafka_client_options(settings), request_timeout_ms=int(timeout_s * 1000))
     try:
         try:
-            await asyncio.wait_for(admin.start(), timeout=timeout_s)
+            with quiet_logger("aiokafka"):  # its line per failed connect: ours says it once
+                await asyncio.wait_for(admin.start(), timeout=timeout_s)
         except (KafkaError, TimeoutError, OSError) as exc:
             raise KafkaUnavailable(
-                f"cannot reach Kafka at {settings.kafka_bootstrap} ({type(exc).__name__}: {exc}); "
-                "start the local servers with `make services-up`"
+                f"cannot reach Kafka at {settings.kafka_bootstrap} ({kafka_error_text(exc)})"
+                + unreachable_hint(kafka_hosts(settings.kafka_bootstrap))
             ) from None
         present = set(await admin.list_topics())
         missing = [n for n in names if n not in present]

@@ -172,11 +172,28 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     if args.from_timestamp is not None and not args.by_replay:
         print("projector rebuild: --from-timestamp goes with --by-replay", file=sys.stderr)
         return 2
+    from app.rebuild.by_replay import ReplaySourceError
+    from app.stores.cassandra_session import CassandraUnavailable
+    from app.stores.redis_projection import ProjectionStoreError
+
     try:
         return asyncio.run(_run(settings, args))
     except RebuildRefused as exc:
         print(f"projector rebuild: {exc}", file=sys.stderr)
         return 2
+    except (ReplaySourceError, CassandraUnavailable) as exc:
+        # A server that does not answer (or a topic not there): one line, nothing half-done to
+        # undo (the target namespace serves nobody until --swap).
+        print(f"projector rebuild: {exc}", file=sys.stderr)
+        return 1
+    except ProjectionStoreError as exc:
+        from app.connections import redis_hosts, unreachable_hint
+
+        reason = str(exc).rstrip(".")
+        print(
+            f"projector rebuild: {reason}{unreachable_hint(redis_hosts(settings.redis_url))}", file=sys.stderr
+        )
+        return 1
 
 
 class RebuildRefused(Exception):

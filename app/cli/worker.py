@@ -21,12 +21,17 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     # Before the app is built (its imports and connects log); faust's worker then applies
     # the same set-up when it starts (faust_worker_options), so one format covers every line.
     configure_logging(settings, "worker")
+    from app.runtime.preflight import CannotStart, preflight
     from app.runtime.worker import run_worker
+    from app.stores.cassandra_exec import StoreError
     from app.stores.cassandra_session import CassandraUnavailable
 
     try:
+        # Source topic there, Kafka and Redis answering: one line and exit 1 otherwise, before
+        # faust starts (Cassandra and its keyspace are asked when the core is built).
+        preflight(settings)
         run_worker(settings, faust_worker_options(settings))  # until stopped; exits the process
-    except CassandraUnavailable as exc:
+    except (CannotStart, CassandraUnavailable, StoreError) as exc:
         print(f"projector worker: {exc}", file=sys.stderr)
         return 1
     return 0

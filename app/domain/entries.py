@@ -30,10 +30,6 @@ INT64_MAX = 2**63 - 1
 # the decoder costs more than the rest of the decode, and conversation ids repeat (cached).
 ConversationId = str
 ActivityId = str
-# Tracing and message ids are copied into rows, frames and the Cassandra mirror: a bound keeps one
-# producer's long string from making every frame of a big group huge (docs/contract.md §2).
-TEXT_MAX = 256
-Text = Annotated[str, msgspec.Meta(max_length=TEXT_MAX)]
 # A mailbox entry is a flat object of a few hundred bytes. Past this size a record is refused
 # before it is parsed (its dead letter then carries only the head of the value): parsing,
 # pending-buffer and dead-letter records all stay bounded whatever a producer sends.
@@ -53,14 +49,14 @@ class _Entry(msgspec.Struct, frozen=True, tag_field="type", kw_only=True, gc=Fal
     mailbox_seq: Positive
     lane: NonNegative
     ts: NonNegative
-    event_id: Text
+    event_id: str
     user_id: U64
     conversation_id: ConversationId
 
 
 class MessageEntry(_Entry, frozen=True, tag="message"):
     conversation_seq: Positive
-    message_id: Text
+    message_id: str
     activity_id: ActivityId
     sender_id: U64
     created_at: NonNegative

@@ -27,6 +27,7 @@ Seqs: TypeAlias = "bytes | BitMap | BitMap64 | None"
 
 SMALL_MAX = 48  # seqs an array holds before the set becomes a roaring bitmap
 WIDE = 1 << 32  # a 32-bit BitMap holds seqs below this
+_U64_MAX = (1 << 64) - 1  # the largest value a 64-bit roaring set holds
 _ARRAY_TAG = b"\x02"
 _SMALL_TAG = b"\x00"
 _LARGE_TAG = b"\x01"
@@ -116,6 +117,9 @@ def remove_range(seqs: Seqs, low: int, high: int) -> Seqs:
         return (seqs[: start * 8] + seqs[end * 8 :]) or None
     if type(seqs) is BitMap:
         high = min(high, WIDE)
+    elif high > _U64_MAX:  # roaring's bounds are uint64: the top value is removed on its own
+        seqs.discard(_U64_MAX)
+        high = _U64_MAX
     if low < high:
         seqs.remove_range(low, high)
     return seqs
@@ -132,7 +136,11 @@ def count_range(seqs: Seqs, low: int, high: int) -> int:
         high = min(high, WIDE)
         if low >= high:
             return 0
-    return int(seqs.range_cardinality(low, high))
+    top = 0
+    if high > _U64_MAX:  # roaring's bounds are uint64: the top value is counted on its own
+        top = int(low <= _U64_MAX and _U64_MAX in seqs)
+        high = _U64_MAX
+    return top + (int(seqs.range_cardinality(low, high)) if low < high else 0)
 
 
 def rank(seqs: Seqs, upto: int) -> int:

@@ -75,6 +75,28 @@ class ReplayRebuild:
     tail_users: set[int] = field(default_factory=set, repr=False)
 
 
+class ReplaySourceError(RuntimeError):
+    """mailbox-tail cannot be read: Kafka does not answer, or the topic is not there."""
+
+
+async def _start(consumer: Any, bootstrap: str) -> None:
+    """Start the consumer; a Kafka that does not answer is one clear error (and the consumer is
+    closed: aiokafka complains about an unclosed one at exit otherwise)."""
+    from aiokafka.errors import KafkaError
+
+    from app.connections import kafka_error_text, kafka_hosts, quiet_logger, unreachable_hint
+
+    try:
+        with quiet_logger("aiokafka"):
+            await consumer.start()
+    except (KafkaError, OSError) as exc:
+        await consumer.stop()
+        raise ReplaySourceError(
+            f"cannot reach Kafka at {bootstrap} ({kafka_error_text(exc)})"
+            + unreachable_hint(kafka_hosts(bootstrap))
+        ) from None
+
+
 async def rebuild_by_replay(
     *,
     bootstrap: str,
@@ -100,10 +122,13 @@ async def rebuild_by_replay(
         auto_offset_reset="earliest",
         **dict(kafka_options or {}),  # security options (app/connections.kafka_security_options)
     )
-    await consumer.start()
+    await _start(consumer, bootstrap)
     try:
         if topic not in await consumer.topics():
-            raise RuntimeError(f"topic {topic!r} does not exist (has `projector bootstrap` run?)")
+            raise ReplaySourceError(
+                f"topic {topic!r} does not exist on Kafka at {bootstrap} (PROJECTOR_TOPIC_MAILBOX_TAIL): "
+                "create it with `projector bootstrap`"
+            )
         # Bootstrap creates every topic with `partitions` partitions (faust's co-partitioning).
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)

@@ -19,13 +19,16 @@ from aiohttp import web
 
 from agents.mailbox import MailboxIntake, register_agent
 from app.kafka.batches import BatchSender
+from app.kafka.health import KafkaProbe
 from app.metrics import WorkerMetrics
 from app.runtime.app import COMMIT_INTERVAL_S, new_faust_app
+from app.runtime.health import CHECK_BUDGET_S, worker_readiness
 from app.runtime.outbox import KafkaOutbox
 from app.runtime.web import start_metrics_server
 from app.settings import Settings
 from app.worker.audit import AuditConfig, audit_tick
 from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms
+from app.worker.retry import Backoff
 from tables.state import FaustStateTables, declare_tables
 
 log = logging.getLogger("projector.worker")
@@ -74,10 +77,28 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
 
     if metrics is not None:
         runners: list[web.AppRunner] = []  # held for the worker's lifetime
+        # /livez and /readyz ride on the metrics server (app/runtime/web.py: why one port).
+        probe = KafkaProbe(settings, request_timeout_s=CHECK_BUDGET_S)
+        readiness = worker_readiness(
+            settings,
+            app,
+            intake,
+            core,
+            probe,
+            redis_client=_store_client(core),
+            cassandra_session=_cassandra_session(core),
+        )
 
         @app.task  # type: ignore[untyped-decorator]  # faust's decorator is untyped
         async def serve_metrics() -> None:
-            runners.append(await start_metrics_server(settings, metrics, lambda: metrics.sync(core)))
+            runners.append(
+                await start_metrics_server(settings, metrics, lambda: metrics.sync(core), readiness)
+            )
+
+        async def close_health() -> None:
+            await probe.close()
+
+        app.before_consumer_stop.append(close_health)
 
     @app.task  # type: ignore[untyped-decorator]  # faust's decorator is untyped
     async def flush_scheduler() -> None:
@@ -88,10 +109,15 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
             wait_ms = MAX_FLUSH_SLEEP_S * 1000 if deadline is None else max(0, deadline - now)
             await asyncio.sleep(min(wait_ms / 1000, MAX_FLUSH_SLEEP_S))
             try:
+                # A failing store write does not raise: the core holds the flush and retries
+                # it after its backoff (app/worker/retry.py).
                 await core.flush_due(wall_clock_ms())
-            except Exception:  # a failing store write is retried at the next deadline
+            except Exception:  # anything else (the changelog, the frames): retried next tick
                 log.exception("flush failed (retried at the next deadline)")
                 await asyncio.sleep(MAX_FLUSH_SLEEP_S)
+            # Reading on while flushes are held (the changelog keeps them unflushed), up to a
+            # bound on what they hold in memory; then no fetching until the store writes again.
+            intake.hold(core.store_failing and core.held_rows() >= settings.worker_held_rows_max)
             if metrics is not None:
                 metrics.sync(core)
 
@@ -104,6 +130,8 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
 
     @app.timer(interval=audit.interval_ms / 1000)  # type: ignore[untyped-decorator]  # same
     async def unread_audit() -> None:
+        if core.store_failing:  # every read would fail: the round waits for the store
+            return
         await audit_tick(core, audit, wall_clock_ms())
 
     return app, core
@@ -130,7 +158,26 @@ def build_core(
         outbox=outbox,
         state_writer=UserConversationStateWriter(session, settings.cassandra_keyspace),
         metrics=metrics,
+        # A failing store write holds the flush and retries it: the worker never dies of it.
+        store_backoff=Backoff(max_delay_ms=settings.worker_store_retry_max_ms),
     )
+
+
+def _store_client(core: WorkerCore) -> Any:
+    """The projection store's Redis client (the readiness check pings it)."""
+    from app.stores.redis_projection import RedisProjectionStore
+
+    store = core.projection_store
+    assert isinstance(store, RedisProjectionStore)  # build_core made it
+    return store.client
+
+
+def _cassandra_session(core: WorkerCore) -> Any:
+    from app.stores.cassandra_messages import CassandraMessageStore
+
+    store = core.message_store
+    assert isinstance(store, CassandraMessageStore)  # build_core made it
+    return store.session
 
 
 def _kill_after(writes: int) -> Callable[[], None] | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -21,6 +23,25 @@ class ClientError(Exception):
         self.status = status
         self.code = code
         self.message = message
+
+
+MAX_RETRY_AFTER_S = 30.0
+
+
+class _Busy(Exception):
+    """A 429/503 with Retry-After: try again after `after_s`."""
+
+    def __init__(self, error: ClientError, after_s: float) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.after_s = after_s
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    """Retry-After in seconds (the API sends delta-seconds; an HTTP date is not waited for)."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return min(float(value.strip()), MAX_RETRY_AFTER_S)
 
 
 class TooManyRestarts(RuntimeError):
@@ -50,8 +71,18 @@ class Walk:
 
 
 class SessionsClient:
-    def __init__(self, base_url: str, token: str, *, session: aiohttp.ClientSession | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        busy_retries: int = 5,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
+        # 429 (this user's rate limit) and 503 (not ready) say when to come back: the client waits
+        # that long (at most MAX_RETRY_AFTER_S) and asks again, this many times per request.
+        self.busy_retries = busy_retries
         self._headers = {"Authorization": f"Bearer {token}"}
         self._session = session
         self._owns_session = session is None
@@ -81,6 +112,16 @@ class SessionsClient:
             self._session = None
 
     async def _get(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+        for attempt in itertools.count():
+            try:
+                return await self._get_once(path, params)
+            except _Busy as busy:
+                if attempt >= self.busy_retries:
+                    raise busy.error from None
+                await asyncio.sleep(busy.after_s)
+        raise AssertionError("unreachable")
+
+    async def _get_once(self, path: str, params: dict[str, str]) -> dict[str, Any]:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         async with self._session.get(self.base_url + path, params=params, headers=self._headers) as resp:
@@ -93,7 +134,12 @@ class SessionsClient:
                 ) from None
             if resp.status != 200 or not isinstance(body, dict):
                 error = body.get("error", {}) if isinstance(body, dict) else {}
-                raise ClientError(resp.status, str(error.get("code", "?")), str(error.get("message", body)))
+                code, message = str(error.get("code", "?")), str(error.get("message", body))
+                failure = ClientError(resp.status, code, message)
+                after = _retry_after_s(resp.headers.get("Retry-After"))
+                if resp.status in (429, 503) and after is not None:
+                    raise _Busy(failure, after)
+                raise failure
             return body
 
     async def page(self, folder: str = "main", limit: int = 50, cursor: str | None = None) -> Page:

@@ -371,7 +371,7 @@ async def _open_producer(settings: Any, connect_timeout_s: float) -> tuple[Any, 
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaError
 
-    from app.connections import kafka_client_options
+    from app.connections import kafka_client_options, kafka_error_text, kafka_hosts, unreachable_hint
 
     producer = AIOKafkaProducer(
         **kafka_client_options(settings),
@@ -391,8 +391,8 @@ async def _open_producer(settings: Any, connect_timeout_s: float) -> tuple[Any, 
         with contextlib.suppress(Exception):
             await producer.stop()
         raise SimulateError(
-            f"kafka: cannot reach {settings.kafka_bootstrap} ({type(exc).__name__}: {exc}); "
-            "start the local servers with `make services-up`"
+            f"kafka: cannot reach {settings.kafka_bootstrap} ({kafka_error_text(exc)})"
+            + unreachable_hint(kafka_hosts(settings.kafka_bootstrap))
         ) from None
     partitions = metadata.partitions_for_topic(topic)
     if not partitions:

@@ -44,17 +44,38 @@ def build_cluster(settings: Settings, *, connect_timeout: float = 10.0) -> Any:
 
 
 def open_cluster(settings: Settings, *, connect_timeout: float = 10.0) -> tuple[Any, Any]:
-    """Connect; returns ``(cluster, session)``. The caller owns ``cluster.shutdown()``."""
+    """Connect; returns ``(cluster, session)``. The caller owns ``cluster.shutdown()``.
+    Raises :class:`CassandraUnavailable` with one line saying what to check."""
+    from cassandra import UnresolvableContactPoints
     from cassandra.cluster import NoHostAvailable
 
-    cluster = build_cluster(settings, connect_timeout=connect_timeout)
+    from app.connections import quiet_logger, unreachable_hint
+
+    points = ",".join(settings.cassandra_contact_points)
+    hint = unreachable_hint(settings.cassandra_contact_points)
     try:
-        session = cluster.connect()
+        cluster = build_cluster(settings, connect_timeout=connect_timeout)
+    except UnresolvableContactPoints:
+        # The driver's own message is an empty dict: say which names did not resolve.
+        raise CassandraUnavailable(
+            f"cannot resolve the Cassandra contact points {points} (PROJECTOR_CASSANDRA_CONTACT_POINTS): "
+            "no such host name"
+        ) from None
+    try:
+        # The driver logs each failed attempt with a traceback; the error below says it once.
+        with quiet_logger("cassandra"):
+            session = cluster.connect()
     except NoHostAvailable as exc:
         cluster.shutdown()
-        points = ",".join(settings.cassandra_contact_points)
         raise CassandraUnavailable(
-            f"cannot reach Cassandra at {points}:{settings.cassandra_port} ({exc}); "
-            "start the local servers with `make services-up`"
+            f"cannot reach Cassandra at {points} port {settings.cassandra_port} ({_reasons(exc)}){hint}"
         ) from None
     return cluster, session
+
+
+def _reasons(exc: Any) -> str:
+    """NoHostAvailable's per-host errors in one short line (its str() is a nested repr)."""
+    errors = getattr(exc, "errors", None)
+    if not isinstance(errors, dict) or not errors:
+        return str(exc)
+    return "; ".join(f"{host}: {getattr(err, 'strerror', None) or err}" for host, err in errors.items())

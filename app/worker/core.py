@@ -51,6 +51,7 @@ from app.domain.projection_store import ProjectionStore
 from app.domain.projector import ProjectorConfig
 from app.worker.offsets import Admission, Verdict, admit
 from app.worker.ports import FlushObserver, Outbox, RawRecord, StateTables, StateWriter
+from app.worker.retry import Backoff
 from app.worker.state_source import TablesSource
 
 log = logging.getLogger("projector.worker")
@@ -103,6 +104,8 @@ class WorkerStats(ProcessingStats):
     intake_gaps_refused: int = 0
     intake_records_skipped: int = 0
     intake_hole_offsets: int = 0
+    # Projection-store writes that raised while a store backoff was set (the flush stayed queued).
+    store_write_failures: int = 0
     last_flush_ms: float = 0.0
     # The unread audit (app/worker/audit.py): totals, and the last round's drifted/audited share.
     audit_rounds: int = 0
@@ -192,8 +195,12 @@ class WorkerCore:
         clock: Callable[[], int] = wall_clock_ms,
         after_store_write: Callable[[], None] | None = None,
         metrics: FlushObserver | None = None,
+        store_backoff: Backoff | None = None,
     ) -> None:
         self.config = config
+        # None: a failing store write raises (rebuild, replay, tests). Set (the worker): the flush
+        # stays queued and is retried after the backoff (`publish`; "A failing store" below).
+        self.store_backoff = store_backoff
         self.message_store = message_store
         self.projection_store = projection_store
         self.tables = tables
@@ -494,7 +501,10 @@ class WorkerCore:
         longer owing are written again (an untouched row that still owes keeps its record)."""
         if not owed and not state.owing:
             return
-        owing = set(owed)  # the writer owes only for rows that were applied: they exist
+        # The writer serves every partition: this one's owing rows are those it changed since
+        # the last persist (a row is staged when a batch applies to it) or already owed. A
+        # resident-rows test would miss a row evicted while it still owed.
+        owing = {key for key in owed if key in changes.rows or key in state.owing}
         changes.rows.update(owing ^ state.owing)
         state.owing = owing
         self.stats.state_owed_rows += len(owing & changes.rows)
@@ -609,7 +619,7 @@ class WorkerCore:
                 batches = state.processor.on_end()
                 if batches:
                     state.unpublished.append(batches)
-            flushed += await self.publish(state)
+            flushed += await self.publish(state, now=True)
         return flushed
 
     async def flush_partition(self, state: PartitionState) -> int:
@@ -618,20 +628,34 @@ class WorkerCore:
             batches = state.processor.on_end()
             if batches:
                 state.unpublished.append(batches)
-        return await self.publish(state)
+        return await self.publish(state, now=True)
 
-    async def publish(self, state: PartitionState) -> int:
+    async def publish(self, state: PartitionState, *, now: bool = False) -> int:
         """Publish the partition's queued flushes in order: its hot state persisted first
         (durable before visible), then per flush the atomic per-user writes to the projection
-        store and the frames. Returns how many user batches went out."""
+        store and the frames. Returns how many user batches went out. With a store backoff, a
+        write that raises leaves its flush (and the later ones) queued, and none is tried before
+        the backoff allows (`now`: try once anyway, a clean stop's last chance)."""
         async with self._flush_lock:  # one publisher at a time keeps each user's versions in order
-            # Persisted even with nothing queued: the caller asked for a flush, and a persist
-            # is what makes the offsets durable.
-            await self.persist(state)
+            if not now and self._held(state):
+                await self._persist_held(state)
+                return 0
+            failing = self.store_backoff is not None and self.store_backoff.failing
+            if not (failing and state.unpersisted_since is None):
+                # Persisted even with nothing queued: the caller asked for a flush, and a persist
+                # is what makes the offsets durable. (A retry after a failed write, with nothing
+                # changed since, has nothing to make durable: its flushes were persisted.)
+                await self.persist(state)
             published = 0
             while state.unpublished:
                 batches = state.unpublished[0]
-                published += await self._write(batches)
+                try:
+                    published += await self._write(batches)
+                except Exception as exc:
+                    if not self._store_failed(exc, state):
+                        raise
+                    break  # queued, and recorded unflushed by every persist until written
+                self._store_succeeded()
                 state.unpublished.pop(0)
                 # Their records now say these versions are flushed (with the next persist).
                 state.processor.touch((), [batch.user_id for batch in batches], self.clock())
@@ -666,6 +690,66 @@ class WorkerCore:
             self.metrics.observe_flush(elapsed)
         log.debug("flush: %d users in %.1f ms", len(batches), self.stats.last_flush_ms)
         return len(batches)
+
+    # -- a failing store (the worker's `store_backoff`) ----------------------------------------
+
+    @property
+    def store_failing(self) -> bool:
+        """Flushes are held: a write failed and none has succeeded since. (A streak whose held
+        flushes all went to another worker with their partitions holds nothing: not failing,
+        and the intake fetches again; the next flush tries the store after the backoff.)"""
+        return self.store_backoff is not None and self.store_backoff.failing and self.held_flushes() > 0
+
+    def held_flushes(self) -> int:
+        """User batches produced and not yet published, all partitions."""
+        return sum(len(batches) for s in self.partitions.values() for batches in s.unpublished)
+
+    def held_rows(self) -> int:
+        """Rows in those batches (what holding them costs in memory)."""
+        return sum(
+            len(b.rows) for s in self.partitions.values() for batches in s.unpublished for b in batches
+        )
+
+    def _held(self, state: PartitionState) -> bool:
+        backoff = self.store_backoff
+        return backoff is not None and bool(state.unpublished) and not backoff.ready(self.clock())
+
+    async def _persist_held(self, state: PartitionState) -> None:
+        """While flushes are held: persist at most once per window, like a partition that flushes
+        nothing (every persist writes the held users' records again, saying "not flushed")."""
+        since = state.unpersisted_since
+        if since is not None and self.clock() - since >= self.config.window_ms:
+            await self.persist(state)
+
+    def _store_failed(self, exc: Exception, state: PartitionState) -> bool:
+        """A flush's write raised: with a backoff, count it and log the streak's first failure
+        (True: the caller keeps the flush queued); without one, False (the caller raises)."""
+        backoff = self.store_backoff
+        if backoff is None:
+            return False
+        self.stats.store_write_failures += 1
+        reason = f"{type(exc).__name__}: {exc}"
+        if backoff.failed(self.clock(), reason):
+            log.error(
+                "writing a flush failed (%s); %d flushes held, retried with backoff "
+                "(up to %.0f s apart): nothing is lost, the changelog keeps them unflushed",
+                reason,
+                self.held_flushes(),
+                backoff.max_delay_ms / 1000,
+            )
+        else:
+            log.debug("writing a flush failed again (partition %d): %s", state.partition, reason)
+        return True
+
+    def _store_succeeded(self) -> None:
+        streak = self.store_backoff.succeeded(self.clock()) if self.store_backoff is not None else None
+        if streak is not None:
+            log.warning(
+                "flushes are written again after %d failed attempts in %.1f s; publishing %d held flushes",
+                streak.failures,
+                streak.duration_ms / 1000,
+                self.held_flushes(),
+            )
 
     # -- the unread audit's access (app/worker/audit.py) ----------------------------------------
 

@@ -88,4 +88,4 @@ async def test_bootstrap_twice_is_idempotent(
 def test_bootstrap_reports_bad_settings() -> None:
     result = _bootstrap({"PROJECTOR_TOPIC_PARTITIONS": "zero"})
     assert result.returncode == 2
-    assert "PROJECTOR_TOPIC_PARTITIONS='zero'" in result.stderr
+    assert "PROJECTOR_TOPIC_PARTITIONS: expected a decimal integer, got 'zero'" in result.stderr

@@ -25,6 +25,9 @@ import orjson
 import pytest
 
 from app.domain.client import SessionView, sort_rows
+from app.domain.conversation import ConversationState
+from app.domain.residency import ROW_STATE_KEY
+from app.worker.ports import row_key, user_key
 from tests.integration.stack import Stack, free_port, read_jsonl, scrape_until, store_messages
 from tests.support.builders import CONV_A, CONV_B, StreamBuilder
 
@@ -284,14 +287,16 @@ async def test_mailbox_dirty_recomputes_a_drifted_row_and_the_badge_in_full(
 
     # The bug the seed warns of: A's unread zeroed while messages above the base are unread;
     # and a badge that drifted by deltas.
-    def zeroed(row: dict[str, Any]) -> None:
-        row.update(unread_count=0, mention_count=0, mention_first=None)
+    def zeroed(record: dict[str, Any]) -> None:
+        row = ConversationState.load(record[ROW_STATE_KEY], ME, CONV_A)
+        row.unread_count, row.mention_count, row.mention_first = 0, 0, None
+        record[ROW_STATE_KEY] = row.dump()
 
     def drifted(user: dict[str, Any]) -> None:
         user["badge"] = [999, 77, 5]
 
-    await plant(stack, "rows", f"0/{ME}/{CONV_A}".encode(), zeroed)
-    await plant(stack, "users", f"0/{ME}".encode(), drifted)
+    await plant(stack, "rows", row_key(ME, CONV_A), zeroed)
+    await plant(stack, "users", user_key(ME), drifted)
     stack.start_worker(1)  # a fresh data dir: the state comes back from the changelog
 
     # An ordinary entry first. Its flush writes row B and the badge: the worker's badge is the

@@ -41,6 +41,13 @@ async def test_a_store_outage_longer_than_the_retry_budget_is_ridden_out(
 
 async def _outage_run(stack: Stack, toxi: Toxiproxy, proxy: Proxy, tmp_path: Path) -> None:
     stack.start_worker()
+    # A worker checks its servers before it starts (Redis down then: one line and exit 1, issue
+    # 15); the outage begins once it runs.
+    started = time.monotonic() + 180
+    while "[^Worker]: Ready" not in stack.log_tail(0, 100_000):
+        stack.alive()()
+        assert time.monotonic() < started, f"the worker did not start:\n{stack.log_tail()}"
+        await asyncio.sleep(0.3)
     toxi.disable(proxy)  # Redis is gone before the stream comes
     # The whole stream arrives during the outage: the worker reads, applies and persists all of
     # it (its offsets reach the end) while every flush fails, each after a whole retry budget.

@@ -22,10 +22,9 @@ from typing import Any
 U64 = 1 << 64
 U32 = 1 << 32
 UNREAD_PRECISE_LIMIT = 200
-# docs/contract.md §2 bounds: record size, nesting, event_id / message_id length.
+# docs/contract.md §2 bounds: record size, nesting.
 MAX_RECORD_BYTES = 64 * 1024
 MAX_NESTING = 32
-TEXT_MAX = 256
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _ACTIVITY = re.compile(r"[0-9a-f]{32}")
@@ -39,7 +38,7 @@ def _int(lo: int, hi: int | None = None) -> Check:
 
 
 def _str(v: Any) -> bool:
-    return type(v) is str and len(v) <= TEXT_MAX
+    return type(v) is str
 
 
 def _bool(v: Any) -> bool:

@@ -7,10 +7,12 @@ behaviour), projections in the in-memory projection store, the MessageStore in m
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
+from hypothesis import HealthCheck, settings
 
 from app.domain.entries import DeleteMessageEntry, MessageEntry, RecallEntry, decode_record
 from app.domain.projector import ProjectorConfig
@@ -89,3 +91,21 @@ def records(lines: Sequence[bytes], start: int = 0) -> list[RawRecord]:
         RawRecord("mailbox-tail", 0, offset, b"k", raw.rstrip(b"\n"))
         for offset, raw in enumerate(lines, start)
     ]
+
+
+def batches(recs: list[RawRecord], rnd: random.Random) -> list[list[RawRecord]]:
+    """The records cut into consecutive batches of 1 to 12, as fetches would deliver them."""
+    out, i = [], 0
+    while i < len(recs):
+        size = rnd.randint(1, 12)
+        out.append(recs[i : i + size])
+        i += size
+    return out
+
+
+# Hypothesis settings for tests that run whole generated streams through a core per example.
+WHOLE_STREAMS = settings(
+    max_examples=80,
+    deadline=None,  # whole streams per example
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)

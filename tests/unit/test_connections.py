@@ -316,49 +316,61 @@ def _problems(env: dict[str, str]) -> str:
 @pytest.mark.parametrize(
     ("env", "fragment"),
     [
-        ({"PROJECTOR_KAFKA_SECURITY_PROTOCOL": "TLS"}, "kafka_security_protocol: 'TLS' is not one of"),
+        (
+            {"PROJECTOR_KAFKA_SECURITY_PROTOCOL": "TLS"},
+            "PROJECTOR_KAFKA_SECURITY_PROTOCOL: 'TLS' is not one of",
+        ),
         (
             {"PROJECTOR_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "PROJECTOR_KAFKA_SASL_MECHANISM": "GSSAPI"},
-            "kafka_sasl_mechanism: 'GSSAPI' is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512",
+            "PROJECTOR_KAFKA_SASL_MECHANISM: 'GSSAPI' is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512",
         ),
         (
             {
                 "PROJECTOR_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
                 "PROJECTOR_KAFKA_SASL_MECHANISM": "PLAIN",
             },
-            "kafka_sasl_username/kafka_sasl_password: both needed",
+            "PROJECTOR_KAFKA_SASL_USERNAME/PROJECTOR_KAFKA_SASL_PASSWORD: both needed",
         ),
-        ({"PROJECTOR_KAFKA_SASL_USERNAME": "u"}, "kafka_sasl_*: set, but kafka_security_protocol"),
+        (
+            {"PROJECTOR_KAFKA_SASL_USERNAME": "u"},
+            "PROJECTOR_KAFKA_SASL_*: set, but PROJECTOR_KAFKA_SECURITY_PROTOCOL",
+        ),
         (
             {"PROJECTOR_KAFKA_SSL_CAFILE": A_FILE},
-            "kafka_ssl_cafile: TLS files given, but TLS is off",
+            "PROJECTOR_KAFKA_SSL_CAFILE: TLS files given, but TLS is off",
         ),
         (
             {"PROJECTOR_KAFKA_SECURITY_PROTOCOL": "SSL", "PROJECTOR_KAFKA_SSL_CAFILE": "/nonexistent/ca.pem"},
-            "kafka_ssl_cafile: '/nonexistent/ca.pem' is not a readable file",
+            "PROJECTOR_KAFKA_SSL_CAFILE: '/nonexistent/ca.pem' is not a readable file",
         ),
         (
             {"PROJECTOR_KAFKA_SECURITY_PROTOCOL": "SSL", "PROJECTOR_KAFKA_SSL_CERTFILE": A_FILE},
-            "kafka_ssl_certfile/kafka_ssl_keyfile: a client certificate needs both",
+            "PROJECTOR_KAFKA_SSL_CERTFILE/PROJECTOR_KAFKA_SSL_KEYFILE: a client certificate needs both",
         ),
-        ({"PROJECTOR_CASSANDRA_USERNAME": "u"}, "cassandra_username/cassandra_password: give both"),
-        ({"PROJECTOR_CASSANDRA_SSL_CAFILE": A_FILE}, "needs cassandra_ssl=true"),
-        ({"PROJECTOR_CASSANDRA_LOCAL_DC": "dc 1"}, "cassandra_local_dc: 'dc 1' is not a data center name"),
-        ({"PROJECTOR_CASSANDRA_REPLICATION_PER_DC": "dc1:3"}, "needs cassandra_local_dc"),
+        (
+            {"PROJECTOR_CASSANDRA_USERNAME": "u"},
+            "PROJECTOR_CASSANDRA_USERNAME/PROJECTOR_CASSANDRA_PASSWORD: give both",
+        ),
+        ({"PROJECTOR_CASSANDRA_SSL_CAFILE": A_FILE}, "needs PROJECTOR_CASSANDRA_SSL=true"),
+        (
+            {"PROJECTOR_CASSANDRA_LOCAL_DC": "dc 1"},
+            "PROJECTOR_CASSANDRA_LOCAL_DC: 'dc 1' is not a data center name",
+        ),
+        ({"PROJECTOR_CASSANDRA_REPLICATION_PER_DC": "dc1:3"}, "needs PROJECTOR_CASSANDRA_LOCAL_DC"),
         (
             {"PROJECTOR_CASSANDRA_REPLICATION_PER_DC": "dc1=3,dc2:0", "PROJECTOR_CASSANDRA_LOCAL_DC": "dc1"},
-            "cassandra_replication_per_dc: ['dc1=3', 'dc2:0'] are not DC:RF",
+            "PROJECTOR_CASSANDRA_REPLICATION_PER_DC: ['dc1=3', 'dc2:0'] are not DC:RF",
         ),
         (
             {"PROJECTOR_CASSANDRA_REPLICATION_PER_DC": "dc1:3", "PROJECTOR_CASSANDRA_LOCAL_DC": "dc9"},
-            "cassandra_local_dc: 'dc9' holds no replica",
+            "PROJECTOR_CASSANDRA_LOCAL_DC: 'dc9' holds no replica",
         ),
         ({"PROJECTOR_REDIS_SSL_CAFILE": A_FILE}, "needs a rediss:// URL"),
         (
             {"PROJECTOR_REDIS_URL": "redis://:pw@h:6379/0", "PROJECTOR_REDIS_PASSWORD": "x"},
-            "redis_password: the redis_url carries credentials too",
+            "PROJECTOR_REDIS_PASSWORD: the PROJECTOR_REDIS_URL carries credentials too",
         ),
-        ({"PROJECTOR_REDIS_USERNAME": "u"}, "redis_username: needs redis_password"),
+        ({"PROJECTOR_REDIS_USERNAME": "u"}, "PROJECTOR_REDIS_USERNAME: needs PROJECTOR_REDIS_PASSWORD"),
     ],
 )
 def test_inconsistent_security_settings_are_refused(env: dict[str, str], fragment: str) -> None:

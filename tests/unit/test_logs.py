@@ -122,5 +122,5 @@ def test_announce_follows_the_format(capsys: pytest.CaptureFixture[str]) -> None
 def test_the_log_format_is_validated() -> None:
     assert Settings().log_format == "text"
     assert Settings.from_env({"PROJECTOR_LOG_FORMAT": "json"}).log_format == "json"
-    with pytest.raises(SettingsError, match="log_format: 'xml' is not one of json, text"):
+    with pytest.raises(SettingsError, match="PROJECTOR_LOG_FORMAT: 'xml' is not one of json, text"):
         Settings.from_env({"PROJECTOR_LOG_FORMAT": "xml"})

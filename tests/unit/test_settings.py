@@ -74,20 +74,28 @@ def test_settings_are_frozen() -> None:
 @pytest.mark.parametrize(
     ("env", "fragment"),
     [
-        ({"PROJECTOR_LANES": "two"}, "PROJECTOR_LANES='two': expected a decimal integer"),
+        ({"PROJECTOR_LANES": "two"}, "PROJECTOR_LANES: expected a decimal integer, got 'two'"),
         ({"PROJECTOR_INCLUDE_MUTED": "maybe"}, "expected a boolean"),
-        ({"PROJECTOR_LANES": "0"}, "lanes: 0 must be >= 1"),
-        ({"PROJECTOR_TOPIC_PARTITIONS": "-1"}, "topic_partitions: -1 must be >= 1"),
-        ({"PROJECTOR_INTAKE_BATCH_MAX_RECORDS": "0"}, "intake_batch_max_records: 0 must be >= 1"),
-        ({"PROJECTOR_INTAKE_FETCH_MAX_BYTES": "100"}, "intake_fetch_max_bytes: 100 must be >= 1024"),
-        ({"PROJECTOR_CASSANDRA_PORT": "70000"}, "cassandra_port: 70000 is not a TCP port"),
+        ({"PROJECTOR_LANES": "0"}, "PROJECTOR_LANES: 0 must be >= 1"),
+        ({"PROJECTOR_TOPIC_PARTITIONS": "-1"}, "PROJECTOR_TOPIC_PARTITIONS: -1 must be >= 1"),
+        ({"PROJECTOR_INTAKE_BATCH_MAX_RECORDS": "0"}, "PROJECTOR_INTAKE_BATCH_MAX_RECORDS: 0 must be >= 1"),
+        (
+            {"PROJECTOR_INTAKE_FETCH_MAX_BYTES": "100"},
+            "PROJECTOR_INTAKE_FETCH_MAX_BYTES: 100 must be >= 1024",
+        ),
+        ({"PROJECTOR_CASSANDRA_PORT": "70000"}, "PROJECTOR_CASSANDRA_PORT: 70000 is not a TCP port"),
         ({"PROJECTOR_KAFKA_BOOTSTRAP": "localhost"}, "'localhost' is not HOST:PORT"),
-        ({"PROJECTOR_REDIS_URL": "http://x"}, "redis_url"),
+        ({"PROJECTOR_REDIS_URL": "http://x"}, "PROJECTOR_REDIS_URL: "),
         ({"PROJECTOR_CASSANDRA_KEYSPACE": "1bad-name"}, "not a CQL identifier"),
-        ({"PROJECTOR_TOPIC_BADGE": "bad topic"}, "topic_badge"),
+        ({"PROJECTOR_TOPIC_BADGE": "bad topic"}, "PROJECTOR_TOPIC_BADGE: "),
         ({"PROJECTOR_TOPIC_BADGE": "mailbox-tail"}, "topic names must be distinct"),
-        ({"PROJECTOR_LOG_LEVEL": "loud"}, "log_level: 'LOUD'"),
-        ({"PROJECTOR_CASSANDRA_CONTACT_POINTS": " , "}, "cassandra_contact_points"),
+        ({"PROJECTOR_LOG_LEVEL": "loud"}, "PROJECTOR_LOG_LEVEL: 'LOUD'"),
+        ({"PROJECTOR_CASSANDRA_CONTACT_POINTS": " , "}, "PROJECTOR_CASSANDRA_CONTACT_POINTS: "),
+        (
+            {"PROJECTOR_CASSANDRA_CONTACT_POINTS": "10.0.0.1:9042"},
+            "PROJECTOR_CASSANDRA_CONTACT_POINTS: '10.0.0.1:9042' is host:port, but a contact point is a host",
+        ),
+        ({"PROJECTOR_CASSANDRA_CONTACT_POINTS": "[::1]:9042"}, "'[::1]:9042' is host:port"),
         ({"PROJECTOR_TYPO_LANES": "2"}, "PROJECTOR_TYPO_LANES: unknown setting"),
     ],
 )
@@ -95,6 +103,45 @@ def test_invalid_values_give_clear_errors(env: dict[str, str], fragment: str) ->
     with pytest.raises(SettingsError) as err:
         Settings.from_env(env)
     assert fragment in str(err.value)
+
+
+def test_every_message_names_the_environment_variable() -> None:
+    """Range, parse and consistency problems all name what the operator sets (issue 15), the
+    same way: ``PROJECTOR_X: ...``; a quoted value is never rewritten."""
+    with pytest.raises(SettingsError) as err:  # a value that does not parse: checked first
+        Settings.from_env({"PROJECTOR_LANES": "0", "PROJECTOR_TOPIC_PARTITIONS": "four"})
+    assert err.value.problems == ["PROJECTOR_TOPIC_PARTITIONS: expected a decimal integer, got 'four'"]
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env(
+            {
+                "PROJECTOR_LANES": "0",
+                "PROJECTOR_KAFKA_BOOTSTRAP": "lanes",
+                "PROJECTOR_KAFKA_HEARTBEAT_INTERVAL_MS": "50",
+            }
+        )
+    assert sorted(err.value.problems) == [
+        "PROJECTOR_KAFKA_BOOTSTRAP: 'lanes' is not HOST:PORT",
+        "PROJECTOR_KAFKA_HEARTBEAT_INTERVAL_MS: 50 is not in 100..10000 "
+        "(a third of PROJECTOR_KAFKA_SESSION_TIMEOUT_MS)",
+        "PROJECTOR_LANES: 0 must be >= 1",
+    ]
+
+
+def test_a_contact_point_with_a_port_is_named_a_mistake_and_a_bare_ipv6_address_is_not() -> None:
+    assert Settings.from_env(
+        {"PROJECTOR_CASSANDRA_CONTACT_POINTS": "::1,fe80::1"}
+    ).cassandra_contact_points == (
+        "::1",
+        "fe80::1",
+    )
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env(
+            {"PROJECTOR_CASSANDRA_CONTACT_POINTS": "a,10.0.0.1:9042", "PROJECTOR_CASSANDRA_PORT": "9142"}
+        )
+    assert err.value.problems == [
+        "PROJECTOR_CASSANDRA_CONTACT_POINTS: '10.0.0.1:9042' is host:port, but a contact point is a host "
+        "only: the port goes in PROJECTOR_CASSANDRA_PORT (now 9142)"
+    ]
 
 
 def test_all_problems_are_reported_together() -> None:
@@ -130,12 +177,12 @@ def test_api_defaults_follow_the_design() -> None:
 @pytest.mark.parametrize(
     ("env", "fragment"),
     [
-        ({"PROJECTOR_API_SECRET": "short"}, "api_secret: 5 characters; use at least 32"),
-        ({"PROJECTOR_API_TOKEN_TTL_S": "0"}, "api_token_ttl_s: 0 must be >= 1"),
-        ({"PROJECTOR_API_SNAPSHOT_TTL_MS": "-5"}, "api_snapshot_ttl_ms: -5 must be >= 1"),
-        ({"PROJECTOR_API_SNAPSHOT_MAX_ROWS": "0"}, "api_snapshot_max_rows: 0 must be >= 1"),
-        ({"PROJECTOR_API_SNAPSHOT_CACHE_ROWS": "10"}, "api_snapshot_cache_rows: 10 must be >="),
-        ({"PROJECTOR_API_FILL_FROM_STATE": "sometimes"}, "api_fill_from_state: 'sometimes'"),
+        ({"PROJECTOR_API_SECRET": "short"}, "PROJECTOR_API_SECRET: 5 characters; use at least 32"),
+        ({"PROJECTOR_API_TOKEN_TTL_S": "0"}, "PROJECTOR_API_TOKEN_TTL_S: 0 must be >= 1"),
+        ({"PROJECTOR_API_SNAPSHOT_TTL_MS": "-5"}, "PROJECTOR_API_SNAPSHOT_TTL_MS: -5 must be >= 1"),
+        ({"PROJECTOR_API_SNAPSHOT_MAX_ROWS": "0"}, "PROJECTOR_API_SNAPSHOT_MAX_ROWS: 0 must be >= 1"),
+        ({"PROJECTOR_API_SNAPSHOT_CACHE_ROWS": "10"}, "PROJECTOR_API_SNAPSHOT_CACHE_ROWS: 10 must be >="),
+        ({"PROJECTOR_API_FILL_FROM_STATE": "sometimes"}, "PROJECTOR_API_FILL_FROM_STATE: 'sometimes'"),
     ],
 )
 def test_invalid_api_values_give_clear_errors(env: dict[str, str], fragment: str) -> None:
@@ -164,17 +211,17 @@ def test_member_stats_budget_defaults_to_the_seeds_2_seconds() -> None:
 def test_member_stats_budget_is_bounded(value: str) -> None:
     with pytest.raises(SettingsError) as err:
         Settings.from_env({"PROJECTOR_MEMBERS_STATS_BUDGET_MS": value})
-    assert "members_stats_budget_ms" in str(err.value)
+    assert "PROJECTOR_MEMBERS_STATS_BUDGET_MS" in str(err.value)
 
 
 def test_worker_metrics_port_is_off_by_default_and_validated() -> None:
     assert Settings().worker_metrics_port == 0  # off: several workers per host need distinct ports
     assert Settings.from_env({"PROJECTOR_WORKER_METRICS_PORT": "9464"}).worker_metrics_port == 9464
-    bad = (("70000", "not a TCP port"), ("-1", "not a TCP port"), ("6066", "also worker_web_port"))
+    bad = (("70000", "not a TCP port"), ("-1", "not a TCP port"), ("6066", "also PROJECTOR_WORKER_WEB_PORT"))
     for value, fragment in bad:
         with pytest.raises(SettingsError) as err:
             Settings.from_env({"PROJECTOR_WORKER_METRICS_PORT": value})
-        assert "worker_metrics_port" in str(err.value) and fragment in str(err.value)
+        assert "PROJECTOR_WORKER_METRICS_PORT" in str(err.value) and fragment in str(err.value)
 
 
 # --- unread audit settings (issue 7) -------------------------------------------------------------
@@ -207,17 +254,23 @@ def test_unread_audit_values_parse_and_round_trip() -> None:
 @pytest.mark.parametrize(
     ("env", "fragment"),
     [
-        ({"PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": "1.01"}, "unread_audit_sample_rate: 1.01 is not in 0..1"),
-        ({"PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": "-0.1"}, "unread_audit_sample_rate: -0.1 is not in 0..1"),
+        (
+            {"PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": "1.01"},
+            "PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE: 1.01 is not in 0..1",
+        ),
+        (
+            {"PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": "-0.1"},
+            "PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE: -0.1 is not in 0..1",
+        ),
         ({"PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": "nan"}, "expected a finite decimal number"),
         ({"PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": "inf"}, "expected a finite decimal number"),
         ({"PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": "half"}, "expected a decimal number"),
         (
             {"PROJECTOR_UNREAD_AUDIT_INTERVAL_MS": "999"},
-            "unread_audit_interval_ms: 999 is not in 1000..86400000",
+            "PROJECTOR_UNREAD_AUDIT_INTERVAL_MS: 999 is not in 1000..86400000",
         ),
-        ({"PROJECTOR_UNREAD_AUDIT_IDLE_MS": "-1"}, "unread_audit_idle_ms: -1 must be >= 0"),
-        ({"PROJECTOR_UNREAD_AUDIT_MAX_ROWS": "0"}, "unread_audit_max_rows: 0 must be >= 1"),
+        ({"PROJECTOR_UNREAD_AUDIT_IDLE_MS": "-1"}, "PROJECTOR_UNREAD_AUDIT_IDLE_MS: -1 must be >= 0"),
+        ({"PROJECTOR_UNREAD_AUDIT_MAX_ROWS": "0"}, "PROJECTOR_UNREAD_AUDIT_MAX_ROWS: 0 must be >= 1"),
     ],
 )
 def test_invalid_unread_audit_values_give_clear_errors(env: dict[str, str], fragment: str) -> None:
@@ -253,14 +306,20 @@ def test_kafka_group_settings_reach_the_faust_consumer() -> None:
     [
         (
             {"PROJECTOR_KAFKA_SESSION_TIMEOUT_MS": "5000"},
-            "kafka_session_timeout_ms: 5000 is not in 6000..1800000",
+            "PROJECTOR_KAFKA_SESSION_TIMEOUT_MS: 5000 is not in 6000..1800000",
         ),
-        ({"PROJECTOR_KAFKA_SESSION_TIMEOUT_MS": "abc"}, "PROJECTOR_KAFKA_SESSION_TIMEOUT_MS='abc'"),
+        (
+            {"PROJECTOR_KAFKA_SESSION_TIMEOUT_MS": "abc"},
+            "PROJECTOR_KAFKA_SESSION_TIMEOUT_MS: expected a decimal integer, got 'abc'",
+        ),
         (
             {"PROJECTOR_KAFKA_SESSION_TIMEOUT_MS": "9000", "PROJECTOR_KAFKA_HEARTBEAT_INTERVAL_MS": "4000"},
-            "kafka_heartbeat_interval_ms: 4000 is not in 100..3000",
+            "PROJECTOR_KAFKA_HEARTBEAT_INTERVAL_MS: 4000 is not in 100..3000",
         ),
-        ({"PROJECTOR_KAFKA_MAX_POLL_INTERVAL_MS": "10"}, "kafka_max_poll_interval_ms: 10 is not in"),
+        (
+            {"PROJECTOR_KAFKA_MAX_POLL_INTERVAL_MS": "10"},
+            "PROJECTOR_KAFKA_MAX_POLL_INTERVAL_MS: 10 is not in",
+        ),
     ],
 )
 def test_invalid_kafka_group_settings_give_clear_errors(env: dict[str, str], fragment: str) -> None:

@@ -133,6 +133,55 @@ def test_a_revocation_waits_for_the_batch_in_progress_and_drops_the_queued_ones(
     ]
 
 
+class PausingConsumer:
+    """faust's pause/resume of partitions, recorded."""
+
+    def __init__(self) -> None:
+        self.paused: set[Any] = set()
+        self.calls: list[str] = []
+
+    def pause_partitions(self, tps: Any) -> None:
+        self.paused |= set(tps)
+        self.calls.append("pause")
+
+    def resume_partitions(self, tps: Any) -> None:
+        self.paused -= set(tps)
+        self.calls.append("resume")
+
+
+def test_the_intake_holds_its_partitions_while_the_store_fails_and_not_during_a_recovery() -> None:
+    """While flushes are held, the owned partitions are paused at every tick (a rebalance's
+    recovery resumes every partition: the next tick pauses the new ones again); they resume once,
+    when the store writes again, and not while a rebalance is under way (its recovery resumes
+    them itself)."""
+    intake, app = intake_with(RecordingCore())
+    consumer = PausingConsumer()
+    app.consumer = consumer
+    app.rebalancing = False
+
+    async def run() -> None:
+        await intake.assign([0, 1])
+        intake.hold(False)
+        assert consumer.calls == []  # nothing held: the consumer is not even asked
+        intake.hold(True)
+        intake.hold(True)
+        assert {tp.partition for tp in consumer.paused} == {0, 1} and intake.held
+        await intake.assign([1, 2])  # a rebalance during the outage
+        consumer.paused.clear()  # faust's recovery resumed everything
+        intake.hold(True)
+        assert {tp.partition for tp in consumer.paused} == {1, 2}
+        app.rebalancing = True
+        intake.hold(False)
+        assert intake.held and consumer.paused  # the recovery will resume them
+        app.rebalancing = False
+        intake.hold(False)
+        intake.hold(False)
+        assert not intake.held and not consumer.paused
+        assert consumer.calls == ["pause", "pause", "pause", "resume"]
+
+    asyncio.run(run())
+
+
 # -- no hole, ever --------------------------------------------------------------------------------
 
 

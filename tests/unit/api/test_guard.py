@@ -62,13 +62,13 @@ def test_a_cursor_signed_with_the_previous_secret_still_pages() -> None:
 @pytest.mark.parametrize(
     ("env", "fragment"),
     [
-        ({"PROJECTOR_API_SECRET_PREVIOUS": OLD}, "set without api_secret"),
+        ({"PROJECTOR_API_SECRET_PREVIOUS": OLD}, "set without PROJECTOR_API_SECRET"),
         ({"PROJECTOR_API_SECRET": NEW, "PROJECTOR_API_SECRET_PREVIOUS": "short"}, "use at least 32"),
         ({"PROJECTOR_API_SECRET": NEW, "PROJECTOR_API_SECRET_PREVIOUS": NEW}, "nothing is being rotated"),
-        ({"PROJECTOR_API_MAX_BODY_BYTES": "10"}, "api_max_body_bytes"),
-        ({"PROJECTOR_API_MAX_HEADER_BYTES": "10"}, "api_max_header_bytes"),
-        ({"PROJECTOR_API_RATE_LIMIT_PER_S": "-1"}, "api_rate_limit_per_s"),
-        ({"PROJECTOR_API_RATE_LIMIT_BURST": "0"}, "api_rate_limit_burst"),
+        ({"PROJECTOR_API_MAX_BODY_BYTES": "10"}, "PROJECTOR_API_MAX_BODY_BYTES"),
+        ({"PROJECTOR_API_MAX_HEADER_BYTES": "10"}, "PROJECTOR_API_MAX_HEADER_BYTES"),
+        ({"PROJECTOR_API_RATE_LIMIT_PER_S": "-1"}, "PROJECTOR_API_RATE_LIMIT_PER_S"),
+        ({"PROJECTOR_API_RATE_LIMIT_BURST": "0"}, "PROJECTOR_API_RATE_LIMIT_BURST"),
     ],
 )
 def test_bad_hardening_settings_are_refused(env: dict[str, str], fragment: str) -> None:

@@ -15,4 +15,4 @@ def test_invalid_settings_are_reported_once_with_exit_code_2(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"projector {argv[0]}: invalid settings:")
-    assert "lanes: 0 must be >= 1" in err and "Traceback" not in err
+    assert "PROJECTOR_LANES: 0 must be >= 1" in err and "Traceback" not in err

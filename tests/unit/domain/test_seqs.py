@@ -58,6 +58,9 @@ def test_every_representation_behaves_as_a_set(ops: list[tuple[object, ...]], pr
             )
             after = [s for s in ordered if probe < s <= probe + 500]
             assert seqs.first_in(value, probe, probe + 500) == (after[0] if after else None)
+        for low, width in [(p, w) for p in probes[:3] for w in (1, 2**33)]:
+            inside = sum(1 for s in model if low <= s < low + width)
+            assert seqs.count_range(value, low, low + width) == inside  # past 2^64 too
         if ordered:
             assert seqs.at(value, len(ordered) - 1) == ordered[-1]  # type: ignore[arg-type]
         copied = seqs.copy(value)

@@ -114,6 +114,18 @@ def test_the_api_healthcheck_asks_readyz_on_the_api_port(compose: dict[str, Any]
     assert f"http://127.0.0.1:{settings.api_port}{READYZ_PATH}" in command  # no token: a public route
 
 
+def test_the_worker_healthcheck_asks_readyz_on_the_worker_metrics_port(compose: dict[str, Any]) -> None:
+    from app.runtime.web import READYZ_PATH
+
+    worker = compose["services"]["worker"]
+    settings = Settings.from_env(_env(worker))
+    command = " ".join(worker["healthcheck"]["test"])
+    assert worker["healthcheck"]["test"][0] == "CMD"
+    # Health rides on the metrics server: it needs that port (no token: public routes).
+    assert settings.worker_metrics_port > 0
+    assert f"http://127.0.0.1:{settings.worker_metrics_port}{READYZ_PATH}" in command
+
+
 def test_the_monitoring_profile_mounts_the_operator_kit(compose: dict[str, Any]) -> None:
     root = COMPOSE.parent
     services = compose["services"]

@@ -139,3 +139,36 @@ async def test_the_sdk_turns_a_js_unsafe_string_id_back_into_the_exact_int(serve
         walk = await client.walk(limit=2)
     assert [r["user_id"] for r in walk.rows] == [user] * 5
     assert all(type(r["user_id"]) is int for r in walk.rows)
+
+
+async def test_the_sdk_waits_out_429_and_503_as_retry_after_says_within_its_retries() -> None:
+    from aiohttp import web
+
+    answers: list[tuple[int, dict[str, str]]] = []
+
+    async def badge(request: web.Request) -> web.Response:
+        status, headers = answers.pop(0) if answers else (200, {})
+        if status != 200:
+            body = {"error": {"code": "busy", "message": "later"}}
+            return web.json_response(body, status=status, headers=headers)
+        return web.json_response({"total_unread": 1})
+
+    app = web.Application()
+    app.router.add_get("/v1/badge", badge)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    later = {"Retry-After": "0"}
+    try:
+        async with SessionsClient(str(server.make_url("")), token(), busy_retries=2) as client:
+            answers[:] = [(429, later), (503, later)]
+            assert (await client.badge())["total_unread"] == 1
+            answers[:] = [(429, later)] * 3  # one more than it retries
+            with pytest.raises(ClientError) as err:
+                await client.badge()
+            assert err.value.status == 429 and err.value.code == "busy"
+            answers[:] = [(429, {})]  # no Retry-After: nothing says when, the error surfaces
+            with pytest.raises(ClientError):
+                await client.badge()
+            assert not answers
+    finally:
+        await server.close()

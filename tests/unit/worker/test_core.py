@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 import orjson
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from app.domain.projector import ProjectorConfig
@@ -26,7 +26,14 @@ from tests.support.clock import ManualClock
 from tests.support.mirror_writer import MirrorCassandra, MirrorWriter
 from tests.support.projection_files import as_replay_files
 from tests.support.strategies import Stream, scenarios, streams
-from tests.support.worker import RecordingOutbox, make_core, message_store_for, records
+from tests.support.worker import (
+    WHOLE_STREAMS,
+    RecordingOutbox,
+    batches,
+    make_core,
+    message_store_for,
+    records,
+)
 
 
 async def feed(
@@ -38,23 +45,7 @@ async def feed(
         await core.flush_due(clock.now)
 
 
-def batches(recs: list[RawRecord], rnd: random.Random) -> list[list[RawRecord]]:
-    out, i = [], 0
-    while i < len(recs):
-        size = rnd.randint(1, 12)
-        out.append(recs[i : i + size])
-        i += size
-    return out
-
-
-SETTINGS = settings(
-    max_examples=80,
-    deadline=None,  # whole streams per example
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-
-
-@SETTINGS
+@WHOLE_STREAMS
 @given(
     stream=st.one_of(streams(), streams(scenarios(min_steps=30, max_steps=120))),
     seed=st.integers(0, 2**32 - 1),
@@ -359,7 +350,7 @@ def test_a_slow_mirror_holds_batches_back_only_past_its_backlog_bound_and_a_pers
     asyncio.run(run())
 
 
-@SETTINGS
+@WHOLE_STREAMS
 @given(
     stream=st.one_of(streams(), streams(scenarios(min_steps=30, max_steps=120))),
     seed=st.integers(0, 2**32 - 1),

@@ -542,9 +542,9 @@ def test_fleet_summary_reads_rebuilds_and_shows_a_partition_claimed_twice() -> N
 
 
 def test_settings_keep_the_operator_secret_apart() -> None:
-    with pytest.raises(SettingsError, match="must differ from api_secret"):
+    with pytest.raises(SettingsError, match="must differ from PROJECTOR_API_SECRET"):
         Settings(api_secret=API_SECRET, ops_secret=API_SECRET)
-    with pytest.raises(SettingsError, match="ops_secret: 5 characters"):
+    with pytest.raises(SettingsError, match="PROJECTOR_OPS_SECRET: 5 characters"):
         Settings(ops_secret="short")
     with pytest.raises(SettingsError, match="not an http"):
         Settings.from_env({"PROJECTOR_OPS_METRICS_URLS": "http://a:1/metrics,ftp://b"})

@@ -1,0 +1,112 @@
+"""Before a worker starts faust: its source topic exists (with the partition count its changelog
+tables are made for), Kafka and Redis answer, and Cassandra holds the keyspace. Each problem is
+one line saying what to fix, and `projector worker` exits 1.
+
+Without this, faust started anyway: a missing topic ended in "Ignoring missing topic" and
+"Worker ready" with nothing to do; Kafka down in a 67-line traceback; Redis down in a few hundred
+lines of failed flushes. At start a server that does not answer is a mistake to report (the
+supervisor restarts the worker); during a run the worker rides it out (README "Deploying a
+fleet").
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from app.connections import quiet_logger, redis_hosts, unreachable_hint
+from app.kafka.health import KafkaProbe, KafkaUnreachable
+from app.settings import Settings
+
+# Each server gets this long to answer.
+PREFLIGHT_TIMEOUT_S = 10.0
+
+
+class CannotStart(RuntimeError):
+    """The worker cannot start; the message is the one line to print."""
+
+
+def preflight(settings: Settings, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> None:
+    """Run the checks on a loop of their own (faust makes and owns the worker's loop, and
+    asyncio.run would leave none behind for it). Raises CannotStart."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(check_servers(settings, timeout_s))
+    finally:
+        loop.close()
+
+
+async def check_servers(settings: Settings, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> None:
+    await check_source_topic(settings, timeout_s)
+    await check_redis(settings, timeout_s)
+    await asyncio.to_thread(check_cassandra, settings, timeout_s)
+
+
+def check_cassandra(settings: Settings, timeout_s: float) -> None:
+    """Cassandra answers and holds the keyspace (the driver would log a traceback per statement
+    it cannot prepare, then fail)."""
+    from app.stores.cassandra_session import CassandraUnavailable, open_cluster
+
+    try:
+        cluster, _ = open_cluster(settings, connect_timeout=timeout_s)
+    except CassandraUnavailable as exc:
+        raise CannotStart(str(exc)) from None
+    try:
+        keyspaces = cluster.metadata.keyspaces
+    finally:
+        cluster.shutdown()
+    if settings.cassandra_keyspace not in keyspaces:
+        raise CannotStart(
+            f"keyspace {settings.cassandra_keyspace!r} (PROJECTOR_CASSANDRA_KEYSPACE) does not exist "
+            "in Cassandra: create it with `projector bootstrap`"
+        )
+
+
+async def check_source_topic(settings: Settings, timeout_s: float) -> None:
+    topic = settings.topic_mailbox_tail
+    probe = KafkaProbe(settings, request_timeout_s=timeout_s)
+    try:
+        # aiokafka logs a line per failed connect; the one line that matters is ours.
+        with quiet_logger("aiokafka"):
+            partitions = await asyncio.wait_for(probe.topic_partitions(topic), timeout=timeout_s * 2)
+    except KafkaUnreachable as exc:
+        raise CannotStart(str(exc)) from None
+    except TimeoutError:
+        raise CannotStart(
+            f"Kafka at {settings.kafka_bootstrap} did not answer within {timeout_s * 2:g} s"
+        ) from None
+    finally:
+        await probe.close()
+    if partitions is None:
+        raise CannotStart(
+            f"topic {topic!r} (PROJECTOR_TOPIC_MAILBOX_TAIL) does not exist on Kafka at "
+            f"{settings.kafka_bootstrap}: create it with `projector bootstrap`"
+        )
+    if partitions != settings.topic_partitions:
+        # The changelog tables are made with topic_partitions partitions, co-partitioned with
+        # the source: faust refuses the assignment later, in a traceback.
+        raise CannotStart(
+            f"topic {topic!r} has {partitions} partitions but PROJECTOR_TOPIC_PARTITIONS is "
+            f"{settings.topic_partitions}: set PROJECTOR_TOPIC_PARTITIONS={partitions}"
+        )
+
+
+async def check_redis(settings: Settings, timeout_s: float) -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import RedisClusterException, RedisError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from app.stores.redis_projection import RedisProjectionStore
+
+    hosts = redis_hosts(settings.redis_url)
+    where = ",".join(hosts)  # never the URL: it may carry a password
+    store = RedisProjectionStore.from_settings(settings)
+    try:
+        await asyncio.wait_for(store.client.ping(), timeout=timeout_s)
+    # A cluster client that reaches no node raises RedisClusterException (not a RedisError).
+    except (RedisConnectionError, RedisTimeoutError, RedisClusterException, TimeoutError, OSError) as exc:
+        reason = str(exc).rstrip(".") or type(exc).__name__
+        raise CannotStart(f"cannot reach Redis at {where} ({reason}){unreachable_hint(hosts)}") from None
+    except RedisError as exc:  # it answers, and refuses (credentials, ACL, protocol)
+        raise CannotStart(f"Redis at {where} refused the connection ({type(exc).__name__}: {exc})") from None
+    finally:
+        await store.aclose()
