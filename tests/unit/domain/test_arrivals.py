@@ -19,12 +19,14 @@ from app.domain.processor import PartitionProcessor, Snapshot
 from app.domain.projector import ProjectorConfig
 from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
-from tests.strategies import Stream, scenarios, streams
-from tests.unit.builders import Stream as Builder
-from tests.unit.test_worker_core import (
-    Clock,
-    DictTables,
-    Outbox,
+from app.stores.memory_tables import MemoryTables
+from tests.support.builders import StreamBuilder as Builder
+from tests.support.clock import ManualClock as Clock
+from tests.support.strategies import Stream, scenarios, streams
+from tests.support.worker import (
+    RecordingOutbox as Outbox,
+)
+from tests.support.worker import (
     batches,
     make_core,
     message_store_for,
@@ -240,7 +242,7 @@ def test_worker_counts_are_exact_across_a_kill_and_the_re_reads_after_it(
     lines = [line for line in counted_markers(stream, drop=dropped) if line.strip()]
     lanes = stream.lanes
     store = message_store_for(lines, lanes)
-    tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), Clock()
+    tables, projections, outbox, clock = MemoryTables(), InMemoryProjectionStore(), Outbox(), Clock()
     recs = records(lines)
 
     async def run() -> Any:

@@ -18,17 +18,19 @@ from hypothesis import strategies as st
 from app.domain.client import Badge, SessionView
 from app.replay import ReplayOptions, run_replay
 from app.stores.memory_projection import InMemoryProjectionStore
+from app.stores.memory_tables import MemoryTables
 from app.worker.core import WorkerCore
 from app.worker.restore import DONE, RESTORING, ProjectionRestorer, RestoreConfig
-from tests.strategies import Stream, scenarios, streams
-from tests.unit.builders import CONV_A, CONV_B
-from tests.unit.builders import Stream as Builder
-from tests.unit.test_worker_core import (
-    Clock,
-    DictTables,
-    Outbox,
+from tests.support.builders import CONV_A, CONV_B
+from tests.support.builders import StreamBuilder as Builder
+from tests.support.clock import ManualClock as Clock
+from tests.support.projection_files import as_replay_files as final_projection
+from tests.support.strategies import Stream, scenarios, streams
+from tests.support.worker import (
+    RecordingOutbox as Outbox,
+)
+from tests.support.worker import (
     batches,
-    final_projection,
     make_core,
     message_store_for,
     records,
@@ -114,7 +116,7 @@ def test_a_store_emptied_mid_stream_is_restored_and_clients_converge(
     users = [b["user_id"] for b in expected.badges]
     rnd = random.Random(seed)
     store = message_store_for(lines, lanes)
-    tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), Clock()
+    tables, projections, outbox, clock = MemoryTables(), InMemoryProjectionStore(), Outbox(), Clock()
     devices = Devices(outbox, projections)
 
     async def run() -> None:
@@ -170,7 +172,7 @@ def two_users() -> list[bytes]:
 async def worker(
     lines: Sequence[bytes], hot_rows: int = 500_000
 ) -> tuple[WorkerCore, InMemoryProjectionStore, Outbox, Clock]:
-    tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), Clock()
+    tables, projections, outbox, clock = MemoryTables(), InMemoryProjectionStore(), Outbox(), Clock()
     core = make_core(1, tables, message_store_for(lines, 1), projections, outbox, clock, hot_rows=hot_rows)
     await core.on_records(records(lines))
     await core.flush_all()
@@ -230,7 +232,7 @@ def test_a_restart_with_persistence_that_lost_the_last_writes_is_found_by_the_ru
     expected = run_replay([*first, *second], ReplayOptions())
 
     async def run() -> None:
-        tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), Clock()
+        tables, projections, outbox, clock = MemoryTables(), InMemoryProjectionStore(), Outbox(), Clock()
         core = make_core(1, tables, message_store_for([*first, *second], 1), projections, outbox, clock)
         restorer = restorer_for(core, projections)
         await core.on_records(records(first))
@@ -277,7 +279,7 @@ def test_users_evicted_from_the_store_are_restored_once_a_flush_finds_them_missi
     expected = run_replay([*first, *second], ReplayOptions())
 
     async def run() -> None:
-        tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), Clock()
+        tables, projections, outbox, clock = MemoryTables(), InMemoryProjectionStore(), Outbox(), Clock()
         core = make_core(1, tables, message_store_for([*first, *second], 1), projections, outbox, clock)
         restorer = restorer_for(core, projections)
         await core.on_records(records(first))
