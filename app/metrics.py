@@ -338,8 +338,8 @@ class WorkerMetrics:
         )
         self.projection_restores = Counter(
             "projector_projection_restores",
-            "Partitions whose projection was restored whole from the worker's state after the "
-            "projection store lost data (its markers gone, or its servers' run ids changed)",
+            "Restores (of a partition, or of users a flush found missing) that wrote the projection "
+            "again from the worker's state after the projection store lost data",
             registry=r,
         )
         self.restore_checked_users = Counter(

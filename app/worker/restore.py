@@ -38,8 +38,10 @@ user restore: that flush found the store behind).
 What clients see: a restored user's rows and badge as correction frames restating its version
 (never a new version, never an older one): a client holding that version overwrites with equal
 values; one that pulled an emptied or partial list during the loss gets every row. Metrics:
-projector_projection_restores_total and the users/rows counters (app/metrics.py); a log line per
-restore, when it starts and when it ends.
+projector_projection_restores_total (restores, of a partition or of some users, that had to
+write something) and the users/rows counters (app/metrics.py); a WARNING line per restore that
+wrote anything ("projection store lost data (<reason>): restored partition ..."), INFO lines for
+checks that found nothing lost (markers are also absent the first time a store is seen).
 """
 
 from __future__ import annotations
@@ -231,11 +233,9 @@ class ProjectionRestorer:
             marker = RESTORING + token
             await self.target.set_markers(partition, marker)
             self.marking[partition] = marker
-            log.warning(
-                "projection store lost data (%s): restoring partition %d from the worker's state",
-                job.reason,
-                partition,
-            )
+            # INFO only: markers are also absent the first time any worker sees a store (a new
+            # deployment); whether data was lost shows at the end (something had to be written).
+            log.info("checking partition %d against the projection store: %s", partition, job.reason)
         try:
             users = await self._users_of(state) if job.users is None else sorted(job.users)
             if users is None:
@@ -256,21 +256,23 @@ class ProjectionRestorer:
                     await self.check()  # a long restore still notices other partitions' losses
                 else:
                     await asyncio.sleep(0)  # batches and flushes go on between chunks
-            if whole:
-                if not await self.target.confirm_markers(partition, marker, DONE + marker[len(RESTORING) :]):
-                    self.want(partition, "the store lost data again during its restore", None)
-                    log.warning("partition %d: the store lost data again during its restore", partition)
-                    return
-                core.stats.projection_restores += 1
+            done = DONE + marker[len(RESTORING) :]
+            if whole and not await self.target.confirm_markers(partition, marker, done):
+                self.want(partition, "the store lost data again during its restore", None)
+                log.warning("partition %d: the store lost data again during its restore", partition)
+                return
         finally:
             if whole:
                 self.marking.pop(partition, None)
         self.last_report = report
         written = report.restated + report.reflushed
+        if written:
+            core.stats.projection_restores += 1
         log.log(
-            logging.WARNING if whole or written else logging.DEBUG,
-            "restored partition %d%s: %d users checked, %d written again (%d rows), %d handed whole "
+            logging.WARNING if written else logging.INFO if whole else logging.DEBUG,
+            "%s partition %d%s: %d users checked, %d written again (%d rows), %d handed whole "
             "to their next flush, %d newer in the store, in %.1f s",
+            f"projection store lost data ({job.reason}): restored" if written else "nothing lost in",
             partition,
             "" if whole else f" ({len(users)} users a flush found missing)",
             report.checked,

@@ -180,12 +180,13 @@ async def test_the_projection_comes_back_by_itself_after_a_flushall_and_after_a_
         stack.start_worker()
         alive = stack.alive()
         await stack.produce(lines[:first])
-        # The first part projected, both partitions checked once (their markers set: the store
-        # was intact, nothing written again).
+        # The first part projected; the store was checked (its markers set at first sight: a
+        # new store is no loss, nothing written again).
         await stack.wait_for_versions(head_versions, timeout=240, alive=alive)
         text = await scrape_until(
-            metrics_url, lambda t: metric(t, "projector_projection_restores_total") >= 2, 120, alive
+            metrics_url, lambda t: "projector_projection_restores_total" in t, 120, alive
         )
+        assert metric(text, "projector_projection_restores_total") == 0
         assert metric(text, "projector_projection_restored_users_total") == 0
         assert metric(text, "projector_projection_restore_reflushed_users_total") == 0
 
@@ -197,7 +198,7 @@ async def test_the_projection_comes_back_by_itself_after_a_flushall_and_after_a_
         await stack.wait_for_versions(versions, timeout=60, alive=alive)
         assert await stack.projection(sorted(badges)) == (rows, read_jsonl(out / "badges.jsonl"))
         text = await scrape_until(
-            metrics_url, lambda t: metric(t, "projector_projection_restores_total") >= 4, 60, alive
+            metrics_url, lambda t: metric(t, "projector_projection_restores_total") >= 1, 60, alive
         )
         after_flushall = metric(text, "projector_projection_restores_total")
         restored_users = metric(text, "projector_projection_restored_users_total")
@@ -234,7 +235,8 @@ async def test_the_projection_comes_back_by_itself_after_a_flushall_and_after_a_
     stack.stop_workers()
     log = (stack.tmp / "worker-0.log").read_text(errors="replace")
     assert stack.workers[0].returncode == 0, stack.log_tail(lines=120)
-    # Two losses, two partitions each.
-    assert log.count("projection store lost data") >= 4, stack.log_tail(lines=120)
+    # The FLUSHALL (one partition at least: users of the other may all have been flushed again
+    # whole before it was checked), the restart (both).
+    assert log.count("projection store lost data") >= 3, stack.log_tail(lines=120)
     assert "restored partition" in log
     assert "Traceback" not in log
