@@ -8,15 +8,17 @@ re-sent records or the re-reads), with a log line, and its projection is replay'
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import pytest
 
-from tests.integration.stack import Stack, free_port, read_jsonl, scrape_until
+from tests.integration.stack import PROJECTOR, ROOT, Stack, free_port, read_jsonl, scrape_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -47,13 +49,36 @@ async def test_one_dropped_entry_is_reported_once_through_duplicates_a_kill_and_
     stack = make_stack("arrivals", PROJECTOR_WORKER_METRICS_PORT=str(port))
     metrics_url = f"http://127.0.0.1:{port}/metrics"
     stream = tmp_path / "stream.jsonl"
-    done = stack.run(
-        *("simulate", "--users", "30", "--conversations", "10", "--group-size", "12"),
-        *("--messages", "300", "--rate", "0", "--lanes", "2", "--seed", "5"),
-        *("--duplicates", "0.1", "--drop-entries", "1"),
-        *("--out", str(stream), "--progress", "never"),
+    # The worker reads while the stream is being sent (100 messages/s): it is killed mid-stream.
+    stack.start_worker(0)
+    await scrape_until(metrics_url, lambda t: "projector_flushes_total" in t, 240, stack.alive(0))
+    simulate = subprocess.Popen(
+        [
+            *PROJECTOR,
+            *("simulate", "--users", "30", "--conversations", "10", "--group-size", "12"),
+            *("--messages", "300", "--rate", "100", "--lanes", "2", "--seed", "5"),
+            *("--duplicates", "0.1", "--drop-entries", "1"),
+            *("--out", str(stream), "--progress", "never"),
+        ],
+        cwd=ROOT,
+        env=stack.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
-    assert b"1 entries dropped on purpose" in done.stderr, done.stderr
+    try:
+        await scrape_until(
+            metrics_url, lambda t: metric(t, "projector_flushes_total") >= 1, 240, stack.alive(0)
+        )
+        stack.workers[0].send_signal(signal.SIGKILL)
+        stack.workers[0].wait(timeout=60)
+        _, stderr = await asyncio.to_thread(simulate.communicate, timeout=300)
+    finally:
+        if simulate.poll() is None:
+            simulate.kill()
+            simulate.wait()
+    assert simulate.returncode == 0, stderr.decode()[-2000:]
+    assert b"1 entries dropped on purpose" in stderr, stderr.decode()[-2000:]
     lines = stream.read_bytes().splitlines()
     markers = [orjson.loads(line) for line in lines if b'"watermark"' in line]
     assert markers and all("count" in m for m in markers)  # the markers carry counts
@@ -62,10 +87,6 @@ async def test_one_dropped_entry_is_reported_once_through_duplicates_a_kill_and_
     badges = read_jsonl(out / "badges.jsonl")
     versions = {b["user_id"]: b["projection_mailbox_seq"] for b in badges}
 
-    stack.start_worker(0)
-    await scrape_until(metrics_url, lambda t: metric(t, "projector_flushes_total") >= 1, 240, stack.alive(0))
-    stack.workers[0].send_signal(signal.SIGKILL)
-    stack.workers[0].wait(timeout=60)
 
     # Records read again: a third of the entries sent once more (the markers are not).
     entries = [line for line in lines if b'"watermark"' not in line]
