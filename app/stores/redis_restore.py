@@ -1,7 +1,7 @@
 """What the projection restore (app/worker/restore.py) asks of Redis: has the store lost data,
 and the restore's own writes. The `RestoreTarget` port on a `RedisProjectionStore`.
 
-How a loss shows (docs/contract.md §9, "Projection restore"):
+How a loss shows (README, "Failure behaviours"; what clients see: docs/contract.md §4):
 
 * **Markers.** Per owned partition the worker keeps small marker keys in the store,
   ``{ns}:alive:{<tag>}:<partition>``, whose value says ``done:<token>`` (the projection of the
