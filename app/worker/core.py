@@ -212,8 +212,10 @@ class WorkerCore:
         self.partitions: dict[int, PartitionState] = {}
         self.stats = WorkerStats()
         # Users a flush found stored at a version older than their last flush's: the store lost
-        # them (app/worker/restore.py writes them whole again).
+        # them (app/worker/restore.py writes them whole again). Kept only while a restorer
+        # drains it (`track_store_behind`): otherwise it would only grow.
         self.store_behind: set[int] = set()
+        self.track_store_behind = False
         self.mirror: MirrorPump | None = None
         self.state_writer = state_writer  # also makes the mirror (the property below)
         self._flush_lock = asyncio.Lock()
@@ -611,7 +613,7 @@ class WorkerCore:
                 # went out with the first write, or clients detect the gap and re-pull.
                 self.stats.refused_writes += 1
                 continue
-            if stored_before < batch.prev_projection_mailbox_seq:
+            if self.track_store_behind and stored_before < batch.prev_projection_mailbox_seq:
                 self.store_behind.add(batch.user_id)  # it held more than this: its data went
             self.stats.projection_writes += len(batch.rows)
             # prev = what the store held, i.e. the last version any client can have seen.

@@ -135,6 +135,7 @@ class RestoreReport:
 class ProjectionRestorer:
     def __init__(self, core: WorkerCore, target: RestoreTarget, config: RestoreConfig) -> None:
         self.core = core
+        core.track_store_behind = True  # `check` drains what the flushes find
         self.target = target
         self.config = config
         # Our markers' tokens: this process, then a count (a marker left by a dead process never
