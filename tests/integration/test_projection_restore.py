@@ -4,7 +4,8 @@ server is FLUSHALLed (flushes go on into the emptied store); after the whole str
 SIGKILLed and started again, empty, with a new run id (no entry comes after that: only the
 restore can bring the projection back). After each loss, with nobody running a command, the API
 serves every user's lists and badge equal to `projector replay` of the stream, the store holds
-replay's rows and versions, and the worker says so in a metric and a log line."""
+replay's rows and versions, and the worker says so in a metric and a log line. On the local Redis
+Cluster, one master losing the test's keys (a part of the store) is restored the same way."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from app.sdk import SessionsClient
 from app.settings import Settings
 from app.stores.redis_projection import RedisProjectionStore
 from tests.integration.private_redis import PrivateRedis
-from tests.integration.stack import Stack, free_port, read_jsonl, scrape_until
+from tests.integration.stack import Stack, free_port, read_jsonl, scrape_until, simulated
+from tests.support import redis_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -240,4 +242,72 @@ async def test_the_projection_comes_back_by_itself_after_a_flushall_and_after_a_
     # whole before it was checked), the restart (both).
     assert log.count("projection store lost data") >= 3, stack.log_tail(lines=120)
     assert "restored partition" in log
+    assert "Traceback" not in log
+
+
+async def wait_store_equal(stack: Stack, expected: dict[str, Any], timeout: float) -> None:
+    users = sorted(expected["versions"])
+    deadline = time.monotonic() + timeout
+    while True:
+        stack.alive()()
+        rows, badges = await stack.projection(users)
+        if rows == expected["rows"] and badges == expected["badges"]:
+            return
+        assert time.monotonic() < deadline, f"the store differs from replay after {timeout}s"
+        await asyncio.sleep(0.5)
+
+
+async def test_on_a_cluster_a_master_that_lost_its_keys_is_restored(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    """One master of the local Redis Cluster loses every key of the test's namespace (as a master
+    restarted without its data would, its slots only; the cluster is shared with other tests, so
+    only this namespace's keys go): its stretches' markers go with them, and the users of its
+    slots come back from the worker's state."""
+    redis_cluster.require_healthy()
+    port = free_port()
+    stack = make_stack(
+        "rcrestore",
+        partitions=2,
+        lanes=2,
+        PROJECTOR_REDIS_URL=redis_cluster.URL,
+        PROJECTOR_STORE_CHECK_INTERVAL_MS="500",
+        PROJECTOR_WORKER_METRICS_PORT=str(port),
+    )
+    _, expected = simulated(stack, tmp_path, messages=300, seed=61)
+    stack.start_worker()
+    alive = stack.alive()
+    await stack.wait_for_versions(expected["versions"], timeout=300, alive=alive)
+    await wait_store_equal(stack, expected, 60)
+    # Both partitions' markers were set (the first check of a new store finds nothing lost).
+    deadline = time.monotonic() + 120
+    while stack.log_tail(0, 100_000).count("nothing lost in partition") < 2:
+        alive()
+        assert time.monotonic() < deadline, stack.log_tail(0, 80)
+        await asyncio.sleep(0.3)
+
+    users = sorted(expected["versions"])
+    victim = redis_cluster.master_of(redis_cluster.user_slot(users[0]))
+    lost = [u for u in users if victim.owns(redis_cluster.user_slot(u))]
+    assert 0 < len(lost) < len(users)  # a part of the store, not all of it
+    node = redis_cluster.client(victim.port)
+    try:
+        # SCAN on that node only: the keys of its slots.
+        doomed = list(node.scan_iter(match=f"{stack.settings.projection_namespace}:*", count=1000))
+        assert any(":alive:" in key for key in doomed)  # markers of its stretches among them
+        for key in doomed:
+            node.delete(key)
+    finally:
+        node.close()
+    await wait_store_equal(stack, expected, 240)
+    text = await scrape_until(
+        f"http://127.0.0.1:{port}/metrics",
+        lambda t: metric(t, "projector_projection_restored_users_total") >= len(lost),
+        60,
+        alive,
+    )
+    assert metric(text, "projector_projection_restores_total") >= 1
+    stack.stop_workers()
+    log = stack.log_tail(0, 100_000)
+    assert "projection store lost data (its markers in the store are gone)" in log, stack.log_tail(0, 80)
     assert "Traceback" not in log
