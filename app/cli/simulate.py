@@ -176,8 +176,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     noise = f", {report.noise} bad or repeated records" if report.noise else ""
     notices = f" ({report.notices} of them member notices)" if report.notices else ""
     print(
-        f"simulated {report.messages} messages{notices}: {report.entries} entries{noise} and {report.markers} "
-        f"marker records to {target} in {report.elapsed_s:.1f}s"
+        f"simulated {report.messages} messages{notices}: {report.entries} entries{noise} and "
+        f"{report.markers} marker records to {target} in {report.elapsed_s:.1f}s"
         + (" (stopped early; closing markers sent)" if report.stopped_early else "")
         + (f"; records in {args.out}" if args.out else ""),
         file=sys.stderr,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,12 +25,13 @@ import pytest
 from app.members.directory import MemberDirectory, MemberDirectoryRegistry
 from app.members.server import MemberService
 from app.members.source import HttpMemberSource
+from app.replay import ReplayOptions, run_replay
 from app.sdk import LiveSessionList, SessionsClient
 from app.sdk.stream import LiveStream, members_to
 from app.stores.cassandra_members import CassandraMemberReader
 from app.stores.cassandra_session import open_cluster
 from tests.integration.gateway_stack import eventually, gateway_instance, token
-from tests.integration.stack import Stack
+from tests.integration.stack import Stack, read_jsonl
 from tests.unit.builders import Stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -219,3 +221,42 @@ async def notices_on_topic(
     finally:
         await consumer.stop()
     return out
+
+
+async def test_simulated_traffic_with_member_notices_takes_the_path_through_the_worker(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    """`projector simulate --member-notices` through a real worker (two partitions, two lanes):
+    every notice entry (kinds 24/27) becomes exactly one MEMBER_NOTICE frame for its member, and
+    the projection is the replay's, which the kinds do not change."""
+    stack = make_stack("mns", partitions=2, lanes=2)
+    out = tmp_path / "traffic.jsonl"
+    stack.start_worker()
+    done = await asyncio.to_thread(
+        stack.run, "simulate", "--users", "30", "--conversations", "6", "--group-size", "20",
+        "--messages", "400", "--rate", "0", "--lanes", "2", "--seed", "4", "--member-notices",
+        "--progress", "never", "--out", str(out),
+    )  # fmt: skip
+    stream = read_jsonl(out)
+    expected = {
+        (e["user_id"], e["conversation_id"], e["notification"], e["conversation_seq"], e["mailbox_seq"])
+        for e in stream
+        if e.get("notification") in (24, 27)
+    }
+    assert {k for _, _, k, _, _ in expected} == {24, 27}, "the seed makes joins and leaves"
+    assert "of them member notices" in done.stderr.decode()
+    frames = await notices_on_topic(stack, lambda fs: len(fs) >= len(expected))
+    got = [
+        (f["user_id"], f["conversation_id"], f["kind"], f["conversation_seq"], f["projection_mailbox_seq"])
+        for _, f in frames
+    ]
+    assert len(got) == len(expected) and set(got) == expected
+    assert all(key == str(f["user_id"]).encode() for key, f in frames)
+
+    replayed = run_replay(out.read_bytes().splitlines(), ReplayOptions(lanes=2))
+    badges = {b["user_id"]: b for b in replayed.badges}
+    await stack.wait_for_versions(
+        {u: b["projection_mailbox_seq"] for u, b in badges.items()}, WAIT_S, stack.alive()
+    )
+    _, stored = await stack.projection(sorted(badges))
+    assert {b["user_id"]: b for b in stored} == badges
