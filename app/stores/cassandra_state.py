@@ -97,6 +97,8 @@ class UserConversationStateWriter:
         self._state: dict[StateKey, dict[str, Any]] = {}
         self._members: dict[MemberKey, dict[str, Any]] = {}
         self._member_stats: dict[MemberKey, MemberStatsRow] = {}
+        # The share of the round being written (asyncio flush): owed until acknowledged.
+        self._in_flight: _Staged | None = None
 
         def prepare(template: str, **parts: str) -> Any:
             # Only the keyspace (an identifier, checked) and column lists taken from schema.py are
@@ -198,16 +200,21 @@ class UserConversationStateWriter:
             self._member_stats[key] = (record_count, mention_count, mailbox_seq)
 
     def owed(self) -> dict[StateKey, dict[str, Any]]:
-        """What is staged and not written yet, per (user, conversation): ``state`` (the fields),
+        """What is staged or being written and not acknowledged yet, per (user, conversation):
+        ``state`` (the fields),
         ``member`` (the group_members row) and ``stats`` ([record_count, mention_count, seq]).
         Plain values, so the worker can keep them in a changelog record; :meth:`restage` takes
         them back after a restart."""
+        state, members, member_stats = dict(self._state), dict(self._members), dict(self._member_stats)
+        if self._in_flight is not None:
+            # A round writing now may still fail: until it is done, its share is owed too.
+            _merge_older((state, members, member_stats), self._in_flight)
         owed: dict[StateKey, dict[str, Any]] = {}
-        for key, fields in self._state.items():
+        for key, fields in state.items():
             owed[key] = {"state": dict(fields)}
-        for (conversation_id, user_id), row in self._members.items():
+        for (conversation_id, user_id), row in members.items():
             owed.setdefault((user_id, conversation_id), {})["member"] = dict(row)
-        for (conversation_id, user_id), values in self._member_stats.items():
+        for (conversation_id, user_id), values in member_stats.items():
             owed.setdefault((user_id, conversation_id), {})["stats"] = list(values)
         return owed
 
@@ -230,11 +237,15 @@ class UserConversationStateWriter:
     def drop(self, keys: Iterable[StateKey]) -> None:
         """Forget what is staged for these (user, conversation) keys: another writer took them
         over (a partition handed to another worker, which restages them from its changelog)."""
+        parts = [(self._state, self._members, self._member_stats)]
+        if self._in_flight is not None:  # a failing round must not restore them
+            parts.append(self._in_flight)
         for user_id, conversation_id in keys:
             cid = _canonical(conversation_id)
-            self._state.pop((user_id, cid), None)
-            self._members.pop((cid, user_id), None)
-            self._member_stats.pop((cid, user_id), None)
+            for state, members, member_stats in parts:
+                state.pop((user_id, cid), None)
+                members.pop((cid, user_id), None)
+                member_stats.pop((cid, user_id), None)
 
     @property
     def staged(self) -> int:
@@ -248,6 +259,7 @@ class UserConversationStateWriter:
         Does not block the event loop."""
         staged = self._take()
         statements = self._statements(*staged)
+        self._in_flight = staged
         try:
             await execute_all_async(
                 self.session, statements, what="state flush", concurrency=self.concurrency
@@ -255,6 +267,8 @@ class UserConversationStateWriter:
         except StoreError:
             self._restore(*staged)
             raise
+        finally:
+            self._in_flight = None
         return sum(len(part) for part in staged)
 
     def flush_sync(self) -> int:
@@ -281,21 +295,7 @@ class UserConversationStateWriter:
         members: dict[MemberKey, dict[str, Any]],
         member_stats: dict[MemberKey, MemberStatsRow] | None = None,
     ) -> None:
-        for key, fields in state.items():
-            newer = self._state.get(key)
-            if newer is not None:
-                merged = {**fields, **{k: v for k, v in newer.items() if k not in FIRST_SEEN_FIELDS}}
-                for source in (fields, newer):
-                    if "first_seen_mailbox_seq" in source:
-                        _merge_first_seen(merged, source)
-                fields = merged
-            self._state[key] = fields
-        for member_key, row in members.items():
-            self._members.setdefault(member_key, row)
-        for member_key, values in (member_stats or {}).items():
-            staged_since = self._member_stats.get(member_key)
-            if staged_since is None or staged_since[2] < values[2]:
-                self._member_stats[member_key] = values
+        _merge_older((self._state, self._members, self._member_stats), (state, members, member_stats or {}))
 
     def _statements(
         self,
@@ -358,6 +358,27 @@ class UserConversationStateWriter:
             return list(self.session.execute(statement, params))  # pages are fetched as needed
         except Exception as exc:  # driver errors have no common base worth naming
             raise StoreError(f"cassandra {what} failed: {type(exc).__name__}: {exc}") from None
+
+
+def _merge_older(into: _Staged, older: _Staged) -> None:
+    """Add what was staged before (`older`: a failed or in-flight round's share) under what was
+    staged since (`into`): the later values win, the first appearance is the lowest seq."""
+    state, members, member_stats = into
+    for key, fields in older[0].items():
+        newer = state.get(key)
+        if newer is not None:
+            merged = {**fields, **{k: v for k, v in newer.items() if k not in FIRST_SEEN_FIELDS}}
+            for source in (fields, newer):
+                if "first_seen_mailbox_seq" in source:
+                    _merge_first_seen(merged, source)
+            fields = merged
+        state[key] = fields
+    for member_key, row in older[1].items():
+        members.setdefault(member_key, row)
+    for member_key, values in older[2].items():
+        staged_since = member_stats.get(member_key)
+        if staged_since is None or staged_since[2] < values[2]:
+            member_stats[member_key] = values
 
 
 def _merge_first_seen(staged: dict[str, Any], fields: Mapping[str, Any]) -> None:

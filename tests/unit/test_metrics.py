@@ -110,11 +110,19 @@ def test_mirror_failures_owed_rows_and_their_restaging_are_counted() -> None:
     core = make_core(1, tables, store, InMemoryProjectionStore(), Outbox(), CoreClock())
     core.state_writer = down
     metrics = WorkerMetrics()
-    asyncio.run(core.on_records(records(s.close())))
-    asyncio.run(core.flush_all())
+
+    async def run() -> None:
+        await core.on_records(records(s.close()))
+        while not core.stats.state_write_failures:  # the round the batch started
+            await asyncio.sleep(0.01)
+        await core.flush_all()
+        assert core.mirror is not None
+        await core.mirror.close()  # killed
+
+    asyncio.run(run())
     text = scrape(metrics, core)
     assert sample(text, "projector_state_writes_total") == 0
-    assert sample(text, "projector_state_write_failures_total") == 2  # the batch's round, the persist's retry
+    assert sample(text, "projector_state_write_failures_total") == 2  # the batch's round, the stop's drain
     assert sample(text, "projector_state_owed_rows_total") == 2  # two rows went to the changelog owing
 
     restarted = make_core(1, tables, store, InMemoryProjectionStore(), Outbox(), CoreClock())

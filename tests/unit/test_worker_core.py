@@ -21,7 +21,7 @@ from app.replay import ReplayOptions, run_replay
 from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.memory_tables import MemoryTables
-from app.worker.core import MIRROR_BACKLOG_BATCHES, WorkerConfig, WorkerCore
+from app.worker.core import WorkerConfig, WorkerCore
 from app.worker.ports import RawRecord, raw_record
 from tests.projection_files import as_replay_files
 from tests.strategies import Stream, scenarios, streams
@@ -319,33 +319,49 @@ def test_values_cassandra_cannot_hold_are_not_mirrored_and_a_failing_mirror_neve
 
     async def run() -> None:
         await core.on_records(records(lines))
+        while not core.stats.state_write_failures:  # the round the batch started
+            await asyncio.sleep(0.01)
         await core.flush_all()
 
     asyncio.run(run())
     (first,) = writer.staged  # the second entry's seq does not fit a CQL bigint
     assert "first_seen_mailbox_seq" not in first  # beyond the cell-timestamp scheme's range
-    # Tried after the batch, then again before the persist: failures are counted, never raised.
+    # Tried after the batch, then again by the clean stop's drain: counted, never raised, and
+    # what is owed is in the row's changelog record.
     assert core.stats.state_unmirrorable == 1 and core.stats.state_write_failures == 2
+    record = msgspec.msgpack.decode(tables.get_rows(0, [(7, CONV_A)])[(7, CONV_A)])
+    assert "pin_rank" in record["mirror_owed"]["state"]
     assert core.stats.applied == 2
     stored = asyncio.run(projections.load(7))
     assert stored.rows[CONV_A]["pinned"] is False and stored.projection_mailbox_seq == 2**63 + 5
 
 
 class GatedWriter(RecordingWriter):
-    """A StateWriter whose flushes wait for a gate: Cassandra slower than the batches."""
+    """A StateWriter whose rounds wait for a gate (Cassandra slower than the batches). Like the
+    real writer, a round takes what is staged when it starts, and that share stays owed until
+    the round is acknowledged."""
 
     def __init__(self) -> None:
         super().__init__()
         self.gate = asyncio.Event()
         self.rounds = 0
         self.written = 0
+        self.in_flight: dict[tuple[int, str], dict[str, Any]] = {}
+
+    def owed(self) -> dict[tuple[int, str], dict[str, Any]]:
+        owed = {key: {"state": dict(value["state"])} for key, value in self.in_flight.items()}
+        for key, value in self.unwritten.items():
+            owed.setdefault(key, {"state": {}})["state"].update(value["state"])
+        return owed
 
     async def flush(self) -> int:
         self.rounds += 1
+        taken, self.unwritten = self.unwritten, {}
+        self.in_flight = taken
         await self.gate.wait()
-        count, self.written = len(self.staged) - self.written, len(self.staged)
-        self.unwritten.clear()
-        return count
+        self.in_flight = {}
+        self.written += len(taken)
+        return len(taken)
 
 
 def pin_batch(offset: int) -> list[RawRecord]:
@@ -368,53 +384,71 @@ def pin_batch(offset: int) -> list[RawRecord]:
     ]
 
 
-def test_a_slow_mirror_holds_batches_back_only_past_its_backlog_bound_and_a_persist_waits_for_it() -> None:
+def test_a_slow_mirror_holds_batches_back_only_past_its_backlog_bound_and_never_holds_a_flush() -> None:
     writer = GatedWriter()
     config = WorkerConfig(
         lanes=1,
         projector=ProjectorConfig(window_ms=100_000, max_dirty_rows=100_000, unread_precise_limit=200),
+        mirror_spacing_ms=0,
     )
+    tables = DictTables()
     core = WorkerCore(
         config,
         message_store=InMemoryMessageStore(),
         projection_store=InMemoryProjectionStore(),
-        tables=DictTables(),
+        tables=tables,
         outbox=Outbox(),
         state_writer=writer,
         clock=Clock(),
     )
+    assert core.mirror is not None
+    core.mirror.backlog_rows = 3
 
     async def run() -> None:
-        # The first batch starts a mirror round, which Cassandra holds; the next
-        # MIRROR_BACKLOG_BATCHES batches are applied meanwhile without waiting for it.
-        for offset in range(MIRROR_BACKLOG_BATCHES + 1):
+        # The first batch starts a mirror round, which Cassandra holds; the next batches are
+        # applied meanwhile without waiting for it, up to the backlog bound.
+        for offset in range(4):
             await asyncio.wait_for(core.on_records(pin_batch(offset)), 10)
-        assert writer.rounds == 1 and writer.written == 0 and core.stats.applied == MIRROR_BACKLOG_BATCHES + 1
+        assert writer.rounds == 1 and writer.written == 0 and core.stats.applied == 4
         # One more and the backlog is past its bound: this batch waits for the mirror.
-        held = asyncio.ensure_future(core.on_records(pin_batch(MIRROR_BACKLOG_BATCHES + 1)))
+        held = asyncio.ensure_future(core.on_records(pin_batch(4)))
         for _ in range(50):
             await asyncio.sleep(0)
         assert not held.done()
         writer.gate.set()
         await asyncio.wait_for(held, 10)
-        # Round 1 wrote the first batch's staging; round 2 everything staged while it waited.
-        assert writer.rounds == 2 and writer.written == len(writer.staged) == MIRROR_BACKLOG_BATCHES + 2
-        assert core.stats.state_writes == writer.written
+        # Round 1 wrote the first pin; the drain the four staged while it waited, merged: one key.
+        assert writer.rounds == 2 and len(writer.staged) == 5 and writer.written == 2
 
-        # A persist (here at the final flush) waits for the round in flight before the
-        # changelog holds these entries: their re-reads would be duplicates, never mirrored again.
+        # A flush (and its persist) never waits for Cassandra: the rows' records carry what the
+        # round in flight and the staging still owe, and the offsets become durable at once.
         writer.gate.clear()
-        await core.on_records(pin_batch(MIRROR_BACKLOG_BATCHES + 2))
-        flushing = asyncio.ensure_future(core.flush_all())
-        for _ in range(50):
+        await core.on_records(pin_batch(5))
+        for _ in range(5):
             await asyncio.sleep(0)
-        assert not flushing.done() and core.durable_offsets() == {}
-        writer.gate.set()
-        await asyncio.wait_for(flushing, 10)
-        assert writer.written == len(writer.staged) == MIRROR_BACKLOG_BATCHES + 3
-        assert core.durable_offsets() == {0: 2 * (MIRROR_BACKLOG_BATCHES + 3)}
+        assert writer.in_flight  # a round holds pin 6's state
+        await core.on_records(pin_batch(6))  # pin 7 staged behind it
+        await asyncio.wait_for(core.flush_partition(core.partition(0)), 10)
+        assert core.durable_offsets() == {0: 14}
+        record = msgspec.msgpack.decode(tables.get_rows(0, [(7, CONV_A)])[(7, CONV_A)])
+        assert record["mirror_owed"]["state"]["pin_rank"] == 7
 
     asyncio.run(run())
+
+    # The worker dies with the round unacknowledged: the restart stages the owed writes again.
+    rewriter = RecordingWriter()
+    restarted = WorkerCore(
+        config,
+        message_store=InMemoryMessageStore(),
+        projection_store=InMemoryProjectionStore(),
+        tables=tables,
+        outbox=Outbox(),
+        state_writer=rewriter,
+        clock=Clock(),
+    )
+    asyncio.run(restarted.restore_assigned([0]))
+    assert rewriter.unwritten[(7, CONV_A)]["state"]["pin_rank"] == 7
+    assert restarted.stats.state_restaged_rows == 1
 
 
 @SETTINGS
@@ -463,6 +497,8 @@ def test_cassandra_writes_owed_at_a_crash_are_written_after_the_restart(stream: 
         crashed = core.partitions.get(0)
         durable = (crashed.durable_offset if crashed is not None else None) or 0
         # SIGKILL: the writer's staging and the hot state are gone; tables and Cassandra stay.
+        if core.mirror is not None:
+            await core.mirror.close()  # its rounds die with it
         restarted = core_over(tables, MirrorWriter(cassandra))
         await restarted.restore_assigned([0])  # on assignment, as the worker does
         again = recs[max(0, durable - rnd.randint(0, 5)) :]
