@@ -73,6 +73,25 @@ class Mailbox:
             for member in members
         }
 
+    def message(self, member: int, kind: object) -> int:
+        """A counted group message to `member` carrying `notification` = kind as given (None:
+        JSON null); its mailbox_seq."""
+        self.conversation_seq += 1
+        seq = self.conversation_seq
+        return self.stream.entry(
+            "message",
+            member,
+            GROUP,
+            conversation_seq=seq,
+            message_id=f"m-{seq}",
+            activity_id=f"{seq:032x}",
+            sender_id=BOB,
+            created_at=self.stream.ts,
+            counts_unread=True,
+            mention=False,
+            notification=kind,
+        )
+
     async def send(self) -> list[bytes]:
         self.stream.marker(0)
         lines, self.stream.lines = self.stream.lines, []
@@ -180,6 +199,16 @@ async def test_joins_and_leaves_reach_the_members_directories_through_worker_and
                 assert gone not in directory(user).members and len(directory(user).members) == 500
                 assert stream(user).stats.notices == 2
             assert sorted(history_dropped) == sorted(devices)
+
+            # Bad kinds are dead letters naming the field; an unknown kind is a plain message.
+            bad = [mailbox.message(ALICE, kind) for kind in ("24", 2**32, None)]
+            plain = mailbox.message(ALICE, 99)
+            await mailbox.send()
+            await eventually(lambda: live.view.version >= plain, WAIT_S, "Alice's list took the kind 99")
+            letters = await stack.consume(stack.settings.topic_dead_letter, lambda got: len(got) >= 3, WAIT_S)
+            assert sorted(orjson.loads(d["value"])["mailbox_seq"] for d in letters) == bad
+            assert all("$.notification" in d["reason"] for d in letters), letters
+            assert stream(ALICE).stats.notices == 2
             stop.set()
             await asyncio.gather(*tasks)
             for api, registry, _ in devices.values():
