@@ -32,7 +32,7 @@ from app.stores.cassandra_members import CassandraMemberReader
 from app.stores.cassandra_session import open_cluster
 from tests.integration.gateway_stack import eventually, gateway_instance, token
 from tests.integration.stack import Stack, read_jsonl
-from tests.unit.builders import Stream
+from tests.support.builders import StreamBuilder
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -48,7 +48,7 @@ class Mailbox:
 
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
-        self.stream = Stream(lanes=1)
+        self.stream = StreamBuilder(lanes=1)
         self.conversation_seq = 0
 
     def notice(self, kind: int, about: int, members: list[int]) -> dict[int, int]:
