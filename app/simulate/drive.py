@@ -60,6 +60,7 @@ class MessageSink(Protocol):
 @dataclass(slots=True)
 class Report:
     messages: int = 0
+    notices: int = 0  # of the messages, member notifications (--member-notices)
     entries: int = 0
     markers: int = 0  # marker records produced (one per lane report per partition)
     dropped: int = 0  # entries left out on purpose (counted by their markers, never sent)
@@ -195,6 +196,7 @@ async def drive(
             emit(value)
             report.entries += 1
         report.messages += len(batch.messages)
+        report.notices += batch.notices
         for key, value in batch.noise:
             # Not tracked by any lane: a lane's marker never waits for its retry or a bad record.
             marker_acks.append(await sink.send(value, key, None))

@@ -95,6 +95,7 @@ TYPES: dict[str, dict[str, Check]] = {
 OPTIONAL: dict[str, dict[str, Check]] = {
     "join": {"role": _one_of("owner", "admin", "member")},
     "watermark": {"count": SEQ0},  # docs/contract.md §9: a u64 when present (null is no count)
+    "message": {"notification": _int(0, U32)},  # §9: any u32 kind; 24 and 27 notify
 }
 MARKER: dict[str, Check] = {"lane": SEQ0, "watermark": SEQ0, "ts": SEQ0}
 

@@ -66,7 +66,12 @@ TYPE_FIELDS: dict[str, dict[str, str]] = {
     "delete_conversation": {"deleted_before_conversation_seq": "cseq0"},
     "mailbox_dirty": {},
 }
-OPTIONAL_FIELDS = {"join": {"role": "role"}, "watermark": {"count": "u64"}}
+# `notification` (docs/contract.md §9): an integer kind, u32; any kind is valid (24 and 27 notify).
+OPTIONAL_FIELDS = {
+    "join": {"role": "role"},
+    "watermark": {"count": "u64"},
+    "message": {"notification": "u32"},
+}
 MARKER_FIELDS = {"lane": "lane", "watermark": "u64", "ts": "u64"}
 assert set(TYPE_FIELDS) == set(ENTRY_TYPES)
 
@@ -165,6 +170,7 @@ def valid_pairs(rnd: random.Random, lanes: int, type_: str | None = None) -> Pai
         if rnd.random() < 0.5:
             values[name] = valid_value(kind, rnd, lanes)
     if rnd.random() < 0.15:
+        # `count` is a field of markers, `notification` of messages: elsewhere unknown, so ignored.
         extra = rnd.choice(("count", "notification", "x-trace", "meta"))
         if extra not in OPTIONAL_FIELDS.get(type_, {}):  # a field of this type is no extra
             values[extra] = _extra_value(rnd)
@@ -289,7 +295,7 @@ def field_broken(rnd: random.Random, pairs: Pairs, lanes: int) -> bytes:
 def break_field(
     pairs: Pairs, name: str, kind: str, rnd: random.Random, lanes: int, *, missing: bool
 ) -> bytes:
-    if missing and name not in ("role", "count"):  # an optional field may be missing
+    if missing and name not in ("role", "count", "notification"):  # an optional field may be missing
         return render([(k, v) for k, v in pairs if k != name])
     value = bad_value(kind, rnd, lanes)
     out = [(k, v) for k, v in pairs if k != name]
