@@ -301,7 +301,7 @@ async def _rebuild(settings: Any, args: argparse.Namespace, metrics: RebuildMetr
     except ValueError as exc:
         await live.aclose()
         raise RebuildRefused(str(exc)) from None
-    cluster, session = await asyncio.to_thread(open_cluster, settings)
+    cluster, session = await asyncio.to_thread(open_cluster, settings, require_keyspace=True)
     try:
         serving = await live.follow_serving()
         if namespace == serving:
