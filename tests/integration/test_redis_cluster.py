@@ -1,18 +1,21 @@
 """Issue 15 on the local Redis Cluster (3 masters + 3 replicas, tests/support/redis_cluster.py): the
 worker writes the cluster through `PROJECTOR_REDIS_URL=redis+cluster://...` and ends equal to
-`projector replay`; `projector api` serves every user's pages and badge from it; slots migrate
-(`redis-cli --cluster reshard`, and one slot held half-migrated) while the worker writes; a master
-is killed mid-stream and its replica promoted. Each test runs a private stack (stack.py)."""
+`projector replay`; `projector api` serves every user's pages and badge from it; J-7 (a SIGKILL
+between the store write and the frames); slots migrate (`redis-cli --cluster reshard`, and one
+slot held half-migrated) while the worker writes; a master is killed mid-stream and its replica
+promoted. Each test runs a private stack (stack.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import aiohttp
+import orjson
 import pytest
 
 from app.stores.redis_projection import RedisProjectionStore
@@ -143,13 +146,70 @@ async def test_worker_writes_the_cluster_equal_to_replay_and_the_api_serves_it(
         api.stop()
 
 
+async def test_j7_sigkill_between_store_write_and_frames_on_the_cluster(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    """Acceptance J-7 on the cluster: the worker is SIGKILLed right after a store write (before
+    its frames and commit), restarts, and ends equal to replay with badges that are the sum of
+    their rows (each user's rows and badge are one script on one slot, on whichever master)."""
+    stack = cluster_stack(make_stack, "rcj", PROJECTOR_FAULT_KILL_AFTER_STORE_WRITES="2")
+    _, expected = simulated(stack, tmp_path, messages=300, seed=81)
+    crashing = stack.start_worker()
+    assert crashing.wait(timeout=240) == -signal.SIGKILL, stack.log_tail()
+    assert "fault injection" in stack.log_tail()
+    stack.env["PROJECTOR_FAULT_KILL_AFTER_STORE_WRITES"] = "0"
+    stack.start_worker()
+    await stack.wait_for_versions(expected["versions"], timeout=300, alive=stack.alive(1))
+    await assert_final_equals_replay(stack, expected)
+    owners = {redis_cluster.master_of(redis_cluster.user_slot(u)).port for u in expected["versions"]}
+    assert len(owners) >= 2, owners
+
+
+def cut_after_markers(lines: list[bytes], lanes: int, start: int) -> int:
+    """The index just after the first point at or past `start` where every lane has sent a
+    watermark marker since `start`: the entries before it are all applicable."""
+    reported: set[int] = set()
+    for index in range(start, len(lines)):
+        record = orjson.loads(lines[index])
+        if record.get("type") == "watermark":
+            reported.add(record["lane"])
+            if len(reported) == lanes:
+                return index + 1
+    raise AssertionError(f"no complete set of markers after line {start}")
+
+
+def users_in(lines: list[bytes]) -> set[int]:
+    return {
+        record["user_id"]
+        for record in map(orjson.loads, lines)
+        if record.get("type") != "watermark" and isinstance(record.get("user_id"), int)
+    }
+
+
+async def produce_paced(stack: Stack, lines: list[bytes], chunk: int = 40, pause_s: float = 0.2) -> None:
+    """The entries in small chunks with pauses: the worker keeps writing while a reshard runs."""
+    for at in range(0, len(lines), chunk):
+        await stack.produce(lines[at : at + chunk])
+        await asyncio.sleep(pause_s)
+
+
 async def test_slots_migrate_while_the_worker_writes(
     make_stack: Callable[..., Stack], tmp_path: Path
 ) -> None:
     stack = cluster_stack(make_stack, "rcm", PROJECTOR_REDIS_RETRY_BUDGET_MS="120000")
+    # The entries go to Kafka in three parts the test controls (the MessageStore has every message
+    # first): (A) before anything moves, (B) paced while `redis-cli --cluster reshard` runs, (C)
+    # only once a slot is held half-migrated, so the worker is bound to write into it — with the
+    # load running on its own, a loaded machine could finish it before the slot was split.
+    stream, expected = await asyncio.to_thread(simulated, stack, tmp_path, 1200, 61, "0", kafka=False)
+    lines = stream.read_bytes().splitlines()
+    lanes = stack.settings.lanes
+    cut_a = cut_after_markers(lines, lanes, len(lines) // 4)
+    cut_b = cut_after_markers(lines, lanes, len(lines) // 2)
+    assert 0 < cut_a < cut_b < len(lines)
     stack.start_worker()
-    load = asyncio.create_task(asyncio.to_thread(simulated, stack, tmp_path, 1200, 61, "80"))
     try:
+        await stack.produce(lines[:cut_a])
         users = await stored_users(stack, at_least=10)
         # 1. redis-cli --cluster reshard, the tool an operator uses: it moves the source's lowest
         #    slots first, so move all of them up to one user's slot (its keys move under writes):
@@ -168,13 +228,17 @@ async def test_slots_migrate_while_the_worker_writes(
         target = min((n for n in masters if n.id != source.id), key=lambda n: n.slot_count)
         count = redis_cluster.slots_up_to(source, slot)
         assert count < source.slot_count
+        writing = asyncio.create_task(produce_paced(stack, lines[cut_a:cut_b]))
         out = await asyncio.to_thread(redis_cluster.reshard, source, target, count)
+        await writing
         assert f"Moving slot {slot} from" in out
         assert redis_cluster.master_of(slot).port == target.port
         # 2. One slot held half-migrated (MIGRATING/IMPORTING, the user's rows key moved, its meta
-        #    not) until the worker has met it: its script gets TRYAGAIN, redis-py retries, then
-        #    the store's backoff; the migration then completes and the write goes through.
-        second = next(u for u in users if redis_cluster.user_slot(u) != slot)
+        #    not) while the entries of part C reach the worker: a user stored already that part C
+        #    names. Its script gets TRYAGAIN, redis-py retries, then the store's backoff; the
+        #    migration then completes and the write goes through.
+        later = users_in(lines[cut_b:])
+        second = next(u for u in users if u in later and redis_cluster.user_slot(u) != slot)
         slot2 = redis_cluster.user_slot(second)
         source2 = redis_cluster.master_of(slot2)
         target2 = next(
@@ -182,16 +246,14 @@ async def test_slots_migrate_while_the_worker_writes(
         )
         rows_key = f"{stack.settings.projection_namespace}:rows:{{{second}}}"
         with redis_cluster.slot_half_migrated(slot2, source2, target2, first=[rows_key]):
-            met = await wait_for_log(stack, ("TTL exhausted", "TryAgain", "TRYAGAIN"), timeout=120)
+            await stack.produce(lines[cut_b:])
+            met = await wait_for_log(stack, ("TTL exhausted", "TryAgain", "TRYAGAIN"), timeout=180)
         assert met
         assert redis_cluster.master_of(slot2).port == target2.port
-        _, expected = await load
         await stack.wait_for_versions(expected["versions"], timeout=300, alive=stack.alive())
         await assert_final_equals_replay(stack, expected)
         stack.alive()()  # the worker never died
     finally:
-        if not load.done():
-            await asyncio.wait([load], timeout=300)
         # Even the slots out again, so that runs after runs do not drain one master.
         await asyncio.to_thread(redis_cluster.rebalance)
 
