@@ -384,6 +384,7 @@ async def _rebuild(settings: Any, args: argparse.Namespace, metrics: RebuildMetr
                 "swapped": False,
             }
         )
+        metrics.diffed(report["diff"])  # the console's fleet view shows the counts
         if args.swap:
             # One SET: every follower (worker before each write, API within a second) moves over.
             await live.client.set(serving_key(settings.projection_namespace), namespace)
