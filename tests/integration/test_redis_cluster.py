@@ -18,7 +18,7 @@ import aiohttp
 import orjson
 import pytest
 
-from app.stores.redis_projection import RedisProjectionStore
+from app.stores.redis_projection import RedisProjectionStore, serving_key
 from tests.integration.stack import PROJECTOR, ROOT, Stack, assert_final_equals_replay, free_port, simulated
 from tests.support import redis_cluster
 from tests.support.api import SECRET, token
@@ -56,10 +56,11 @@ async def stored_users(stack: Stack, at_least: int, timeout: float = 180) -> lis
         await store.aclose()
 
 
-async def wait_for_log(stack: Stack, needles: tuple[str, ...], timeout: float) -> str:
+async def wait_for_log(stack: Stack, needles: tuple[str, ...], timeout: float, after: int = 0) -> str:
+    """The first of `needles` the worker logs (past the first `after` characters of its log)."""
     deadline = time.monotonic() + timeout
     while True:
-        text = stack.log_tail(0, 100_000)
+        text = stack.log_tail(0, 100_000)[after:]
         found = next((n for n in needles if n in text), None)
         if found is not None:
             return found
@@ -130,6 +131,22 @@ async def test_worker_writes_the_cluster_equal_to_replay_and_the_api_serves_it(
     assert len(owners) >= 2, owners
     stack.stop_workers()
 
+    # `projector rebuild` on the cluster: by replay into a fresh namespace, identical field by
+    # field (same core, same entries), and --swap sets the serving pointer (one key, one slot):
+    # the API below follows it, so every page and badge it serves comes from the rebuild.
+    base = stack.settings.projection_namespace
+    rebuilt = f"{base}-r"
+    report_path = tmp_path / "rebuild.json"
+    stack.run("rebuild", "--by-replay", "--namespace", rebuilt, "--swap", "--report", str(report_path))
+    report = orjson.loads(report_path.read_bytes())
+    assert report["diff"]["identical"] and report["diff"]["users"] == len(users), report["diff"]
+    assert report["swapped"] is True
+    pointer = RedisProjectionStore.from_settings(stack.settings, base)
+    try:
+        assert await pointer.client.get(serving_key(base)) == rebuilt.encode()
+    finally:
+        await pointer.aclose()
+
     api = ApiProcess(stack)
     try:
         await api.ready()
@@ -144,6 +161,12 @@ async def test_worker_writes_the_cluster_equal_to_replay_and_the_api_serves_it(
                 assert await client.badge() == {k: v for k, v in badge.items() if k != "user_id"}
     finally:
         api.stop()
+        cleanup = RedisProjectionStore.from_settings(stack.settings, rebuilt)
+        try:
+            await cleanup.delete_all()
+            await cleanup.client.delete(serving_key(base))
+        finally:
+            await cleanup.aclose()
 
 
 async def test_j7_sigkill_between_store_write_and_frames_on_the_cluster(
@@ -262,26 +285,35 @@ async def test_a_master_killed_mid_stream_fails_over_and_the_worker_goes_on(
     make_stack: Callable[..., Stack], tmp_path: Path
 ) -> None:
     stack = cluster_stack(make_stack, "rcf", PROJECTOR_REDIS_RETRY_BUDGET_MS="120000")
+    # As in the migration test, the test sends the entries: a part before the kill, the rest
+    # while the master is dead, its failover held until the worker has met it (with a load
+    # running on its own, a loaded machine could finish it before the kill).
+    stream, expected = await asyncio.to_thread(simulated, stack, tmp_path, 1200, 71, "0", kafka=False)
+    lines = stream.read_bytes().splitlines()
+    cut = cut_after_markers(lines, stack.settings.lanes, len(lines) // 3)
+    assert 0 < cut < len(lines)
     stack.start_worker()
-    load = asyncio.create_task(asyncio.to_thread(simulated, stack, tmp_path, 1200, 71, "80"))
     killed: redis_cluster.KilledNode | None = None
     try:
-        users = await stored_users(stack, at_least=10)
+        await stack.produce(lines[:cut])
+        await stored_users(stack, at_least=10)
+        later = users_in(lines[cut:])
         masters = [n for n in redis_cluster.nodes() if n.is_master and not n.failed and n.slots]
-        # The master holding most of the stream's users: the worker is bound to write to it.
-        victim = max(masters, key=lambda m: sum(m.owns(redis_cluster.user_slot(u)) for u in users))
-        assert any(victim.owns(redis_cluster.user_slot(u)) for u in users)
-        killed = redis_cluster.kill_node(victim.port)
+        # The master holding most of the users the rest of the stream names: the worker is
+        # bound to write to it.
+        victim = max(masters, key=lambda m: sum(m.owns(redis_cluster.user_slot(u)) for u in later))
+        assert any(victim.owns(redis_cluster.user_slot(u)) for u in later)
+        logged = len(stack.log_tail(0, 100_000))
+        with redis_cluster.failover_held(victim):
+            killed = redis_cluster.kill_node(victim.port)
+            await stack.produce(lines[cut:])
+            # It meets the dead master and retries (the store's warning), and lives on.
+            await wait_for_log(stack, ("); retry ",), timeout=180, after=logged)
         promoted = await asyncio.to_thread(redis_cluster.wait_failover, victim)
         assert promoted.port != victim.port
-        _, expected = await load
         await stack.wait_for_versions(expected["versions"], timeout=300, alive=stack.alive())
         await assert_final_equals_replay(stack, expected)
         stack.alive()()  # one worker, never restarted
-        # It did meet the dead master and retried (the store's warning), rather than being lucky.
-        assert "); retry " in stack.log_tail(0, 100_000)
     finally:
-        if not load.done():
-            await asyncio.wait([load], timeout=300)
         if killed is not None:
             await asyncio.to_thread(killed.restart)
