@@ -95,6 +95,19 @@ def test_the_api_and_rebuild_without_the_keyspace_say_so_in_one_line(
     ]
 
 
+def test_rebuild_with_redis_down_is_one_line(stack: Stack) -> None:
+    # It used to retry for the store's whole budget first (a warning per attempt), then fail.
+    env = {**stack.env, "PROJECTOR_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    fresh = f"{stack.settings.projection_namespace}-rb"
+    code, lines = run(
+        env, "rebuild", "--from-state", "--users", "1", "--namespace", fresh, "--progress", "never"
+    )
+    assert code == 1 and len(lines) == 1, lines
+    assert lines[0].startswith("projector rebuild: cannot reach Redis at 127.0.0.1 (") and lines[0].endswith(
+        HINT
+    )
+
+
 def test_a_topic_with_other_partitions_than_the_settings_says_which_count_to_set(stack: Stack) -> None:
     real = stack.settings.topic_partitions
     other = real + 1
