@@ -394,9 +394,11 @@ def store_messages(settings: Settings, lines: Iterable[bytes]) -> None:
 
 
 def simulated(
-    stack: Stack, tmp: Path, messages: int = 300, seed: int = 5, rate: str = "0"
+    stack: Stack, tmp: Path, messages: int = 300, seed: int = 5, rate: str = "0", *, kafka: bool = True
 ) -> tuple[Path, dict[str, Any]]:
-    """Run `projector simulate` into the stack; replay its --out file for the expected result."""
+    """Run `projector simulate` into the stack; replay its --out file for the expected result.
+    With `kafka=False` the MessageStore gets every message and the entries only go to the file
+    (the test produces them itself, in the parts it needs: `Stack.produce`)."""
     stream = tmp / f"stream-{seed}.jsonl"
     stack.run(
         "simulate",
@@ -418,6 +420,7 @@ def simulated(
         str(stream),
         "--progress",
         "never",
+        *(() if kafka else ("--no-kafka",)),
     )
     out = tmp / f"replay-{seed}"
     stack.run("replay", "--input", str(stream), "--out", str(out), "--lanes", str(stack.settings.lanes))
