@@ -108,6 +108,13 @@ class WorkerStats(ProcessingStats):
     audit_drift_ratio: float = 0.0
     # Dead letters by kind (app.domain.entries.DEAD_LETTER_KINDS): the metrics' reason label.
     dead_letter_kinds: dict[str, int] = field(default_factory=dict)
+    # The projection restore (app/worker/restore.py): partitions restored, users checked against
+    # the store, users written again (and their rows), users handed to their next flush whole.
+    projection_restores: int = 0
+    restore_checked_users: int = 0
+    restored_users: int = 0
+    restored_rows: int = 0
+    restore_reflushed_users: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -208,6 +215,11 @@ class WorkerCore:
         self.metrics = metrics
         self.partitions: dict[int, PartitionState] = {}
         self.stats = WorkerStats()
+        # Users a flush found stored at a version older than their last flush's: the store lost
+        # them (app/worker/restore.py writes them whole again). Kept only while a restorer
+        # drains it (`track_store_behind`): otherwise it would only grow.
+        self.store_behind: set[int] = set()
+        self.track_store_behind = False
         self.mirror: MirrorPump | None = None
         self.state_writer = state_writer  # also makes the mirror (the property below)
         self._flush_lock = asyncio.Lock()
@@ -421,6 +433,8 @@ class WorkerCore:
         if state.next_offset is None:
             state.next_offset = offset
             state.processor.changes.gate = True
+            if offset > 0:  # begins mid-log: the lanes' counts are baselined (app/domain/arrivals.py)
+                state.processor.arrivals.start_mid_stream()
             log.info("partition %d: starting at offset %d", partition, offset)
 
     def durable_offsets(self) -> dict[int, int]:
@@ -624,6 +638,8 @@ class WorkerCore:
                 # went out with the first write, or clients detect the gap and re-pull.
                 self.stats.refused_writes += 1
                 continue
+            if self.track_store_behind and stored_before < batch.prev_projection_mailbox_seq:
+                self.store_behind.add(batch.user_id)  # it held more than this: its data went
             self.stats.projection_writes += len(batch.rows)
             # prev = what the store held, i.e. the last version any client can have seen.
             published = dataclasses.replace(batch, prev_projection_mailbox_seq=stored_before)
