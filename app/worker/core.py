@@ -48,7 +48,7 @@ from app.domain.processor import (
 from app.domain.projection_store import ProjectionStore
 from app.domain.projector import ProjectorConfig
 from app.worker.mirror import MirrorPump
-from app.worker.offsets import Admission, Verdict, admit
+from app.worker.offsets import Admission, Verdict, admit, first_hole
 from app.worker.ports import FlushObserver, Outbox, RawRecord, StateTables, StateWriter
 from app.worker.retry import Backoff
 from app.worker.state_source import TablesSource
@@ -142,6 +142,8 @@ class PartitionState:
         self.next_offset: int | None = None
         self.durable_offset: int | None = None  # next_offset as of the last persist
         self.committed_offset: int | None = None
+        # (expected offset, first skipped offset) of a hole seen once and not confirmed yet.
+        self.hole_seen: tuple[int, int] | None = None
 
     @property
     def unpersisted_since(self) -> int | None:
@@ -366,8 +368,26 @@ class WorkerCore:
             if admission.verdict is Verdict.ALREADY_APPLIED:
                 self.stats.intake_records_skipped += len(records)
                 return admission
-            self.stats.intake_records_skipped += admission.start
             fresh = records[admission.start :] if admission.start else records
+            expected = state.next_offset
+            hole = None if expected is None else first_hole(expected, [r.offset for r in fresh], fetch_to)
+            if expected is not None and hole is not None and state.hole_seen != (expected, hole):
+                # A hole is taken only when a read from the expected offset shows it again
+                # (app/worker/offsets.py): the first time, read again from there.
+                state.hole_seen = (expected, hole)
+                self.stats.intake_gaps_refused += 1
+                log.warning(
+                    "partition %d: a fetch (from %s to %s) would skip offsets from %d on: reading "
+                    "again from %d to confirm",
+                    partition,
+                    fetch_from,
+                    fetch_to,
+                    hole,
+                    expected,
+                )
+                return Admission(Verdict.GAP)
+            state.hole_seen = None
+            self.stats.intake_records_skipped += admission.start
             self.stats.intake_hole_offsets += _holes(state.next_offset, fresh, fetch_to)
             step = processor.on_records([r.value for r in fresh], now)
             # The gate record carries the offset: it is persisted with the state it describes.
