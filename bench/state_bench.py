@@ -438,8 +438,8 @@ async def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         "entries_timed": entries,
         "wall_s": wall,
         "cpu_s": cpu,
-        "entries_per_s": entries / wall,
-        "entries_per_cpu_s": entries / cpu,
+        "entries_per_s": entries / wall if entries else 0.0,
+        "entries_per_cpu_s": entries / cpu if entries else 0.0,
         "peak_rss": vm_hwm(),
         "rss_end": vm_rss(),
         "rows_read": residency.reads if residency else 0,
@@ -642,7 +642,9 @@ def _same_outputs(a: Path, b: Path) -> bool:
 # -- the orchestrator -------------------------------------------------------------------------------
 
 
-def spawn_worker(args: argparse.Namespace, mode: str, state: Path) -> dict[str, Any]:
+def spawn_worker(
+    args: argparse.Namespace, mode: str, state: Path, first_batch_only: bool = False
+) -> dict[str, Any]:
     argv = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -658,7 +660,7 @@ def spawn_worker(args: argparse.Namespace, mode: str, state: Path) -> dict[str, 
         "--group",
         str(args.group),
         "--entries",
-        str(args.entries),
+        str(args.batch if first_batch_only else args.entries),
         "--batch",
         str(args.batch),
         "--hot-rows",
@@ -680,8 +682,12 @@ def mib(n: float) -> str:
 
 def main(args: argparse.Namespace) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"sizes": {k: v for k, v in vars(args).items() if k != "func"}}
-    big, small, empty = OUT / "big", OUT / "small", OUT / "empty-work"
+    parts = set(args.parts.split(","))
+    report_path = ROOT / "bench" / "out" / "state_report.json"
+    # Parts run alone (--parts) update the report of an earlier full run.
+    report: dict[str, Any] = orjson.loads(report_path.read_bytes()) if report_path.exists() else {}
+    report["sizes"] = {k: v for k, v in vars(args).items() if k != "func"}
+    big, small = OUT / "big", OUT / "small"
     want = {"users": args.users, "conversations": args.conversations, "group": args.group}
     for folder, only_hot in ((big, False), (small, True)):
         meta_path = folder.with_suffix(".meta.json")
@@ -698,111 +704,124 @@ def main(args: argparse.Namespace) -> int:
                 f"({meta['disk_bytes_per_row']} B/row), {meta['seconds']} s"
             )
         report[f"state_{folder.name}"] = meta
-    runs: dict[str, list[dict[str, Any]]] = {"big": [], "resident": [], "empty": []}
-    order = ["big", "resident", "empty"]
-    for rep in range(args.reps):
-        for mode in order[rep % 3 :] + order[: rep % 3]:
-            work = OUT / f"work-{mode}"
-            if mode == "big":
-                clone(big, work)
-            elif mode == "resident":
-                clone(small, work)
-            else:
-                shutil.rmtree(work, ignore_errors=True)
-                work.mkdir(parents=True)
-            result = spawn_worker(args, mode, work)
-            shutil.rmtree(work, ignore_errors=True)
-            runs[mode].append(result)
-            log(
-                f"  rep {rep + 1} {mode}: restart {result['restart_s']:.2f} s (interpreter "
-                f"{result['interpreter_s']:.2f}, imports {result['imports_s']:.2f}, open+restore "
-                f"{result['open_restore_s']:.2f}, first batch {result['first_batch_s']:.2f}), "
-                f"{result['entries_per_s']:,.0f} entries/s ({result['entries_per_cpu_s']:,.0f}/CPU s), "
-                f"peak RSS {mib(result['peak_rss'])}, rows read {result['rows_read']:,}, "
-                f"resident {result['resident_rows']:,}"
-            )
-    shutil.rmtree(empty, ignore_errors=True)
+    summary: dict[str, Any] = report.setdefault("summary", {})
     med = statistics.median
-    ratio = med(
-        b["entries_per_s"] / r["entries_per_s"] for b, r in zip(runs["big"], runs["resident"], strict=True)
-    )
-    cpu_ratio = med(
-        b["entries_per_cpu_s"] / r["entries_per_cpu_s"]
-        for b, r in zip(runs["big"], runs["resident"], strict=True)
-    )
-    restart_ratio = med(
-        b["restart_s"] / e["restart_s"] for b, e in zip(runs["big"], runs["empty"], strict=True)
-    )
-    summary = {
-        "big_entries_per_s": med(r["entries_per_s"] for r in runs["big"]),
-        "resident_entries_per_s": med(r["entries_per_s"] for r in runs["resident"]),
-        "speed_ratio": ratio,
-        "speed_ratio_cpu": cpu_ratio,
-        "big_peak_rss": max(r["peak_rss"] for r in runs["big"]),
-        "resident_peak_rss": max(r["peak_rss"] for r in runs["resident"]),
-        "big_restart_s": med(r["restart_s"] for r in runs["big"]),
-        "empty_restart_s": med(r["restart_s"] for r in runs["empty"]),
-        "restart_ratio": restart_ratio,
-    }
-    log("measuring resident memory per hot row")
-    rowmem_argv = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "rowmem",
-        "--state",
-        str(big),
-        "--users",
-        str(args.users),
-        "--rowmem-users",
-        str(args.rowmem_users),
-    ]
-    clone(big, OUT / "work-rowmem")
-    rowmem_argv[rowmem_argv.index(str(big))] = str(OUT / "work-rowmem")
-    done = subprocess.run(rowmem_argv, cwd=ROOT, capture_output=True, timeout=args.timeout, check=False)
-    shutil.rmtree(OUT / "work-rowmem", ignore_errors=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"rowmem failed:\n{done.stderr.decode()[-3000:]}")
-    report["row_memory"] = orjson.loads(done.stdout.splitlines()[-1])
-    report["runs"] = runs
-    report["summary"] = summary
+    if "traffic" in parts:
+        log(f"live traffic: big (lazy) vs small (resident), {args.reps} interleaved repetitions")
+        runs = interleaved(args, ["big", "resident"], args.reps, {"big": big, "resident": small})
+        pairs = list(zip(runs["big"], runs["resident"], strict=True))
+        summary |= {
+            "big_entries_per_s": med(r["entries_per_s"] for r in runs["big"]),
+            "resident_entries_per_s": med(r["entries_per_s"] for r in runs["resident"]),
+            "big_entries_per_cpu_s": med(r["entries_per_cpu_s"] for r in runs["big"]),
+            "resident_entries_per_cpu_s": med(r["entries_per_cpu_s"] for r in runs["resident"]),
+            "speed_ratio": med(b["entries_per_s"] / r["entries_per_s"] for b, r in pairs),
+            "speed_ratio_cpu": med(b["entries_per_cpu_s"] / r["entries_per_cpu_s"] for b, r in pairs),
+            "big_peak_rss": max(r["peak_rss"] for r in runs["big"]),
+            "resident_peak_rss": max(r["peak_rss"] for r in runs["resident"]),
+        }
+        report["runs"] = runs
+    if "restart" in parts:
+        log(f"restart to the first applied batch: big vs empty, {args.restart_reps} interleaved repetitions")
+        restarts = interleaved(args, ["big", "empty"], args.restart_reps, {"big": big}, first_batch_only=True)
+        pairs = list(zip(restarts["big"], restarts["empty"], strict=True))
+        summary |= {
+            "big_restart_s": med(r["restart_s"] for r in restarts["big"]),
+            "empty_restart_s": med(r["restart_s"] for r in restarts["empty"]),
+            "restart_ratio": med(b["restart_s"] / e["restart_s"] for b, e in pairs),
+            "big_first_batch_s": med(r["first_batch_s"] for r in restarts["big"]),
+            "empty_first_batch_s": med(r["first_batch_s"] for r in restarts["empty"]),
+        }
+        report["restarts"] = restarts
+    if "rowmem" in parts:
+        log("measuring resident memory per hot row")
+        work = OUT / "work-rowmem"
+        clone(big, work)
+        argv = [sys.executable, str(Path(__file__).resolve()), "rowmem", "--state", str(work)]
+        argv += ["--users", str(args.users), "--rowmem-users", str(args.rowmem_users)]
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, timeout=args.timeout, check=False)
+        shutil.rmtree(work, ignore_errors=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"rowmem failed:\n{done.stderr.decode()[-3000:]}")
+        report["row_memory"] = orjson.loads(done.stdout.splitlines()[-1])
     ok = True
-    if args.replay:
+    if "replay" in parts and args.replay:
         log("replay of the state-dir stream, in memory and with --state-dir")
         ok = replay_part(args, report)
-    (ROOT / "bench" / "out" / "state_report.json").write_bytes(
-        orjson.dumps(report, option=orjson.OPT_INDENT_2)
-    )
+    report_path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     print_table(report)
     return 0 if ok else 1
 
 
+def interleaved(
+    args: argparse.Namespace,
+    modes: list[str],
+    reps: int,
+    states: dict[str, Path],
+    first_batch_only: bool = False,
+) -> dict[str, list[dict[str, Any]]]:
+    """Each mode once per repetition, the order rotating; every run on a fresh copy of its state
+    (an empty folder for `empty`)."""
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    for rep in range(reps):
+        for mode in modes[rep % len(modes) :] + modes[: rep % len(modes)]:
+            work = OUT / f"work-{mode}"
+            if mode in states:
+                clone(states[mode], work)
+            else:
+                shutil.rmtree(work, ignore_errors=True)
+                work.mkdir(parents=True)
+            result = spawn_worker(args, mode, work, first_batch_only)
+            shutil.rmtree(work, ignore_errors=True)
+            runs[mode].append(result)
+            line = (
+                f"  rep {rep + 1} {mode}: restart {result['restart_s']:.2f} s (interpreter "
+                f"{result['interpreter_s']:.2f}, imports {result['imports_s']:.2f}, open+restore "
+                f"{result['open_restore_s']:.2f}, first batch {result['first_batch_s']:.2f})"
+            )
+            if not first_batch_only:
+                line += (
+                    f", {result['entries_per_s']:,.0f} entries/s ({result['entries_per_cpu_s']:,.0f}/CPU s), "
+                    f"peak RSS {mib(result['peak_rss'])}, rows read {result['rows_read']:,}, "
+                    f"resident {result['resident_rows']:,}"
+                )
+            log(line)
+    return runs
+
+
 def print_table(report: dict[str, Any]) -> None:
-    s = report["summary"]
+    """The figures with their goals (issue 13); parts not run yet are left out."""
+    s = report.get("summary", {})
     big = report["state_big"]
-    rm = report["row_memory"]
     print(
         f"\nState bench: {big['rows']:,} rows ({big['users']:,} users x {big['conversations']} "
-        f"conversations), "
-        f"{mib(big['disk_bytes'])} on disk, {big['disk_bytes_per_row']} B/row (rows db)"
+        f"conversations), {mib(big['disk_bytes'])} on disk, {big['disk_bytes_per_row']} B/row (rows db)"
     )
-    print(
-        f"  live traffic touching 1% of users, {report['sizes']['entries']:,} entries, hot rows "
-        f"{report['sizes']['hot_rows']:,}"
-    )
-    print(f"  {'':22} {'big (lazy)':>14} {'small, resident':>16} {'empty':>10}")
-    print(
-        f"  {'entries/s (median)':22} {s['big_entries_per_s']:>14,.0f} {s['resident_entries_per_s']:>16,.0f}"
-    )
-    print(f"  {'peak RSS (max)':22} {mib(s['big_peak_rss']):>14} {mib(s['resident_peak_rss']):>16}")
-    print(
-        f"  {'restart -> 1st batch':22} {s['big_restart_s']:>13.2f}s {'':>16} {s['empty_restart_s']:>9.2f}s"
-    )
-    print(
-        f"  speed big/resident {s['speed_ratio']:.3f} (CPU {s['speed_ratio_cpu']:.3f}; goal >= 0.9), "
-        f"peak RSS {mib(s['big_peak_rss'])} (goal <= 1024 MiB), restart {s['big_restart_s']:.2f} s "
-        f"(goal <= 10 s), restart big/empty {s['restart_ratio']:.2f} (goal <= 1.5)"
-    )
-    for name, figures in rm.items():
+    if "speed_ratio" in s:
+        print(
+            f"  live traffic touching 1% of users, {report['sizes']['entries']:,} entries, hot rows "
+            f"{report['sizes']['hot_rows']:,}:"
+        )
+        print(f"  {'':24} {'big (lazy)':>14} {'small, resident':>16}")
+        for label, key, fmt in (
+            ("entries/s (median)", "entries_per_s", "{:,.0f}"),
+            ("entries per CPU s", "entries_per_cpu_s", "{:,.0f}"),
+        ):
+            b, r = fmt.format(s[f"big_{key}"]), fmt.format(s[f"resident_{key}"])
+            print(f"  {label:24} {b:>14} {r:>16}")
+        print(f"  {'peak RSS (max)':24} {mib(s['big_peak_rss']):>14} {mib(s['resident_peak_rss']):>16}")
+        print(
+            f"  speed big/resident {s['speed_ratio']:.3f} wall, {s['speed_ratio_cpu']:.3f} CPU "
+            "(goal >= 0.9); "
+            f"peak RSS {mib(s['big_peak_rss'])} (goal <= 1024 MiB)"
+        )
+    if "restart_ratio" in s:
+        print(
+            f"  restart -> first applied batch: big {s['big_restart_s']:.2f} s (goal <= 10 s), empty "
+            f"{s['empty_restart_s']:.2f} s, big/empty {s['restart_ratio']:.2f} (goal <= 1.5); first batch "
+            f"alone {s['big_first_batch_s']:.2f} s vs {s['empty_first_batch_s']:.2f} s"
+        )
+    for name, figures in report.get("row_memory", {}).items():
         print(
             f"  resident memory per hot row, {name}: {figures['traced_bytes_per_row']} B traced "
             f"(goal <= 600), {figures['rss_bytes_per_row']} B RSS ({figures['rows']:,} rows)"
@@ -833,6 +852,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--entries", type=int, default=env_int("SBENCH_TRAFFIC", 300_000))
     parser.add_argument("--batch", type=int, default=env_int("SBENCH_BATCH", 5000))
     parser.add_argument("--reps", type=int, default=env_int("SBENCH_REPS", 3))
+    parser.add_argument("--restart-reps", type=int, default=env_int("SBENCH_RESTART_REPS", 5))
+    parser.add_argument(
+        "--parts",
+        default=os.environ.get("SBENCH_PARTS", "traffic,restart,rowmem,replay"),
+        help="which parts to run (comma-separated); parts run alone update bench/out/state_report.json",
+    )
     parser.add_argument("--hot-rows", type=int, default=env_int("SBENCH_HOT_ROWS", int(default_hot)))
     parser.add_argument("--window-ms", type=int, default=5000)
     parser.add_argument("--rowmem-users", type=int, default=env_int("SBENCH_ROWMEM_USERS", 2000))
