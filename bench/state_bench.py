@@ -73,7 +73,8 @@ MODULE_STARTED = time.time()  # a child's restart time splits here: the interpre
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-OUT = ROOT / "bench" / "out" / "state"
+# The generated states, the replay stream and the scratch copies (SBENCH_OUT moves them).
+OUT = Path(os.environ.get("SBENCH_OUT", str(ROOT / "bench" / "out" / "state")))
 T0_MS = 1_767_225_600_000
 USER_BASE = 1 << 40  # user ids: USER_BASE + u * USER_STRIDE (spread, 8 bytes big-endian keys)
 USER_STRIDE = 7_919
@@ -456,7 +457,8 @@ async def run_worker(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_rowmem(args: argparse.Namespace) -> dict[str, Any]:
     """Resident memory per hot row: users' rows read from the big state into memory through the
-    hot set (UserState, its rows dict, the rows), measured with tracemalloc, then RSS. Two cases:
+    hot set (UserState, its rows dict, the rows), measured with tracemalloc or (in another
+    process) as RSS. Two cases:
     `spread` (every 100th user, as the traffic picks them: one member per group conversation in
     memory, so each row holds its own copy of the conversation's id and head strings) and
     `groups` (consecutive users: whole groups in memory, their rows share those interned strings,
@@ -488,29 +490,28 @@ def run_rowmem(args: argparse.Namespace) -> dict[str, Any]:
 
     load([user_id(args.users - 1)])  # the read path warm (imports, first blocks), not measured
     n = args.rowmem_users
-    cases = {
-        "spread": [user_id(u) for u in range(HOT_EVERY // 2, args.users, HOT_EVERY)][:n],
-        "groups": [user_id(u) for u in range(args.users // 3, args.users // 3 + n)],
-    }
-    out: dict[str, Any] = {}
-    for name, wanted in cases.items():
+    if args.case == "spread":
+        wanted = [user_id(u) for u in range(HOT_EVERY // 2, args.users, HOT_EVERY)][:n]
+    else:
+        wanted = [user_id(u) for u in range(args.users // 3, min(args.users, args.users // 3 + n))]
+    if args.measure == "traced":
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
         rows = load(wanted)
-        traced = tracemalloc.get_traced_memory()[0] - before
+        used = tracemalloc.get_traced_memory()[0] - before
         tracemalloc.stop()
-        out[name] = {"users": len(wanted), "rows": rows, "traced_bytes_per_row": round(traced / rows, 1)}
-    # RSS per row, without tracemalloc's bookkeeping: the same two cases on other users.
-    again = {
-        "spread": [user_id(u) for u in range(HOT_EVERY // 2 + 1, args.users, HOT_EVERY)][:n],
-        "groups": [user_id(u) for u in range(2 * args.users // 3, 2 * args.users // 3 + n)],
-    }
-    for name, wanted in again.items():
-        rss = vm_rss()
+    else:  # RSS, in a process that never ran tracemalloc (its bookkeeping is not counted)
+        before = vm_rss()
         rows = load(wanted)
-        out[name]["rss_bytes_per_row"] = round((vm_rss() - rss) / rows, 1)
+        used = vm_rss() - before
     tables.close()
-    return out
+    return {
+        "case": args.case,
+        "measure": args.measure,
+        "users": len(wanted),
+        "rows": rows,
+        "bytes_per_row": round(used / rows, 1),
+    }
 
 
 # -- the replay part ------------------------------------------------------------------------------
@@ -683,7 +684,7 @@ def mib(n: float) -> str:
 def main(args: argparse.Namespace) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     parts = set(args.parts.split(","))
-    report_path = ROOT / "bench" / "out" / "state_report.json"
+    report_path = OUT.parent / f"{OUT.name}_report.json"  # bench/out/state_report.json
     # Parts run alone (--parts) update the report of an earlier full run.
     report: dict[str, Any] = orjson.loads(report_path.read_bytes()) if report_path.exists() else {}
     report["sizes"] = {k: v for k, v in vars(args).items() if k != "func"}
@@ -737,13 +738,20 @@ def main(args: argparse.Namespace) -> int:
         log("measuring resident memory per hot row")
         work = OUT / "work-rowmem"
         clone(big, work)
-        argv = [sys.executable, str(Path(__file__).resolve()), "rowmem", "--state", str(work)]
-        argv += ["--users", str(args.users), "--rowmem-users", str(args.rowmem_users)]
-        done = subprocess.run(argv, cwd=ROOT, capture_output=True, timeout=args.timeout, check=False)
+        figures: dict[str, dict[str, Any]] = {}
+        for case in ("spread", "groups"):
+            for measure in ("traced", "rss"):
+                argv = [sys.executable, str(Path(__file__).resolve()), "rowmem", "--state", str(work)]
+                argv += ["--users", str(args.users), "--rowmem-users", str(args.rowmem_users)]
+                argv += ["--case", case, "--measure", measure]
+                done = subprocess.run(argv, cwd=ROOT, capture_output=True, timeout=args.timeout, check=False)
+                if done.returncode != 0:
+                    raise RuntimeError(f"rowmem failed:\n{done.stderr.decode()[-3000:]}")
+                result = orjson.loads(done.stdout.splitlines()[-1])
+                entry = figures.setdefault(case, {"users": result["users"], "rows": result["rows"]})
+                entry[f"{measure}_bytes_per_row"] = result["bytes_per_row"]
         shutil.rmtree(work, ignore_errors=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"rowmem failed:\n{done.stderr.decode()[-3000:]}")
-        report["row_memory"] = orjson.loads(done.stdout.splitlines()[-1])
+        report["row_memory"] = figures
     ok = True
     if "replay" in parts and args.replay:
         log("replay of the state-dir stream, in memory and with --state-dir")
@@ -824,7 +832,8 @@ def print_table(report: dict[str, Any]) -> None:
     for name, figures in report.get("row_memory", {}).items():
         print(
             f"  resident memory per hot row, {name}: {figures['traced_bytes_per_row']} B traced "
-            f"(goal <= 600), {figures['rss_bytes_per_row']} B RSS ({figures['rows']:,} rows)"
+            f"(goal <= 600), {figures['rss_bytes_per_row']} B RSS ({figures['rows']:,} rows, "
+            f"{figures['users']:,} users)"
         )
     replay = report.get("replay")
     if replay:
@@ -845,6 +854,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("command", nargs="?", default="main", choices=("main", "child", "rowmem"))
     parser.add_argument("--mode", default="big")
+    parser.add_argument("--case", choices=("spread", "groups"), default="spread")
+    parser.add_argument("--measure", choices=("traced", "rss"), default="traced")
     parser.add_argument("--state", default="")
     parser.add_argument("--users", type=int, default=env_int("SBENCH_USERS", 200_000))
     parser.add_argument("--conversations", type=int, default=env_int("SBENCH_CONVERSATIONS", 50))
