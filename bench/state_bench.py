@@ -357,6 +357,9 @@ class NullOutbox:
     async def frames(self, session_deltas: Any, badges: Any) -> None:
         return None
 
+    async def notices(self, notices: Any) -> None:
+        return None
+
 
 def vm_hwm() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
