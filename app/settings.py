@@ -150,8 +150,9 @@ class Settings:
     intake_fetch_max_bytes: int = bounded(4 * 1024 * 1024, 1024)
     # The worker's hot set: at most this many (user, conversation) rows per partition stay in
     # memory; the rest live in the RocksDB changelog tables and are read on first touch (one
-    # multi-get per batch). ~500 bytes of RAM per resident row (README "Sizing a worker"): the
-    # default is ~256 MiB per partition at most. Clean rows beyond it leave memory after a persist.
+    # multi-get per batch). 570-830 bytes of Python memory, 0.7-1.1 KB of RSS, per resident row
+    # (README "Sizing a worker's state", measured by bench/state_bench.py): the default is
+    # 0.35-0.55 GiB per partition at most. Clean rows beyond it leave memory after a persist.
     hot_rows: int = bounded(500_000, 1000)
     # Time between the starts of two Cassandra mirror rounds, ms: repeated writes to one key
     # within it merge into one statement. The mirror is off the flush path either way (what it

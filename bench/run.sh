@@ -37,4 +37,11 @@ if [ "${BENCH_GATEWAY:-1}" != 0 ]; then
     bash scripts/services.sh up >/dev/null
     "$PY" bench/gateway_bench.py || status=$?
 fi
+# State beyond memory (issue 13): the worker's core owning 10,000,000 generated rows (generated
+# once into bench/out/state/, reused) vs a small fully resident state, restart to first batch vs
+# an empty state, memory per hot row, replay with --state-dir (bench/README.md). No servers.
+# Sizes from SBENCH_*; BENCH_STATE=0 skips it.
+if [ "${BENCH_STATE:-1}" != 0 ]; then
+    "$PY" bench/state_bench.py || status=$?
+fi
 exit "$status"

@@ -18,6 +18,10 @@ from rocksdict import WriteBatch
 from app.kafka.batches import BatchSender
 from app.worker.ports import GATE_KEY, parse_row_key, pending_key, row_key, user_key
 
+# faust's RocksDB options for every table partition's database (faust's defaults unless set here;
+# bench/state_bench.py opens its databases with the same, to measure what the worker's take).
+ROCKSDB_OPTIONS: dict[str, Any] = {}
+
 ROW_KEY_BYTES = 24  # user id (8) + conversation UUID (16)
 PENDING_KEY_BYTES = 16  # user id (8) + mailbox_seq (8)
 
@@ -36,6 +40,7 @@ def declare_tables(app: faust.App, partitions: int) -> dict[str, Any]:
             key_type=bytes,
             value_type=bytes,
             help=help_text,
+            options=dict(ROCKSDB_OPTIONS),
         )
 
     return {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def non_negative_int(text: str) -> int:
@@ -37,3 +38,15 @@ def probability(text: str) -> float:
     if value > 1:
         raise argparse.ArgumentTypeError(f"must be a probability in 0..1, got {text}")
     return value
+
+
+def scratch_folder_problem(path: Path) -> str | None:
+    """Why `path` cannot be a run's scratch state folder (--state-dir), or None. It must be new or
+    empty: a folder left by another run would be read as this run's state."""
+    if not path.exists():
+        return None
+    if not path.is_dir():
+        return "not a folder"
+    if any(path.iterdir()):
+        return "not empty (a scratch folder for this run only: remove it or name a new one)"
+    return None

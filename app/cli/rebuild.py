@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from app.cli.args import non_negative_float, non_negative_int
+from app.cli.args import non_negative_float, non_negative_int, positive_int, scratch_folder_problem
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -128,6 +128,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "state's version"
         ),
     )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help=(
+            "with --by-replay: keep the core's state in RocksDB in DIR (an empty or new folder, "
+            "scratch space for this run) and only a bounded hot set in memory, so a log of any size "
+            "rebuilds in bounded memory (default: the state in memory)"
+        ),
+    )
+    parser.add_argument(
+        "--hot-rows",
+        type=positive_int,
+        metavar="N",
+        help="with --state-dir: rows per partition kept in memory at most (default PROJECTOR_HOT_ROWS)",
+    )
     parser.add_argument("--namespace", required=True, metavar="NS", help="the fresh namespace to write")
     who = parser.add_mutually_exclusive_group()
     who.add_argument("--users", type=_user_list, metavar="ID,...", help="these users")
@@ -172,6 +188,17 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     if args.from_timestamp is not None and not args.by_replay:
         print("projector rebuild: --from-timestamp goes with --by-replay", file=sys.stderr)
         return 2
+    if (args.state_dir is not None or args.hot_rows is not None) and not args.by_replay:
+        print("projector rebuild: --state-dir and --hot-rows go with --by-replay", file=sys.stderr)
+        return 2
+    if args.hot_rows is not None and args.state_dir is None:
+        print("projector rebuild: --hot-rows goes with --state-dir", file=sys.stderr)
+        return 2
+    if args.state_dir is not None:
+        problem = scratch_folder_problem(args.state_dir)
+        if problem:
+            print(f"projector rebuild: --state-dir {args.state_dir}: {problem}", file=sys.stderr)
+            return 2
     from app.rebuild.by_replay import ReplaySourceError
     from app.runtime.preflight import CannotStart
     from app.stores.cassandra_session import CassandraUnavailable
@@ -201,10 +228,11 @@ class RebuildRefused(Exception):
     pass
 
 
-def worker_config(settings: Any) -> Any:
+def worker_config(settings: Any, hot_rows: int | None = None) -> Any:
     from app.worker.core import WorkerConfig
 
-    return WorkerConfig.from_settings(settings)
+    config = WorkerConfig.from_settings(settings)
+    return dataclasses.replace(config, hot_rows=hot_rows) if hot_rows is not None else config
 
 
 async def _run(settings: Any, args: argparse.Namespace) -> int:
@@ -257,20 +285,27 @@ async def _replay_log(
     `from_ms` on the rows `base` loads (see app/rebuild/by_replay.py)."""
     from app.connections import kafka_security_options
     from app.rebuild.by_replay import rebuild_by_replay
+    from app.stores.rocks_tables import RocksTables
 
-    return await rebuild_by_replay(
-        bootstrap=settings.kafka_bootstrap,
-        topic=settings.topic_mailbox_tail,
-        partitions=settings.topic_partitions,
-        config=worker_config(settings),
-        messages=messages,
-        target=target,
-        progress_mode=args.progress,
-        metrics=metrics,
-        from_ms=from_ms,
-        base=base,
-        kafka_options=kafka_security_options(settings),
-    )
+    tables = RocksTables(args.state_dir) if args.state_dir is not None else None
+    try:
+        return await rebuild_by_replay(
+            bootstrap=settings.kafka_bootstrap,
+            topic=settings.topic_mailbox_tail,
+            partitions=settings.topic_partitions,
+            config=worker_config(settings, args.hot_rows),
+            messages=messages,
+            target=target,
+            progress_mode=args.progress,
+            metrics=metrics,
+            from_ms=from_ms,
+            base=base,
+            kafka_options=kafka_security_options(settings),
+            tables=tables,
+        )
+    finally:
+        if tables is not None:
+            tables.close()
 
 
 def _replay_report(replayed: ReplayRebuild) -> dict[str, Any]:

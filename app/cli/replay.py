@@ -13,7 +13,7 @@ from typing import IO, Any
 
 import orjson
 
-from app.cli.args import non_negative_int, positive_int
+from app.cli.args import non_negative_int, positive_int, scratch_folder_problem
 from app.replay import Frame, Replayer, ReplayOptions
 from app.replay.driver import DEFAULT_HOT_ROWS
 from app.settings import Settings
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state-dir",
         metavar="DIR",
-        help="keep the state in RocksDB in DIR (created; scratch space for this run) and only a "
+        help="keep the state in RocksDB in DIR (new or empty; scratch space for this run) and only a "
         "bounded hot set in memory: replay a log of any size (default: all in memory)",
     )
     parser.add_argument(
@@ -110,6 +110,11 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         max_dirty_rows=args.max_dirty_rows,
         include_muted=args.include_muted,
     )
+    if args.state_dir:
+        problem = scratch_folder_problem(Path(args.state_dir))
+        if problem:
+            print(f"projector replay: --state-dir {args.state_dir}: {problem}", file=sys.stderr)
+            return 2
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)

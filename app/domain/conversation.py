@@ -340,17 +340,50 @@ class ConversationState:
     def load(cls, record: list[Any], user_id: int, conversation_id: str) -> ConversationState:
         if record[0] != _RECORD_FORMAT:
             raise ValueError(f"unknown row record format {record[0]!r}")
+        if len(record) != _RECORD_LENGTH:
+            raise ValueError(f"a row record has {_RECORD_LENGTH} fields, not {len(record)}")
         row = cls.__new__(cls)
         row.user_id = user_id
         row.conversation_id = sys.intern(conversation_id)
-        for name, value in zip(_PLAIN_FIELDS, record[1 : 1 + len(_PLAIN_FIELDS)], strict=True):
-            setattr(row, name, value)
-        if row.head_message_id is not None:
-            row.head_message_id = sys.intern(row.head_message_id)
-        if row.head_activity_id is not None:
-            row.head_activity_id = sys.intern(row.head_activity_id)
-        for name, data in zip(_BITMAP_FIELDS, record[1 + len(_PLAIN_FIELDS) :], strict=True):
-            setattr(row, name, seqs.load(data))
+        # One unpacking, not a setattr per field: rows are read on every first touch of a user
+        # after a restart or an eviction (a loop of setattr cost ~2x). Same order as _PLAIN_FIELDS
+        # (checked below the class).
+        (
+            _,
+            row.archived,
+            row.base,
+            row.changed_at,
+            row.deleted_before,
+            row.floor,
+            head_activity_id,
+            head_message_id,
+            row.head_seq,
+            row.hidden_before,
+            row.joined_at,
+            row.left_at,
+            row.membership,
+            row.mention_count,
+            row.mention_first,
+            row.muted,
+            row.pin_rank,
+            row.read_seq,
+            row.role,
+            row.unread_count,
+            row.unread_exact,
+            row.version,
+            row.writes,
+            received,
+            counting,
+            mentioning,
+            recalled,
+        ) = record
+        row.head_activity_id = sys.intern(head_activity_id) if head_activity_id is not None else None
+        row.head_message_id = sys.intern(head_message_id) if head_message_id is not None else None
+        load = seqs.load
+        row.received = load(received)
+        row.counting = load(counting)
+        row.mentioning = load(mentioning)
+        row.recalled = load(recalled)
         return row
 
     def copy(self) -> ConversationState:
@@ -373,6 +406,14 @@ _PLAIN_FIELDS = tuple(
     if name not in _BITMAP_FIELDS and name not in ("user_id", "conversation_id")
 )
 _RECORD_FORMAT = 2
+_RECORD_LENGTH = 1 + len(_PLAIN_FIELDS) + len(_BITMAP_FIELDS)
+# `load` unpacks a record in this exact order: a new field must be added there too.
+assert _PLAIN_FIELDS == (
+    "archived", "base", "changed_at", "deleted_before", "floor", "head_activity_id",
+    "head_message_id", "head_seq", "hidden_before", "joined_at", "left_at", "membership",
+    "mention_count", "mention_first", "muted", "pin_rank", "read_seq", "role", "unread_count",
+    "unread_exact", "version", "writes",
+), "ConversationState.load unpacks the record fields in _PLAIN_FIELDS order"
 
 # Dispatch on the decoded struct's class: one dict lookup on the hot path.
 _HANDLERS: dict[type, Callable[[ConversationState, Any, MessageStore, int], None]] = {

@@ -7,7 +7,8 @@ a pure function of the entries applied to it, whatever the flush timing), badges
 too. Nothing is produced: no frames (clients must never hear of a namespace that does not serve)
 and no dead letters (the worker sent them the first time; they are counted). No consumer group:
 the worker's committed offsets are untouched. A rebuild that dies starts over (its tables are
-memory).
+memory, or with ``--state-dir`` a scratch RocksDB folder: the worker's hot set then keeps at most
+``hot_rows`` rows per partition in memory, so a log of any size rebuilds in bounded memory).
 
 From a timestamp (``--from-timestamp T``, for a log partly past retention): each partition is read
 from the first record whose Kafka timestamp is >= T (``offsets_for_times``). Entries before T are
@@ -32,7 +33,7 @@ from app.metrics import RebuildMetrics
 from app.rebuild.progress import Progress
 from app.stores.memory_tables import MemoryTables
 from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms
-from app.worker.ports import RawRecord, raw_record
+from app.worker.ports import RawRecord, StateTables, raw_record
 
 FETCH_RECORDS = 5000
 BASE_EVENT_ID: Final = "rebuild-base-from-state"
@@ -115,9 +116,12 @@ async def rebuild_by_replay(
     from_ms: int | None = None,
     base: BaseLoader | None = None,
     kafka_options: Mapping[str, Any] | None = None,
+    tables: StateTables | None = None,
 ) -> ReplayRebuild:
     """Replay mailbox-tail into `target`: from the beginning, or from `from_ms` (Kafka record
-    time, ms) with `base` giving the tail's users their state from before it."""
+    time, ms) with `base` giving the tail's users their state from before it. `tables`: where the
+    core keeps its state (default: in memory; app.stores.rocks_tables.RocksTables for a log whose
+    state does not fit in memory)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     consumer = AIOKafkaConsumer(
@@ -154,7 +158,7 @@ async def rebuild_by_replay(
             config,
             message_store=messages,
             projection_store=target,
-            tables=MemoryTables(),
+            tables=tables if tables is not None else MemoryTables(),
             outbox=SilentOutbox(),
         )
         result = ReplayRebuild(
@@ -190,10 +194,22 @@ async def rebuild_by_replay(
         result.duplicates = stats.duplicates
         result.dead_letters = stats.dead_letters
         result.pending = sum(state.processor.pending_count for state in core.partitions.values())
-        result.users = sum(len(state.processor.users) for state in core.partitions.values())
+        # Every applied user was flushed by flush_all: the target holds them all (the processors
+        # hold only their hot sets).
+        result.users = await _users_written(target, core)
         return result
     finally:
         await consumer.stop()
+
+
+async def _users_written(target: ProjectionStore, core: WorkerCore) -> int:
+    """Users the rebuild wrote: flush_all flushed every applied user, so the fresh namespace holds
+    them all (the processors may hold only their hot sets by now). A store that cannot list its
+    users: those in memory (all of them when nothing was evicted)."""
+    listing = getattr(target, "user_ids", None)
+    if listing is not None:
+        return len(await listing())
+    return sum(len(state.processor.users) for state in core.partitions.values())
 
 
 async def _adopt_new_users(

@@ -26,8 +26,9 @@ from app.worker.state_source import TablesSource
 
 Frame = dict[str, Any]
 
-# Rows kept in memory by a replay with a state folder (a few hundred bytes each).
-DEFAULT_HOT_ROWS = 200_000
+# Rows kept in memory by a replay with a state folder (600-800 bytes each: README "Sizing a
+# worker's state"). A chunk of input touches a few thousand rows: more would only hold memory.
+DEFAULT_HOT_ROWS = 100_000
 
 
 @dataclass(frozen=True, slots=True)

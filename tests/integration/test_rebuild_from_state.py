@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ from app.domain.badge import Badge
 from app.domain.flush import UserFlush
 from app.rebuild.from_state import UNKNOWABLE_FROM_STATE
 from app.stores.redis_projection import RedisProjectionStore, serving_key
-from tests.integration.stack import Stack, read_jsonl
+from tests.integration.stack import PROJECTOR, ROOT, Stack, read_jsonl
 from tests.support.api import SECRET
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -175,7 +176,7 @@ async def test_rebuild_by_replay_is_identical_field_by_field_then_swap(
     live_rows, live_badges = await stack.projection(users)
     assert live_rows
 
-    first_ns, swapped_ns = f"{base}-p1", f"{base}-p2"
+    first_ns, swapped_ns, disk_ns = f"{base}-p1", f"{base}-p2", f"{base}-p3"
     cleanup = RedisProjectionStore.from_settings(stack.settings, base)
     try:
         report1 = tmp_path / "p1.json"
@@ -187,6 +188,33 @@ async def test_rebuild_by_replay_is_identical_field_by_field_then_swap(
         assert rows1 == live_rows
         assert badges1 == [{k: b[k] for k in BADGE} for b in live_badges]
         assert await cleanup.client.get(serving_key(base)) is None
+
+        # The same with the core's state in RocksDB (--state-dir) and a hot set of 5 rows: rows
+        # leave memory after every persist and are read back as entries touch them.
+        state_dir = tmp_path / "rebuild-state"
+        report3 = tmp_path / "p3.json"
+        stack.run(
+            *("rebuild", "--by-replay", "--namespace", disk_ns, "--report", str(report3)),
+            *("--state-dir", str(state_dir), "--hot-rows", "5"),
+        )
+        report = orjson.loads(report3.read_bytes())
+        assert report["diff"]["identical"] and report["diff"]["unknowable_differing"] == {}, report["diff"]
+        assert report["users_rebuilt"] == len(users), report  # counted from what was written
+        rows3, badges3 = await namespace_projection(stack, disk_ns, users)
+        assert rows3 == live_rows
+        assert badges3 == badges1
+        assert {"rows", "users"} <= {p.name.split("-")[0] for p in state_dir.iterdir()}
+        # A folder holding a run's state is not scratch space any more: refused, nothing written.
+        argv = [*PROJECTOR, "rebuild", "--by-replay", "--namespace", f"{base}-p4", "--state-dir"]
+        refused = subprocess.run(
+            [*argv, str(state_dir)],
+            cwd=ROOT,
+            env=stack.env,
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
+        assert refused.returncode == 2 and b"not empty" in refused.stderr
 
         assert await cleanup.delete_all() == len(users)
         stack.run(
@@ -210,7 +238,7 @@ async def test_rebuild_by_replay_is_identical_field_by_field_then_swap(
         rows2, _ = await namespace_projection(stack, swapped_ns, users)
         assert rows2 == live_rows
     finally:
-        for ns in (first_ns, swapped_ns):
+        for ns in (first_ns, swapped_ns, disk_ns):
             await RedisProjectionStore(cleanup.client, ns).delete_all()
         await cleanup.client.delete(serving_key(base))
         await cleanup.aclose()

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,10 @@ def test_output_files_equal_run_replay(
     if include_muted:
         args.append("--include-muted")
     if state_dir is not None:
-        args += ["--state-dir", str(tmp_path / f"state-{id(stream)}"), "--hot-rows", str(state_dir)]
+        # A new folder per example: object ids repeat across examples, and a folder holding an
+        # earlier example's state is refused (it would be read as this run's state).
+        state = tmp_path / f"state-{uuid.uuid4().hex}"
+        args += ["--state-dir", str(state), "--hot-rows", str(state_dir)]
     proc = projector(*args)
     assert proc.returncode == 0, proc.stderr.decode()
     opts = ReplayOptions(
@@ -160,6 +164,20 @@ def test_missing_required_option_exits_2(tmp_path: Path, missing: str) -> None:
     proc = projector("replay", *[x for kv in args.items() for x in kv])
     _assert_clear_failure(proc, missing)
     assert proc.returncode == 2
+
+
+def test_a_state_folder_holding_anything_is_refused(tmp_path: Path) -> None:
+    """--state-dir is scratch space for one run: a folder left by another run would be read as
+    this run's state (its rows would leak into the outputs), so it is refused before reading."""
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(small_stream()))
+    state = tmp_path / "state"
+    proc = projector("replay", "--input", str(src), "--out", str(tmp_path / "o1"), "--state-dir", str(state))
+    assert proc.returncode == 0, proc.stderr.decode()
+    proc = projector("replay", "--input", str(src), "--out", str(tmp_path / "o2"), "--state-dir", str(state))
+    _assert_clear_failure(proc, "not empty")
+    assert proc.returncode == 2
+    assert not (tmp_path / "o2").exists()
 
 
 def test_unreadable_input_fails_clearly(tmp_path: Path) -> None:

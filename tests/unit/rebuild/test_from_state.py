@@ -5,6 +5,7 @@ live (replayed) projection on every field state can know; the diff finds what di
 from __future__ import annotations
 
 import io
+import os
 from typing import Any
 
 import pytest
@@ -197,6 +198,11 @@ def test_the_replay_rebuilds_tables_give_the_replayed_projection() -> None:
     [
         (["rebuild", "--from-state", "--namespace", "x"], "needs --users"),  # whose?
         (["rebuild", "--by-replay", "--namespace", "x", "--users", "1"], "every user"),
+        (["rebuild", "--from-state", "--all-known", "--namespace", "x", "--state-dir", "d"], "--by-replay"),
+        (["rebuild", "--by-replay", "--namespace", "x", "--hot-rows", "5"], "goes with --state-dir"),
+        # --state-dir is scratch space: a file, or a folder holding anything, is refused.
+        (["rebuild", "--by-replay", "--namespace", "x", "--state-dir", __file__], "not a folder"),
+        (["rebuild", "--by-replay", "--namespace", "x", "--state-dir", os.path.dirname(__file__)], "empty"),
     ],
 )
 def test_rebuild_arguments_are_checked_before_any_connection(
