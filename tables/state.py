@@ -20,7 +20,11 @@ from app.worker.ports import GATE_KEY, parse_row_key, pending_key, row_key, user
 
 # faust's RocksDB options for every table partition's database (faust's defaults unless set here;
 # bench/state_bench.py opens its databases with the same, to measure what the worker's take).
-ROCKSDB_OPTIONS: dict[str, Any] = {}
+# The block cache is bounded: faust's default is 2 GiB per table partition's database, so a
+# worker reading much of its state over time would grow towards its whole rows database in RAM —
+# the opposite of a bounded hot set (issue 13). The hot rows live in Python (PROJECTOR_HOT_ROWS);
+# RocksDB's cache only has to keep index/filter blocks and recently read data blocks warm.
+ROCKSDB_OPTIONS: dict[str, Any] = {"block_cache_size": 16 * 1024 * 1024}
 
 ROW_KEY_BYTES = 24  # user id (8) + conversation UUID (16)
 PENDING_KEY_BYTES = 16  # user id (8) + mailbox_seq (8)
