@@ -18,14 +18,13 @@ U64_MAX = 2**64 - 1
 U32_MAX = 2**32 - 1
 
 # msgspec cannot express bounds past int64, and the contract bounds no seq or time below u64:
-# the upper bounds are checked after decoding (`_too_big`), with one cheap max() on the way.
+# the upper bounds are checked after decoding (decode_record), with one cheap test on the way.
 U64 = Annotated[int, msgspec.Meta(ge=0)]
 U32 = Annotated[int, msgspec.Meta(ge=0, le=U32_MAX)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 # Conversation seqs index RoaringBitmap64 ranges (seq + 1 must fit in u64).
 SEQ_MAX = U64_MAX - 1
-INT64_MAX = 2**63 - 1
 # conversation_id and activity_id are checked after decoding (see `_id_problem`): a regex in
 # the decoder costs more than the rest of the decode, and conversation ids repeat (cached).
 ConversationId = str
@@ -238,7 +237,6 @@ def decode_record(raw: bytes, lanes: int) -> Record | DeadLetter:
         return DeadLetter(
             reason=f"lane {record.lane} out of range [0, {lanes})", raw=raw, kind="lane_out_of_range"
         )
-    kind = type(record)
     if kind is WatermarkMarker:
         marker: WatermarkMarker = record  # type: ignore[assignment]
         if marker.watermark > U64_MAX or marker.ts > U64_MAX:
@@ -248,9 +246,22 @@ def decode_record(raw: bytes, lanes: int) -> Record | DeadLetter:
             )
         return marker
     entry: Entry = record  # type: ignore[assignment]  # narrowed by the `is` check above
-    getter, bounds = _INT_FIELDS[kind]
-    if max(getter(entry)) > INT64_MAX:  # rare: only then look at each field's own bound
-        for name, high in bounds:
+    if kind is MessageEntry:
+        # The hot type, its int fields (_MESSAGE_INTS) inline: the values are >= 0, so their OR
+        # exceeds SEQ_MAX only when one of them does.
+        message: MessageEntry = record  # type: ignore[assignment]
+        too_big = (
+            message.mailbox_seq
+            | message.ts
+            | message.user_id
+            | message.conversation_seq
+            | message.sender_id
+            | message.created_at
+        ) > SEQ_MAX
+    else:
+        too_big = max(_INT_FIELDS[kind][0](entry)) > SEQ_MAX
+    if too_big:  # rare (every bound is >= SEQ_MAX): only then look at each field's own bound
+        for name, high in _INT_FIELDS[kind][1]:
             if getattr(entry, name) > high:
                 return DeadLetter(
                     reason=f"Expected `int` <= {high} - at `$.{name}`", raw=raw, kind="int_out_of_range"
@@ -273,12 +284,16 @@ def decode_record(raw: bytes, lanes: int) -> Record | DeadLetter:
             _known_conversations.add(conversation_id)
     if kind is MessageEntry:
         activity_id = entry.activity_id  # type: ignore[union-attr]
-        if len(activity_id) != 32 or activity_id.strip(_LOWER_HEX):
-            return DeadLetter(
-                reason=f"activity_id is not 32 lowercase hex chars: {activity_id[:64]!r}",
-                raw=raw,
-                kind="bad_activity_id",
-            )
+        if activity_id not in _known_activities:  # a message's id repeats in all its fan-out
+            if len(activity_id) != 32 or activity_id.strip(_LOWER_HEX):
+                return DeadLetter(
+                    reason=f"activity_id is not 32 lowercase hex chars: {activity_id[:64]!r}",
+                    raw=raw,
+                    kind="bad_activity_id",
+                )
+            if len(_known_activities) >= _KNOWN_ACTIVITIES_MAX:
+                _known_activities.clear()
+            _known_activities.add(activity_id)
     return entry
 
 
@@ -286,6 +301,8 @@ _LOWER_HEX = "0123456789abcdef"
 _ANY_HEX = "0123456789abcdefABCDEF"
 _KNOWN_CONVERSATIONS_MAX = 1 << 20
 _known_conversations: set[str] = set()  # canonical ids already validated
+_KNOWN_ACTIVITIES_MAX = 1 << 16
+_known_activities: set[str] = set()  # activity ids already validated
 
 
 def _is_uuid(text: str) -> bool:
@@ -396,6 +413,11 @@ def _int_fields(kind: type) -> tuple[Callable[[Any], tuple[int, ...]], tuple[tup
 
 
 _INT_FIELDS = {kind: _int_fields(kind) for kind in get_args(Entry)}
+# decode_record checks a message's int fields inline, by name: a field added to MessageEntry must
+# be added there too.
+_MESSAGE_INTS = ("mailbox_seq", "ts", "user_id", "conversation_seq", "sender_id", "created_at")
+if tuple(sorted(name for name, _ in _INT_FIELDS[MessageEntry][1])) != tuple(sorted(_MESSAGE_INTS)):
+    raise AssertionError("MessageEntry's int fields changed: update the inline check in decode_record")
 
 
 def _kind(exc: msgspec.DecodeError) -> str:

@@ -66,6 +66,26 @@ def add(seqs: Seqs, seq: int) -> bytes | BitMap | BitMap64:
     return seqs
 
 
+def added(seqs: Seqs, seq: int) -> tuple[bytes | BitMap | BitMap64, bool]:
+    """`add`, and whether `seq` was not there before (one call where `has` + `add` took two)."""
+    if seqs is None:
+        return _pack((seq,)), True  # type: ignore[arg-type]
+    if isinstance(seqs, bytes):
+        view = _view(seqs)
+        at = bisect_left(view, seq)
+        if at < len(view) and view[at] == seq:
+            return seqs, False
+        if len(view) < SMALL_MAX:
+            return seqs[: at * 8] + _pack((seq,)) + seqs[at * 8 :], True  # type: ignore[arg-type]
+        seqs = _roaring(seqs)
+    elif seq >= WIDE and isinstance(seqs, BitMap):
+        seqs = BitMap64(list(seqs))  # a 32-bit set holds no seq this high
+    elif seq in seqs:
+        return seqs, False
+    seqs.add(seq)
+    return seqs, True
+
+
 def add_range(seqs: Seqs, low: int, high: int) -> Seqs:
     """Add [low, high)."""
     if low >= high:
