@@ -153,6 +153,10 @@ class Settings:
     # multi-get per batch). ~500 bytes of RAM per resident row (README "Sizing a worker"): the
     # default is ~256 MiB per partition at most. Clean rows beyond it leave memory after a persist.
     hot_rows: int = bounded(500_000, 1000)
+    # Time between the starts of two Cassandra mirror rounds, ms: repeated writes to one key
+    # within it merge into one statement. The mirror is off the flush path either way (what it
+    # has not written is recorded in the changelog), so this only trades Cassandra load for lag.
+    mirror_spacing_ms: int = bounded(100, 0, 60_000)
     # Beyond this distance between base and latest, unread becomes inexact (shown as 99+).
     unread_precise_limit: int = bounded(200, UNREAD_PRECISE_LIMIT_MIN)
 

@@ -97,6 +97,8 @@ class UserConversationStateWriter:
         self._state: dict[StateKey, dict[str, Any]] = {}
         self._members: dict[MemberKey, dict[str, Any]] = {}
         self._member_stats: dict[MemberKey, MemberStatsRow] = {}
+        # The share of the round being written (asyncio flush): owed until acknowledged.
+        self._in_flight: _Staged | None = None
 
         def prepare(template: str, **parts: str) -> Any:
             # Only the keyspace (an identifier, checked) and column lists taken from schema.py are
@@ -148,8 +150,8 @@ class UserConversationStateWriter:
         """Stage state fields for (user, conversation); later stages of a field win, except
         ``first_seen_*`` (the pair with the lowest ``first_seen_mailbox_seq`` wins). Fields are
         column names or the core's short names (:data:`ALIASES`: ``read_seq``, ``joined_at``)."""
-        _check_fields(fields)
-        key = (check_user_id(user_id), _canonical(conversation_id))
+        check_state_fields(fields)
+        key = (check_user_id(user_id), canonical_conversation_id(conversation_id))
         staged = self._state.get(key)
         if staged is None:
             staged = self._state[key] = {}
@@ -158,7 +160,7 @@ class UserConversationStateWriter:
             if name not in FIRST_SEEN_FIELDS:
                 staged[name] = value
         if "first_seen_mailbox_seq" in fields:
-            _merge_first_seen(staged, fields)
+            merge_first_seen(staged, fields)
 
     def stage_member(
         self,
@@ -176,38 +178,36 @@ class UserConversationStateWriter:
             "joined_at_conversation_seq": joined_at,
             "left_at_conversation_seq": left_at,
         }
-        self._members[(_canonical(conversation_id), check_user_id(user_id))] = _checked_member_row(row)
+        key = (canonical_conversation_id(conversation_id), check_user_id(user_id))
+        self._members[key] = checked_member_row(row)
 
     def stage_member_stats(
         self, conversation_id: str, user_id: int, record_count: int, mention_count: int, mailbox_seq: int
     ) -> None:
         """Stage a member's statistics (absolute values, from the entry ``mailbox_seq``); the
         highest ``mailbox_seq`` staged for a member wins, here and in Cassandra."""
-        for name, value in (("record_count", record_count), ("mention_count", mention_count)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-        if isinstance(mailbox_seq, bool) or not isinstance(mailbox_seq, int) or not 0 < mailbox_seq < 2**64:
-            raise ValueError(f"mailbox_seq must be a positive u64, got {mailbox_seq!r}")
-        # A write timestamp (and the bigint column) holds 63 bits: the u64 contract's top half
-        # is clamped. Seqs that far up would only tie with each other (then the larger values
-        # win, Cassandra's tie rule); a worker must never stop on a valid entry over it.
-        mailbox_seq = min(mailbox_seq, INT64_MAX)
-        key = (_canonical(conversation_id), check_user_id(user_id))
+        values = checked_member_stats(record_count, mention_count, mailbox_seq)
+        key = (canonical_conversation_id(conversation_id), check_user_id(user_id))
         staged = self._member_stats.get(key)
-        if staged is None or staged[2] <= mailbox_seq:
-            self._member_stats[key] = (record_count, mention_count, mailbox_seq)
+        if staged is None or staged[2] <= values[2]:
+            self._member_stats[key] = values
 
     def owed(self) -> dict[StateKey, dict[str, Any]]:
-        """What is staged and not written yet, per (user, conversation): ``state`` (the fields),
+        """What is staged or being written and not acknowledged yet, per (user, conversation):
+        ``state`` (the fields),
         ``member`` (the group_members row) and ``stats`` ([record_count, mention_count, seq]).
         Plain values, so the worker can keep them in a changelog record; :meth:`restage` takes
         them back after a restart."""
+        state, members, member_stats = dict(self._state), dict(self._members), dict(self._member_stats)
+        if self._in_flight is not None:
+            # A round writing now may still fail: until it is done, its share is owed too.
+            _merge_older((state, members, member_stats), self._in_flight)
         owed: dict[StateKey, dict[str, Any]] = {}
-        for key, fields in self._state.items():
+        for key, fields in state.items():
             owed[key] = {"state": dict(fields)}
-        for (conversation_id, user_id), row in self._members.items():
+        for (conversation_id, user_id), row in members.items():
             owed.setdefault((user_id, conversation_id), {})["member"] = dict(row)
-        for (conversation_id, user_id), values in self._member_stats.items():
+        for (conversation_id, user_id), values in member_stats.items():
             owed.setdefault((user_id, conversation_id), {})["stats"] = list(values)
         return owed
 
@@ -215,13 +215,13 @@ class UserConversationStateWriter:
         """Stage again what :meth:`owed` returned (anything staged since for the key wins)."""
         fields = owed.get("state")
         if fields:
-            _check_fields(fields)
-            key = (check_user_id(user_id), _canonical(conversation_id))
+            check_state_fields(fields)
+            key = (check_user_id(user_id), canonical_conversation_id(conversation_id))
             self._restore({key: {ALIASES.get(name, name): value for name, value in fields.items()}}, {})
         member = owed.get("member")
         if member is not None:
-            member_key = (_canonical(conversation_id), check_user_id(user_id))
-            self._members.setdefault(member_key, _checked_member_row(member))
+            member_key = (canonical_conversation_id(conversation_id), check_user_id(user_id))
+            self._members.setdefault(member_key, checked_member_row(member))
         stats = owed.get("stats")
         if stats is not None:
             record_count, mention_count, mailbox_seq = stats
@@ -230,11 +230,15 @@ class UserConversationStateWriter:
     def drop(self, keys: Iterable[StateKey]) -> None:
         """Forget what is staged for these (user, conversation) keys: another writer took them
         over (a partition handed to another worker, which restages them from its changelog)."""
+        parts = [(self._state, self._members, self._member_stats)]
+        if self._in_flight is not None:  # a failing round must not restore them
+            parts.append(self._in_flight)
         for user_id, conversation_id in keys:
-            cid = _canonical(conversation_id)
-            self._state.pop((user_id, cid), None)
-            self._members.pop((cid, user_id), None)
-            self._member_stats.pop((cid, user_id), None)
+            cid = canonical_conversation_id(conversation_id)
+            for state, members, member_stats in parts:
+                state.pop((user_id, cid), None)
+                members.pop((cid, user_id), None)
+                member_stats.pop((cid, user_id), None)
 
     @property
     def staged(self) -> int:
@@ -248,6 +252,7 @@ class UserConversationStateWriter:
         Does not block the event loop."""
         staged = self._take()
         statements = self._statements(*staged)
+        self._in_flight = staged
         try:
             await execute_all_async(
                 self.session, statements, what="state flush", concurrency=self.concurrency
@@ -255,6 +260,8 @@ class UserConversationStateWriter:
         except StoreError:
             self._restore(*staged)
             raise
+        finally:
+            self._in_flight = None
         return sum(len(part) for part in staged)
 
     def flush_sync(self) -> int:
@@ -281,21 +288,7 @@ class UserConversationStateWriter:
         members: dict[MemberKey, dict[str, Any]],
         member_stats: dict[MemberKey, MemberStatsRow] | None = None,
     ) -> None:
-        for key, fields in state.items():
-            newer = self._state.get(key)
-            if newer is not None:
-                merged = {**fields, **{k: v for k, v in newer.items() if k not in FIRST_SEEN_FIELDS}}
-                for source in (fields, newer):
-                    if "first_seen_mailbox_seq" in source:
-                        _merge_first_seen(merged, source)
-                fields = merged
-            self._state[key] = fields
-        for member_key, row in members.items():
-            self._members.setdefault(member_key, row)
-        for member_key, values in (member_stats or {}).items():
-            staged_since = self._member_stats.get(member_key)
-            if staged_since is None or staged_since[2] < values[2]:
-                self._member_stats[member_key] = values
+        _merge_older((self._state, self._members, self._member_stats), (state, members, member_stats or {}))
 
     def _statements(
         self,
@@ -360,7 +353,33 @@ class UserConversationStateWriter:
             raise StoreError(f"cassandra {what} failed: {type(exc).__name__}: {exc}") from None
 
 
-def _merge_first_seen(staged: dict[str, Any], fields: Mapping[str, Any]) -> None:
+def _merge_older(into: _Staged, older: _Staged) -> None:
+    """Add what was staged before (`older`: a failed or in-flight round's share) under what was
+    staged since (`into`): the later values win, the first appearance is the lowest seq."""
+    state, members, member_stats = into
+    for key, fields in older[0].items():
+        newer = state.get(key)
+        if newer is not None:
+            merged = {**fields, **{k: v for k, v in newer.items() if k not in FIRST_SEEN_FIELDS}}
+            for source in (fields, newer):
+                if "first_seen_mailbox_seq" in source:
+                    merge_first_seen(merged, source)
+            fields = merged
+        state[key] = fields
+    for member_key, row in older[1].items():
+        members.setdefault(member_key, row)
+    for member_key, values in older[2].items():
+        staged_since = member_stats.get(member_key)
+        if staged_since is None or staged_since[2] < values[2]:
+            member_stats[member_key] = values
+
+
+# The staging rules below are public: the writer's test double (tests/support/mirror_writer.py)
+# stages by them too, and one contract suite (tests/contract/test_state_writer_contract.py) holds
+# both to the same behaviour.
+
+
+def merge_first_seen(staged: dict[str, Any], fields: Mapping[str, Any]) -> None:
     """The first appearance is the lowest mailbox_seq: keep the pair with the lower seq."""
     seq = fields["first_seen_mailbox_seq"]
     if staged.get("first_seen_mailbox_seq") is None or seq < staged["first_seen_mailbox_seq"]:
@@ -371,12 +390,12 @@ def _merge_first_seen(staged: dict[str, Any], fields: Mapping[str, Any]) -> None
             staged.pop("first_seen_ts", None)
 
 
-def _canonical(conversation_id: str) -> str:
+def canonical_conversation_id(conversation_id: str) -> str:
     # One key per conversation however the caller spells it (ValueError when not a UUID).
     return str(uuid.UUID(conversation_id))
 
 
-def _check_fields(fields: Mapping[str, Any]) -> None:
+def check_state_fields(fields: Mapping[str, Any]) -> None:
     unknown = fields.keys() - _KNOWN_FIELDS
     if unknown:
         raise ValueError(f"unknown user_conversation_state fields: {sorted(unknown)}")
@@ -389,11 +408,25 @@ def _check_fields(fields: Mapping[str, Any]) -> None:
             raise ValueError(f"first_seen_* needs first_seen_mailbox_seq as an int in [0, 2^50), got {seq!r}")
 
 
-def _checked_member_row(row: Mapping[str, Any]) -> dict[str, Any]:
+def checked_member_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """A group_members row (MEMBER_FIELDS), its role and state checked."""
     _check_choice("role", row.get("role"), _ROLES)
     _check_choice("state", row.get("state"), _MEMBERSHIPS)
     return {name: row.get(name) for name in MEMBER_FIELDS}
+
+
+def checked_member_stats(record_count: int, mention_count: int, mailbox_seq: int) -> MemberStatsRow:
+    """A member_stats row (record_count, mention_count, mailbox_seq), checked; the seq clamped to
+    what a write timestamp holds."""
+    for name, value in (("record_count", record_count), ("mention_count", mention_count)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    if isinstance(mailbox_seq, bool) or not isinstance(mailbox_seq, int) or not 0 < mailbox_seq < 2**64:
+        raise ValueError(f"mailbox_seq must be a positive u64, got {mailbox_seq!r}")
+    # A write timestamp (and the bigint column) holds 63 bits: the u64 contract's top half is
+    # clamped. Seqs that far up would only tie with each other (then the larger values win,
+    # Cassandra's tie rule); a worker must never stop on a valid entry over it.
+    return record_count, mention_count, min(mailbox_seq, INT64_MAX)
 
 
 def _check_choice(name: str, value: Any, allowed: frozenset[str]) -> None:

@@ -40,15 +40,12 @@ from app.domain.flush import UserFlush
 from app.domain.ports import MessageStore
 from app.domain.processor import (
     Changes,
-    MemberChange,
-    MemberStatsChange,
-    MirrorChange,
     PartitionProcessor,
     ProcessingStats,
-    StateChange,
 )
 from app.domain.projection_store import ProjectionStore
 from app.domain.projector import ProjectorConfig
+from app.worker.mirror import MirrorPump
 from app.worker.offsets import Admission, Verdict, admit
 from app.worker.ports import FlushObserver, Outbox, RawRecord, StateTables, StateWriter
 from app.worker.retry import Backoff
@@ -56,9 +53,6 @@ from app.worker.state_source import TablesSource
 
 log = logging.getLogger("projector.worker")
 
-# Batches that may stage Cassandra mirror writes while a mirror round is still writing, before
-# the next batch waits for it (memory bound on staged writes; a persist waits for all of them).
-MIRROR_BACKLOG_BATCHES = 8
 # Key of the Cassandra writes a row's record still owes (the mirror failed at its persist).
 _OWED_KEY = "mirror_owed"
 # Key of the partition's next offset inside its gate record (WatermarkGate.load ignores it).
@@ -70,11 +64,6 @@ _FLUSHED_KEY = "flushed_seq"
 # writes (staged again at once). Both are small: what the last window touched.
 _UNFLUSHED_KEY = "unflushed"
 _OWING_KEY = "owing"
-
-
-CQL_BIGINT_MAX = 2**63 - 1
-# first_seen_* are written with a cell timestamp derived from the seq (app/stores/cassandra_state).
-FIRST_SEEN_LIMIT = 2**50
 
 
 def wall_clock_ms() -> int:
@@ -154,6 +143,8 @@ class WorkerConfig:
     projector: ProjectorConfig
     # Rows kept in memory per partition at most (the rest is read from the tables on demand).
     hot_rows: int = 500_000
+    # Time between the starts of two Cassandra mirror rounds (writes to one key within it merge).
+    mirror_spacing_ms: int = 100
 
     @classmethod
     def from_settings(cls, settings: Any) -> WorkerConfig:
@@ -161,6 +152,7 @@ class WorkerConfig:
         return cls(
             lanes=settings.lanes,
             hot_rows=settings.hot_rows,
+            mirror_spacing_ms=settings.mirror_spacing_ms,
             projector=ProjectorConfig(
                 window_ms=settings.projection_compaction_window_ms,
                 max_dirty_rows=settings.max_dirty_rows,
@@ -205,7 +197,6 @@ class WorkerCore:
         self.projection_store = projection_store
         self.tables = tables
         self.outbox = outbox
-        self.state_writer = state_writer
         self.clock = clock
         self.after_store_write = after_store_write  # fault-injection hook (J-7 tests)
         # Prometheus metrics: counters are pulled from self.stats (metrics.sync); only the flush
@@ -213,15 +204,25 @@ class WorkerCore:
         self.metrics = metrics
         self.partitions: dict[int, PartitionState] = {}
         self.stats = WorkerStats()
+        self.mirror: MirrorPump | None = None
+        self.state_writer = state_writer  # also makes the mirror (the property below)
         self._flush_lock = asyncio.Lock()
         # Held while a batch is applied and while a partition is persisted: a persist snapshots
         # rows, offsets and the Cassandra mirror at one point between batches.
         self._state_lock = asyncio.Lock()
-        # The Cassandra mirror runs beside the batches: one writer task, writing round after
-        # round whatever the batches staged meanwhile, so a slow round (the cold start's joins)
-        # does not hold the next batches up; past MIRROR_BACKLOG_BATCHES waiting, they wait.
-        self._mirror_task: asyncio.Future[None] | None = None
-        self._mirror_backlog = 0  # batches staged since the current round began
+
+    @property
+    def state_writer(self) -> StateWriter | None:
+        return self.mirror.writer if self.mirror is not None else None
+
+    @state_writer.setter
+    def state_writer(self, writer: StateWriter | None) -> None:
+        # The Cassandra mirror runs beside the batches and off the flush path (app/worker/mirror.py).
+        self.mirror = (
+            MirrorPump(writer, self.stats, spacing_s=self.config.mirror_spacing_ms / 1000)
+            if writer is not None
+            else None
+        )
 
     # -- partitions ---------------------------------------------------------------------------
 
@@ -269,13 +270,14 @@ class WorkerCore:
         state.unflushed = [int(u) for u in extras.get(_UNFLUSHED_KEY, ())]
         owing = [(int(u), str(c)) for u, c in extras.get(_OWING_KEY, ())]
         state.owing_persisted = set(owing)
+        mirror = self.mirror
         for key, blob in tables.get_rows(partition, owing).items():
             record = msgspec.msgpack.decode(blob)
-            if _OWED_KEY in record:
+            if _OWED_KEY in record and mirror is not None:
                 state.owing.add(key)
-                self._restage(key, record[_OWED_KEY])
-        if state.owing:
-            self._mirror_soon()
+                mirror.restage(key, record[_OWED_KEY])
+        if state.owing and mirror is not None:
+            mirror.kick()
         if gate is not None:
             log.info(
                 "restored partition %d: %d users with unflushed work, %d waiting, hi=%d, next offset %s",
@@ -358,12 +360,13 @@ class WorkerCore:
             processor.touch((), (), now)
             if step.flushes:
                 state.unpublished.extend(step.flushes)
-            if step.mirror:
-                self._stage(step.mirror)
+            mirror = self.mirror
+            if step.mirror and mirror is not None:
+                mirror.stage(step.mirror)
+                if mirror.behind:
+                    await mirror.drain()  # backpressure: Cassandra is behind
             if step.dead_letters:
                 await self._dead_letters(fresh, step.dead_letters)
-            if self._mirror_soon() and self._mirror_backlog > MIRROR_BACKLOG_BATCHES:
-                await self._mirror_in_flight()  # backpressure: Cassandra is behind
         if state.unpublished:
             await self.publish(state)
         return admission
@@ -381,42 +384,6 @@ class WorkerCore:
                 "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, letter.kind
             )
         await self.outbox.dead_letters(out)
-
-    def _stage(self, changes: Sequence[MirrorChange]) -> None:
-        """The Cassandra mirror's share of a batch, staged for the writer's next round."""
-        writer = self.state_writer
-        if writer is None:
-            return
-        for change in changes:
-            if isinstance(change, StateChange):
-                fields = dict(change.fields)
-                fields["updated_mailbox_seq"] = change.mailbox_seq
-                if change.new_row and change.mailbox_seq < FIRST_SEEN_LIMIT and change.ts <= CQL_BIGINT_MAX:
-                    fields["first_seen_mailbox_seq"] = change.mailbox_seq
-                    fields["first_seen_ts"] = change.ts
-                if all(not isinstance(v, int) or v <= CQL_BIGINT_MAX for v in fields.values()):
-                    writer.stage(change.user_id, change.conversation_id, fields)
-                else:
-                    # Valid u64 values above Cassandra's bigint cannot be mirrored; the projection
-                    # (changelog tables, Redis) still has them.
-                    self.stats.state_unmirrorable += 1
-            elif isinstance(change, MemberChange):
-                writer.stage_member(
-                    change.conversation_id,
-                    change.user_id,
-                    change.role,
-                    change.membership,
-                    change.joined_at,
-                    change.left_at,
-                )
-            elif isinstance(change, MemberStatsChange):
-                writer.stage_member_stats(
-                    change.conversation_id,
-                    change.user_id,
-                    change.record_count,
-                    change.mention_count,
-                    change.mailbox_seq,
-                )
 
     def expected_offset(self, partition: int) -> int | None:
         """Where the partition's state stands in the log (None: not placed yet)."""
@@ -453,24 +420,23 @@ class WorkerCore:
         and hand the records to the producer; its offsets become durable. `handing_over`: the
         partition goes to another worker, which takes over the Cassandra writes it still owes."""
         async with self._state_lock:  # no batch is applied meanwhile: one consistent snapshot
-            # The Cassandra mirror first: once the changelog holds these entries, their re-reads
-            # are skipped and would never stage their UserConversationState writes again.
-            await self._mirror_in_flight()
+            mirror = self.mirror
             owed: dict[tuple[int, str], dict[str, Any]] = {}
-            if self.state_writer is not None:
-                # Rounds run only when batches stage: this one retries what a failed round kept.
-                await self._mirror_state(self.state_writer)
-                # Still owed (Cassandra failing): the rows' records carry it, so a crash before
-                # the retry succeeds cannot lose it (the entries will be read again and skipped).
-                owed = self.state_writer.owed()
+            if mirror is not None:
+                if handing_over:
+                    # The new owner restages what is owed from the records; a round of ours
+                    # landing after its newer writes would undo them (last write wins).
+                    await mirror.settle()
+                # Once the changelog holds these entries their re-reads are skipped, so what the
+                # mirror has not written yet (staged, or in a round not acknowledged) goes into
+                # the rows' records: a crash before it lands restages it (`_restore`).
+                owed = mirror.owed()
             changes = state.processor.changes_since_persist()
             offset = state.next_offset
             self._owe(state, changes, owed)
             self._write_tables(state, changes, owed)
-            if handing_over and state.owing and self.state_writer is not None:
-                # The new owner restages them from the records; a late write from here could
-                # land after its newer ones (state columns are last-write-wins).
-                self.state_writer.drop(state.owing)
+            if handing_over and state.owing and mirror is not None:
+                mirror.drop(state.owing)
             await self.tables.commit()
             if offset is not None:
                 state.durable_offset = offset
@@ -478,66 +444,22 @@ class WorkerCore:
             pinned = {batch.user_id for batches in state.unpublished for batch in batches}
             state.processor.evict(pinned)
 
-    def _mirror_soon(self) -> bool:
-        """Count staged work for the mirror and start a round unless one runs (then True)."""
-        writer = self.state_writer
-        if writer is None:
-            return False
-        self._mirror_backlog += 1
-        task = self._mirror_task
-        if task is not None and not task.done():
-            return True
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # a restore outside the worker's loop: the next persist writes
-            return False
-        self._mirror_task = loop.create_task(self._mirror_rounds(writer))
-        return False
-
     def _owe(
         self, state: PartitionState, changes: Changes, owed: dict[tuple[int, str], dict[str, Any]]
     ) -> None:
-        """Which rows' records carry owed writes from this persist on: rows newly owing or no
-        longer owing are written again (an untouched row that still owes keeps its record)."""
+        """Which rows' records carry owed writes from this persist on. A row owes only what was
+        staged when it changed, so a newly owing row is written by this persist anyway, and an
+        untouched row that still owes keeps its record."""
         if not owed and not state.owing:
             return
         # The writer serves every partition: this one's owing rows are those it changed since
         # the last persist (a row is staged when a batch applies to it) or already owed. A
         # resident-rows test would miss a row evicted while it still owed.
         owing = {key for key in owed if key in changes.rows or key in state.owing}
-        changes.rows.update(owing ^ state.owing)
+        # Rows no longer owing keep their record as it is: the gate's list, not the record, says
+        # what a restore restages (a stale `mirror_owed` is never read), so no extra write.
         state.owing = owing
         self.stats.state_owed_rows += len(owing & changes.rows)
-
-    def _restage(self, key: tuple[int, str], owed: Any) -> None:
-        writer = self.state_writer
-        if writer is None:
-            return
-        try:
-            writer.restage(key[0], key[1], owed)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # a record it cannot read
-            log.error("owed Cassandra writes of %s not restaged: %s", key, exc)
-            return
-        self.stats.state_restaged_rows += 1
-
-    async def _mirror_in_flight(self) -> None:
-        task, self._mirror_task = self._mirror_task, None
-        if task is not None:
-            await task
-
-    async def _mirror_rounds(self, writer: StateWriter) -> None:
-        """Write what is staged; again while batches staged more during the round."""
-        while self._mirror_backlog:
-            self._mirror_backlog = 0
-            await self._mirror_state(writer)
-
-    async def _mirror_state(self, writer: StateWriter) -> None:
-        try:
-            self.stats.state_writes += await writer.flush()
-        except Exception as exc:  # Cassandra is a mirror here: never stop the projection for it
-            # The writer keeps what it could not write and retries with its next round.
-            self.stats.state_write_failures += 1
-            log.error("UserConversationState write failed (will retry): %s", exc)
 
     def _write_tables(
         self, state: PartitionState, changes: Changes, owed: dict[tuple[int, str], dict[str, Any]]
@@ -612,7 +534,10 @@ class WorkerCore:
         return flushed
 
     async def flush_all(self) -> int:
-        """Everything flushes now (a clean stop)."""
+        """Everything flushes now (a clean stop); the mirror writes what it owes first, so the
+        persist records nothing owed when Cassandra answers."""
+        if self.mirror is not None:
+            await self.mirror.drain()
         flushed = 0
         for state in list(self.partitions.values()):
             async with self._state_lock:
