@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup tools run test test-fast chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api \
+.PHONY: help setup tools run test test-fast test-compiled chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api \
 	redis-cluster-up redis-cluster-down redis-cluster-status kafka-cluster-up kafka-cluster-down kafka-cluster-status \
 	chaos-infra-check
 
@@ -61,6 +61,9 @@ test: services-up tools ## Set up, start the servers, install the test tools and
 
 test-fast: setup ## Run the unit, property and contract tests only (no servers)
 	$(PY) -m pytest -q -m "not integration and not chaos"
+
+test-compiled: setup ## The unit and property suites against the mypyc-compiled build (builds it when the code changed; issue 14)
+	bash scripts/test_compiled.sh
 
 CHAOS_RUNS ?= 20
 chaos-crash: services-up ## Issue 11's crash run at full size, CHAOS_RUNS times in a row (default 20), one seed each

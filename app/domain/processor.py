@@ -40,6 +40,7 @@ from app.domain.entries import (
     RecallEntry,
     WatermarkMarker,
     decode_record,
+    decode_records,
 )
 from app.domain.flush import UserFlush
 from app.domain.member_stats import MemberStats
@@ -238,7 +239,7 @@ class PartitionProcessor:
         apply_all = self._apply_all
         ready, pending = Offer.READY, Offer.PENDING
         changes = self.changes if self.track_changes else None
-        decoded = [decode_record(raw, lanes) for raw in records]
+        decoded = decode_records(records, lanes)
         if self.residency is not None:
             # One multi-get for the users and rows this batch touches (entries released from the
             # pending buffer by its markers are read as they meet a miss).
@@ -307,6 +308,7 @@ class PartitionProcessor:
         keeps_member_stats = self.keeps_member_stats
         apply = projector.apply
         duplicate = Applied.DUPLICATE
+        applied = applied_messages = 0  # added to the stats after the loop
         for entry in entries:
             at = entry.ts if now is None else now
             start = policy.window_start  # policy.window_elapsed(at), inline
@@ -320,10 +322,10 @@ class PartitionProcessor:
             if apply(entry, at) is duplicate:
                 stats.duplicates += 1
                 continue
-            stats.applied += 1
+            applied += 1
             kind = type(entry)
             if kind is MessageEntry:
-                stats.applied_messages += 1
+                applied_messages += 1
             if learning is not None:
                 if kind is MessageEntry:
                     message: MessageEntry = entry  # type: ignore[assignment]
@@ -381,6 +383,8 @@ class PartitionProcessor:
                 self._member_stats(entry, step)
             if projector.dirty.row_count > max_dirty_rows:  # policy.over_memory_bound, inline
                 self._flush_into(step)
+        stats.applied += applied
+        stats.applied_messages += applied_messages
 
     def _flush_into(self, step: Step) -> None:
         batches = self.projector.flush()
