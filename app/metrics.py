@@ -66,6 +66,8 @@ WORKER_METRICS: Final = (
     "projector_compression_ratio",
     "projector_flush_latency_seconds",
     "projector_frames_emitted_total",
+    "projector_member_notices_total",
+    "projector_member_notices_ahead_of_roster_total",
     "projector_unread_drift_ratio",
     "projector_unread_audited_rows_total",
     "projector_unread_drift_corrected_rows_total",
@@ -216,6 +218,17 @@ class WorkerMetrics:
         self.frames_emitted = Counter(
             "projector_frames_emitted", "SESSION_DELTA and BADGE_UPDATE frames produced", registry=r
         )
+        self.member_notices = Counter(
+            "projector_member_notices",
+            "MEMBER_NOTICE frames produced (member joined / left with history; docs/contract.md §9)",
+            registry=r,
+        )
+        self.member_notices_ahead = Counter(
+            "projector_member_notices_ahead_of_roster",
+            "MEMBER_NOTICE frames sent while the Cassandra mirror failed to write the roster "
+            "changes applied before them (a client re-reading then may see the old roster)",
+            registry=r,
+        )
         self.unread_drift_ratio = Gauge(
             "projector_unread_drift_ratio",
             "Share of the rows the last unread audit round compared whose stored row or state "
@@ -340,6 +353,8 @@ class WorkerMetrics:
         self.flushes.inc(seen.delta("flushes", stats.flushes))
         self.projection_writes.inc(seen.delta("projection_writes", stats.projection_writes))
         self.frames_emitted.inc(seen.delta("frames", stats.frames))
+        self.member_notices.inc(seen.delta("notices", stats.notices))
+        self.member_notices_ahead.inc(seen.delta("notices_ahead", stats.notices_ahead_of_roster))
         self.unread_audited_rows.inc(seen.delta("audited_rows", stats.audited_rows))
         self.unread_drift_corrected_rows.inc(seen.delta("audit_corrected_rows", stats.audit_corrected_rows))
         self.unread_drift_ratio.set(stats.audit_drift_ratio)

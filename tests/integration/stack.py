@@ -122,8 +122,14 @@ class Stack:
                     return
                 alive()
                 if time.monotonic() > deadline:
+                    late = {u: (versions[users.index(u)], expected[u]) for u in behind[:5]}
+                    tails = "\n".join(
+                        f"--- worker {index} (exit {proc.poll()}):\n{self.log_tail(index, 30)}"
+                        for index, proc in enumerate(self.workers)
+                    )
                     raise AssertionError(
-                        f"{len(behind)} users still behind after {timeout}s, e.g. {behind[:3]}"
+                        f"{len(behind)} users still behind after {timeout}s, (stored, expected) e.g. {late}; "
+                        f"logs in {self.tmp}\n{tails}"
                     )
                 await asyncio.sleep(0.5)
         finally:
