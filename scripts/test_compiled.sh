@@ -5,7 +5,8 @@
 # falling back to pure Python), unpacks it into build/compiled/site and runs pytest from the
 # checkout with that folder first on PYTHONPATH, so `app` is the compiled package (the editable
 # install of .venv stays pure). The wheel is rebuilt only when setup.py, pyproject.toml or a
-# module under app/ changed. Extra arguments go to pytest (default: the suites below).
+# module under app/ changed. Extra arguments go to pytest (default: the suites below);
+# --build-only builds and checks the build without testing it (`make bench` uses that).
 # A C compiler and the Python headers are needed: installed with apt when missing (as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +51,8 @@ build() {
         return 0
     fi
     ensure_toolchain
-    rm -rf "$OUT"
+    # setuptools builds in build/ of the checkout: nothing stale from an earlier build goes in.
+    rm -rf "$OUT" build/lib.* build/bdist.* build/temp.*
     mkdir -p "$OUT/wheel" "$SITE"
     log "building the compiled wheel (mypyc; a few minutes on 2 cores)"
     if ! PROJECTOR_COMPILE=1 "$PY" -m pip wheel --no-deps --quiet -w "$OUT/wheel" . >"$OUT/build.log" 2>&1; then
@@ -63,8 +65,13 @@ build() {
 }
 
 build
-# The suites below must run the compiled modules, not the checkout's: say so or stop.
-PYTHONPATH="$SITE" "$PY" - <<'EOF'
+# The compiled package must come first on the path: -P keeps the working directory (the
+# checkout, whose app/ is pure) off the front of sys.path, PYTHONPATH puts the compiled build
+# ahead of the checkout (which still provides tests/), and pytest's --import-mode=append keeps
+# its rootdir behind them. PROJECTOR_EXPECT_COMPILED makes tests/unit/ops/test_packaging.py
+# check, inside the run, that the compiled modules are the ones imported.
+export PYTHONPATH="$PWD/$SITE:$PWD" PROJECTOR_EXPECT_COMPILED=1
+"$PY" -P - <<'EOF'
 import sys
 from app.build import build_info
 import app.domain.processor as processor
@@ -73,7 +80,11 @@ if not info.compiled:
     sys.exit(f"test-compiled: app.domain.processor is {processor.__file__}, not the compiled build")
 print(f"test-compiled: {info.line()} from {processor.__file__}", file=sys.stderr)
 EOF
-if (($#)); then
-    PYTHONPATH="$SITE" exec "$PY" -m pytest -q -p no:cacheprovider "$@"
+if [[ "${1:-}" == --build-only ]]; then
+    exit 0
 fi
-PYTHONPATH="$SITE" exec "$PY" -m pytest -q -p no:cacheprovider -m "not integration and not chaos" "${SUITES[@]}"
+PYTEST=("$PY" -P -m pytest -q -p no:cacheprovider --import-mode=append)
+if (($#)); then
+    exec "${PYTEST[@]}" "$@"
+fi
+exec "${PYTEST[@]}" -m "not integration and not chaos" "${SUITES[@]}"

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
+from mypy_extensions import mypyc_attr
 
 from app.domain.conversation import ConversationState
 from app.domain.entries import (
@@ -85,6 +86,9 @@ class LearningMessageStore(MessageStore, Protocol):
     def record_recall(self, conversation_id: str, conversation_seq: int) -> None: ...
 
 
+# The worker's WorkerStats extends it: in the compiled build (setup.py) an interpreted class may
+# subclass only a compiled class that allows it.
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(slots=True)
 class ProcessingStats:
     """Counts of what went through processors. One instance may be shared by all of a driver's

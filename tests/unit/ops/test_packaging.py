@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -74,6 +75,17 @@ def test_the_build_is_told_by_the_module_the_interpreter_loads(
     assert "(compiled; " in capsys.readouterr().out
     monkeypatch.setattr(build, "COMPILED_PROBE", "app.build")  # a .py module
     assert build_info().compiled is False
+
+
+@pytest.mark.skipif(os.environ.get("PROJECTOR_EXPECT_COMPILED") != "1", reason="only in make test-compiled")
+def test_the_compiled_suite_runs_the_compiled_modules() -> None:
+    """`make test-compiled` (scripts/test_compiled.sh) runs the suites against the mypyc build:
+    the modules it compiles must be the ones this run imported, not the checkout's sources."""
+    assert build_info().compiled
+    for name in ("app.domain.processor", "app.domain.projector", "app.domain.watermark", "app.replay.driver"):
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None
+        assert spec.origin.endswith(tuple(EXTENSION_SUFFIXES)), spec.origin
 
 
 def test_python_dash_m_app_is_the_projector_command() -> None:
