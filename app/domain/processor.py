@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
-from mypy_extensions import mypyc_attr
 
 from app.domain.conversation import ConversationState
 from app.domain.entries import (
@@ -49,6 +48,7 @@ from app.domain.notices import MemberNotice, notice_of
 from app.domain.ports import MessageStore
 from app.domain.projector import Applied, Projector, ProjectorConfig, UserState
 from app.domain.residency import MEMBER_STATS_KEY, ROW_STATE_KEY, Residency, StateSource
+from app.domain.stats import ProcessingStats as ProcessingStats  # re-exported (its home before)
 from app.domain.watermark import Offer, WatermarkGate
 
 # Fields of a row that UserConversationState keeps (what a rebuild from state needs).
@@ -84,23 +84,6 @@ class LearningMessageStore(MessageStore, Protocol):
     ) -> None: ...
 
     def record_recall(self, conversation_id: str, conversation_seq: int) -> None: ...
-
-
-# The worker's WorkerStats extends it: in the compiled build (setup.py) an interpreted class may
-# subclass only a compiled class that allows it.
-@mypyc_attr(allow_interpreted_subclasses=True)
-@dataclass(slots=True)
-class ProcessingStats:
-    """Counts of what went through processors. One instance may be shared by all of a driver's
-    processors (the worker's partitions come and go; its totals must not)."""
-
-    records: int = 0  # every record read (markers included)
-    entries: int = 0  # every record but valid markers (dead letters included)
-    markers: int = 0
-    applied: int = 0
-    applied_messages: int = 0
-    duplicates: int = 0
-    dead_letters: int = 0
 
 
 # -- what a step produces -------------------------------------------------------------------------
