@@ -56,8 +56,9 @@ chaos-infra-check: services-up tools ## The chaos tooling's own tests (-m chaos)
 run: services-up ## Set up, start the servers and run the main job (worker fed by the simulator)
 	bash scripts/run.sh
 
-test: services-up tools ## Set up, start the servers, install the test tools and run the whole test suite (chaos tests apart)
+test: services-up tools ## Set up, start the servers, install the test tools and run the whole test suite (chaos tests apart), then the unit and property suites against the compiled build
 	$(PY) -m pytest -q -m "not chaos"
+	bash scripts/test_compiled.sh
 
 test-fast: setup ## Run the unit, property and contract tests only (no servers)
 	$(PY) -m pytest -q -m "not integration and not chaos"
