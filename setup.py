@@ -4,7 +4,8 @@ Everything else about the package is declared in pyproject.toml; this file only 
 the modules in COMPILED_MODULES go into the wheel as C extensions next to their .py sources (an
 extension module wins at import). They are mypy --strict already, which is what mypyc needs.
 
-PROJECTOR_COMPILE (read at build time only, never by the running program):
+SESSION_PROJECTOR_COMPILE (read at build time only, never by the running program; not a
+PROJECTOR_* name, because app/settings.py refuses PROJECTOR_* variables it does not know):
   auto (default)  compile when mypyc imports and a C compiler is found; otherwise, or when the
                   compilation fails, build the pure-Python package (a warning says why)
   1 / yes         compile, and fail the build when that is not possible
@@ -41,11 +42,11 @@ COMPILED_MODULES = [
     "app/replay/driver.py",
 ]
 
-_MODE = os.environ.get("PROJECTOR_COMPILE", "auto").strip().lower() or "auto"
+_MODE = os.environ.get("SESSION_PROJECTOR_COMPILE", "auto").strip().lower() or "auto"
 _YES = {"1", "yes", "true", "on"}
 _NO = {"0", "no", "false", "off"}
 if _MODE not in _YES | _NO | {"auto"}:
-    sys.exit(f"PROJECTOR_COMPILE must be auto, 1/yes or 0/no, not {_MODE!r}")
+    sys.exit(f"SESSION_PROJECTOR_COMPILE must be auto, 1/yes or 0/no, not {_MODE!r}")
 _EDITABLE = any(command in sys.argv for command in ("editable_wheel", "develop"))
 
 
@@ -71,7 +72,7 @@ def _extensions() -> list[Any]:
         return []
     if not _compiler_found():
         if required:
-            sys.exit("PROJECTOR_COMPILE asks for the compiled build but no C compiler was found")
+            sys.exit("SESSION_PROJECTOR_COMPILE asks for the compiled build but no C compiler is here")
         _warn("no C compiler found: pure-Python build")
         return []
     try:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make test-compiled` (issue 14): the unit and property suites against the mypyc-compiled build.
 #
-# Builds the wheel as `pip install .` does (isolated build, PROJECTOR_COMPILE=1: fails instead of
-# falling back to pure Python), unpacks it into build/compiled/site and runs pytest from the
+# Builds the wheel as `pip install .` does (isolated build, SESSION_PROJECTOR_COMPILE=1: fails
+# instead of falling back to pure Python), unpacks it into build/compiled/site and runs pytest from the
 # checkout with that folder first on PYTHONPATH, so `app` is the compiled package (the editable
 # install of .venv stays pure). The wheel is rebuilt only when setup.py, pyproject.toml or a
 # module under app/ changed. Extra arguments go to pytest (default: the suites below);
@@ -12,8 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=.venv/bin/python
-OUT=build/compiled
-SITE="$OUT/site"
+OUT=${COMPILED_BUILD_DIR:-build/compiled}  # another folder keeps a build in use (a bench) intact
+SITE="$(realpath -m "$OUT/site")"
 LOCAL=.local
 SUITES=(tests/unit tests/property)
 
@@ -55,7 +55,7 @@ build() {
     rm -rf "$OUT" build/lib.* build/bdist.* build/temp.*
     mkdir -p "$OUT/wheel" "$SITE"
     log "building the compiled wheel (mypyc; a few minutes on 2 cores)"
-    if ! PROJECTOR_COMPILE=1 "$PY" -m pip wheel --no-deps --quiet -w "$OUT/wheel" . >"$OUT/build.log" 2>&1; then
+    if ! SESSION_PROJECTOR_COMPILE=1 "$PY" -m pip wheel --no-deps --quiet -w "$OUT/wheel" . >"$OUT/build.log" 2>&1; then
         tail -n 40 "$OUT/build.log" >&2
         log "the compiled build failed (log: $OUT/build.log)"
         return 1
@@ -68,9 +68,9 @@ build
 # The compiled package must come first on the path: -P keeps the working directory (the
 # checkout, whose app/ is pure) off the front of sys.path, PYTHONPATH puts the compiled build
 # ahead of the checkout (which still provides tests/), and pytest's --import-mode=append keeps
-# its rootdir behind them. PROJECTOR_EXPECT_COMPILED makes tests/unit/ops/test_packaging.py
-# check, inside the run, that the compiled modules are the ones imported.
-export PYTHONPATH="$PWD/$SITE:$PWD" PROJECTOR_EXPECT_COMPILED=1
+# its rootdir behind them. SESSION_PROJECTOR_EXPECT_COMPILED makes
+# tests/unit/ops/test_packaging.py check, inside the run, that the compiled modules are imported.
+export PYTHONPATH="$SITE:$PWD" SESSION_PROJECTOR_EXPECT_COMPILED=1
 "$PY" -P - <<'EOF'
 import sys
 from app.build import build_info

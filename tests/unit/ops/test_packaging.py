@@ -77,7 +77,9 @@ def test_the_build_is_told_by_the_module_the_interpreter_loads(
     assert build_info().compiled is False
 
 
-@pytest.mark.skipif(os.environ.get("PROJECTOR_EXPECT_COMPILED") != "1", reason="only in make test-compiled")
+@pytest.mark.skipif(
+    os.environ.get("SESSION_PROJECTOR_EXPECT_COMPILED") != "1", reason="only in make test-compiled"
+)
 def test_the_compiled_suite_runs_the_compiled_modules() -> None:
     """`make test-compiled` (scripts/test_compiled.sh) runs the suites against the mypyc build:
     the modules it compiles must be the ones this run imported, not the checkout's sources."""
