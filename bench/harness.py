@@ -189,10 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     envs: dict[str, dict[str, str]] = {}
     compiled_out = args.replay_out.with_name(args.replay_out.name + "-compiled")
     if "replay" in commands and args.compiled_site is not None:
-        # `python -m app` with the compiled build first on the path (the installed `projector`
-        # script would run the editable, pure one).
+        # `python -P -m app` with the compiled build first on the path: the installed `projector`
+        # script would run the editable (pure) package, and without -P `-m` puts the working
+        # directory (this checkout, pure too) before PYTHONPATH.
         envs["replay_c"] = {**os.environ, "PYTHONPATH": str(args.compiled_site.resolve())}
-        commands["replay_c"] = [sys.executable, "-m", "app", *commands["replay"][1:]]
+        commands["replay_c"] = [sys.executable, "-P", "-m", "app", *commands["replay"][1:]]
         commands["replay_c"][commands["replay_c"].index("--out") + 1] = str(compiled_out)
     commands["naive"] = [sys.executable, "bench/naive_projector.py", "--input", str(args.input)]
     commands["ceiling"] = [sys.executable, "bench/ceiling.py", "--input", str(args.input)]
