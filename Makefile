@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup tools run test test-fast chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api \
+.PHONY: help setup tools run test test-fast test-compiled chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api \
 	redis-cluster-up redis-cluster-down redis-cluster-status kafka-cluster-up kafka-cluster-down kafka-cluster-status \
 	chaos-infra-check
 
@@ -56,11 +56,15 @@ chaos-infra-check: services-up tools ## The chaos tooling's own tests (-m chaos)
 run: services-up ## Set up, start the servers and run the main job (worker fed by the simulator)
 	bash scripts/run.sh
 
-test: services-up tools ## Set up, start the servers, install the test tools and run the whole test suite (chaos tests apart)
+test: services-up tools ## Set up, start the servers, install the test tools and run the whole test suite (chaos tests apart), then the unit and property suites against the compiled build
 	$(PY) -m pytest -q -m "not chaos"
+	bash scripts/test_compiled.sh
 
 test-fast: setup ## Run the unit, property and contract tests only (no servers)
 	$(PY) -m pytest -q -m "not integration and not chaos"
+
+test-compiled: setup ## The unit and property suites against the mypyc-compiled build (builds it when the code changed; issue 14)
+	bash scripts/test_compiled.sh
 
 CHAOS_RUNS ?= 20
 chaos-crash: services-up ## Issue 11's crash run at full size, CHAOS_RUNS times in a row (default 20), one seed each

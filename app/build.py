@@ -1,21 +1,22 @@
 """What this process is: the package version, the Python running it, and whether the compiled
-build (mypyc, issue 14) is in use. ``projector --version`` prints it and every process exports it
-as ``projector_build_info{version,python,compiled} 1`` (app/metrics.py), so a dashboard shows which
-build each worker and API runs during a rolling upgrade."""
+build (mypyc, issue 14: setup.py) is in use. ``projector --version`` prints it and every process
+exports it as ``projector_build_info{version,python,compiled} 1`` (app/metrics.py), so a
+dashboard shows which build each worker and API runs during a rolling upgrade."""
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import platform
 from dataclasses import dataclass
 from importlib import metadata
+from importlib.machinery import EXTENSION_SUFFIXES
 from typing import Final
 
 DISTRIBUTION: Final = "session-projector"
-# The compiled build sets this module-level flag (``COMPILED = True`` in the module below); it is
-# read with a default, so the pure build needs nothing.
-COMPILED_FLAG_MODULE: Final = "app"
-COMPILED_FLAG: Final = "COMPILED"
+# A module of the compiled set (setup.py's COMPILED_MODULES): the compiled build installs it as
+# an extension module next to its .py source, and the import system loads the extension. Its
+# spec is looked up, not imported (the API process need not load the processing core).
+COMPILED_PROBE: Final = "app.domain.processor"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +47,10 @@ def version() -> str:
 
 
 def compiled() -> bool:
-    module = importlib.import_module(COMPILED_FLAG_MODULE)
-    return bool(getattr(module, COMPILED_FLAG, False))
+    """Whether the compiled build runs here (the module the interpreter loads is a C extension)."""
+    spec = importlib.util.find_spec(COMPILED_PROBE)
+    origin = spec.origin if spec is not None else None
+    return origin is not None and origin.endswith(tuple(EXTENSION_SUFFIXES))
 
 
 def build_info() -> BuildInfo:

@@ -1,5 +1,10 @@
 """Run the J-1 benchmark: replay vs the naive projector vs the decode-only ceiling, side by side.
 
+With --compiled-site (a folder holding the mypyc-compiled build, `scripts/test_compiled.sh
+--build-only`), the compiled replay (`replay_c`) runs as a fourth command in the same rotation,
+its ratios are reported next to the pure build's, and its output files must be byte-identical
+to the pure replay's (a difference fails the run).
+
 Each repetition runs the three commands one after the other, in an order that rotates from one
 repetition to the next, so machine noise (other jobs, frequency changes) hits all of them alike;
 ratios are taken within a repetition and their median is reported. Each command is timed as a
@@ -52,7 +57,9 @@ class Run:
 TIME = Path("/usr/bin/time")
 
 
-def timed(name: str, rep: int, argv: list[str], timeout_s: float, log_dir: Path) -> Run:
+def timed(
+    name: str, rep: int, argv: list[str], timeout_s: float, log_dir: Path, env: dict[str, str] | None = None
+) -> Run:
     out_path = log_dir / f"{name}.{rep}.out"
     err_path = log_dir / f"{name}.{rep}.err"
     usage_path = log_dir / f"{name}.{rep}.usage"
@@ -62,7 +69,7 @@ def timed(name: str, rep: int, argv: list[str], timeout_s: float, log_dir: Path)
         argv = [str(TIME), "-o", str(usage_path), "-f", "%U %S %M %x", *argv]
     with out_path.open("wb") as out, err_path.open("wb") as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=ROOT)
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=ROOT, env=env)
         timer = threading.Timer(timeout_s, proc.kill)
         timer.start()
         try:
@@ -150,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=1800.0, help="per run, seconds")
     parser.add_argument("--skip-replay", action="store_true")
+    parser.add_argument(
+        "--compiled-site", type=Path, default=None, help="folder of the compiled build: run it too (replay_c)"
+    )
     args = parser.parse_args(argv)
 
     meta = orjson.loads(args.meta.read_bytes())
@@ -176,6 +186,15 @@ def main(argv: list[str] | None = None) -> int:
             ]
         else:
             notes.append(f"replay not available (`projector replay --help` failed): {why}")
+    envs: dict[str, dict[str, str]] = {}
+    compiled_out = args.replay_out.with_name(args.replay_out.name + "-compiled")
+    if "replay" in commands and args.compiled_site is not None:
+        # `python -P -m app` with the compiled build first on the path: the installed `projector`
+        # script would run the editable (pure) package, and without -P `-m` puts the working
+        # directory (this checkout, pure too) before PYTHONPATH.
+        envs["replay_c"] = {**os.environ, "PYTHONPATH": str(args.compiled_site.resolve())}
+        commands["replay_c"] = [sys.executable, "-P", "-m", "app", *commands["replay"][1:]]
+        commands["replay_c"][commands["replay_c"].index("--out") + 1] = str(compiled_out)
     commands["naive"] = [sys.executable, "bench/naive_projector.py", "--input", str(args.input)]
     commands["ceiling"] = [sys.executable, "bench/ceiling.py", "--input", str(args.input)]
 
@@ -193,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.reps):
         order = names[rep % len(names) :] + names[: rep % len(names)]
         for name in order:
-            run = timed(name, rep, commands[name], args.timeout, log_dir)
+            run = timed(name, rep, commands[name], args.timeout, log_dir, envs.get(name))
             print(
                 f"  rep {rep + 1}/{args.reps} {name:8s} {run.wall_s:8.2f} s "
                 f"rss {run.peak_rss_kib / 1024:7.1f} MiB exit {run.exit_code}",
@@ -229,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     report["replay_stats"] = replay_stats
 
     ratios: dict[str, float] = {}
-    for slow, fast in (("replay", "ceiling"), ("replay", "naive"), ("naive", "ceiling")):
+    pairs = [("replay", "ceiling"), ("replay", "naive"), ("naive", "ceiling")]
+    pairs += [("replay_c", "ceiling"), ("replay", "replay_c")]
+    for slow, fast in pairs:
         if slow in summary and fast in summary:
             ratios[f"speed_{slow}_over_{fast}"] = pairwise(ok_runs, slow, fast)
             ratios[f"cpu_speed_{slow}_over_{fast}"] = pairwise(ok_runs, slow, fast, cpu=True)
@@ -238,6 +259,15 @@ def main(argv: list[str] | None = None) -> int:
             naive_stats["projection_writes"] / replay_stats["projection_writes"]
         )
     report["ratios"] = ratios
+    compiled_same = None
+    if "replay_c" in summary and "replay" in summary:
+        compiled_same = all(
+            (args.replay_out / name).read_bytes() == (compiled_out / name).read_bytes()
+            for name in ("deltas.jsonl", "projections.jsonl", "badges.jsonl", "stats.json")
+        )
+        report["compiled_outputs_identical"] = compiled_same
+        if not compiled_same:
+            notes.append(f"the compiled replay's output differs from the pure one's ({compiled_out})")
 
     j1: dict[str, object] | None = None
     if replay_stats is not None:
@@ -264,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     args.report.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
     print_table(report, entries, args.reps)
     print(f"report: {args.report}")
-    if failed or (j1 is not None and not j1["passed"]):
+    if failed or (j1 is not None and not j1["passed"]) or compiled_same is False:
         return 1
     return 0
 
@@ -298,6 +328,9 @@ def print_table(report: dict[str, object], entries: int, reps: int) -> None:
             f" (<= {j1['bound']}), compression_ratio={j1['compression_ratio']}"
             f" (>= {j1['min_compression_ratio']}), applied={j1['applied']}, pending={j1['pending']}"
         )
+    if "compiled_outputs_identical" in report:
+        same = report["compiled_outputs_identical"]
+        print(f"compiled replay's output {'identical to' if same else 'DIFFERS from'} the pure one's")
     notes = report["notes"]
     assert isinstance(notes, list)
     for note in notes:

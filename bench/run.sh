@@ -15,12 +15,22 @@ REPS=${BENCH_REPS:-3}
 TIMEOUT=${BENCH_TIMEOUT:-1800}
 
 mkdir -p "$OUT"
+# The compiled build (issue 14) runs as a fourth command when it can be built (BENCH_COMPILED=0
+# skips it): scripts/test_compiled.sh builds it once per code change into build/compiled/site.
+compiled=()
+if [ "${BENCH_COMPILED:-1}" != 0 ]; then
+    if bash scripts/test_compiled.sh --build-only; then
+        compiled=(--compiled-site build/compiled/site)
+    else
+        echo "bench: the compiled build is not available: the pure build runs alone" >&2
+    fi
+fi
 "$PY" bench/gen_j1.py --members "$MEMBERS" --messages "$MESSAGES" --lanes "$LANES" \
     --out "$OUT/j1.jsonl" --meta "$OUT/j1.meta.json"
 status=0
 "$PY" bench/harness.py --input "$OUT/j1.jsonl" --meta "$OUT/j1.meta.json" \
     --replay-out "$OUT/replay" --report "$OUT/report.json" \
-    --lanes "$LANES" --window-ms 5000 --reps "$REPS" --timeout "$TIMEOUT" "$@" || status=$?
+    --lanes "$LANES" --window-ms 5000 --reps "$REPS" --timeout "$TIMEOUT" "${compiled[@]}" "$@" || status=$?
 
 # Worker bench (issue #4): `projector worker` vs a plain aiokafka loop vs a naive faust agent on
 # the real Kafka (servers must be up: `make services-up`); sizes from WBENCH_* (bench/README.md).

@@ -39,6 +39,7 @@ class ConversationState:
         "conversation_id",
         "counting",
         "deleted_before",
+        "dirty",
         "floor",
         "head_activity_id",
         "head_message_id",
@@ -97,6 +98,9 @@ class ConversationState:
         # How many flushes wrote this row (replay's max_writes_per_user_conversation; kept with
         # the row, so no second table of every row is needed to count it).
         self.writes = 0
+        # In the projector's dirty set (app/domain/flush.py) since its last flush: a flag read on
+        # every entry instead of a set lookup. Never persisted (a restart loses the dirty set).
+        self.dirty = False
 
     # -- derived values ---------------------------------------------------------------------
 
@@ -131,7 +135,11 @@ class ConversationState:
         self.version = entry.mailbox_seq
         self.changed_at = entry.ts
 
-    def _on_message(self, entry: MessageEntry, store: MessageStore, limit: int) -> None:
+    def apply_message(self, entry: MessageEntry, store: MessageStore, limit: int) -> None:
+        """`apply` of a message, also called directly (the hot path: no dispatch). A message
+        moves the head, the hand and the counts, never the membership, the folder or the mute."""
+        self.version = entry.mailbox_seq  # first: the rule below returns early
+        self.changed_at = entry.ts
         seq = entry.conversation_seq
         self.received = seqs.add(self.received, seq)
         head = self.head_seq
@@ -143,19 +151,18 @@ class ConversationState:
             self.head_message_id = sys.intern(entry.message_id)
             self.head_activity_id = sys.intern(entry.activity_id)
         base = self.base
+        recalled = self.recalled
         if (
             entry.sender_id == self.user_id
             or not entry.counts_unread
             or seq <= base
-            or seqs.has(self.recalled, seq)
+            or (recalled is not None and seqs.has(recalled, seq))
         ):
             return
-        newly_counted = not seqs.has(self.counting, seq)
-        if newly_counted:
-            self.counting = seqs.add(self.counting, seq)
-        newly_mentioned = entry.mention and not seqs.has(self.mentioning, seq)
-        if newly_mentioned:
-            self.mentioning = seqs.add(self.mentioning, seq)
+        self.counting, newly_counted = seqs.added(self.counting, seq)
+        newly_mentioned = False
+        if entry.mention:
+            self.mentioning, newly_mentioned = seqs.added(self.mentioning, seq)
         if not self.unread_exact:
             return  # an inexact row shows the limit until the base moves
         if self.floor > base:
@@ -342,9 +349,8 @@ class ConversationState:
             raise ValueError(f"unknown row record format {record[0]!r}")
         if len(record) != _RECORD_LENGTH:
             raise ValueError(f"a row record has {_RECORD_LENGTH} fields, not {len(record)}")
-        row = cls.__new__(cls)
-        row.user_id = user_id
-        row.conversation_id = sys.intern(conversation_id)
+        # The constructor, not cls.__new__(cls): the compiled build (mypyc) needs it.
+        row = cls(user_id, sys.intern(conversation_id))
         # One unpacking, not a setattr per field: rows are read on every first touch of a user
         # after a restart or an eviction (a loop of setattr cost ~2x). Same order as _PLAIN_FIELDS
         # (checked below the class).
@@ -398,12 +404,32 @@ STRUCTURAL_ENTRIES: frozenset[type] = frozenset(
 )
 
 _BITMAP_FIELDS = ("received", "counting", "mentioning", "recalled")
-# Every field but the ids (the record's key holds them) and the seq sets, in slot order: the
-# record's layout. A change of layout is a new format number.
-_PLAIN_FIELDS = tuple(
-    name
-    for name in ConversationState.__slots__
-    if name not in _BITMAP_FIELDS and name not in ("user_id", "conversation_id")
+# The record's layout: every field but the ids (the record's key holds them), the seq sets and
+# the dirty flag, in the order they first had (the slots' order). A change of layout is a new
+# format number.
+_PLAIN_FIELDS = (
+    "archived",
+    "base",
+    "changed_at",
+    "deleted_before",
+    "floor",
+    "head_activity_id",
+    "head_message_id",
+    "head_seq",
+    "hidden_before",
+    "joined_at",
+    "left_at",
+    "membership",
+    "mention_count",
+    "mention_first",
+    "muted",
+    "pin_rank",
+    "read_seq",
+    "role",
+    "unread_count",
+    "unread_exact",
+    "version",
+    "writes",
 )
 _RECORD_FORMAT = 2
 _RECORD_LENGTH = 1 + len(_PLAIN_FIELDS) + len(_BITMAP_FIELDS)
@@ -417,7 +443,7 @@ assert _PLAIN_FIELDS == (
 
 # Dispatch on the decoded struct's class: one dict lookup on the hot path.
 _HANDLERS: dict[type, Callable[[ConversationState, Any, MessageStore, int], None]] = {
-    MessageEntry: ConversationState._on_message,
+    MessageEntry: ConversationState.apply_message,
     ReadEntry: ConversationState._on_read,
     RecallEntry: ConversationState._on_recall,
     DeleteMessageEntry: ConversationState._on_recall,

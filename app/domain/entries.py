@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Final, Literal, get_args, get_origin, get_type_hints
 
 import msgspec
@@ -18,14 +18,13 @@ U64_MAX = 2**64 - 1
 U32_MAX = 2**32 - 1
 
 # msgspec cannot express bounds past int64, and the contract bounds no seq or time below u64:
-# the upper bounds are checked after decoding (`_too_big`), with one cheap max() on the way.
+# the upper bounds are checked after decoding (decode_record), with one cheap test on the way.
 U64 = Annotated[int, msgspec.Meta(ge=0)]
 U32 = Annotated[int, msgspec.Meta(ge=0, le=U32_MAX)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 # Conversation seqs index RoaringBitmap64 ranges (seq + 1 must fit in u64).
 SEQ_MAX = U64_MAX - 1
-INT64_MAX = 2**63 - 1
 # conversation_id and activity_id are checked after decoding (see `_id_problem`): a regex in
 # the decoder costs more than the rest of the decode, and conversation ids repeat (cached).
 ConversationId = str
@@ -237,6 +236,54 @@ def decode_record(raw: bytes, lanes: int) -> Record | DeadLetter:
         return DeadLetter(reason=_reason(exc, raw), raw=raw, kind=_kind(exc))
     except RecursionError:  # msgspec skips an unknown field's value recursively
         return DeadLetter(reason=_TOO_DEEP, raw=raw, kind="schema")
+    return _checked(record, raw, lanes)
+
+
+def decode_records(raws: Sequence[bytes], lanes: int) -> list[Record | DeadLetter]:
+    """`decode_record` of each line of a chunk, in one call. The common case, a valid message
+    whose conversation and activity ids were checked before, is accepted in the loop itself
+    (the conditions are `_checked`'s, with its caches); any other record takes the full path."""
+    decode = _decoder.decode
+    conversations = _known_conversations
+    activities = _known_activities
+    # The quotes of a message's required fields alone: an optional field that is there (the
+    # notification) adds its key's, so the count equals this only without one.
+    quotes = _QUOTES[MessageEntry][0]
+    decoded: list[Record | DeadLetter] = []
+    append = decoded.append
+    for raw in raws:
+        if not raw or len(raw) > MAX_RECORD_BYTES:
+            append(decode_record(raw, lanes))
+            continue
+        try:
+            record = decode(raw)
+        except (msgspec.DecodeError, RecursionError):
+            append(decode_record(raw, lanes))  # decoded again for the reason: rare
+            continue
+        if (
+            type(record) is MessageEntry
+            and record.lane < lanes
+            and (
+                record.mailbox_seq
+                | record.ts
+                | record.user_id
+                | record.conversation_seq
+                | record.sender_id
+                | record.created_at
+            )
+            <= SEQ_MAX
+            and record.conversation_id in conversations
+            and record.activity_id in activities
+            and raw.count(b'"') == quotes
+        ):
+            append(record)
+        else:
+            append(_checked(record, raw, lanes))
+    return decoded
+
+
+def _checked(record: Record, raw: bytes, lanes: int) -> Record | DeadLetter:
+    """The checks msgspec does not do, on a record it decoded from `raw`."""
     kind = type(record)
     # Every key and every string value of a record holds two quote bytes. A record with no more
     # quotes than its own fields need has no other key: no repeated key, no unknown field, no
@@ -255,7 +302,6 @@ def decode_record(raw: bytes, lanes: int) -> Record | DeadLetter:
         return DeadLetter(
             reason=f"lane {record.lane} out of range [0, {lanes})", raw=raw, kind="lane_out_of_range"
         )
-    kind = type(record)
     if kind is WatermarkMarker:
         marker: WatermarkMarker = record  # type: ignore[assignment]
         count = marker.sent
@@ -266,9 +312,22 @@ def decode_record(raw: bytes, lanes: int) -> Record | DeadLetter:
             )
         return marker
     entry: Entry = record  # type: ignore[assignment]  # narrowed by the `is` check above
-    getter, bounds = _INT_FIELDS[kind]
-    if max(getter(entry)) > INT64_MAX:  # rare: only then look at each field's own bound
-        for name, high in bounds:
+    if kind is MessageEntry:
+        # The hot type, its int fields (_MESSAGE_INTS) inline: the values are >= 0, so their OR
+        # exceeds SEQ_MAX only when one of them does.
+        message: MessageEntry = record  # type: ignore[assignment]
+        too_big = (
+            message.mailbox_seq
+            | message.ts
+            | message.user_id
+            | message.conversation_seq
+            | message.sender_id
+            | message.created_at
+        ) > SEQ_MAX
+    else:
+        too_big = max(_INT_FIELDS[kind][0](entry)) > SEQ_MAX
+    if too_big:  # rare (every bound is >= SEQ_MAX): only then look at each field's own bound
+        for name, high in _INT_FIELDS[kind][1]:
             if getattr(entry, name) > high:
                 return DeadLetter(
                     reason=f"Expected `int` <= {high} - at `$.{name}`", raw=raw, kind="int_out_of_range"
@@ -291,12 +350,16 @@ def decode_record(raw: bytes, lanes: int) -> Record | DeadLetter:
             _known_conversations.add(conversation_id)
     if kind is MessageEntry:
         activity_id = entry.activity_id  # type: ignore[union-attr]
-        if len(activity_id) != 32 or activity_id.strip(_LOWER_HEX):
-            return DeadLetter(
-                reason=f"activity_id is not 32 lowercase hex chars: {activity_id[:64]!r}",
-                raw=raw,
-                kind="bad_activity_id",
-            )
+        if activity_id not in _known_activities:  # a message's id repeats in all its fan-out
+            if len(activity_id) != 32 or activity_id.strip(_LOWER_HEX):
+                return DeadLetter(
+                    reason=f"activity_id is not 32 lowercase hex chars: {activity_id[:64]!r}",
+                    raw=raw,
+                    kind="bad_activity_id",
+                )
+            if len(_known_activities) >= _KNOWN_ACTIVITIES_MAX:
+                _known_activities.clear()
+            _known_activities.add(activity_id)
     return entry
 
 
@@ -304,6 +367,8 @@ _LOWER_HEX = "0123456789abcdef"
 _ANY_HEX = "0123456789abcdefABCDEF"
 _KNOWN_CONVERSATIONS_MAX = 1 << 20
 _known_conversations: set[str] = set()  # canonical ids already validated
+_KNOWN_ACTIVITIES_MAX = 1 << 16
+_known_activities: set[str] = set()  # activity ids already validated
 
 
 def _is_uuid(text: str) -> bool:
@@ -414,6 +479,11 @@ def _int_fields(kind: type) -> tuple[Callable[[Any], tuple[int, ...]], tuple[tup
 
 
 _INT_FIELDS = {kind: _int_fields(kind) for kind in get_args(Entry)}
+# _checked and decode_records check a message's int fields inline, by name: a field added to
+# MessageEntry must be added there too.
+_MESSAGE_INTS = ("mailbox_seq", "ts", "user_id", "conversation_seq", "sender_id", "created_at")
+if tuple(sorted(name for name, _ in _INT_FIELDS[MessageEntry][1])) != tuple(sorted(_MESSAGE_INTS)):
+    raise AssertionError("MessageEntry's int fields changed: update _checked's and decode_records' checks")
 
 
 def _kind(exc: msgspec.DecodeError) -> str:

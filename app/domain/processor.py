@@ -41,6 +41,7 @@ from app.domain.entries import (
     RecallEntry,
     WatermarkMarker,
     decode_record,
+    decode_records,
 )
 from app.domain.flush import UserFlush
 from app.domain.member_stats import MemberStats
@@ -48,6 +49,7 @@ from app.domain.notices import MemberNotice, notice_of
 from app.domain.ports import MessageStore
 from app.domain.projector import Applied, Projector, ProjectorConfig, UserState
 from app.domain.residency import MEMBER_STATS_KEY, ROW_STATE_KEY, Residency, StateSource
+from app.domain.stats import ProcessingStats as ProcessingStats  # re-exported (its home before)
 from app.domain.watermark import Offer, WatermarkGate
 
 # Fields of a row that UserConversationState keeps (what a rebuild from state needs).
@@ -85,20 +87,6 @@ class LearningMessageStore(MessageStore, Protocol):
     ) -> None: ...
 
     def record_recall(self, conversation_id: str, conversation_seq: int) -> None: ...
-
-
-@dataclass(slots=True)
-class ProcessingStats:
-    """Counts of what went through processors. One instance may be shared by all of a driver's
-    processors (the worker's partitions come and go; its totals must not)."""
-
-    records: int = 0  # every record read (markers included)
-    entries: int = 0  # every record but valid markers (dead letters included)
-    markers: int = 0
-    applied: int = 0
-    applied_messages: int = 0
-    duplicates: int = 0
-    dead_letters: int = 0
 
 
 # -- what a step produces -------------------------------------------------------------------------
@@ -217,6 +205,10 @@ class PartitionProcessor:
         self.arrivals = ArrivalLedger(lanes)
         self.stats = stats if stats is not None else ProcessingStats()
         self.learning: LearningMessageStore | None = store if learn_messages else None  # type: ignore[assignment]
+        # The last message the learning store recorded (conversation, seq): its fan-out to the
+        # other members needs no second record.
+        self._recorded_conversation = ""
+        self._recorded_seq = 0
         self.mirror = mirror
         self.keeps_member_stats = member_stats
         self.track_changes = track_changes
@@ -240,11 +232,12 @@ class PartitionProcessor:
         stats = self.stats
         lanes = self.lanes
         gate = self.gate
-        apply = self._apply
+        apply_all = self._apply_all
+        ready, pending = Offer.READY, Offer.PENDING
         changes = self.changes if self.track_changes else None
         arrivals = self.arrivals
         arrived = arrivals.counted  # READY entries are at or below every lane's marker
-        decoded = [decode_record(raw, lanes) for raw in records]
+        decoded = decode_records(records, lanes)
         if self.residency is not None:
             # One multi-get for the users and rows this batch touches (entries released from the
             # pending buffer by its markers are read as they meet a miss).
@@ -253,123 +246,154 @@ class PartitionProcessor:
                 for record in decoded
                 if not isinstance(record, WatermarkMarker | DeadLetter)
             )
-        for index, raw in enumerate(records):
-            stats.records += 1
-            record = decoded[index]
+        markers = dead_letters = duplicates = 0
+        max_seen = self.max_seen_seq
+        for index, record in enumerate(decoded):
             kind = type(record)
             if kind is WatermarkMarker:
-                stats.markers += 1
+                markers += 1
                 marker: WatermarkMarker = record  # type: ignore[assignment]  # narrowed by `kind`
                 released = gate.mark(marker)
                 arrivals.marked(marker.lane, marker.watermark, marker.sent)
                 if changes is not None:
                     changes.gate = True
-                for waited in released:
-                    if changes is not None:
+                if changes is not None:
+                    for waited in released:
                         key = (waited.user_id, waited.mailbox_seq)
                         if changes.pending_added.pop(key, None) is None:
                             changes.pending_released.append(key)
-                    apply(waited, now, step)
+                if released:
+                    apply_all(released, now, step)
                 continue
-            stats.entries += 1
             if kind is DeadLetter:
-                stats.dead_letters += 1
+                dead_letters += 1
                 step.dead_letters.append((index, record))  # type: ignore[arg-type]
                 continue
             entry: Entry = record  # type: ignore[assignment]  # neither marker nor dead letter
-            if entry.mailbox_seq > self.max_seen_seq:
-                self.max_seen_seq = entry.mailbox_seq
+            if entry.mailbox_seq > max_seen:
+                max_seen = entry.mailbox_seq
             offer = gate.offer(entry)
-            if offer is Offer.READY:
-                if apply(entry, now, step):
+            if offer is ready:
+                if apply_all((entry,), now, step):
                     arrived[entry.lane] += 1
-            elif offer is Offer.PENDING:
+            elif offer is pending:
                 arrivals.received(entry.lane, entry.mailbox_seq)
                 if changes is not None:
-                    changes.pending_added[(entry.user_id, entry.mailbox_seq)] = raw
+                    changes.pending_added[(entry.user_id, entry.mailbox_seq)] = records[index]
             else:
-                stats.duplicates += 1
+                duplicates += 1
+        # Counted once per batch (a marker is a record, not an entry; a dead letter is both).
+        self.max_seen_seq = max_seen
+        stats.records += len(records)
+        stats.markers += markers
+        stats.entries += len(records) - markers
+        stats.dead_letters += dead_letters
+        stats.duplicates += duplicates
         if changes is not None and changes and changes.since is None and now is not None:
             changes.since = now
         return step
 
     def _apply(self, entry: Entry, now: int | None, step: Step) -> bool:
         """Apply one entry; False when it was a duplicate (nothing changed)."""
+        return self._apply_all((entry,), now, step) > 0
+
+    def _apply_all(self, entries: Iterable[Entry], now: int | None, step: Step) -> int:
+        """Apply entries in order (a marker releases them by the thousand: what does not change
+        from one to the next is read once); returns how many were applied (not duplicates)."""
         projector = self.projector
         policy = projector.policy
-        at = entry.ts if now is None else now
-        if policy.window_elapsed(at) and not projector.is_duplicate(entry):
-            # The window is over: it closes before this entry opens the next one.
-            self._flush_into(step)
-        mirror = self.mirror
-        if mirror:
-            # Read through: with state on disk, a row not in memory is not a new row.
-            user = projector.user(entry.user_id)
-            new_row = user is None or projector.row(user, entry.conversation_id) is None
-        if projector.apply(entry, at) is Applied.DUPLICATE:
-            self.stats.duplicates += 1
-            return False
+        window_ms = policy.window_ms
+        max_dirty_rows = policy.max_dirty_rows
         stats = self.stats
-        stats.applied += 1
-        kind = type(entry)
-        if kind is MessageEntry:
-            stats.applied_messages += 1
-            if entry.notification is not msgspec.UNSET:  # type: ignore[union-attr]  # rare: look closer
-                notice = notice_of(entry)  # type: ignore[arg-type]
-                if notice is not None:
-                    step.notices.append(notice)
         learning = self.learning
-        if learning is not None:
-            if kind is MessageEntry:
-                message: MessageEntry = entry  # type: ignore[assignment]
-                learning.record_message(
-                    message.conversation_id,
-                    message.conversation_seq,
-                    message_id=message.message_id,
-                    activity_id=message.activity_id,
-                    sender_id=message.sender_id,
-                    counts_unread=message.counts_unread,
-                    mentioned_user=message.user_id if message.mention else None,
-                )
-            elif kind is RecallEntry or kind is DeleteMessageEntry:
-                target: RecallEntry = entry  # type: ignore[assignment]
-                learning.record_recall(target.conversation_id, target.target_conversation_seq)
-        if self.track_changes:
-            changes = self.changes
-            changes.rows.add((entry.user_id, entry.conversation_id))
-            changes.users.add(entry.user_id)
-        if mirror and (new_row or kind is not MessageEntry):
-            row = projector.users[entry.user_id].rows[entry.conversation_id]
-            step.mirror.append(
-                StateChange(
-                    entry.user_id,
-                    entry.conversation_id,
-                    {name: getattr(row, name) for name in STATE_FIELDS},
-                    entry.mailbox_seq,
-                    entry.ts,
-                    new_row,
-                )
-            )
-        if kind is JoinEntry or kind is LeaveEntry:
+        mirror = self.mirror
+        track_changes = self.track_changes
+        keeps_member_stats = self.keeps_member_stats
+        apply = projector.apply
+        duplicate = Applied.DUPLICATE
+        unset = msgspec.UNSET
+        applied = applied_messages = 0  # added to the stats after the loop
+        for entry in entries:
+            at = entry.ts if now is None else now
+            start = policy.window_start  # policy.window_elapsed(at), inline
+            if start is not None and at - start >= window_ms and not projector.is_duplicate(entry):
+                # The window is over: it closes before this entry opens the next one.
+                self._flush_into(step)
             if mirror:
+                # Read through: with state on disk, a row not in memory is not a new row.
+                user = projector.user(entry.user_id)
+                new_row = user is None or projector.row(user, entry.conversation_id) is None
+            if apply(entry, at) is duplicate:
+                stats.duplicates += 1
+                continue
+            applied += 1
+            kind = type(entry)
+            if kind is MessageEntry:
+                applied_messages += 1
+                if entry.notification is not unset:  # type: ignore[union-attr]  # rare: look closer
+                    notice = notice_of(entry)  # type: ignore[arg-type]
+                    if notice is not None:
+                        step.notices.append(notice)
+            if learning is not None:
+                if kind is MessageEntry:
+                    message: MessageEntry = entry  # type: ignore[assignment]
+                    # A message fans out to every member one after the other: the store has it
+                    # already when the last one recorded was the same (only a mention adds to it).
+                    if (
+                        message.mention
+                        or message.conversation_seq != self._recorded_seq
+                        or message.conversation_id != self._recorded_conversation
+                    ):
+                        learning.record_message(
+                            message.conversation_id,
+                            message.conversation_seq,
+                            message_id=message.message_id,
+                            activity_id=message.activity_id,
+                            sender_id=message.sender_id,
+                            counts_unread=message.counts_unread,
+                            mentioned_user=message.user_id if message.mention else None,
+                        )
+                        self._recorded_conversation = message.conversation_id
+                        self._recorded_seq = message.conversation_seq
+                elif kind is RecallEntry or kind is DeleteMessageEntry:
+                    target: RecallEntry = entry  # type: ignore[assignment]
+                    learning.record_recall(target.conversation_id, target.target_conversation_seq)
+            if track_changes:
+                changes = self.changes
+                changes.rows.add((entry.user_id, entry.conversation_id))
+                changes.users.add(entry.user_id)
+            if mirror and (new_row or kind is not MessageEntry):
                 row = projector.users[entry.user_id].rows[entry.conversation_id]
                 step.mirror.append(
-                    MemberChange(
-                        entry.conversation_id,
+                    StateChange(
                         entry.user_id,
-                        row.role,
-                        row.membership,
-                        row.joined_at,
-                        row.left_at,
+                        entry.conversation_id,
+                        {name: getattr(row, name) for name in STATE_FIELDS},
+                        entry.mailbox_seq,
+                        entry.ts,
+                        new_row,
                     )
                 )
-        elif (
-            self.keeps_member_stats and kind in _STATS_ENTRIES and MemberStats.concerns(entry.user_id, entry)
-        ):
-            self._member_stats(entry, step)
-        if policy.over_memory_bound(projector.dirty.row_count):
-            self._flush_into(step)
-        return True
+            if kind is JoinEntry or kind is LeaveEntry:
+                if mirror:
+                    row = projector.users[entry.user_id].rows[entry.conversation_id]
+                    step.mirror.append(
+                        MemberChange(
+                            entry.conversation_id,
+                            entry.user_id,
+                            row.role,
+                            row.membership,
+                            row.joined_at,
+                            row.left_at,
+                        )
+                    )
+            elif keeps_member_stats and kind in _STATS_ENTRIES and MemberStats.concerns(entry.user_id, entry):
+                self._member_stats(entry, step)
+            if projector.dirty.row_count > max_dirty_rows:  # policy.over_memory_bound, inline
+                self._flush_into(step)
+        stats.applied += applied
+        stats.applied_messages += applied_messages
+        return applied
 
     def _flush_into(self, step: Step) -> None:
         batches = self.projector.flush()

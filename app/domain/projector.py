@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from app.domain.badge import ZERO, Badge, full_recompute, moved
 from app.domain.conversation import STRUCTURAL_ENTRIES, ConversationState
-from app.domain.entries import Entry, MailboxDirtyEntry, ReadEntry
+from app.domain.entries import Entry, MailboxDirtyEntry, MessageEntry, ReadEntry
 from app.domain.flush import DirtySet, FlushPolicy, UserFlush
 from app.domain.ports import MessageStore
 from app.domain.unread import UNREAD_PRECISE_LIMIT
@@ -59,14 +59,16 @@ class UserState:
     needs them all (a full badge recompute)."""
 
     __slots__ = (
-        "badge",
         "badge_reconcile",
         "complete",
         "driving_event_id",
         "flushed_seq",
+        "muted_unread",
         "projection_mailbox_seq",
         "rows",
         "structure_version",
+        "total_mention",
+        "total_unread",
         "user_id",
     )
 
@@ -77,11 +79,23 @@ class UserState:
         self.projection_mailbox_seq = 0  # highest applied mailbox_seq: the version source
         self.flushed_seq = 0  # version of the last flushed batch (prev_projection_mailbox_seq)
         self.driving_event_id = ""
-        self.badge = ZERO
+        # The badge as three counters moved in place by every applied entry (`badge` is the
+        # value): no Badge tuple is made per message.
+        self.total_unread = 0
+        self.total_mention = 0
+        self.muted_unread = 0
         self.structure_version = 0  # bumped by pin/unpin/archive/unarchive/leave/delete
         # A reconcile happened since the last flush: the flush recomputes the badge in full
         # (seed §4). Not persisted: a restart recomputes every badge in full anyway (`restarted`).
         self.badge_reconcile = False
+
+    @property
+    def badge(self) -> Badge:
+        return Badge(self.total_unread, self.total_mention, self.muted_unread)
+
+    @badge.setter
+    def badge(self, badge: Badge) -> None:
+        self.total_unread, self.total_mention, self.muted_unread = badge
 
     def dump(self) -> dict[str, Any]:
         return {
@@ -130,6 +144,9 @@ class Projector:
     def __init__(self, config: ProjectorConfig, store: MessageStore) -> None:
         self.config = config
         self.store = store
+        # Read on every entry: the config's values, one attribute away.
+        self._limit = config.unread_precise_limit
+        self._include_muted = config.include_muted
         self.users: dict[int, UserState] = {}
         self.policy = FlushPolicy(config.window_ms, config.max_dirty_rows)  # validated by the config
         self.dirty = DirtySet()
@@ -182,27 +199,44 @@ class Projector:
             row = user.rows[conversation_id] = ConversationState(user.user_id, conversation_id)
             if self.loader is not None:
                 self.loader.created(user, row)
-        before = (row.unread_count, row.mention_count, row.membership, row.archived, row.muted)
-        base_before = row.base
-        row.apply(entry, self.store, self.config.unread_precise_limit)
         kind = type(entry)
-        if before != (row.unread_count, row.mention_count, row.membership, row.archived, row.muted):
-            user.badge = moved(user.badge, row, before, self.config.include_muted)
-        if kind is MailboxDirtyEntry or (
-            kind is ReadEntry and row.base != base_before and row.base < row.latest
-        ):
-            # Reconcile triggers (seed §3.4): MAILBOX_DIRTY, and a read (from any device) that
-            # moved the base to below the head: the row was recomputed (never zeroed) by the
-            # three-state rule, and the badge is then recomputed in full, cancelling any drift
-            # the deltas accumulated. Once per flush rather than per read: a user reading
-            # through a busy list sends many reads in one window, and the badge only leaves the
-            # projector with a flush.
-            user.badge_reconcile = True
+        if kind is MessageEntry:
+            # The hot path. A message moves the counts only (never the zone: membership, folder,
+            # mute), so the badge moves by the counts' deltas, as `moved` does in that case.
+            unread, mention = row.unread_count, row.mention_count
+            row.apply_message(entry, self.store, self._limit)  # type: ignore[arg-type]
+            d_unread = row.unread_count - unread
+            d_mention = row.mention_count - mention
+            if d_unread or d_mention:
+                if row.membership == "active":
+                    if not row.archived and (self._include_muted or not row.muted):
+                        user.total_unread += d_unread
+                    user.total_mention += d_mention
+                if row.muted:
+                    user.muted_unread += d_unread
+        else:
+            before = (row.unread_count, row.mention_count, row.membership, row.archived, row.muted)
+            base_before = row.base
+            row.apply(entry, self.store, self._limit)
+            if before != (row.unread_count, row.mention_count, row.membership, row.archived, row.muted):
+                user.badge = moved(user.badge, row, before, self._include_muted)
+            if kind is MailboxDirtyEntry or (
+                kind is ReadEntry and row.base != base_before and row.base < row.latest
+            ):
+                # Reconcile triggers (seed §3.4): MAILBOX_DIRTY, and a read (from any device)
+                # that moved the base to below the head: the row was recomputed (never zeroed)
+                # by the three-state rule, and the badge is then recomputed in full, cancelling
+                # any drift the deltas accumulated. Once per flush rather than per read: a user
+                # reading through a busy list sends many reads in one window, and the badge only
+                # leaves the projector with a flush.
+                user.badge_reconcile = True
+            if kind in STRUCTURAL_ENTRIES:
+                user.structure_version += 1
         user.projection_mailbox_seq = entry.mailbox_seq
         user.driving_event_id = entry.event_id
-        if kind in STRUCTURAL_ENTRIES:
-            user.structure_version += 1
-        self.dirty.mark(user_id, conversation_id)
+        if not row.dirty:
+            row.dirty = True
+            self.dirty.mark(user_id, conversation_id)
         if self.policy.window_start is None:
             self.policy.window_start = now_ms
         return Applied.APPLIED
@@ -257,6 +291,7 @@ class Projector:
         for cid in conversation_ids:
             row = user.rows[cid]
             row.writes += 1
+            row.dirty = False
             rows.append(row.as_row())
         batch = UserFlush(
             user_id=user.user_id,
@@ -325,6 +360,8 @@ class Projector:
         """
         self.dirty = DirtySet()
         for user_id, user in self.users.items():
-            if user.projection_mailbox_seq > user.flushed_seq:
-                for conversation_id in user.rows:
+            unflushed = user.projection_mailbox_seq > user.flushed_seq
+            for conversation_id, row in user.rows.items():
+                row.dirty = unflushed  # the flags follow the new set
+                if unflushed:
                     self.dirty.mark(user_id, conversation_id)

@@ -60,10 +60,31 @@ def add(seqs: Seqs, seq: int) -> bytes | BitMap | BitMap64:
         if len(view) < SMALL_MAX:
             return seqs[: at * 8] + _pack((seq,)) + seqs[at * 8 :]  # type: ignore[arg-type]
         seqs = _roaring(seqs)
-    elif seq >= WIDE and isinstance(seqs, BitMap):
+    # Also after the array became a 32-bit set just above: a 49th seq past 2^32 must widen it.
+    if seq >= WIDE and isinstance(seqs, BitMap):
         seqs = BitMap64(list(seqs))
     seqs.add(seq)
     return seqs
+
+
+def added(seqs: Seqs, seq: int) -> tuple[bytes | BitMap | BitMap64, bool]:
+    """`add`, and whether `seq` was not there before (one call where `has` + `add` took two)."""
+    if seqs is None:
+        return _pack((seq,)), True  # type: ignore[arg-type]
+    if isinstance(seqs, bytes):
+        view = _view(seqs)
+        at = bisect_left(view, seq)
+        if at < len(view) and view[at] == seq:
+            return seqs, False
+        if len(view) < SMALL_MAX:
+            return seqs[: at * 8] + _pack((seq,)) + seqs[at * 8 :], True  # type: ignore[arg-type]
+        seqs = _roaring(seqs)  # (seq is not in it: looked up above)
+    if seq >= WIDE and isinstance(seqs, BitMap):
+        seqs = BitMap64(list(seqs))  # a 32-bit set holds no seq this high (see `add`)
+    elif seq in seqs:
+        return seqs, False
+    seqs.add(seq)
+    return seqs, True
 
 
 def add_range(seqs: Seqs, low: int, high: int) -> Seqs:

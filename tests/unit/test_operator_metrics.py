@@ -78,6 +78,10 @@ def test_every_process_registry_has_process_and_build_info() -> None:
     for registry in (WorkerMetrics().registry, RebuildMetrics().registry):
         text = metrics_text(registry)
         assert set(PROCESS_METRICS) <= names(text)
-        labels = [("version", info.version), ("python", platform.python_version()), ("compiled", "false")]
+        labels = [
+            ("version", info.version),
+            ("python", platform.python_version()),
+            ("compiled", info.labels()["compiled"]),
+        ]
         assert sample(text, "projector_build_info", labels) == 1
         assert sample(text, "process_resident_memory_bytes") > 0

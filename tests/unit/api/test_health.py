@@ -17,6 +17,7 @@ from app.api import Deps, create_app
 from app.api.health import RETRY_AFTER_S, cassandra_check
 from app.api.sources import MemoryProjectionReader
 from app.api.tokens import TokenSigner
+from app.build import build_info
 from app.metrics import API_METRICS, PROCESS_METRICS, names, sample
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.redis_projection import ProjectionStoreError
@@ -162,7 +163,7 @@ async def test_requests_are_counted_by_route_template_method_and_code(http: Clie
     assert count("/v1/sessions", "GET", "503") == 1
     assert "12345" not in text and "BREW" not in text
     assert sample(text, "projector_api_request_duration_seconds_count", [("route", "/v1/badge")]) >= 2
-    version = sample(text, "projector_build_info", [("compiled", "false")])
+    version = sample(text, "projector_build_info", [("compiled", build_info().labels()["compiled"])])
     assert version == 1
 
 

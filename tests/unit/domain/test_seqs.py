@@ -65,3 +65,18 @@ def test_every_representation_behaves_as_a_set(ops: list[tuple[object, ...]], pr
             assert seqs.at(value, len(ordered) - 1) == ordered[-1]  # type: ignore[arg-type]
         copied = seqs.copy(value)
         assert seqs.size(copied) == len(model)
+
+
+def test_a_full_array_widens_when_the_seq_that_overflows_it_is_past_2_to_the_32() -> None:
+    """48 small seqs (SMALL_MAX) then one >= 2^32: the array becomes a roaring set that must hold
+    64-bit values (a 32-bit one raised OverflowError: a valid record crashed the processor)."""
+    full: seqs.Seqs = None
+    for seq in range(1, seqs.SMALL_MAX + 1):
+        full = seqs.add(full, seq)
+    assert isinstance(full, bytes)
+    big = 2**40
+    grown = seqs.add(full, big)
+    assert seqs.has(grown, big) and seqs.size(grown) == seqs.SMALL_MAX + 1
+    grown, new = seqs.added(full, big)
+    assert new and seqs.has(grown, big) and seqs.size(grown) == seqs.SMALL_MAX + 1
+    assert seqs.added(grown, big)[1] is False

@@ -4,15 +4,18 @@ runtime dependencies that are exactly what the shipped code imports (dev tools s
 from __future__ import annotations
 
 import ast
+import importlib.util
+import os
 import re
 import subprocess
 import sys
 import tomllib
 from importlib import metadata, resources
+from importlib.machinery import EXTENSION_SUFFIXES
 
 import pytest
 
-import app
+from app import build
 from app.build import build_info, version
 from app.cli import main
 from tests.support.paths import ROOT
@@ -52,19 +55,39 @@ def test_version_prints_the_package_version_and_the_build(capsys: pytest.Capture
         main(["--version"])
     assert done.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"projector {metadata.version('session-projector')} (pure Python; ")
+    build = "compiled" if build_info().compiled else "pure Python"
+    assert out.startswith(f"projector {metadata.version('session-projector')} ({build}; ")
     assert version() == metadata.version("session-projector")
 
 
-def test_the_compiled_flag_is_read_from_the_package(
+def test_the_build_is_told_by_the_module_the_interpreter_loads(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert build_info().compiled is False  # the pure build sets nothing
-    monkeypatch.setattr(app, "COMPILED", True, raising=False)
+    probe = importlib.util.find_spec(build.COMPILED_PROBE)
+    assert probe is not None and probe.origin is not None
+    # The suite runs against the editable (pure) install and against the compiled build
+    # (`make test-compiled`): each must say which one it is.
+    assert build_info().compiled is probe.origin.endswith(tuple(EXTENSION_SUFFIXES))
+    monkeypatch.setattr(build, "COMPILED_PROBE", "msgspec._core")  # a C extension module
     assert build_info().labels()["compiled"] == "true"
     with pytest.raises(SystemExit):
         main(["--version"])
     assert "(compiled; " in capsys.readouterr().out
+    monkeypatch.setattr(build, "COMPILED_PROBE", "app.build")  # a .py module
+    assert build_info().compiled is False
+
+
+@pytest.mark.skipif(
+    os.environ.get("SESSION_PROJECTOR_EXPECT_COMPILED") != "1", reason="only in make test-compiled"
+)
+def test_the_compiled_suite_runs_the_compiled_modules() -> None:
+    """`make test-compiled` (scripts/test_compiled.sh) runs the suites against the mypyc build:
+    the modules it compiles must be the ones this run imported, not the checkout's sources."""
+    assert build_info().compiled
+    for name in ("app.domain.processor", "app.domain.projector", "app.domain.watermark", "app.replay.driver"):
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None
+        assert spec.origin.endswith(tuple(EXTENSION_SUFFIXES)), spec.origin
 
 
 def test_python_dash_m_app_is_the_projector_command() -> None:
