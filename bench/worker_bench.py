@@ -656,7 +656,9 @@ class Bench:
 
     # -- latency ---------------------------------------------------------------------------------
 
-    async def latency(self, stream: Stream, rate: float, contender: str = "worker", label: str = "") -> dict[str, Any]:
+    async def latency(
+        self, stream: Stream, rate: float, contender: str = "worker", label: str = ""
+    ) -> dict[str, Any]:
         a = self.args
         name = f"{self.prefix}-latency-{contender}-{len(self.namespaces)}"
         topic = f"{name}-mailbox-tail"
@@ -923,7 +925,8 @@ def print_table(report: dict[str, Any]) -> None:
     for name, s in summary.items():
         e = s["entries_per_s"]
         gc_cols = (
-            f" {s['gc_paused_ms_median']:7.0f} {s['gc_gen2_collections_median']:5.0f} {s['gc_max_pause_ms']:7.1f}"
+            f" {s['gc_paused_ms_median']:7.0f} {s['gc_gen2_collections_median']:5.0f}"
+            f" {s['gc_max_pause_ms']:7.1f}"
             if "gc_paused_ms_median" in s
             else ""
         )
@@ -953,7 +956,8 @@ def print_table(report: dict[str, Any]) -> None:
             goal = f"  (target p99 <= 200, p50 <= 120: {'met' if met else 'NOT met'})"
         print(
             f"latency {lat['contender']:12s} (window {lat['window_ms']} ms,"
-            f" {lat['rate_entries_per_s']:,.0f} entries/s = {lat['rate_chosen']}, {lat['entries']:,} entries):"
+            f" {lat['rate_entries_per_s']:,.0f} entries/s = {lat['rate_chosen']},"
+            f" {lat['entries']:,} entries):"
             f" p50 {lat['p50_ms']:.0f} ms, p90 {lat['p90_ms']:.0f} ms,"
             f" p99 {lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms{goal}"
         )

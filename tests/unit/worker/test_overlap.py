@@ -14,14 +14,11 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Sequence
-from typing import Any
 
 import msgspec
-import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.domain.entries import DeleteMessageEntry, MessageEntry, RecallEntry, decode_record
 from app.domain.flush import UserFlush
 from app.domain.projector import ProjectorConfig
 from app.replay import ReplayOptions, run_replay
@@ -30,10 +27,12 @@ from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.memory_tables import MemoryTables
 from app.worker.core import WorkerConfig, WorkerCore
 from app.worker.ports import RawRecord
-from tests.projection_files import as_replay_files
-from tests.strategies import Stream, scenarios, streams
-from tests.unit.builders import CONV_A, CONV_B
-from tests.unit.builders import Stream as Builder
+from tests.support.builders import CONV_A, CONV_B
+from tests.support.builders import StreamBuilder as Builder
+from tests.support.clock import ManualClock
+from tests.support.projection_files import as_replay_files
+from tests.support.strategies import Stream, scenarios, streams
+from tests.support.worker import RecordingOutbox, message_store_for, records
 
 
 class SlowTables(MemoryTables):
@@ -85,52 +84,12 @@ class CheckedStore(InMemoryProjectionStore):
         return await super().write(batches)
 
 
-class Outbox:
-    def __init__(self) -> None:
-        self.frames_out: list[dict[str, Any]] = []
-
-    async def dead_letters(self, letters: Sequence[tuple[bytes | None, bytes]]) -> None:
-        return None
-
-    async def frames(
-        self, session_deltas: Sequence[tuple[bytes, bytes]], badges: Sequence[tuple[bytes, bytes]]
-    ) -> None:
-        self.frames_out += [orjson.loads(delta) for _, delta in session_deltas]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now
-
-
-def message_store_for(lines: Sequence[bytes], lanes: int) -> InMemoryMessageStore:
-    store = InMemoryMessageStore()
-    for raw in lines:
-        entry = decode_record(raw, lanes)
-        if isinstance(entry, MessageEntry):
-            store.record_message(
-                entry.conversation_id,
-                entry.conversation_seq,
-                message_id=entry.message_id,
-                activity_id=entry.activity_id,
-                sender_id=entry.sender_id,
-                counts_unread=entry.counts_unread,
-                mentioned_user=entry.user_id if entry.mention else None,
-            )
-        elif isinstance(entry, RecallEntry | DeleteMessageEntry):
-            store.record_recall(entry.conversation_id, entry.target_conversation_seq)
-    return store
-
-
 def background_core(
     lanes: int,
     tables: MemoryTables,
     store: InMemoryMessageStore,
     projections: InMemoryProjectionStore,
-    clock: Clock,
+    clock: ManualClock,
     *,
     max_dirty_rows: int = 100_000,
     hot_rows: int = 500_000,
@@ -143,20 +102,18 @@ def background_core(
         hot_rows=hot_rows,
     )
     core = WorkerCore(
-        config, message_store=store, projection_store=projections, tables=tables, outbox=Outbox(), clock=clock
+        config,
+        message_store=store,
+        projection_store=projections,
+        tables=tables,
+        outbox=RecordingOutbox(),
+        clock=clock,
     )
     core.background_publish = True  # as the worker's runtime runs it
     return core
 
 
-def records(lines: Sequence[bytes], start: int = 0) -> list[RawRecord]:
-    return [
-        RawRecord("mailbox-tail", 0, offset, b"k", raw.rstrip(b"\n"))
-        for offset, raw in enumerate(lines, start)
-    ]
-
-
-def test_a_batch_is_applied_while_a_flush_waits_for_the_changelog_and_its_own_flush_waits_for_its_persist() -> None:
+def test_a_batch_goes_on_while_a_flush_waits_for_the_changelog_and_its_own_flush_for_its_persist() -> None:
     s = Builder()
     s.message(7, 1, conv=CONV_A)
     first = s.close()
@@ -169,7 +126,7 @@ def test_a_batch_is_applied_while_a_flush_waits_for_the_changelog_and_its_own_fl
     lines = [*first, *second, *third]
     expected = run_replay(lines, ReplayOptions())
     store = message_store_for(lines, 1)
-    clock = Clock()
+    clock = ManualClock()
 
     async def run() -> None:
         tables = SlowTables()
@@ -229,7 +186,7 @@ def test_overlapping_flushes_and_batches_stay_durable_before_visible_and_end_as_
     expected = run_replay(lines, ReplayOptions(lanes=stream.lanes))
     rnd = random.Random(seed)
     store = message_store_for(lines, stream.lanes)
-    clock = Clock()
+    clock = ManualClock()
     recs = records(lines)
 
     async def drive(core: WorkerCore, recs: list[RawRecord], steps: int | None) -> None:
@@ -269,7 +226,13 @@ def test_overlapping_flushes_and_batches_stay_durable_before_visible_and_end_as_
 
         def new_core() -> WorkerCore:
             return background_core(
-                stream.lanes, tables, store, projections, clock, max_dirty_rows=max_dirty_rows, hot_rows=hot_rows
+                stream.lanes,
+                tables,
+                store,
+                projections,
+                clock,
+                max_dirty_rows=max_dirty_rows,
+                hot_rows=hot_rows,
             )
 
         core = new_core()
