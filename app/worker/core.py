@@ -36,7 +36,7 @@ import orjson
 
 from app.domain.conversation import ConversationState
 from app.domain.entries import MAX_RECORD_BYTES
-from app.domain.flush import UserFlush
+from app.domain.flush import UserFlush, badge_update_frame, session_delta_frame
 from app.domain.ports import MessageStore
 from app.domain.processor import (
     Changes,
@@ -657,10 +657,21 @@ class WorkerCore:
                 continue
             self.stats.projection_writes += len(batch.rows)
             # prev = what the store held, i.e. the last version any client can have seen.
-            published = dataclasses.replace(batch, prev_projection_mailbox_seq=stored_before)
+            version = batch.projection_mailbox_seq
             key = str(batch.user_id).encode()
-            deltas.append((key, orjson.dumps(published.session_delta())))
-            badges.append((key, orjson.dumps(published.badge_update())))
+            delta = session_delta_frame(
+                batch.user_id,
+                batch.rows,
+                version=version,
+                prev_version=stored_before,
+                driving_event_id=batch.driving_event_id,
+                driving_mailbox_seq=batch.driving_mailbox_seq,
+            )
+            deltas.append((key, orjson.dumps(delta)))
+            badge = badge_update_frame(
+                batch.user_id, batch.badge, version=version, prev_version=stored_before
+            )
+            badges.append((key, orjson.dumps(badge)))
         if deltas:
             await self.outbox.frames(deltas, badges)
         self.stats.flushes += 1
