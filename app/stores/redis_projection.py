@@ -741,8 +741,10 @@ class RedisProjectionStore:
         the pipeline's raise_on_error=False). A connection that failed mid-trip is dropped (its
         unread replies would answer the next user of the socket) and the error raised: the
         caller retries the trip (`_eval_each`; the scripts are conditional on the version)."""
+        client = self.client
+        assert not isinstance(client, RedisCluster)  # a cluster's trips go per master (above)
         buffer = pack_evalsha(script.sha, calls)
-        pool = self.client.connection_pool
+        pool = client.connection_pool
         connection = await pool.get_connection()
         try:
             await connection.send_packed_command(buffer)
