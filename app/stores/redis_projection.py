@@ -745,7 +745,7 @@ class RedisProjectionStore:
         assert not isinstance(client, RedisCluster)  # a cluster's trips go per master (above)
         buffer = pack_evalsha(script.sha, calls)
         pool = client.connection_pool
-        connection = await pool.get_connection()
+        connection = await pool.get_connection()  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
         try:
             await connection.send_packed_command(buffer)
             replies: list[Any] = []
