@@ -132,6 +132,12 @@ class PartitionState:
         self.queued_flushes = 0
         self.published_flushes = 0
         self.durable_flushes = 0
+        # Handed to another worker (`WorkerCore.release`): nothing of it is persisted or
+        # published any more. A flush or persist still queued behind the hand-over (the flush
+        # scheduler's, the audit's) must not write the changelog of a partition another worker
+        # owns now: the hand-over's persist recorded its users' work as not flushed, the new
+        # owner flushes it.
+        self.released = False
         # The next mailbox-tail offset this state has not applied (app/worker/offsets.py): every
         # record below it is in the state, none at or above it. Persisted in the gate record, so
         # it is restored with the state it describes; None until the intake places a partition
@@ -152,7 +158,7 @@ class PartitionState:
     @property
     def publishable(self) -> bool:
         """The oldest queued flush is covered by a completed persist."""
-        return bool(self.unpublished) and self.published_flushes < self.durable_flushes
+        return not self.released and bool(self.unpublished) and self.published_flushes < self.durable_flushes
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,7 +465,11 @@ class WorkerCore:
         and hand the records to the producer; its offsets become durable. `handing_over`: the
         partition goes to another worker, which takes over the Cassandra writes it still owes."""
         async with self._persist_lock:
+            if state.released:
+                return
             await self._persist(state, handing_over)
+            if handing_over:
+                state.released = True  # before any other persist can take the lock
 
     async def _persist(self, state: PartitionState, handing_over: bool) -> None:
         async with self._state_lock:  # no batch is applied meanwhile: one consistent snapshot
@@ -577,6 +587,8 @@ class WorkerCore:
         flushed = 0
         window = self.config.window_ms
         for state in list(self.partitions.values()):
+            if state.released:
+                continue
             async with self._state_lock:
                 batches = state.processor.on_deadline(now)
                 if batches:
@@ -616,6 +628,8 @@ class WorkerCore:
         write that raises leaves its flush (and the later ones) queued, and none is tried before
         the backoff allows (`now`: try once anyway, a clean stop's last chance)."""
         async with self._flush_lock:  # one publisher at a time keeps each user's versions in order
+            if state.released:
+                return 0
             if not now and self._held(state):
                 await self._persist_held(state)
                 return 0

@@ -161,6 +161,47 @@ def test_a_batch_goes_on_while_a_flush_waits_for_the_changelog_and_its_own_flush
     asyncio.run(run())
 
 
+def test_nothing_of_a_released_partition_is_written_after_its_hand_over() -> None:
+    """A flush the scheduler had not published when the partition was handed over: its round
+    after the hand-over writes neither the changelog (another worker owns it now) nor the store;
+    the new owner flushes that work from the hand-over's records."""
+    s = Builder()
+    s.message(7, 1, conv=CONV_A)
+    first = s.close()
+    s.lines = []
+    s.message(8, 2, conv=CONV_B)
+    second = s.close()
+    lines = [*first, *second]
+    expected = run_replay(lines, ReplayOptions())
+    store = message_store_for(lines, 1)
+    clock = ManualClock()
+
+    async def run() -> None:
+        tables = SlowTables()
+        projections = CheckedStore(tables)
+        core = background_core(1, tables, store, projections, clock)
+        await core.on_records(records(first))
+        clock.now += 150
+        await core.on_records(records(second, len(first)))  # closes the window: a flush queued
+        assert core.partitions[0].unpublished and core.publish_wanted.is_set()
+        await core.release([0])
+        handed_over = {name: dict(table) for name, table in tables.data[0].items()}
+        await core.flush_due(clock.now + 1000)  # the scheduler's round, too late
+        await core.persist(core.partitions[0])
+        assert {name: dict(table) for name, table in tables.data[0].items()} == handed_over
+        assert projections.versions == []
+        core.forget([0])
+        owner = background_core(1, tables, store, projections, clock)
+        await owner.restore_assigned([0])
+        clock.now += 10_000
+        await owner.flush_due(clock.now)
+        await owner.flush_all()
+        rows, badges = await as_replay_files(projections, [7, 8])
+        assert rows == expected.projections and badges == expected.badges
+
+    asyncio.run(run())
+
+
 SETTINGS = settings(
     max_examples=60,
     deadline=None,
