@@ -203,7 +203,7 @@ def test_nothing_of_a_released_partition_is_written_after_its_hand_over() -> Non
 
 
 SETTINGS = settings(
-    max_examples=60,
+    max_examples=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
