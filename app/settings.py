@@ -187,6 +187,12 @@ class Settings:
     # start-up and a partition's restore allocated out of the collector's reach (gc.freeze).
     worker_gc_threshold: int = bounded(50_000, 0, 10_000_000)
     worker_gc_freeze: bool = True
+    # Flushes overlap the intake (issue 14): a persist awaits the changelog without holding up
+    # batches, and batches leave their flushes to the flush scheduler (lower latency, bench
+    # figures in bench/README.md). Off by default until the full-size crash runs are understood:
+    # with it on they failed 2 of 4 runs on a loaded machine (main: 0 of 2). false = serial: a
+    # batch publishes its own flushes, a persist holds the intake until the changelog has it.
+    worker_overlap_flushes: bool = False
     # Dead letters are always counted and always sent to their topic; their log lines are capped
     # at this many per second (the rest summed up in one "N more suppressed" line a second at most;
     # 0 = only those summaries).

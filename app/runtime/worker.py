@@ -67,7 +67,8 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
     register_agent(app, mailbox, intake)
     # The flush scheduler publishes what batches queue: the intake reads the next window while
     # the previous flush is written (WorkerCore.background_publish).
-    core.background_publish = True
+    core.background_publish = settings.worker_overlap_flushes
+    core.commit_outside_state_lock = settings.worker_overlap_flushes
 
     gc_policy = GcPolicy.from_settings(settings)
     gc_monitor = GcMonitor()

@@ -243,6 +243,10 @@ class WorkerCore:
         # reads the next window while the previous flush is written; it publishes itself only
         # past `max_queued_flushes` queued in its partition (memory and lag stay bounded).
         self.background_publish = False
+        # True: a persist releases the state lock while the changelog acknowledges it (batches
+        # go on meanwhile). False: it holds it, the intake waits. `PROJECTOR_WORKER_OVERLAP_FLUSHES`
+        # sets both in the worker.
+        self.commit_outside_state_lock = False
         self.max_queued_flushes = 4
         self.publish_wanted = asyncio.Event()
         self.dead_letter_log = RateLimitedLog(log, config.dead_letter_log_per_s, "dead letters")
@@ -494,10 +498,13 @@ class WorkerCore:
             # Created here, under the lock; it takes what was staged when it starts (at once,
             # below: no other persist stages in between, they hold `_persist_lock`).
             commit = self.tables.commit()
+            if not self.commit_outside_state_lock:
+                await commit
         # The broker's acknowledgement is awaited without the state lock: batches are applied
         # meanwhile (their changes go to the next persist); only the offsets and the flushes this
         # snapshot covers become durable / publishable once it is in.
-        await commit
+        if self.commit_outside_state_lock:
+            await commit
         async with self._state_lock:
             if offset is not None:
                 state.durable_offset = offset

@@ -109,7 +109,9 @@ def background_core(
         outbox=RecordingOutbox(),
         clock=clock,
     )
-    core.background_publish = True  # as the worker's runtime runs it
+    # As the worker runs with PROJECTOR_WORKER_OVERLAP_FLUSHES=true.
+    core.background_publish = True
+    core.commit_outside_state_lock = True
     return core
 
 
