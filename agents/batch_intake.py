@@ -158,21 +158,31 @@ class BatchIntakeConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
             placed[tp] = offset
         return placed
 
+    # Counted before AND after: faust runs some seeks from the event loop's thread (a direct
+    # `seek`) or hands them to this thread to run later (`seek_to_committed`), so a fetch may
+    # read the count between the first increment and the seek itself. The second increment
+    # catches most of those; the worker core's hole confirmation (app/worker/offsets.py) the rest.
     def seek(self, partition: TP, offset: int) -> None:
         self.seeks += 1
         super().seek(partition, offset)
+        self.seeks += 1
 
     async def _seek_wait(self, consumer: Any, partitions: Mapping[TP, int]) -> None:
         self.seeks += 1
         await super()._seek_wait(consumer, partitions)
+        self.seeks += 1
 
     async def seek_to_committed(self) -> Mapping[TP, int]:
         self.seeks += 1
-        return await super().seek_to_committed()
+        try:
+            return await super().seek_to_committed()
+        finally:
+            self.seeks += 1
 
     async def seek_to_beginning(self, *partitions: Any) -> None:
         self.seeks += 1
         await super().seek_to_beginning(*partitions)
+        self.seeks += 1
 
 
 def _positions(assignment: Any, partitions: Iterable[TP]) -> dict[TP, int | None]:

@@ -88,6 +88,16 @@ WORKER_METRICS: Final = (
     "projector_store_write_failures_total",
     "projector_store_failing",
     "projector_flushes_held",
+    # Arrival reconciliation (docs/contract.md §9): entries the markers' counts say were sent to
+    # a partition and it never received.
+    "projector_entries_missing",
+    # The projection restore (issue 18, app/worker/restore.py): a store that lost data written
+    # again from the workers' state.
+    "projector_projection_restores_total",
+    "projector_projection_restore_checked_users_total",
+    "projector_projection_restored_users_total",
+    "projector_projection_restored_rows_total",
+    "projector_projection_restore_reflushed_users_total",
 )
 API_METRICS: Final = (
     "projector_snapshot_hits_total",
@@ -335,9 +345,42 @@ class WorkerMetrics:
             "User flushes produced and not yet written to the projection store",
             registry=r,
         )
+        self.entries_missing = Gauge(
+            "projector_entries_missing",
+            "Entries of a lane its last watermark marker's count says were sent to this partition "
+            "(mailbox_seq <= W) and the partition never received; 0 when the marker carried no "
+            "count (docs/contract.md §9). Nothing is held back or invented because of it",
+            ["partition", "lane"],
+            registry=r,
+        )
+        self.projection_restores = Counter(
+            "projector_projection_restores",
+            "Restores (of a partition, or of users a flush found missing) that wrote the projection "
+            "again from the worker's state after the projection store lost data",
+            registry=r,
+        )
+        self.restore_checked_users = Counter(
+            "projector_projection_restore_checked_users",
+            "Users a projection restore compared with the store (version and row count)",
+            registry=r,
+        )
+        self.restored_users = Counter(
+            "projector_projection_restored_users",
+            "Users a projection restore wrote again whole at their version (with correction frames)",
+            registry=r,
+        )
+        self.restored_rows = Counter(
+            "projector_projection_restored_rows", "Rows those restore writes carried", registry=r
+        )
+        self.restore_reflushed_users = Counter(
+            "projector_projection_restore_reflushed_users",
+            "Users with work not flushed yet that a projection restore handed whole to their next flush",
+            registry=r,
+        )
         self._seen = _Seen()
         self._lag_partitions: set[int] = set()
         self._lanes: set[tuple[str, str]] = set()
+        self._missing_lanes: set[tuple[str, str]] = set()
 
     def observe_flush(self, seconds: float) -> None:
         self.flush_latency.observe(seconds)
@@ -372,11 +415,17 @@ class WorkerMetrics:
         self.flushes_held.set(core.held_flushes())
         self.intake_records_skipped.inc(seen.delta("intake_records_skipped", stats.intake_records_skipped))
         self.intake_hole_offsets.inc(seen.delta("intake_hole_offsets", stats.intake_hole_offsets))
+        self.projection_restores.inc(seen.delta("projection_restores", stats.projection_restores))
+        self.restore_checked_users.inc(seen.delta("restore_checked_users", stats.restore_checked_users))
+        self.restored_users.inc(seen.delta("restored_users", stats.restored_users))
+        self.restored_rows.inc(seen.delta("restored_rows", stats.restored_rows))
+        self.restore_reflushed_users.inc(seen.delta("restore_reflushed_users", stats.restore_reflushed_users))
         if stats.projection_writes:
             self.compression_ratio.set(stats.applied / stats.projection_writes)
         pending = 0
         current: set[int] = set()
         lanes: set[tuple[str, str]] = set()
+        missing_lanes: set[tuple[str, str]] = set()
         for partition, state in list(core.partitions.items()):
             label = str(partition)
             processor = state.processor
@@ -390,6 +439,9 @@ class WorkerMetrics:
                 if mark is not None:
                     self.watermark_lane.labels(label, str(lane)).set(mark)
                     lanes.add((label, str(lane)))
+            for lane, missing in enumerate(processor.arrivals.missing_by_lane()):
+                self.entries_missing.labels(label, str(lane)).set(missing)
+                missing_lanes.add((label, str(lane)))
             current.add(partition)
         for gone in self._lag_partitions - current:  # revoked: another worker reports it now
             for gauge in (
@@ -401,8 +453,11 @@ class WorkerMetrics:
                 gauge.remove(str(gone))
         for pair in self._lanes - lanes:
             self.watermark_lane.remove(*pair)
+        for pair in self._missing_lanes - missing_lanes:
+            self.entries_missing.remove(*pair)
         self._lag_partitions = current
         self._lanes = lanes
+        self._missing_lanes = missing_lanes
         self.entries_pending.set(pending)
 
 

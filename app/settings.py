@@ -198,6 +198,15 @@ class Settings:
     # 0 = only those summaries).
     dead_letter_log_per_s: int = bounded(5, 0, 10_000)
 
+    # --- projection restore (issue 18; app/worker/restore.py) -------------------------------------
+    # Every `store_check_interval_ms` the worker asks the projection store whether it lost data
+    # (its markers for the worker's partitions gone, or a server's run id changed: a restart, a
+    # failover) and, if so, writes the projection of those partitions again from its own state,
+    # `restore_chunk_users` users per step (each step holds the flush lock for one round trip
+    # or two, then lets flushes and batches go on). 0 turns the checks off (the restore too).
+    store_check_interval_ms: int = bounded(2_000, 0, 3_600_000)
+    restore_chunk_users: int = bounded(256, 1, 100_000)
+
     # --- unread audit (issue 7; app/worker/audit.py) ----------------------------------------------
     # Every `unread_audit_interval_ms` the worker samples the rows that have unread and have not
     # changed for `unread_audit_idle_ms`, recomputes each from the MessageStore (one bounded,

@@ -96,6 +96,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="chance per message of a lane writing an entry twice (a retry; default 0)",
     )
     parser.add_argument(
+        "--drop-entries",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="leave N entries out on purpose (every 97th, counted by their lane's watermark "
+        "markers but never sent nor written to --out): a loss the workers must report as "
+        "projector_entries_missing (default 0)",
+    )
+    parser.add_argument(
         "--member-notices",
         action="store_true",
         help="follow every join/leave in a group with a member notification to its members "
@@ -160,6 +169,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
                     use_cassandra=not args.no_cassandra,
                     stop=stop,
                     progress=show,
+                    drop_entries=args.drop_entries,
                 )
             )
         )
@@ -174,6 +184,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             out.close()
     target = "no broker" if args.no_kafka else settings.topic_mailbox_tail
     noise = f", {report.noise} bad or repeated records" if report.noise else ""
+    if report.dropped:
+        noise += f", {report.dropped} entries dropped on purpose"
     notices = f" ({report.notices} of them member notices)" if report.notices else ""
     print(
         f"simulated {report.messages} messages{notices}: {report.entries} entries{noise} and "

@@ -134,11 +134,23 @@ class MailboxDirtyEntry(_Entry, frozen=True, tag="mailbox_dirty"):
 
 
 class WatermarkMarker(msgspec.Struct, frozen=True, tag_field="type", tag="watermark", kw_only=True, gc=False):
-    """In-band control record: lane `lane` has written every entry with mailbox_seq <= watermark."""
+    """In-band control record: lane `lane` has written every entry with mailbox_seq <= watermark.
+
+    `count` (optional, docs/contract.md §9): how many distinct entries of the lane with
+    mailbox_seq <= watermark the producer has sent to this partition, cumulative; the worker
+    compares it with what it received (app/domain/arrivals.py). Absent: nothing to compare (a
+    `null` is no count: refused like any other non-integer)."""
 
     lane: NonNegative
     watermark: NonNegative
     ts: NonNegative
+    count: NonNegative | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def sent(self) -> int | None:
+        """`count`, or None when the marker carries none."""
+        count = self.count
+        return count if isinstance(count, int) else None
 
 
 Entry = (
@@ -246,8 +258,9 @@ def decode_record(raw: bytes, lanes: int) -> Record | DeadLetter:
     kind = type(record)
     if kind is WatermarkMarker:
         marker: WatermarkMarker = record  # type: ignore[assignment]
-        if marker.watermark > U64_MAX or marker.ts > U64_MAX:
-            field = "watermark" if marker.watermark > U64_MAX else "ts"
+        count = marker.sent
+        if marker.watermark > U64_MAX or marker.ts > U64_MAX or (count is not None and count > U64_MAX):
+            field = "watermark" if marker.watermark > U64_MAX else "ts" if marker.ts > U64_MAX else "count"
             return DeadLetter(
                 reason=f"Expected `int` <= {U64_MAX} - at `$.{field}`", raw=raw, kind="int_out_of_range"
             )

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from app.domain.arrivals import ArrivalLedger
 from app.domain.conversation import ConversationState
 from app.domain.entries import (
     DeadLetter,
@@ -62,6 +63,8 @@ STATE_FIELDS = (
     "archived",
     "muted",
 )
+# Key of the arrival counts inside a partition's gate record (WatermarkGate.load ignores it).
+ARRIVALS_KEY = "arrivals"
 # Entries that can move a member's statistics (the rest never touch them).
 _STATS_ENTRIES = frozenset({MessageEntry, RecallEntry, DeleteMessageEntry})
 
@@ -210,6 +213,8 @@ class PartitionProcessor:
         self.lanes = lanes
         self.projector = Projector(config, store)
         self.gate = WatermarkGate(lanes)
+        # What each lane's markers say was sent here vs what arrived (app/domain/arrivals.py).
+        self.arrivals = ArrivalLedger(lanes)
         self.stats = stats if stats is not None else ProcessingStats()
         self.learning: LearningMessageStore | None = store if learn_messages else None  # type: ignore[assignment]
         self.mirror = mirror
@@ -237,6 +242,8 @@ class PartitionProcessor:
         gate = self.gate
         apply = self._apply
         changes = self.changes if self.track_changes else None
+        arrivals = self.arrivals
+        arrived = arrivals.counted  # READY entries are at or below every lane's marker
         decoded = [decode_record(raw, lanes) for raw in records]
         if self.residency is not None:
             # One multi-get for the users and rows this batch touches (entries released from the
@@ -252,7 +259,9 @@ class PartitionProcessor:
             kind = type(record)
             if kind is WatermarkMarker:
                 stats.markers += 1
-                released = gate.mark(record)  # type: ignore[arg-type]
+                marker: WatermarkMarker = record  # type: ignore[assignment]  # narrowed by `kind`
+                released = gate.mark(marker)
+                arrivals.marked(marker.lane, marker.watermark, marker.sent)
                 if changes is not None:
                     changes.gate = True
                 for waited in released:
@@ -272,8 +281,10 @@ class PartitionProcessor:
                 self.max_seen_seq = entry.mailbox_seq
             offer = gate.offer(entry)
             if offer is Offer.READY:
-                apply(entry, now, step)
+                if apply(entry, now, step):
+                    arrived[entry.lane] += 1
             elif offer is Offer.PENDING:
+                arrivals.received(entry.lane, entry.mailbox_seq)
                 if changes is not None:
                     changes.pending_added[(entry.user_id, entry.mailbox_seq)] = raw
             else:
@@ -282,7 +293,8 @@ class PartitionProcessor:
             changes.since = now
         return step
 
-    def _apply(self, entry: Entry, now: int | None, step: Step) -> None:
+    def _apply(self, entry: Entry, now: int | None, step: Step) -> bool:
+        """Apply one entry; False when it was a duplicate (nothing changed)."""
         projector = self.projector
         policy = projector.policy
         at = entry.ts if now is None else now
@@ -296,7 +308,7 @@ class PartitionProcessor:
             new_row = user is None or projector.row(user, entry.conversation_id) is None
         if projector.apply(entry, at) is Applied.DUPLICATE:
             self.stats.duplicates += 1
-            return
+            return False
         stats = self.stats
         stats.applied += 1
         kind = type(entry)
@@ -357,6 +369,7 @@ class PartitionProcessor:
             self._member_stats(entry, step)
         if policy.over_memory_bound(projector.dirty.row_count):
             self._flush_into(step)
+        return True
 
     def _flush_into(self, step: Step) -> None:
         batches = self.projector.flush()
@@ -446,7 +459,11 @@ class PartitionProcessor:
         return user.dump()
 
     def gate_record(self) -> dict[str, Any]:
-        return self.gate.dump()
+        """The gate and the arrival counts: one record, so both are restored as of one persist
+        (with the partition's offset, which the worker adds)."""
+        record = self.gate.dump()
+        record[ARRIVALS_KEY] = self.arrivals.dump()
+        return record
 
     def unflushed_users(self) -> list[int]:
         """Users in memory with applied entries no flush has carried yet."""
@@ -459,7 +476,7 @@ class PartitionProcessor:
         return Snapshot(
             rows=[(u, c, self.row_record(u, c)) for u, user in users.items() for c in user.rows],
             users=[user.dump() for user in users.values()],
-            gate=self.gate.dump(),
+            gate=self.gate_record(),
             pending=list(self.pending_raw()),
         )
 
@@ -535,6 +552,13 @@ class PartitionProcessor:
                 waiting.append(decoded)
         self.gate = WatermarkGate.load(
             self.lanes, gate if gate is not None else {"marks": [], "hi": 0}, waiting
+        )
+        # No gate record: a state that starts here, counted exactly from here. A gate record
+        # without counts: written before the ledger existed (baselined; see ArrivalLedger.load).
+        self.arrivals = (
+            ArrivalLedger(self.lanes)
+            if gate is None
+            else ArrivalLedger.load(self.lanes, gate.get(ARRIVALS_KEY), gate.get("marks", ()), waiting)
         )
         self.max_seen_seq = max([self.gate.hi, *(entry.mailbox_seq for entry in waiting)])
 

@@ -28,8 +28,10 @@ from app.runtime.health import CHECK_BUDGET_S, worker_readiness
 from app.runtime.outbox import KafkaOutbox
 from app.runtime.web import start_metrics_server
 from app.settings import Settings
+from app.worker.arrivals import MissingLog
 from app.worker.audit import AuditConfig, audit_tick
 from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms
+from app.worker.restore import ProjectionRestorer, RestoreConfig
 from app.worker.retry import Backoff
 from tables.state import FaustStateTables, declare_tables
 
@@ -118,6 +120,8 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
 
         app.before_consumer_stop.append(close_health)
 
+    missing = MissingLog()
+
     @app.task  # type: ignore[untyped-decorator]  # faust's decorator is untyped
     async def flush_scheduler() -> None:
         """Flushes at each window's end (the processors' deadlines), not on a coarse tick."""
@@ -140,6 +144,7 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
             # Reading on while flushes are held (the changelog keeps them unflushed), up to a
             # bound on what they hold in memory; then no fetching until the store writes again.
             intake.hold(core.store_failing and core.held_rows() >= settings.worker_held_rows_max)
+            missing.check(core)
             if metrics is not None:
                 metrics.sync(core)
 
@@ -147,6 +152,17 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
     async def commit_timer() -> None:
         await intake.check_fetched()
         await intake.commit()
+
+    restore = RestoreConfig.from_settings(settings)
+    if restore.interval_ms > 0:
+        from app.stores.redis_restore import RedisRestoreTarget
+
+        restorer = ProjectionRestorer(core, RedisRestoreTarget(_projection_store(core)), restore)
+
+        @app.task  # type: ignore[untyped-decorator]  # faust's decorator is untyped
+        async def projection_restore() -> None:
+            """Finds a projection store that lost data and writes it again (app/worker/restore.py)."""
+            await restorer.run()
 
     audit = AuditConfig.from_settings(settings)
 
@@ -187,11 +203,15 @@ def build_core(
 
 def _store_client(core: WorkerCore) -> Any:
     """The projection store's Redis client (the readiness check pings it)."""
+    return _projection_store(core).client
+
+
+def _projection_store(core: WorkerCore) -> Any:
     from app.stores.redis_projection import RedisProjectionStore
 
     store = core.projection_store
     assert isinstance(store, RedisProjectionStore)  # build_core made it
-    return store.client
+    return store
 
 
 def _cassandra_session(core: WorkerCore) -> Any:

@@ -9,6 +9,14 @@ markers go out in order; one still waiting for acks is superseded by the lane's 
 covers the same entries), so under load markers thin out instead of lagging. ``--out`` gets
 every produced record in produce order (markers once per partition), so ``projector replay``
 can run on exactly the stream the workers saw.
+
+Marker counts (docs/contract.md §9): each entry goes to the partition Kafka's default partitioner
+picks for its key (computed here and named explicitly, so the count cannot disagree with where
+it went), and each marker carries, per partition, how many entries of its lane the driver had
+sent there when the marker was requested (all of them <= W, each once: the workload's retries
+are noise the lanes do not count). ``drop_entries`` leaves entries out on purpose (every
+``DROP_SPACING``-th entry, counted by its lane but never sent nor written to --out): a loss the
+workers must report.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
@@ -55,6 +63,7 @@ class Report:
     notices: int = 0  # of the messages, member notifications (--member-notices)
     entries: int = 0
     markers: int = 0  # marker records produced (one per lane report per partition)
+    dropped: int = 0  # entries left out on purpose (counted by their markers, never sent)
     noise: int = 0  # bad records and retried entries (Mix.bad, Mix.retry)
     batches: int = 0
     elapsed_s: float = 0.0
@@ -67,13 +76,17 @@ class _Lane:
 
     acks: list[Awaitable[Any]] = field(default_factory=list)  # entries since the last marker request
     waiting: list[Awaitable[Any]] = field(default_factory=list)  # what the requested marker waits for
-    marker: bytes | None = None  # the newest requested marker not sent yet
+    # The newest requested marker not sent yet, and the lane's count per partition at the request.
+    marker: tuple[dict[str, Any], dict[int | None, int]] | None = None
+    sent: dict[int | None, int] = field(default_factory=dict)  # entries per partition, cumulative
     task: asyncio.Task[None] | None = None
 
 
 # Per chunk: batches taken at once, so the MessageStore write before their entries is one call.
 CHUNK_BATCHES = 256
 CHUNK_ENTRIES = 20_000
+# With drop_entries: entries number DROP_SPACING, 2 * DROP_SPACING, ... are left out.
+DROP_SPACING = 97
 
 
 class _Progress:
@@ -110,10 +123,12 @@ async def drive(
     duration_s: float | None = None,
     stop: asyncio.Event | None = None,
     progress: bool = False,
+    drop_entries: int = 0,
 ) -> Report:
     """Run the workload: store first, then entries, then each lane's markers once its entries
     are acknowledged. Stops when the workload ends, after ``duration_s``, or when ``stop`` is
-    set; in the last two cases the closing markers are still sent."""
+    set; in the last two cases the closing markers are still sent. ``drop_entries``: leave that
+    many entries out on purpose (see the module docstring)."""
     report = Report()
     started = time.monotonic()
     shown = _Progress(progress)
@@ -121,6 +136,8 @@ async def drive(
     marker_acks: list[Awaitable[Any]] = []
     # Markers go to every partition; a file-only sink has none: the marker is written once.
     marker_targets: list[int | None] = [*sink.partitions] or [None]
+    partition_of = _partitioner(sink.partitions)
+    entries_seen = 0
 
     def emit(value: bytes) -> None:
         if out is not None:
@@ -132,10 +149,11 @@ async def drive(
         # while an older one still waits for its acks supersedes it (its W covers the same
         # entries and more): under load the lane reports less often instead of falling behind.
         while lane.marker is not None:
-            value, waiting = lane.marker, lane.waiting
+            (marker, counts), waiting = lane.marker, lane.waiting
             lane.marker, lane.waiting = None, []
             await asyncio.gather(*waiting)  # every entry of this lane <= W is in the log now
             for partition in marker_targets:
+                value = orjson.dumps({**marker, "count": counts.get(partition, 0)})
                 # Not awaited one by one: per partition the producer keeps send order, so the
                 # next marker cannot overtake this one.
                 marker_acks.append(await sink.send(value, None, partition))
@@ -160,15 +178,23 @@ async def drive(
         marker_acks[:] = remaining
 
     async def produce(batch: Batch) -> None:
+        nonlocal entries_seen
         for entry in batch.entries:
-            value = orjson.dumps(entry)
-            ack = await sink.send(value, str(entry["user_id"]).encode(), None)
             lane = lanes.get(entry["lane"])
             if lane is None:
                 lane = lanes[entry["lane"]] = _Lane()
+            key = str(entry["user_id"]).encode()
+            partition = partition_of(key)
+            lane.sent[partition] = lane.sent.get(partition, 0) + 1
+            entries_seen += 1
+            if report.dropped < drop_entries and entries_seen % DROP_SPACING == 0:
+                report.dropped += 1  # counted by its lane's markers, never sent: lost on the way
+                continue
+            value = orjson.dumps(entry)
+            ack = await sink.send(value, key, partition)
             lane.acks.append(ack)
             emit(value)
-        report.entries += len(batch.entries)
+            report.entries += 1
         report.messages += len(batch.messages)
         report.notices += batch.notices
         for key, value in batch.noise:
@@ -182,7 +208,8 @@ async def drive(
                 lane = lanes[marker["lane"]] = _Lane()
             lane.waiting.extend(lane.acks)
             lane.acks = []
-            lane.marker = orjson.dumps(marker)
+            # Every entry of the lane so far is <= W: the counts as of now go with the marker.
+            lane.marker = (marker, dict(lane.sent))
             if lane.task is None or lane.task.done():
                 lane.task = asyncio.create_task(report_lane(lane))
         report.batches += 1
@@ -244,6 +271,17 @@ async def drive(
         shown.update(report, started, force=True)
         shown.close()
     return report
+
+
+def _partitioner(partitions: Sequence[int]) -> Callable[[bytes], int | None]:
+    """The partition Kafka's default partitioner picks for a key among `partitions` (None for a
+    sink without partitions)."""
+    if not partitions:
+        return lambda key: None
+    from app.kafka.ops import partition_for
+
+    ordered = sorted(partitions)
+    return lambda key: ordered[partition_for(key, len(ordered))]
 
 
 class KafkaSink:
@@ -314,6 +352,7 @@ async def simulate(
     stop: asyncio.Event | None = None,
     progress: bool = False,
     connect_timeout_s: float = 10.0,
+    drop_entries: int = 0,
 ) -> Report:
     """Open the servers named by ``settings``, run the workload, close everything."""
     cluster = None
@@ -334,6 +373,7 @@ async def simulate(
             duration_s=duration_s,
             stop=stop,
             progress=progress,
+            drop_entries=drop_entries,
         )
     except StoreError as exc:  # Cassandra failed mid-run (unreachable, timed out)
         raise SimulateError(f"cassandra: {exc}") from None

@@ -46,6 +46,69 @@ class InMemoryProjectionStore:
     def __init__(self, count_writes: bool = False) -> None:
         self.count_writes = count_writes
         self._users: dict[int, _UserRecord] = {}
+        # The projection restore's markers and the "server run id" (app/stores/redis_restore.py).
+        self._markers: dict[int, str] = {}
+        self._run_id = 1
+
+    async def restore(self, batches: Sequence[UserFlush]) -> list[int | None]:
+        """`write`, as the projection restore writes (RESTORE_SCRIPT): a batch at the stored
+        version is written too, only an older one refused; writes are not counted."""
+        results: list[int | None] = []
+        for batch in encode_batches(batches):
+            record = self._users.get(batch.user_id)
+            previous = record.version if record is not None else 0
+            if batch.version < previous:
+                results.append(None)
+                continue
+            if record is None:
+                record = self._users[batch.user_id] = _UserRecord()
+            record.rows.update(batch.rows)
+            record.version = batch.version
+            record.structure_version = batch.structure_version
+            record.total_unread = batch.total_unread
+            record.total_mention = batch.total_mention
+            record.muted_unread = batch.muted_unread
+            results.append(previous)
+        return results
+
+    async def inventory(self, user_ids: Sequence[int]) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for user_id in user_ids:
+            record = self._users.get(user_id)
+            out.append((record.version, len(record.rows)) if record is not None else (0, 0))
+        return out
+
+    # -- the projection restore's markers (app/worker/restore.RestoreTarget) --------------------
+
+    async def identity(self) -> frozenset[str]:
+        return frozenset({f"run-{self._run_id}"})
+
+    async def read_markers(self, partitions: Sequence[int]) -> dict[int, list[str | None]]:
+        return {partition: [self._markers.get(partition)] for partition in partitions}
+
+    async def set_markers(self, partition: int, value: str) -> None:
+        self._markers[partition] = value
+
+    async def confirm_markers(self, partition: int, expected: str, value: str) -> bool:
+        if self._markers.get(partition) != expected:
+            return False
+        self._markers[partition] = value
+        return True
+
+    # -- data loss (tests) ----------------------------------------------------------------------
+
+    def flushall(self, *, restart: bool = False) -> None:
+        """Everything gone, as a FLUSHALL (`restart`: as a restart without persistence, which
+        also changes the server's run id)."""
+        self._users.clear()
+        self._markers.clear()
+        if restart:
+            self._run_id += 1
+
+    def forget(self, user_ids: Sequence[int]) -> None:
+        """These users' keys gone (an eviction, a DEL), nothing else."""
+        for user_id in user_ids:
+            self._users.pop(user_id, None)
 
     async def write(self, batches: Sequence[UserFlush]) -> list[int | None]:
         results: list[int | None] = []

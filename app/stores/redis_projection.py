@@ -210,6 +210,31 @@ return stored
 """
 
 
+# The projection restore's write (issue 18, `restore`; app/worker/restore.py): WRITE_SCRIPT's
+# layout, but a version EQUAL to the stored one is written too (only an older batch is refused),
+# and writes are never counted (that hook measures the flush path's compaction, J-1). After a
+# data loss a flush may have written some of a user's rows at version V into the emptied store;
+# the restore then writes every row at V (the same values: V is what the state holds), which the
+# flush path's "newer only" rule would refuse.
+RESTORE_SCRIPT = f"""
+local stored = redis.call('HGET', KEYS[2], 'version')
+local incoming = ARGV[1]
+if stored then
+  if #incoming < #stored or (#incoming == #stored and incoming < stored) then
+    return false
+  end
+else
+  stored = '0'
+end
+local first = 7
+local last = #ARGV
+{_HSET_ROWS_LUA}
+redis.call('HSET', KEYS[2], 'structure_version', ARGV[2], 'total_unread', ARGV[3],
+  'total_mention', ARGV[4], 'muted_unread', ARGV[5], 'version', incoming)
+return stored
+"""
+
+
 # The unread audit's repair (ProjectionStore.correct). KEYS: rows, meta. ARGV: the version the
 # audit compared against, total_unread, total_mention, muted_unread, then conversation_id, row
 # JSON, ... Written only while the stored version is exactly that one (a flush in between, or a
@@ -302,6 +327,7 @@ class RedisProjectionStore:
         self.max_users_per_trip = max_users_per_trip
         self.max_fields_per_trip = max_fields_per_trip
         self._write_script = _Script(WRITE_SCRIPT)
+        self._restore_script = _Script(RESTORE_SCRIPT)
         self._correct_script = _Script(CORRECT_SCRIPT)
         self._read_script = _Script(READ_SCRIPT)
         self._owns_client = False
@@ -389,6 +415,37 @@ class RedisProjectionStore:
         for trip in self._trips(encoded):
             results.extend(await self._guard("write", functools.partial(self._write_trip, trip)))
         return results
+
+    async def restore(self, batches: Sequence[UserFlush]) -> list[int | None]:
+        """`write`, for the projection restore (RESTORE_SCRIPT): a batch whose version equals the
+        stored one is written too; only an older one is refused (None)."""
+        encoded = encode_batches(batches)
+        await self.follow_serving()
+        results: list[int | None] = []
+        for trip in self._trips(encoded):
+            call = functools.partial(self._write_trip, trip, self._restore_script, False)
+            results.extend(await self._guard("restore", call))
+        return results
+
+    async def inventory(self, user_ids: Sequence[int]) -> list[tuple[int, int]]:
+        """Per user, the stored version (0: none) and how many rows the store holds: whether a
+        user's projection is whole, without reading it (one pipelined round trip per slice)."""
+        out: list[tuple[int, int]] = []
+        step = max(1, self.max_fields_per_trip // 2)
+        for start in range(0, len(user_ids), step):
+            chunk = user_ids[start : start + step]
+
+            async def read(chunk: Sequence[int] = chunk) -> list[Any]:
+                pipe = self.client.pipeline(transaction=False)
+                for user_id in chunk:
+                    pipe.hget(self.meta_key(user_id), "version")
+                    pipe.hlen(self.rows_key(user_id))
+                return list(await pipe.execute())
+
+            replies = await self._guard("inventory", read)
+            for version, rows in zip(replies[::2], replies[1::2], strict=True):
+                out.append((0 if version is None else int(_text(version)), int(rows)))
+        return out
 
     async def versions(self, user_ids: Sequence[int]) -> list[int]:
         out: list[int] = []
@@ -599,9 +656,9 @@ class RedisProjectionStore:
             trips.append(current)
         return trips
 
-    def _script_call(self, batch: EncodedBatch) -> tuple[list[str], list[str | bytes]]:
+    def _script_call(self, batch: EncodedBatch, count: bool) -> tuple[list[str], list[str | bytes]]:
         keys = [self.rows_key(batch.user_id), self.meta_key(batch.user_id)]
-        if self.count_writes:
+        if count:
             # Only then: while a cluster slot migrates, a multi-key command naming a key that
             # does not exist is answered TRYAGAIN until the migration ends, and the writes key
             # never exists unless writes are counted.
@@ -612,17 +669,20 @@ class RedisProjectionStore:
             str(batch.total_unread),
             str(batch.total_mention),
             str(batch.muted_unread),
-            "1" if self.count_writes else "0",
+            "1" if count else "0",
         ]
         for conversation_id, row in batch.rows:
             args.append(conversation_id)
             args.append(row)
         return keys, args
 
-    async def _write_trip(self, trip: list[EncodedBatch]) -> list[int | None]:
+    async def _write_trip(
+        self, trip: list[EncodedBatch], script: _Script | None = None, count: bool | None = None
+    ) -> list[int | None]:
         # (keys, args) per user, in order
-        calls = [self._script_call(batch) for batch in trip]
-        replies = await self._eval_each(self._write_script, calls)
+        counting = self.count_writes if count is None else count
+        calls = [self._script_call(batch, counting) for batch in trip]
+        replies = await self._eval_each(script or self._write_script, calls)
         results: list[int | None] = []
         for batch, reply in zip(trip, replies, strict=True):
             if isinstance(reply, Exception):

@@ -48,7 +48,7 @@ from app.domain.processor import (
 from app.domain.projection_store import ProjectionStore
 from app.domain.projector import ProjectorConfig
 from app.worker.mirror import MirrorPump
-from app.worker.offsets import Admission, Verdict, admit
+from app.worker.offsets import Admission, Verdict, admit, first_hole
 from app.worker.ports import FlushObserver, Outbox, RawRecord, StateTables, StateWriter
 from app.worker.ratelog import RateLimitedLog
 from app.worker.retry import Backoff
@@ -109,6 +109,13 @@ class WorkerStats(ProcessingStats):
     audit_drift_ratio: float = 0.0
     # Dead letters by kind (app.domain.entries.DEAD_LETTER_KINDS): the metrics' reason label.
     dead_letter_kinds: dict[str, int] = field(default_factory=dict)
+    # The projection restore (app/worker/restore.py): partitions restored, users checked against
+    # the store, users written again (and their rows), users handed to their next flush whole.
+    projection_restores: int = 0
+    restore_checked_users: int = 0
+    restored_users: int = 0
+    restored_rows: int = 0
+    restore_reflushed_users: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -149,6 +156,8 @@ class PartitionState:
         self.next_offset: int | None = None
         self.durable_offset: int | None = None  # next_offset as of the last persist
         self.committed_offset: int | None = None
+        # (expected offset, first skipped offset) of a hole seen once and not confirmed yet.
+        self.hole_seen: tuple[int, int] | None = None
 
     @property
     def unpersisted_since(self) -> int | None:
@@ -235,6 +244,11 @@ class WorkerCore:
         self.metrics = metrics
         self.partitions: dict[int, PartitionState] = {}
         self.stats = WorkerStats()
+        # Users a flush found stored at a version older than their last flush's: the store lost
+        # them (app/worker/restore.py writes them whole again). Kept only while a restorer
+        # drains it (`track_store_behind`): otherwise it would only grow.
+        self.store_behind: set[int] = set()
+        self.track_store_behind = False
         self.mirror: MirrorPump | None = None
         self.state_writer = state_writer  # also makes the mirror (the property below)
         self._flush_lock = asyncio.Lock()
@@ -398,8 +412,26 @@ class WorkerCore:
             if admission.verdict is Verdict.ALREADY_APPLIED:
                 self.stats.intake_records_skipped += len(records)
                 return admission
-            self.stats.intake_records_skipped += admission.start
             fresh = records[admission.start :] if admission.start else records
+            expected = state.next_offset
+            hole = None if expected is None else first_hole(expected, [r.offset for r in fresh], fetch_to)
+            if expected is not None and hole is not None and state.hole_seen != (expected, hole):
+                # A hole is taken only when a read from the expected offset shows it again
+                # (app/worker/offsets.py): the first time, read again from there.
+                state.hole_seen = (expected, hole)
+                self.stats.intake_gaps_refused += 1
+                log.warning(
+                    "partition %d: a fetch (from %s to %s) would skip offsets from %d on: reading "
+                    "again from %d to confirm",
+                    partition,
+                    fetch_from,
+                    fetch_to,
+                    hole,
+                    expected,
+                )
+                return Admission(Verdict.GAP)
+            state.hole_seen = None
+            self.stats.intake_records_skipped += admission.start
             self.stats.intake_hole_offsets += _holes(state.next_offset, fresh, fetch_to)
             step = processor.on_records([r.value for r in fresh], now)
             # The gate record carries the offset: it is persisted with the state it describes.
@@ -470,6 +502,8 @@ class WorkerCore:
         if state.next_offset is None:
             state.next_offset = offset
             state.processor.changes.gate = True
+            if offset > 0:  # begins mid-log: the lanes' counts are baselined (app/domain/arrivals.py)
+                state.processor.arrivals.start_mid_stream()
             log.info("partition %d: starting at offset %d", partition, offset)
 
     def durable_offsets(self) -> dict[int, int]:
@@ -701,6 +735,8 @@ class WorkerCore:
                 # went out with the first write, or clients detect the gap and re-pull.
                 self.stats.refused_writes += 1
                 continue
+            if self.track_store_behind and stored_before < batch.prev_projection_mailbox_seq:
+                self.store_behind.add(batch.user_id)  # it held more than this: its data went
             self.stats.projection_writes += len(batch.rows)
             # prev = what the store held, i.e. the last version any client can have seen.
             version = batch.projection_mailbox_seq

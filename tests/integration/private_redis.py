@@ -1,7 +1,9 @@
 """A redis-server of a test's own (never the shared one on 6379, which other tests use): started,
 SIGKILLed and started again on the same port and data directory. Append-only with an fsync per
 write, so what it acknowledged before a kill is there after the restart (a projection store
-that lost data would not be a store outage but a lost projection: another test)."""
+that lost data would not be a store outage but a lost projection: `persistent=False`, a server
+that keeps nothing on disk, so a restart comes back empty with a new run id, as a failover to an
+empty replica does; tests/integration/test_projection_restore.py)."""
 
 from __future__ import annotations
 
@@ -16,12 +18,13 @@ from tests.integration.stack import free_port
 
 
 class PrivateRedis:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, persistent: bool = True) -> None:
         binary = shutil.which("redis-server")
         if binary is None:  # never a skip: `make services-up` installs it (scripts/services.sh)
             raise AssertionError("redis-server is missing: run `make services-up`")
         self.binary = binary
         self.directory = directory
+        self.persistent = persistent
         self.directory.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -36,7 +39,8 @@ class PrivateRedis:
             [
                 self.binary,
                 *("--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.directory)),
-                *("--save", "", "--appendonly", "yes", "--appendfsync", "always"),
+                *("--save", "", "--appendonly", "yes" if self.persistent else "no"),
+                *(("--appendfsync", "always") if self.persistent else ()),
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,

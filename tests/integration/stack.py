@@ -48,6 +48,8 @@ class Stack:
         }
         self.settings = Settings.from_env(self.env)
         self.workers: list[subprocess.Popen[bytes]] = []
+        # Per (lane, partition): the distinct (user_id, mailbox_seq) entries `produce` sent there.
+        self._sent: dict[tuple[int, int], set[tuple[int, int]]] = {}
 
     def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[bytes]:
         done = subprocess.run(
@@ -171,7 +173,16 @@ class Stack:
     async def produce(self, lines: list[bytes], *, producer: Any = None) -> None:
         """Produce raw mailbox lines as the lanes would: entries keyed by user id, watermark
         markers (and anything without a user) to EVERY partition. One producer keeps each
-        partition's order; the markers follow the entries they cover."""
+        partition's order; the markers follow the entries they cover.
+
+        A marker's `count` (docs/contract.md §9) counts what its lane sent to ONE partition; a
+        file from `simulate --no-kafka` has no partitions, so its markers count the whole lane,
+        and sent as they are to every partition each would report the other partitions' entries
+        as missing. Here each partition's copy carries what this stack sent to that partition
+        (distinct entries of the lane at or below the marker, every `produce` call so far): the
+        lines given are what was sent."""
+        from app.kafka.ops import partition_for
+
         topic = self.settings.topic_mailbox_tail
         count = self.settings.topic_partitions
         own = producer is None
@@ -181,14 +192,27 @@ class Stack:
             pending = []
             for raw in lines:
                 try:
-                    user = orjson.loads(raw).get("user_id")
+                    record = orjson.loads(raw)
+                    user = record.get("user_id")
                 except (orjson.JSONDecodeError, AttributeError):
-                    user = None
+                    record, user = None, None
                 if isinstance(user, int):
-                    pending.append(await producer.send(topic, raw, key=str(user).encode()))
+                    key = str(user).encode()
+                    partition = partition_for(key, count)
+                    lane, seq = record.get("lane"), record.get("mailbox_seq")
+                    if isinstance(lane, int) and isinstance(seq, int):
+                        self._sent.setdefault((lane, partition), set()).add((user, seq))
+                    pending.append(await producer.send(topic, raw, key=key, partition=partition))
                 else:
                     for partition in range(count):
-                        pending.append(await producer.send(topic, raw, partition=partition))
+                        value = raw
+                        if isinstance(record, dict) and isinstance(record.get("count"), int):
+                            lane, mark = record.get("lane"), record.get("watermark")
+                            if isinstance(lane, int) and isinstance(mark, int):
+                                sent = self._sent.get((lane, partition), set())
+                                mine = sum(1 for _, seq in sent if seq <= mark)
+                                value = orjson.dumps({**record, "count": mine})
+                        pending.append(await producer.send(topic, value, partition=partition))
                 if len(pending) >= 5000:
                     await asyncio.gather(*pending)
                     pending = []

@@ -94,6 +94,7 @@ TYPES: dict[str, dict[str, Check]] = {
 }
 OPTIONAL: dict[str, dict[str, Check]] = {
     "join": {"role": _one_of("owner", "admin", "member")},
+    "watermark": {"count": SEQ0},  # docs/contract.md §9: a u64 when present (null is no count)
     "message": {"notification": _int(0, U32)},  # §9: any u32 kind; 24 and 27 notify
 }
 MARKER: dict[str, Check] = {"lane": SEQ0, "watermark": SEQ0, "ts": SEQ0}
@@ -151,6 +152,9 @@ def parse_line(line: bytes, lanes: int) -> tuple[str, Any]:
     if kind == "watermark":
         for name, ok in MARKER.items():
             if name not in obj or not ok(obj[name]):
+                return "bad", f"marker field {name}"
+        for name, ok in OPTIONAL["watermark"].items():
+            if name in obj and not ok(obj[name]):
                 return "bad", f"marker field {name}"
         if obj["lane"] >= lanes:
             return "bad", "lane out of range"

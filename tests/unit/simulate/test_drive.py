@@ -127,11 +127,16 @@ async def test_markers_wait_for_their_lane_and_reach_every_partition() -> None:
         by_report.setdefault((record["lane"], record["watermark"]), []).append(partition)
     assert all(sorted(p) == [0, 1, 2] for p in by_report.values())  # type: ignore[type-var]
     assert report.markers == len(markers) == 3 * len(by_report)
-    # Entries are keyed by user and left to the partitioner.
+    # Entries are keyed by user, on the partition Kafka's default partitioner picks for the key
+    # (named explicitly: the markers' counts are per partition).
+    from aiokafka.partitioner import DefaultPartitioner
+
+    partitioner = DefaultPartitioner()
     for value, key, partition in broker.sent:
         record = orjson.loads(value)
         if record["type"] != "watermark":
-            assert key == str(record["user_id"]).encode() and partition is None
+            assert key == str(record["user_id"]).encode()
+            assert partition == partitioner(key, [0, 1, 2], [0, 1, 2])
     # Per lane the reports rise, and the last one covers the last seq.
     top = max(orjson.loads(v).get("mailbox_seq", 0) for v, _, _ in broker.sent)
     last = {lane: w for lane, w in by_report}
@@ -189,3 +194,63 @@ async def test_file_only_sink_writes_markers_once() -> None:
     markers = [line for line in lines if line["type"] == "watermark"]
     assert len(markers) == report.markers
     assert len({(m["lane"], m["watermark"]) for m in markers}) == len(markers)
+
+
+def marker_counts_hold(sent: list[tuple[bytes, bytes | None, int | None]]) -> None:
+    """Each marker's count is the number of entries of its lane sent to its partition before
+    it that are <= its watermark (in the order the broker got them)."""
+    seen: dict[tuple[int, int | None], list[int]] = {}
+    for value, _, partition in sent:
+        record = orjson.loads(value)
+        if record["type"] == "watermark":
+            below = [seq for seq in seen.get((record["lane"], partition), []) if seq <= record["watermark"]]
+            assert record["count"] == len(below), record
+        else:
+            seen.setdefault((record["lane"], partition), []).append(record["mailbox_seq"])
+
+
+async def test_markers_count_what_their_lane_sent_to_each_partition() -> None:
+    _, broker, _, out, report = await run_drive()
+    marker_counts_hold(broker.sent)
+    # Nothing dropped: every count is exactly what reached the partition, and replay (one
+    # partition: the counts of the others' markers are below what it received) misses nothing.
+    lines = out.getvalue().splitlines()
+    per: dict[tuple[int, int | None], int] = {}
+    last: dict[tuple[int, int | None], int] = {}
+    for value, _, partition in broker.sent:
+        record = orjson.loads(value)
+        if record["type"] == "watermark":
+            last[(record["lane"], partition)] = record["count"]
+        else:
+            per[(record["lane"], partition)] = per.get((record["lane"], partition), 0) + 1
+    assert last == per  # the closing markers cover everything
+    result = run_replay(lines, options=ReplayOptions(lanes=PARAMS.lanes))
+    assert result.stats["applied"] == report.entries
+
+
+async def test_dropped_entries_are_counted_never_sent_and_reported_by_replay() -> None:
+    from app.simulate import FileOnlySink
+    from app.simulate.drive import DROP_SPACING
+
+    out = io.BytesIO()
+    report = await drive(Workload(PARAMS), FileOnlySink(), None, out=out, drop_entries=2)
+    assert report.dropped == 2
+    lines = out.getvalue().splitlines()
+    records = [orjson.loads(line) for line in lines]
+    entries = [r for r in records if r["type"] != "watermark"]
+    assert len(entries) == report.entries
+    # The workload's own numbering: the dropped ones are the DROP_SPACING-th and twice that.
+    seqs = {r["mailbox_seq"] for r in entries}
+    full = [e for b in Workload(PARAMS).batches() for e in b.entries]
+    lost = [full[DROP_SPACING - 1], full[2 * DROP_SPACING - 1]]
+    assert all(e["mailbox_seq"] not in seqs for e in lost)
+    from app.replay import Replayer
+
+    replayer = Replayer(ReplayOptions(lanes=PARAMS.lanes), lambda frame: None)
+    replayer.feed_many(lines)
+    replayer.finish()
+    missing = replayer.processor.arrivals.missing_by_lane()
+    expected = [0] * PARAMS.lanes
+    for e in lost:
+        expected[e["lane"]] += 1
+    assert missing == expected

@@ -1,0 +1,391 @@
+"""The projection restore (issue 18): a worker finds that the projection store lost data (all of
+it, or some) and writes the projection of its partitions again from its own state, without
+anyone running a command.
+
+Detection, every `interval_ms` (`check`; the Redis side is app/stores/redis_restore.py):
+
+* the partition's markers in the store are gone (FLUSHALL, a restart without persistence, a
+  failover to an empty replica, the namespace deleted) or say a restore that is not ours did not
+  finish (it died): the whole partition;
+* the set of the store servers' run ids changed (a restart, also one WITH persistence whose
+  snapshot is older than the last flushes; a failover): every owned partition;
+* flushes that found their user stored at a version older than the user's previous flush
+  (`WorkerCore.store_behind`): those users.
+
+A whole-partition restore sets the partition's markers to ``restoring:<token>`` first, then goes
+through every user of the partition in chunks of `chunk_users`, in user id order: the users
+come from the changelog tables' keys (read in slices, values not read: the state may be far
+bigger than memory; every user a flush ever published is there, since a partition is persisted
+before its flushes are published), each user from memory if resident (newer than the tables),
+else read from the tables without joining the hot set. One chunk:
+
+  under the core's flush lock (no flush writes meanwhile; the partition's queued flushes go
+  first: a chunk waits while the partition has unpublished ones)
+  → the store's version and row count per user (one round trip)
+  → per user app/domain/restore.need: INTACT and AHEAD are left; RESTATE users are written whole
+    at their flushed version (one round trip; RESTORE_SCRIPT writes over an equal version too)
+    and get correction frames; REFLUSH users have every row marked dirty (their next flush,
+    within one window, writes them whole at a newer version with ordinary frames)
+  → the lock is released: batches and flushes go on between chunks.
+
+At the end the markers are set to ``done:<token>``, each only if it still says ours: one that
+vanished meanwhile means the store lost data again during the restore, and the partition is
+restored again. A crash mid-restore leaves ``restoring:<token>`` (or nothing): the next owner
+restores the partition. A flush racing a restore is serialized by the flush lock; a user written
+by a flush after the loss (some rows, at a new version) is made whole by its chunk (or by a later
+user restore: that flush found the store behind).
+
+What clients see: a restored user's rows and badge as correction frames restating its version
+(never a new version, never an older one): a client holding that version overwrites with equal
+values; one that pulled an emptied or partial list during the loss gets every row. Metrics:
+projector_projection_restores_total (restores, of a partition or of some users, that had to
+write something) and the users/rows counters (app/metrics.py); a WARNING line per restore that
+wrote anything ("projection store lost data (<reason>): restored partition ..."), INFO lines for
+checks that found nothing lost (markers are also absent the first time a store is seen).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import orjson
+from pyroaring import BitMap64
+
+from app.domain.conversation import ConversationState
+from app.domain.flush import Correction, UserFlush
+from app.domain.projector import UserState
+from app.domain.residency import ROW_STATE_KEY
+from app.domain.restore import Need, need, restatement
+from app.worker.state_source import TablesSource
+
+if TYPE_CHECKING:
+    from app.settings import Settings
+    from app.worker.core import PartitionState, WorkerCore
+
+log = logging.getLogger("projector.restore")
+
+DONE = "done:"
+RESTORING = "restoring:"
+# Keys read from the tables between two yields to the event loop.
+_KEY_SLICE = 20_000
+# How long a chunk waits for the partition's queued flushes to be published before trying again.
+_HELD_WAIT_S = 0.05
+
+
+class RestoreTarget(Protocol):
+    """What the restore needs from the projection store (app/stores/redis_restore.py)."""
+
+    async def identity(self) -> frozenset[str]:
+        """The store servers' run ids (changes at a restart or a failover)."""
+        ...
+
+    async def read_markers(self, partitions: Sequence[int]) -> dict[int, list[str | None]]: ...
+
+    async def set_markers(self, partition: int, value: str) -> None: ...
+
+    async def confirm_markers(self, partition: int, expected: str, value: str) -> bool: ...
+
+    async def inventory(self, user_ids: Sequence[int]) -> list[tuple[int, int]]:
+        """Per user, the stored version (0: none) and the number of stored rows."""
+        ...
+
+    async def restore(self, batches: Sequence[UserFlush]) -> list[int | None]:
+        """Write each batch whole unless the store holds a NEWER version (then None)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreConfig:
+    interval_ms: int = 2_000
+    chunk_users: int = 256
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RestoreConfig:
+        return cls(interval_ms=settings.store_check_interval_ms, chunk_users=settings.restore_chunk_users)
+
+
+@dataclass(slots=True)
+class _Job:
+    partition: int
+    reason: str
+    users: set[int] | None  # None: every user of the partition
+
+
+@dataclass(slots=True)
+class RestoreReport:
+    """One restore (also logged)."""
+
+    checked: int = 0  # users compared with the store
+    restated: int = 0  # users written whole at their version
+    rows: int = 0  # rows those writes carried
+    reflushed: int = 0  # users handed whole to their next flush
+    ahead: int = 0  # users the store holds at a newer version than this state
+    chunks: int = 0
+    waits: int = 0  # chunks that waited for the partition's queued flushes
+    started: float = field(default_factory=time.monotonic)
+
+
+class ProjectionRestorer:
+    def __init__(self, core: WorkerCore, target: RestoreTarget, config: RestoreConfig) -> None:
+        self.core = core
+        core.track_store_behind = True  # `check` drains what the flushes find
+        self.target = target
+        self.config = config
+        # Our markers' tokens: this process, then a count (a marker left by a dead process never
+        # looks like ours).
+        self._tokens = (f"{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count(1))
+        self.identity: frozenset[str] | None = None
+        self.jobs: dict[int, _Job] = {}
+        # Partition -> the "restoring:<token>" marker of the restore of ours that runs now.
+        self.marking: dict[int, str] = {}
+        self.last_report: RestoreReport | None = None
+        self._checked_at = float("-inf")
+
+    # -- the loop (the worker's task) ------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Check, restore what needs it, wait `interval_ms`; forever. A failing store costs a
+        round, never the worker (the next round finds what is still to do)."""
+        failing = False
+        while True:
+            try:
+                await self.check()
+                await self.work()
+                if failing:
+                    log.info("projection store checks work again")
+                failing = False
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not failing:
+                    log.warning("projection store check or restore failed (tried again): %s", exc)
+                failing = True
+            await asyncio.sleep(self.config.interval_ms / 1000)
+
+    # -- detection ------------------------------------------------------------------------------
+
+    async def check(self) -> None:
+        """One detection round over the partitions this worker owns now."""
+        self._checked_at = time.monotonic()
+        core = self.core
+        owned = sorted(core.partitions)
+        for partition in list(self.jobs):
+            if partition not in core.partitions:
+                del self.jobs[partition]  # revoked: its new owner checks it
+        identity = await self.target.identity()
+        if self.identity is not None and identity != self.identity:
+            for partition in owned:
+                self.want(partition, "the store's servers changed (a restart or a failover)", None)
+        self.identity = identity
+        markers = await self.target.read_markers(owned)
+        for partition in owned:
+            values = markers.get(partition, [None])
+            mine = self.marking.get(partition)
+            if any(value is None for value in values):
+                self.want(partition, "its markers in the store are gone", None)
+            elif any(not (value.startswith(DONE) or value == mine) for value in values if value is not None):
+                self.want(partition, "a restore of it did not finish", None)
+        behind, core.store_behind = core.store_behind, set()
+        for user_id in behind:
+            holder = core.holder(user_id)
+            if holder is not None:
+                self.want(holder.partition, "a flush found the store behind", {user_id})
+
+    def want(self, partition: int, reason: str, users: set[int] | None) -> None:
+        job = self.jobs.get(partition)
+        if job is None:
+            self.jobs[partition] = _Job(partition, reason, users)
+        elif users is None:
+            job.users, job.reason = None, reason
+        elif job.users is not None:
+            job.users |= users
+
+    # -- restoring ------------------------------------------------------------------------------
+
+    async def work(self) -> None:
+        """Run the restores found, one partition at a time (lowest first)."""
+        while self.jobs:
+            partition = min(self.jobs)
+            job = self.jobs.pop(partition)
+            try:
+                await self._restore(job)
+            except BaseException:
+                self.want(partition, job.reason, job.users)  # not done: the next round again
+                raise
+
+    async def _restore(self, job: _Job) -> None:
+        core = self.core
+        partition = job.partition
+        state = core.partitions.get(partition)
+        if state is None:
+            return
+        whole = job.users is None
+        report = RestoreReport()
+        marker = ""
+        if whole:
+            token = next(self._tokens)
+            marker = RESTORING + token
+            await self.target.set_markers(partition, marker)
+            self.marking[partition] = marker
+            # INFO only: markers are also absent the first time any worker sees a store (a new
+            # deployment); whether data was lost shows at the end (something had to be written).
+            log.info("checking partition %d against the projection store: %s", partition, job.reason)
+        try:
+            users = await self._users_of(state) if job.users is None else sorted(job.users)
+            if users is None:
+                return  # the partition went to another worker meanwhile
+            at = 0
+            while at < len(users):
+                if core.partitions.get(partition) is not state:
+                    log.info("restore of partition %d stopped: it went to another worker", partition)
+                    return
+                chunk = users[at : at + self.config.chunk_users]
+                if not await self._chunk(state, chunk, report):
+                    report.waits += 1
+                    await asyncio.sleep(_HELD_WAIT_S)  # its queued flushes go out first
+                    continue
+                at += len(chunk)
+                report.chunks += 1
+                if time.monotonic() - self._checked_at >= self.config.interval_ms / 1000:
+                    await self.check()  # a long restore still notices other partitions' losses
+                else:
+                    await asyncio.sleep(0)  # batches and flushes go on between chunks
+            done = DONE + marker[len(RESTORING) :]
+            if whole and not await self.target.confirm_markers(partition, marker, done):
+                self.want(partition, "the store lost data again during its restore", None)
+                log.warning("partition %d: the store lost data again during its restore", partition)
+                return
+        finally:
+            if whole:
+                self.marking.pop(partition, None)
+        self.last_report = report
+        written = report.restated + report.reflushed
+        if written:
+            core.stats.projection_restores += 1
+        log.log(
+            logging.WARNING if written else logging.INFO if whole else logging.DEBUG,
+            "%s partition %d%s: %d users checked, %d written again (%d rows), %d handed whole "
+            "to their next flush, %d newer in the store, in %.1f s",
+            f"projection store lost data ({job.reason}): restored" if written else "nothing lost in",
+            partition,
+            "" if whole else f" ({len(users)} users a flush found missing)",
+            report.checked,
+            report.restated,
+            report.rows,
+            report.reflushed,
+            report.ahead,
+            time.monotonic() - report.started,
+        )
+
+    async def _users_of(self, state: PartitionState) -> list[int] | None:
+        """Every user of the partition's changelog tables, ascending (keys only, in slices)."""
+        core = self.core
+        users = BitMap64()
+        for count, (user_id, _) in enumerate(core.tables.row_keys(state.partition), 1):
+            users.add(user_id)
+            if count % _KEY_SLICE == 0:
+                await asyncio.sleep(0)
+                if core.partitions.get(state.partition) is not state:
+                    return None
+        return list(users)
+
+    async def _chunk(self, state: PartitionState, chunk: list[int], report: RestoreReport) -> bool:
+        """Restore these users of the partition (see the module docstring); False (nothing done)
+        while the partition has flushes produced and not published."""
+        core = self.core
+        async with core.flush_lock:
+            if state.unpublished:
+                return False
+            checked, reflushed = report.checked, report.reflushed
+            try:
+                return await self._chunk_locked(state, chunk, report)
+            finally:
+                stats = core.stats
+                stats.restore_checked_users += report.checked - checked
+                stats.restore_reflushed_users += report.reflushed - reflushed
+
+    async def _chunk_locked(self, state: PartitionState, chunk: list[int], report: RestoreReport) -> bool:
+        """`_chunk` under the flush lock."""
+        core = self.core
+        stored = await self.target.inventory(chunk)
+        # From here to the write nothing awaits: the state read is one instant's.
+        batches: list[UserFlush] = []
+        corrections: list[Correction] = []
+        processor = state.processor
+        projector = processor.projector
+        source = TablesSource(core.tables, state.partition)
+        cold = source.get_users([u for u in chunk if u not in projector.users])
+        now = core.clock()
+        include_muted = core.config.include_muted
+        for user_id, (stored_version, stored_rows) in zip(chunk, stored, strict=True):
+            # Memory first (newer than the tables); what is not in memory is read, not kept: the
+            # hot set stays within its bound however big the partition.
+            user = projector.users.get(user_id)
+            held: dict[str, ConversationState] = {}
+            if user is None:
+                if user_id not in cold:
+                    continue  # no user record (nothing of it was ever flushed)
+                user = UserState.load(cold[user_id], [])
+            else:
+                held = user.rows
+            rows = list(held.values())
+            if user_id in cold or not user.complete:
+                rows += [
+                    ConversationState.load(record[ROW_STATE_KEY], user_id, conversation_id)
+                    for conversation_id, record in source.user_rows(user_id)
+                    if conversation_id not in held
+                ]
+            report.checked += 1
+            verdict = need(user, len(rows), stored_version, stored_rows)
+            if verdict is Need.INTACT:
+                continue
+            if verdict is Need.AHEAD:
+                report.ahead += 1
+            elif verdict is Need.REFLUSH:
+                live = projector.user(user_id)  # read into memory if it was not
+                if live is not None:
+                    projector.complete(live)
+                    processor.mark_dirty(user_id, list(live.rows), now)
+                    report.reflushed += 1
+            else:
+                if stored_version == user.flushed_seq:
+                    # A flush wrote part of the user at this version after the loss: a
+                    # reader holding that part must see the list move (app/domain/restore).
+                    live = projector.user(user_id)
+                    if live is not None:
+                        live.structure_version += 1
+                        processor.touch((), [user_id], now)
+                        user = live
+                batch, correction = restatement(user, rows, include_muted=include_muted)
+                batches.append(batch)
+                corrections.append(correction)
+        if not batches:
+            return True
+        previous = await self.target.restore(batches)
+        deltas: list[tuple[bytes, bytes]] = []
+        badges: list[tuple[bytes, bytes]] = []
+        restated = rows_written = 0
+        for batch, correction, before in zip(batches, corrections, previous, strict=True):
+            if before is None:
+                report.ahead += 1  # written meanwhile at a newer version: left as it is
+                continue
+            restated += 1
+            rows_written += len(batch.rows)
+            key = str(batch.user_id).encode()
+            deltas.append((key, orjson.dumps(correction.session_delta())))
+            badges.append((key, orjson.dumps(correction.badge_update())))
+        if deltas:
+            await core.outbox.frames(deltas, badges)
+            core.stats.frames += len(deltas) + len(badges)
+        report.restated += restated
+        report.rows += rows_written
+        core.stats.restored_users += restated
+        core.stats.restored_rows += rows_written
+        return True
