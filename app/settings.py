@@ -180,6 +180,24 @@ class Settings:
     # "not flushed") until its held flushes carry this many rows; then it stops fetching until
     # the store writes again (memory stays bounded however long the outage). 0 = stop at once.
     worker_held_rows_max: int = bounded(100_000, 0)
+    # Cyclic GC for a streaming worker (app/runtime/gc_tuning.py). Python's default first
+    # threshold (700 allocations) runs a young collection every few hundred objects a batch
+    # creates, and the full collections that follow walk the whole resident state (issue 14
+    # measured 23% of the worker's Python time in the collector). `worker_gc_threshold` is the
+    # first generation's threshold (0 = Python's own thresholds); `worker_gc_freeze` moves what
+    # start-up and a partition's restore allocated out of the collector's reach (gc.freeze).
+    worker_gc_threshold: int = bounded(50_000, 0, 10_000_000)
+    worker_gc_freeze: bool = True
+    # Flushes overlap the intake (issue 14): a persist awaits the changelog without holding up
+    # batches, and batches leave their flushes to the flush scheduler (lower latency, bench
+    # figures in bench/README.md). Off by default until the full-size crash runs are understood:
+    # with it on they failed 2 of 4 runs on a loaded machine (main: 0 of 2). false = serial: a
+    # batch publishes its own flushes, a persist holds the intake until the changelog has it.
+    worker_overlap_flushes: bool = False
+    # Dead letters are always counted and always sent to their topic; their log lines are capped
+    # at this many per second (the rest summed up in one "N more suppressed" line a second at most;
+    # 0 = only those summaries).
+    dead_letter_log_per_s: int = bounded(5, 0, 10_000)
 
     # --- projection restore (issue 18; app/worker/restore.py) -------------------------------------
     # Every `store_check_interval_ms` the worker asks the projection store whether it lost data

@@ -44,6 +44,7 @@ import bisect
 import contextlib
 import math
 import os
+import re
 import shlex
 import signal
 import statistics
@@ -59,7 +60,11 @@ from typing import Any
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
-CONTENDERS = ("worker", "aiokafka", "naive")
+# worker-gcoff: the same worker with Python's own GC (issue 14 item 3's effect, side by side);
+# worker-base: the worker of another commit (--base-ref: before/after in one run).
+CONTENDERS = ("worker", "aiokafka", "naive", "worker-gcoff", "worker-base")
+WORKERS = ("worker", "worker-gcoff", "worker-base")
+GC_OFF_ENV = {"PROJECTOR_WORKER_GC_THRESHOLD": "0", "PROJECTOR_WORKER_GC_FREEZE": "false"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -354,6 +359,8 @@ class Bench:
         self.kafka = Kafka(args.bootstrap)
         self.namespaces: list[str] = []
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.base_dir: Path | None = None
+        self.base_sha = ""
 
     def base_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PROJECTOR_")}
@@ -440,12 +447,14 @@ class Bench:
 
     # -- one run -------------------------------------------------------------------------------
 
-    def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path = ROOT
+    ) -> subprocess.Popen[bytes]:
         out = log_path.open("ab")
         # Its own process group: a wrapper's child (the real contender) is signalled with it.
         proc = subprocess.Popen(
             argv,
-            cwd=ROOT,
+            cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -488,18 +497,51 @@ class Bench:
             ),
         }
 
+    def worker_command(self, contender: str, env: dict[str, str]) -> tuple[list[str], dict[str, str], Path]:
+        """argv, environment and working directory of a worker variant."""
+        if contender == "worker-gcoff":
+            return [*projector_argv(), "worker"], {**env, **GC_OFF_ENV}, ROOT
+        if contender == "worker-base":
+            assert self.base_dir is not None
+            # The base checkout's packages first on the path (the venv's editable install of this
+            # checkout is found after it); its settings never see this checkout's new variables.
+            return (
+                [sys.executable, "-m", "app", "worker"],
+                {**env, "PYTHONPATH": str(self.base_dir)},
+                self.base_dir,
+            )
+        return [*projector_argv(), "worker"], env, ROOT
+
+    def checkout_base(self) -> None:
+        """--base-ref: that commit's tree (git archive) under the work dir."""
+        ref = self.args.base_ref
+        if not ref:
+            return
+        sha = subprocess.run(
+            ["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=ROOT, capture_output=True, text=True
+        )
+        if sha.returncode != 0:
+            raise SystemExit(f"worker-bench: --base-ref {ref!r} is not a commit: {sha.stderr.strip()}")
+        self.base_sha = sha.stdout.strip()
+        self.base_dir = self.work / f"base-{self.base_sha[:12]}"
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", self.base_sha], cwd=ROOT, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(self.base_dir)], input=archive.stdout, check=True)
+        log(f"worker-base: {ref} = {self.base_sha[:12]} in {self.base_dir}")
+
     async def run_one(self, contender: str, rep: int, stream: Stream) -> Run:
         a = self.args
         name = f"{self.prefix}-{contender}{rep}"
         log_path = self.work / f"{name}.log"
         partitions = a.partitions
-        if contender == "worker":
+        cwd = ROOT
+        if contender in WORKERS:
             env = self.worker_env(name, a.window_ms, self.input_topic)
             progress = env["PROJECTOR_TOPIC_DEAD_LETTER"]
             await self.kafka.create(
                 [env["PROJECTOR_TOPIC_SESSION_DELTA"], env["PROJECTOR_TOPIC_BADGE"], progress], partitions
             )
-            argv = [*projector_argv(), "worker"]
+            argv, env, cwd = self.worker_command(contender, env)
             expected = stream.probes  # every probe, dead-lettered
         elif contender == "aiokafka":
             progress = f"{name}-out"
@@ -526,7 +568,7 @@ class Bench:
             expected = stream.entries + stream.probes
         tps = await self.kafka._partitions(progress)
         launched = time.time()
-        proc = self.spawn([*shlex.split(a.wrapper), *argv], env, log_path)
+        proc = self.spawn([*shlex.split(a.wrapper), *argv], env, log_path, cwd)
         sampler = CpuSampler(proc.pid)
         sampler.start()
         run = Run(contender, rep, ok=False)
@@ -554,7 +596,7 @@ class Bench:
             timed = stream.timed - done_early
             run.entries_per_s = timed / run.seconds if run.seconds > 0 else math.nan
             run.startup_s = first - launched
-            if contender == "worker":
+            if contender in WORKERS:
                 run.extra = await self.worker_frames(env, stream, first, deadline, proc, log_path)
             run.extra["timed_entries_done_at_start"] = done_early
             sampler.stop()
@@ -568,6 +610,10 @@ class Bench:
             sampler.stop()
             # a profiler wrapper writes its output on SIGINT
             self.stop(proc, signal.SIGINT if a.wrapper else signal.SIGTERM)
+        if contender in WORKERS:
+            gc_line = gc_summary(log_path)  # logged by the clean stop (app/runtime/gc_tuning.py)
+            if gc_line is not None:
+                run.extra["gc"] = gc_line
         return run
 
     async def worker_frames(
@@ -610,9 +656,11 @@ class Bench:
 
     # -- latency ---------------------------------------------------------------------------------
 
-    async def latency(self, stream: Stream, rate: float) -> dict[str, Any]:
+    async def latency(
+        self, stream: Stream, rate: float, contender: str = "worker", label: str = ""
+    ) -> dict[str, Any]:
         a = self.args
-        name = f"{self.prefix}-latency"
+        name = f"{self.prefix}-latency-{contender}-{len(self.namespaces)}"
         topic = f"{name}-mailbox-tail"
         env = self.worker_env(name, a.latency_window_ms, topic)
         dead, deltas = env["PROJECTOR_TOPIC_DEAD_LETTER"], env["PROJECTOR_TOPIC_SESSION_DELTA"]
@@ -632,7 +680,8 @@ class Bench:
             f"a marker every {a.latency_tick_ms} ms"
         )
         log_path = self.work / f"{name}.log"
-        proc = self.spawn([*projector_argv(), "worker"], env, log_path)
+        argv, env, cwd = self.worker_command(contender, env)
+        proc = self.spawn(argv, env, log_path, cwd)
         from aiokafka import AIOKafkaProducer
 
         producer = AIOKafkaProducer(
@@ -723,9 +772,10 @@ class Bench:
             return latencies[min(len(latencies) - 1, int(q * len(latencies)))]
 
         return {
+            "contender": contender,
             "window_ms": a.latency_window_ms,
             "rate_entries_per_s": rate,
-            "rate_chosen": "given" if a.latency_rate > 0 else f"{a.latency_load:g} x worker median entries/s",
+            "rate_chosen": label,
             "achieved_rate_entries_per_s": count / produce_s,
             "tick_ms": a.latency_tick_ms,
             "warmup_entries_not_measured": warm,
@@ -775,6 +825,31 @@ class Bench:
             shutil.rmtree(self.work, ignore_errors=True)
 
 
+GC_LINE = re.compile(
+    r"gc \(since the first assignment\): collections gen0/1/2 (\d+)/(\d+)/(\d+), paused ([\d.]+) ms "
+    r"\(gen2 ([\d.]+) ms\), max ([\d.]+) ms, (\d+) pauses >= 2 ms, thresholds ([\d/]+), frozen (\d+)"
+)
+
+
+def gc_summary(path: Path) -> dict[str, Any] | None:
+    """The worker's GC totals from its clean stop's log line (None: a worker without it)."""
+    if not path.exists():
+        return None
+    found = GC_LINE.findall(path.read_text(errors="replace"))
+    if not found:
+        return None
+    g0, g1, g2, paused, paused2, longest, over2, thresholds, frozen = found[-1]
+    return {
+        "collections": [int(g0), int(g1), int(g2)],
+        "paused_ms": float(paused),
+        "gen2_paused_ms": float(paused2),
+        "max_pause_ms": float(longest),
+        "pauses_over_2ms": int(over2),
+        "thresholds": thresholds,
+        "frozen": int(frozen),
+    }
+
+
 def tail(path: Path, lines: int = 30) -> str:
     if not path.exists():
         return ""
@@ -805,22 +880,30 @@ def summarize(runs: list[Run], reps: int) -> dict[str, Any]:
             "startup_s_median": median([r.startup_s for r in mine]),
             "peak_rss_mib": max(r.peak_rss_mib for r in mine),
         }
-        if name == "worker":
+        if name in WORKERS:
             summary[name]["entries_per_s_to_last_frame"] = median(
                 [r.extra.get("entries_per_s_to_last_frame", math.nan) for r in mine]
             )
             summary[name]["frames_median"] = median([r.extra.get("frames", math.nan) for r in mine])
+            gcs = [r.extra["gc"] for r in mine if "gc" in r.extra]
+            if gcs:
+                summary[name]["gc_paused_ms_median"] = median([g["paused_ms"] for g in gcs])
+                summary[name]["gc_gen2_collections_median"] = median([g["collections"][2] for g in gcs])
+                summary[name]["gc_max_pause_ms"] = max(g["max_pause_ms"] for g in gcs)
+                summary[name]["gc_pauses_over_2ms_median"] = median([g["pauses_over_2ms"] for g in gcs])
     ratios: dict[str, float] = {}
-    for other in ("naive", "aiokafka"):
+    pairs = [(w, o) for w in WORKERS for o in ("naive", "aiokafka")]
+    pairs += [("worker", "worker-base"), ("worker", "worker-gcoff")]
+    for mine_name, other in pairs:
         for key, attr in (("", "entries_per_s"), ("cpu_", "entries_per_cpu_s")):
             per_rep = []
             for rep in range(reps):
-                w = next((r for r in runs if r.ok and r.rep == rep and r.contender == "worker"), None)
+                w = next((r for r in runs if r.ok and r.rep == rep and r.contender == mine_name), None)
                 o = next((r for r in runs if r.ok and r.rep == rep and r.contender == other), None)
                 if w and o:
                     per_rep.append(getattr(w, attr) / getattr(o, attr))
             if per_rep:
-                ratios[f"{key}worker_over_{other}"] = median(per_rep)
+                ratios[f"{key}{mine_name}_over_{other}".replace("-", "_")] = median(per_rep)
     return {"summary": summary, "ratios": ratios}
 
 
@@ -833,34 +916,50 @@ def print_table(report: dict[str, Any]) -> None:
         f"{report['params']['partitions']} partition(s), worker window {report['params']['window_ms']} ms, "
         f"{report['params']['reps']} interleaved repetitions (medians)"
     )
+    if report.get("base"):
+        print(f"worker-base = {report['base']}")
     print(
-        f"{'contender':10s} {'entries/s':>10s} {'min..max':>17s} {'per cpu s':>10s} {'cores':>6s}"
-        f" {'run s':>6s} {'start s':>7s} {'RSS MiB':>8s}"
+        f"{'contender':12s} {'entries/s':>10s} {'min..max':>17s} {'per cpu s':>10s} {'cores':>6s}"
+        f" {'run s':>6s} {'start s':>7s} {'RSS MiB':>8s} {'gc ms':>7s} {'gen2':>5s} {'gc max':>7s}"
     )
     for name, s in summary.items():
         e = s["entries_per_s"]
+        gc_cols = (
+            f" {s['gc_paused_ms_median']:7.0f} {s['gc_gen2_collections_median']:5.0f}"
+            f" {s['gc_max_pause_ms']:7.1f}"
+            if "gc_paused_ms_median" in s
+            else ""
+        )
         print(
-            f"{name:10s} {e['median']:10,.0f} {e['min']:8,.0f}..{e['max']:<7,.0f}"
+            f"{name:12s} {e['median']:10,.0f} {e['min']:8,.0f}..{e['max']:<7,.0f}"
             f" {s['entries_per_cpu_s']:10,.0f} {s['cpu_share']:6.2f} {s['seconds_median']:6.1f}"
-            f" {s['startup_s_median']:7.1f} {s['peak_rss_mib']:8.1f}"
+            f" {s['startup_s_median']:7.1f} {s['peak_rss_mib']:8.1f}{gc_cols}"
         )
-    if "worker" in summary:
-        print(
-            f"worker to its last SESSION_DELTA (incl. the last window): "
-            f"{summary['worker']['entries_per_s_to_last_frame']:,.0f} entries/s"
-        )
-    targets = {"worker_over_naive": 2.0, "worker_over_aiokafka": 0.3}
+    for name in WORKERS:
+        if name in summary:
+            print(
+                f"{name} to its last SESSION_DELTA (incl. the last window): "
+                f"{summary[name]['entries_per_s_to_last_frame']:,.0f} entries/s"
+            )
+    targets = {"worker_over_naive": 2.0, "worker_over_aiokafka": 0.6}
     for key, value in ratios.items():
+        if key.startswith("cpu_"):
+            continue  # printed beside the wall ratio
         goal = targets.get(key)
+        cpu = ratios.get(f"cpu_{key}", math.nan)
         mark = f"  (target >= {goal:g}: {'met' if value >= goal else 'NOT met'})" if goal else ""
-        print(f"{key:28s} {value:8.3f}{mark}")
-    lat = report.get("latency")
-    if lat:
+        print(f"{key:32s} wall {value:7.3f}  cpu {cpu:7.3f}{mark}")
+    for lat in report.get("latencies") or []:
+        goal = ""
+        if lat["window_ms"] == 100 and lat["rate_chosen"].startswith("0.5 x"):
+            met = lat["p99_ms"] <= 200 and lat["p50_ms"] <= 120
+            goal = f"  (target p99 <= 200, p50 <= 120: {'met' if met else 'NOT met'})"
         print(
-            f"latency produce -> SESSION_DELTA (window {lat['window_ms']} ms,"
-            f" {lat['rate_entries_per_s']:,.0f} entries/s, {lat['entries']:,} entries):"
+            f"latency {lat['contender']:12s} (window {lat['window_ms']} ms,"
+            f" {lat['rate_entries_per_s']:,.0f} entries/s = {lat['rate_chosen']},"
+            f" {lat['entries']:,} entries):"
             f" p50 {lat['p50_ms']:.0f} ms, p90 {lat['p90_ms']:.0f} ms,"
-            f" p99 {lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms"
+            f" p99 {lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms{goal}"
         )
         print(
             f"  p50 first/last quarter of the phase: {lat['p50_first_quarter_ms']:.0f}/"
@@ -901,19 +1000,43 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--partitions", type=int, default=env_int("WBENCH_PARTITIONS", 1))
     p.add_argument("--window-ms", type=int, default=env_int("WBENCH_WINDOW_MS", 5000))
     p.add_argument("--reps", type=int, default=env_int("WBENCH_REPS", 3))
-    p.add_argument("--contenders", default=os.environ.get("WBENCH_CONTENDERS", ",".join(CONTENDERS)))
+    p.add_argument(
+        "--contenders",
+        default=os.environ.get("WBENCH_CONTENDERS", ",".join(CONTENDERS)),
+        help="worker-base only runs with --base-ref",
+    )
     p.add_argument("--latency-window-ms", type=int, default=env_int("WBENCH_LATENCY_WINDOW_MS", 100))
     p.add_argument(
         "--latency-rate",
         type=float,
         default=env_float("WBENCH_LATENCY_RATE", 0),
-        help="entries/s in the latency phase; 0 (default): --latency-load x the worker's median throughput",
+        help="one more fixed rate (entries/s) for the latency phases (compatibility)",
     )
-    p.add_argument("--latency-load", type=float, default=env_float("WBENCH_LATENCY_LOAD", 0.2))
+    p.add_argument(
+        "--latency-loads",
+        default=os.environ.get("WBENCH_LATENCY_LOADS", "0.5"),
+        help="comma-separated shares of the worker's median throughput, one latency phase each",
+    )
+    p.add_argument(
+        "--latency-fixed-rates",
+        default=os.environ.get("WBENCH_LATENCY_FIXED_RATES", "4000"),
+        help="comma-separated fixed entries/s, one latency phase each (runs compare across changes)",
+    )
+    p.add_argument(
+        "--latency-contenders",
+        default=os.environ.get("WBENCH_LATENCY_CONTENDERS", "worker,worker-base"),
+        help="worker variants measured in the latency phases (those among --contenders)",
+    )
     p.add_argument("--latency-warmup-seconds", type=float, default=env_float("WBENCH_LATENCY_WARMUP", 5))
     p.add_argument("--latency-seconds", type=float, default=env_float("WBENCH_LATENCY_SECONDS", 15))
     p.add_argument("--latency-tick-ms", type=int, default=env_int("WBENCH_LATENCY_TICK_MS", 10))
     p.add_argument("--no-latency", action="store_true")
+    p.add_argument(
+        "--base-ref",
+        default=os.environ.get("WBENCH_BASE_REF", ""),
+        help="a commit whose worker runs as contender worker-base (before/after in one run); "
+        "empty: no worker-base",
+    )
     p.add_argument(
         "--wrapper",
         default="",
@@ -933,6 +1056,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep-logs", action="store_true", help="keep the work dir (worker logs, stream)")
     args = p.parse_args(argv)
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    if not args.base_ref:
+        args.contenders = [c for c in args.contenders if c != "worker-base"]
+    args.latency_contenders = [
+        c.strip() for c in args.latency_contenders.split(",") if c.strip() in args.contenders
+    ]
+    args.latency_loads = [float(x) for x in args.latency_loads.split(",") if x.strip()]
+    args.latency_fixed_rates = [float(x) for x in args.latency_fixed_rates.split(",") if x.strip()]
+    if args.latency_rate > 0:
+        args.latency_fixed_rates.append(args.latency_rate)
     unknown = set(args.contenders) - set(CONTENDERS)
     if unknown:
         p.error(f"unknown contenders {sorted(unknown)} (known: {', '.join(CONTENDERS)})")
@@ -944,9 +1076,11 @@ async def amain(args: argparse.Namespace) -> int:
     await bench.kafka.start()
     runs: list[Run] = []
     notes: list[str] = []
-    latency: dict[str, Any] | None = None
+    latencies: list[dict[str, Any]] = []
+    latency_failed = False
     started = time.monotonic()
     try:
+        bench.checkout_base()
         stream = await bench.prepare()
         names = list(args.contenders)
         for rep in range(args.reps):
@@ -962,16 +1096,25 @@ async def amain(args: argparse.Namespace) -> int:
                 else:
                     log(f"rep {rep + 1}/{args.reps} {name:8s} FAILED: {run.error[:2000]}")
                     notes.append(f"{name} rep {rep} failed: {run.error[:1000]}")
-        if not args.no_latency and "worker" in names:
-            rate = args.latency_rate
-            if rate <= 0:  # below capacity: a share of the worker's measured throughput
-                measured = median([r.entries_per_s for r in runs if r.ok and r.contender == "worker"])
-                rate = max(100.0, args.latency_load * measured) if not math.isnan(measured) else 500.0
-            try:
-                latency = await bench.latency(stream, rate)
-            except RuntimeError as exc:
-                notes.append(f"latency phase failed: {exc}")
-                log(f"latency FAILED: {exc}")
+        if not args.no_latency and args.latency_contenders:
+            # Rates: shares of THIS worker's median throughput (below capacity), and fixed ones;
+            # every latency contender at each rate, interleaved.
+            measured = median([r.entries_per_s for r in runs if r.ok and r.contender == "worker"])
+            phases: list[tuple[float, str]] = []
+            for load in args.latency_loads:
+                rate = max(100.0, load * measured) if not math.isnan(measured) else 500.0
+                phases.append((rate, f"{load:g} x worker median entries/s"))
+            phases += [(rate, "fixed") for rate in args.latency_fixed_rates]
+            for i, (rate, label) in enumerate(phases):
+                order = args.latency_contenders[i % len(args.latency_contenders) :]
+                order += args.latency_contenders[: i % len(args.latency_contenders)]
+                for contender in order:
+                    try:
+                        latencies.append(await bench.latency(stream, rate, contender, label))
+                    except RuntimeError as exc:
+                        latency_failed = True
+                        notes.append(f"latency phase {contender} at {rate:,.0f}/s failed: {exc}")
+                        log(f"latency {contender} FAILED: {exc}")
     finally:
         await bench.cleanup()
     report: dict[str, Any] = {
@@ -985,7 +1128,8 @@ async def amain(args: argparse.Namespace) -> int:
             "records": len(stream.records),
         },
         **summarize(runs, args.reps),
-        "latency": latency,
+        "base": f"{args.base_ref} = {bench.base_sha}" if bench.base_sha else "",
+        "latencies": latencies,
         "runs": [vars(r) for r in runs],
         "notes": notes,
         "elapsed_s": time.monotonic() - started,
@@ -998,7 +1142,6 @@ async def amain(args: argparse.Namespace) -> int:
     args.report.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
     print_table(report)
     print(f"report: {args.report}")
-    latency_failed = latency is None and not args.no_latency and "worker" in args.contenders
     return 1 if any(not r.ok for r in runs) or latency_failed else 0
 
 

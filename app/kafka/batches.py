@@ -15,9 +15,16 @@ from typing import Any
 Record = tuple[bytes | None, bytes | None]  # (key, value); value None = tombstone
 
 
+# Keys whose partition is remembered per topic (a flush sends two frames per user, and the
+# producer's murmur2 is pure Python: ~10-30 us a key, the largest part of handing frames over).
+KEY_PARTITIONS_MAX = 200_000
+
+
 class BatchSender:
     def __init__(self, producer: Callable[[], Any]) -> None:
         self._producer = producer  # late-bound: faust starts its producer after the app is built
+        # topic -> (its partitions when the keys were mapped, key -> partition)
+        self._key_partitions: dict[str, tuple[frozenset[int], dict[bytes, int]]] = {}
 
     async def partitions(self, topic: str) -> list[int]:
         producer = self._producer()
@@ -53,9 +60,18 @@ class BatchSender:
         a user's frames land where a keyed `send` would put them, in order."""
         producer = self._producer()
         await producer.client._wait_on_metadata(topic)
+        partitions = frozenset(producer.client.cluster.partitions_for_topic(topic) or ())
+        known = self._key_partitions.get(topic)
+        if known is None or known[0] != partitions or len(known[1]) > KEY_PARTITIONS_MAX:
+            # A key's partition depends only on the key and the topic's partitions: remembered
+            # until those change (or the map grows past its bound).
+            known = self._key_partitions[topic] = (partitions, {})
+        mapped = known[1]
         groups: dict[int, list[Record]] = {}
         for key, value in records:
-            partition = producer._partition(topic, None, None, None, key, None)
+            partition = mapped.get(key)
+            if partition is None:
+                partition = mapped[key] = producer._partition(topic, None, None, None, key, None)
             groups.setdefault(partition, []).append((key, value))
         return await self.send(topic, groups)
 

@@ -8,6 +8,7 @@ calls it for `faust -A app.main worker`, `projector worker` calls it with its ow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -22,6 +23,7 @@ from app.kafka.batches import BatchSender
 from app.kafka.health import KafkaProbe
 from app.metrics import WorkerMetrics
 from app.runtime.app import COMMIT_INTERVAL_S, new_faust_app
+from app.runtime.gc_tuning import GcMonitor, GcPolicy
 from app.runtime.health import CHECK_BUDGET_S, worker_readiness
 from app.runtime.outbox import KafkaOutbox
 from app.runtime.web import start_metrics_server
@@ -65,6 +67,19 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
 
     intake = MailboxIntake(app, core, settings.topic_mailbox_tail)
     register_agent(app, mailbox, intake)
+    # The flush scheduler publishes what batches queue: the intake reads the next window while
+    # the previous flush is written (WorkerCore.background_publish).
+    core.background_publish = settings.worker_overlap_flushes
+    core.commit_outside_state_lock = settings.worker_overlap_flushes
+
+    gc_policy = GcPolicy.from_settings(settings)
+    gc_monitor = GcMonitor()
+    gc_policy.apply()
+
+    async def gc_summary() -> None:
+        gc_monitor.log_summary("since the first assignment")
+
+    app.before_consumer_stop.append(gc_summary)
 
     @app.on_rebalance_complete.connect  # type: ignore[arg-type]  # mode's signal stubs want sync
     async def on_rebalance_complete(sender: Any, **_: Any) -> None:
@@ -72,6 +87,9 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
             tp.partition for tp in app.assignor.assigned_actives() if tp.topic == settings.topic_mailbox_tail
         ]
         await intake.assign(assigned)
+        # What the restore read is long-lived: out of the collector's reach from now on.
+        gc_policy.settle("assignment")
+        gc_monitor.install()
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # same
     async def on_revoked(sender: Any, revoked: Any, **_: Any) -> None:
@@ -111,7 +129,11 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
             now = wall_clock_ms()
             deadline = core.next_deadline()
             wait_ms = MAX_FLUSH_SLEEP_S * 1000 if deadline is None else max(0, deadline - now)
-            await asyncio.sleep(min(wait_ms / 1000, MAX_FLUSH_SLEEP_S))
+            # Until the open window ends, or a batch queued flushes (a window closed before one of
+            # its entries, or the memory bound), whichever comes first.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(core.publish_wanted.wait(), min(wait_ms / 1000, MAX_FLUSH_SLEEP_S))
+            core.publish_wanted.clear()
             try:
                 # A failing store write does not raise: the core holds the flush and retries
                 # it after its backoff (app/worker/retry.py).

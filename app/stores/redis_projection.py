@@ -81,6 +81,7 @@ from redis.exceptions import (
     ReadOnlyError,
     RedisClusterException,
     RedisError,
+    ResponseError,
     SlotNotCoveredError,
     TryAgainError,
 )
@@ -90,6 +91,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from app.domain.projection_store import StoredProjection, StoredRows
 from app.stores.projection_codec import EncodedBatch, decode_rows, encode_batches, encode_corrections
 from app.stores.redis_client import RedisClient, open_redis
+from app.stores.resp import pack_evalsha
 
 if TYPE_CHECKING:
     from app.domain.flush import Correction, UserFlush
@@ -784,10 +786,40 @@ class RedisProjectionStore:
         # others were written.
         # execute_command, not pipe.evalsha(): redis-py's cluster pipeline refuses the method
         # (a blanket block), while it routes the command itself by its KEYS like any other.
+        if not isinstance(self.client, RedisCluster):
+            return await self._evalsha_packed(script, calls)
         pipe = self.client.pipeline(transaction=False)
         for keys, args in calls:
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
         return list(await pipe.execute(raise_on_error=False))
+
+    async def _evalsha_packed(
+        self, script: _Script, calls: list[tuple[list[str], list[str | bytes]]]
+    ) -> list[Any]:
+        """One server: the trip packed once (app/stores/resp.py) and written with one call on a
+        pooled connection; the replies read in order, a script error in place of its reply (as
+        the pipeline's raise_on_error=False). A connection that failed mid-trip is dropped (its
+        unread replies would answer the next user of the socket) and the error raised: the
+        caller retries the trip (`_eval_each`; the scripts are conditional on the version)."""
+        client = self.client
+        assert not isinstance(client, RedisCluster)  # a cluster's trips go per master (above)
+        buffer = pack_evalsha(script.sha, calls)
+        pool = client.connection_pool
+        connection = await pool.get_connection()  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+        try:
+            await connection.send_packed_command(buffer)
+            replies: list[Any] = []
+            for _ in calls:
+                try:
+                    replies.append(await connection.read_response())
+                except ResponseError as exc:
+                    replies.append(exc)
+            return replies
+        except BaseException:
+            await connection.disconnect()
+            raise
+        finally:
+            await pool.release(connection)
 
     def _by_master(self, calls: list[tuple[list[str], list[str | bytes]]]) -> list[list[int]]:
         """Call indexes grouped by the master that owns their slot, as the cluster client knows

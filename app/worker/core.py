@@ -37,7 +37,7 @@ import orjson
 
 from app.domain.conversation import ConversationState
 from app.domain.entries import MAX_RECORD_BYTES
-from app.domain.flush import UserFlush
+from app.domain.flush import UserFlush, badge_update_frame, session_delta_frame
 from app.domain.notices import MemberNotice
 from app.domain.ports import MessageStore
 from app.domain.processor import (
@@ -50,6 +50,7 @@ from app.domain.projector import ProjectorConfig
 from app.worker.mirror import MirrorPump
 from app.worker.offsets import Admission, Verdict, admit, first_hole
 from app.worker.ports import FlushObserver, Outbox, RawRecord, StateTables, StateWriter
+from app.worker.ratelog import RateLimitedLog
 from app.worker.retry import Backoff
 from app.worker.state_source import TablesSource
 
@@ -135,6 +136,19 @@ class PartitionState:
         # Flushes the processor produced and nobody published yet, in the order produced: a
         # user's versions must reach the store and the frames in order.
         self.unpublished: list[list[UserFlush]] = []
+        # Flushes queued in this partition's life, and how many of them were published; a flush
+        # may be published once a persist that snapshotted the state after it was produced has
+        # completed (`durable_flushes`): a persist's changelog commit runs without the state
+        # lock, so batches applied meanwhile may queue flushes that no completed persist covers.
+        self.queued_flushes = 0
+        self.published_flushes = 0
+        self.durable_flushes = 0
+        # Handed to another worker (`WorkerCore.release`): nothing of it is persisted or
+        # published any more. A flush or persist still queued behind the hand-over (the flush
+        # scheduler's, the audit's) must not write the changelog of a partition another worker
+        # owns now: the hand-over's persist recorded its users' work as not flushed, the new
+        # owner flushes it.
+        self.released = False
         # The next mailbox-tail offset this state has not applied (app/worker/offsets.py): every
         # record below it is in the state, none at or above it. Persisted in the gate record, so
         # it is restored with the state it describes; None until the intake places a partition
@@ -149,6 +163,16 @@ class PartitionState:
     def unpersisted_since(self) -> int | None:
         return self.processor.changes.since
 
+    def queue(self, flushes: Sequence[list[UserFlush]]) -> None:
+        """Flushes the processor produced, in order (under the core's state lock)."""
+        self.unpublished.extend(flushes)
+        self.queued_flushes += len(flushes)
+
+    @property
+    def publishable(self) -> bool:
+        """The oldest queued flush is covered by a completed persist."""
+        return not self.released and bool(self.unpublished) and self.published_flushes < self.durable_flushes
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
@@ -158,6 +182,8 @@ class WorkerConfig:
     hot_rows: int = 500_000
     # Time between the starts of two Cassandra mirror rounds (writes to one key within it merge).
     mirror_spacing_ms: int = 100
+    # Dead-letter log lines per second at most (app/worker/ratelog.py); every one is counted.
+    dead_letter_log_per_s: int = 5
 
     @classmethod
     def from_settings(cls, settings: Any) -> WorkerConfig:
@@ -166,6 +192,7 @@ class WorkerConfig:
             lanes=settings.lanes,
             hot_rows=settings.hot_rows,
             mirror_spacing_ms=settings.mirror_spacing_ms,
+            dead_letter_log_per_s=settings.dead_letter_log_per_s,
             projector=ProjectorConfig(
                 window_ms=settings.projection_compaction_window_ms,
                 max_dirty_rows=settings.max_dirty_rows,
@@ -225,6 +252,22 @@ class WorkerCore:
         self.mirror: MirrorPump | None = None
         self.state_writer = state_writer  # also makes the mirror (the property below)
         self._flush_lock = asyncio.Lock()
+        # Persists one at a time: each stages its records and commits them before the next
+        # stages (the changelog, the local store and the durable offsets move in order). The
+        # commit waits for the broker WITHOUT the state lock: batches go on meanwhile.
+        self._persist_lock = asyncio.Lock()
+        # `background_publish` (the worker's runtime): a batch that produced flushes only wakes
+        # the flush scheduler (`publish_wanted`) instead of publishing them itself, so the intake
+        # reads the next window while the previous flush is written; it publishes itself only
+        # past `max_queued_flushes` queued in its partition (memory and lag stay bounded).
+        self.background_publish = False
+        # True: a persist releases the state lock while the changelog acknowledges it (batches
+        # go on meanwhile). False: it holds it, the intake waits. `PROJECTOR_WORKER_OVERLAP_FLUSHES`
+        # sets both in the worker.
+        self.commit_outside_state_lock = False
+        self.max_queued_flushes = 4
+        self.publish_wanted = asyncio.Event()
+        self.dead_letter_log = RateLimitedLog(log, config.dead_letter_log_per_s, "dead letters")
         # Held while a batch is applied and while a partition is persisted: a persist snapshots
         # rows, offsets and the Cassandra mirror at one point between batches.
         self._state_lock = asyncio.Lock()
@@ -310,9 +353,10 @@ class WorkerCore:
     async def restore_assigned(self, partitions: Sequence[int]) -> None:
         """After a rebalance (tables recovered): bring every assigned partition back now, so work
         that was applied but never flushed is flushed even if no new record arrives."""
-        for partition in partitions:
-            self.partition(partition)
-        await self.tables.commit()
+        async with self._persist_lock:  # a commit of its own: never one that a persist staged
+            for partition in partitions:
+                self.partition(partition)
+            await self.tables.commit()
 
     async def release(self, partitions: Sequence[int]) -> None:
         """Partitions handed to another worker: persist their hot state (the new owner restores
@@ -395,7 +439,7 @@ class WorkerCore:
             processor.changes.gate = True
             processor.touch((), (), now)
             if step.flushes:
-                state.unpublished.extend(step.flushes)
+                state.queue(step.flushes)
             mirror = self.mirror
             if step.mirror and mirror is not None:
                 mirror.stage(step.mirror)
@@ -406,7 +450,10 @@ class WorkerCore:
             if step.notices:
                 await self._notices(step.notices)
         if state.unpublished:
-            await self.publish(state)
+            if self.background_publish and len(state.unpublished) <= self.max_queued_flushes:
+                self.publish_wanted.set()  # the flush scheduler publishes it
+            else:
+                await self.publish(state)
         return admission
 
     async def _dead_letters(self, records: Sequence[RawRecord], letters: Sequence[tuple[int, Any]]) -> None:
@@ -418,7 +465,9 @@ class WorkerCore:
             out.append((record.key, dead_letter_envelope(record, letter.reason)))
             # The kind, not the reason: a reason may quote the record's content (user data stays
             # out of the logs; the dead-letter topic has it).
-            log.warning(
+            # Capped per second (a burst of bad records must not flood the logs or cost the
+            # intake its time); the count above and the topic get every one.
+            self.dead_letter_log.log(
                 "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, letter.kind
             )
         await self.outbox.dead_letters(out)
@@ -478,6 +527,14 @@ class WorkerCore:
         """Write what the partition's hot state changed to the changelog tables (once per row)
         and hand the records to the producer; its offsets become durable. `handing_over`: the
         partition goes to another worker, which takes over the Cassandra writes it still owes."""
+        async with self._persist_lock:
+            if state.released:
+                return
+            await self._persist(state, handing_over)
+            if handing_over:
+                state.released = True  # before any other persist can take the lock
+
+    async def _persist(self, state: PartitionState, handing_over: bool) -> None:
         async with self._state_lock:  # no batch is applied meanwhile: one consistent snapshot
             mirror = self.mirror
             owed: dict[tuple[int, str], dict[str, Any]] = {}
@@ -496,10 +553,23 @@ class WorkerCore:
             self._write_tables(state, changes, owed)
             if handing_over and state.owing and mirror is not None:
                 mirror.drop(state.owing)
-            await self.tables.commit()
+            covered = state.queued_flushes
+            # Created here, under the lock; it takes what was staged when it starts (at once,
+            # below: no other persist stages in between, they hold `_persist_lock`).
+            commit = self.tables.commit()
+            if not self.commit_outside_state_lock:
+                await commit
+        # The broker's acknowledgement is awaited without the state lock: batches are applied
+        # meanwhile (their changes go to the next persist); only the offsets and the flushes this
+        # snapshot covers become durable / publishable once it is in.
+        if self.commit_outside_state_lock:
+            await commit
+        async with self._state_lock:
             if offset is not None:
                 state.durable_offset = offset
-            # Clean rows beyond the hot set's bound may leave memory now (the tables have them).
+            state.durable_flushes = max(state.durable_flushes, covered)
+            # Clean rows beyond the hot set's bound may leave memory now (the tables have them;
+            # rows changed since the snapshot are pinned by the processor's own change set).
             pinned = {batch.user_id for batches in state.unpublished for batch in batches}
             state.processor.evict(pinned)
 
@@ -579,13 +649,16 @@ class WorkerCore:
         """Flush every partition whose window elapsed (or that holds too many dirty rows); persist
         the hot state of the others at least once per window (pending entries, gate marks,
         duplicates: changes that flush nothing still move the durable offset)."""
+        self.dead_letter_log.tick()
         flushed = 0
         window = self.config.window_ms
         for state in list(self.partitions.values()):
+            if state.released:
+                continue
             async with self._state_lock:
                 batches = state.processor.on_deadline(now)
                 if batches:
-                    state.unpublished.append(batches)
+                    state.queue([batches])
             if state.unpublished:
                 flushed += await self.publish(state)
             elif state.unpersisted_since is not None and now - state.unpersisted_since >= window:
@@ -602,7 +675,7 @@ class WorkerCore:
             async with self._state_lock:
                 batches = state.processor.on_end()
                 if batches:
-                    state.unpublished.append(batches)
+                    state.queue([batches])
             flushed += await self.publish(state, now=True)
         return flushed
 
@@ -611,7 +684,7 @@ class WorkerCore:
         async with self._state_lock:
             batches = state.processor.on_end()
             if batches:
-                state.unpublished.append(batches)
+                state.queue([batches])
         return await self.publish(state, now=True)
 
     async def publish(self, state: PartitionState, *, now: bool = False) -> int:
@@ -621,17 +694,20 @@ class WorkerCore:
         write that raises leaves its flush (and the later ones) queued, and none is tried before
         the backoff allows (`now`: try once anyway, a clean stop's last chance)."""
         async with self._flush_lock:  # one publisher at a time keeps each user's versions in order
+            if state.released:
+                return 0
             if not now and self._held(state):
                 await self._persist_held(state)
                 return 0
             failing = self.store_backoff is not None and self.store_backoff.failing
-            if not (failing and state.unpersisted_since is None):
+            uncovered = state.durable_flushes < state.queued_flushes
+            if not (failing and state.unpersisted_since is None and not uncovered):
                 # Persisted even with nothing queued: the caller asked for a flush, and a persist
                 # is what makes the offsets durable. (A retry after a failed write, with nothing
                 # changed since, has nothing to make durable: its flushes were persisted.)
                 await self.persist(state)
             published = 0
-            while state.unpublished:
+            while state.publishable:
                 batches = state.unpublished[0]
                 try:
                     published += await self._write(batches)
@@ -641,6 +717,7 @@ class WorkerCore:
                     break  # queued, and recorded unflushed by every persist until written
                 self._store_succeeded()
                 state.unpublished.pop(0)
+                state.published_flushes += 1
                 # Their records now say these versions are flushed (with the next persist).
                 state.processor.touch((), [batch.user_id for batch in batches], self.clock())
             return published
@@ -662,10 +739,21 @@ class WorkerCore:
                 self.store_behind.add(batch.user_id)  # it held more than this: its data went
             self.stats.projection_writes += len(batch.rows)
             # prev = what the store held, i.e. the last version any client can have seen.
-            published = dataclasses.replace(batch, prev_projection_mailbox_seq=stored_before)
+            version = batch.projection_mailbox_seq
             key = str(batch.user_id).encode()
-            deltas.append((key, orjson.dumps(published.session_delta())))
-            badges.append((key, orjson.dumps(published.badge_update())))
+            delta = session_delta_frame(
+                batch.user_id,
+                batch.rows,
+                version=version,
+                prev_version=stored_before,
+                driving_event_id=batch.driving_event_id,
+                driving_mailbox_seq=batch.driving_mailbox_seq,
+            )
+            deltas.append((key, orjson.dumps(delta)))
+            badge = badge_update_frame(
+                batch.user_id, batch.badge, version=version, prev_version=stored_before
+            )
+            badges.append((key, orjson.dumps(badge)))
         if deltas:
             await self.outbox.frames(deltas, badges)
         self.stats.flushes += 1

@@ -427,6 +427,15 @@ async def test_redis_pipelines_many_users_per_round_trip(
         return real_pipeline(*args, **kwargs)
 
     monkeypatch.setattr(redis_store.client, "pipeline", counting_pipeline)
+    # One server: each trip is packed once and written with one call (no redis-py pipeline).
+    real_packed = redis_store._evalsha_packed
+
+    async def counting_packed(*args: Any) -> Any:
+        nonlocal trips
+        trips += 1
+        return await real_packed(*args)
+
+    monkeypatch.setattr(redis_store, "_evalsha_packed", counting_packed)
     await redis_store.write([flush(u, 1, [conv(1), conv(2), conv(3)]) for u in range(2_000)])
     # 256 users per trip (3 rows + 5 meta fields each stays under the 4,096-field budget); on a
     # cluster a trip is one pipeline per master (sent concurrently), its users' keys all there.

@@ -168,4 +168,7 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
 def _differences(got: list[dict[str, Any]], want: list[dict[str, Any]], key: tuple[str, ...]) -> int:
     mine = {tuple(item[k] for k in key): item for item in got}
     theirs = {tuple(item[k] for k in key): item for item in want}
-    return sum(1 for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+    differing = [k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)]
+    for k in sorted(differing, key=str)[:5]:  # what differs, for the failure's diagnosis
+        print(f"differs {k}:\n  store  {mine.get(k)}\n  replay {theirs.get(k)}")
+    return len(differing)

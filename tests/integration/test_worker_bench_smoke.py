@@ -31,7 +31,11 @@ def test_worker_bench_toy_run_writes_a_report(tmp_path: Path) -> None:
         "--worker-batch-records": "100",
         "--reps": "1",
         "--latency-seconds": "2",
-        "--latency-rate": "200",
+        "--latency-loads": "",
+        "--latency-fixed-rates": "200",
+        "--latency-contenders": "worker",
+        # the worker of a commit as a contender of its own (before/after in one run)
+        "--base-ref": "HEAD",
         "--timeout": "180",
         "--report": str(report),
         "--work-dir": str(tmp_path / "work"),
@@ -44,16 +48,29 @@ def test_worker_bench_toy_run_writes_a_report(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-4000:]
-    assert b"worker_over_naive" in done.stdout and b"latency produce -> SESSION_DELTA" in done.stdout
+    assert b"worker_over_naive" in done.stdout and b"latency worker" in done.stdout
     data = orjson.loads(report.read_bytes())
     assert data["stream"]["entries"] > 0
-    assert set(data["summary"]) == {"worker", "aiokafka", "naive"}
+    assert set(data["summary"]) == {"worker", "aiokafka", "naive", "worker-gcoff", "worker-base"}
     for figures in data["summary"].values():
         assert figures["runs"] == 1 and figures["entries_per_s"]["median"] > 0
-    assert {"worker_over_naive", "worker_over_aiokafka"} <= set(data["ratios"])
-    worker_run = next(r for r in data["runs"] if r["contender"] == "worker")
-    assert worker_run["ok"] and worker_run["extra"]["all_users_reached_last_seq"]
-    latency = data["latency"]
+    assert {
+        "worker_over_naive",
+        "worker_over_aiokafka",
+        "cpu_worker_over_aiokafka",
+        "worker_over_worker_base",
+        "worker_over_worker_gcoff",
+    } <= set(data["ratios"])
+    for name in ("worker", "worker-gcoff", "worker-base"):
+        worker_run = next(r for r in data["runs"] if r["contender"] == name)
+        assert worker_run["ok"] and worker_run["extra"]["all_users_reached_last_seq"]
+    # The GC's cost is measured in the worker's own log line, tuned and not (Python's thresholds).
+    tuned = next(r for r in data["runs"] if r["contender"] == "worker")["extra"]["gc"]
+    plain = next(r for r in data["runs"] if r["contender"] == "worker-gcoff")["extra"]["gc"]
+    assert tuned["thresholds"].startswith("50000/") and plain["thresholds"] == "700/10/10"
+    assert tuned["frozen"] > 0 and plain["frozen"] == 0
+    [latency] = data["latencies"]
+    assert latency["contender"] == "worker" and latency["rate_entries_per_s"] == 200
     assert latency["window_ms"] == 100 and latency["entries"] > 0
     assert 0 <= latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
     # everything private to the run is gone

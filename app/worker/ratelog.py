@@ -1,0 +1,68 @@
+"""Log lines capped per second, the rest summed up (issue 14, item 6).
+
+A burst of bad records (a producer gone wrong) dead-letters thousands of records a second; one
+log line each cost 5% of the worker's main thread in issue 14's profile and floods the logs with
+lines that say nothing new. Every dead letter is still counted (the metrics) and still sent to
+its topic; only the lines are capped: at most `per_second` lines in each one-second interval,
+and the first line after an interval that suppressed some says how many ("N more ... suppressed").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+
+class RateLimitedLog:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        per_second: int,
+        what: str,
+        *,
+        level: int = logging.WARNING,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self.per_second = per_second
+        self.what = what  # "dead letters": names the suppressed lines in the summary
+        self.level = level
+        self.clock = clock
+        self._interval_start = -1.0
+        self._logged = 0  # lines in the current interval
+        self.suppressed = 0  # since the last summary line
+        self.suppressed_total = 0
+
+    def log(self, msg: str, *args: object) -> bool:
+        """Log the line if the cap allows (True), else count it as suppressed."""
+        now = self.clock()
+        if now - self._interval_start >= 1.0:
+            self._interval_start = now
+            self._logged = 0
+            self.flush_summary()
+        if self._logged >= self.per_second:
+            self.suppressed += 1
+            self.suppressed_total += 1
+            return False
+        self._logged += 1
+        self.logger.log(self.level, msg, *args)
+        return True
+
+    def tick(self) -> None:
+        """Between lines (a timer): the summary of an interval that ended, so the count of a
+        burst's last second does not wait for the next line."""
+        if self.suppressed and self.clock() - self._interval_start >= 1.0:
+            self.flush_summary()
+
+    def flush_summary(self) -> None:
+        """The "N more suppressed" line for what the last interval(s) did not log."""
+        if self.suppressed:
+            self.logger.log(
+                self.level,
+                "%d more %s suppressed (at most %d lines/s; every one is counted in the metrics)",
+                self.suppressed,
+                self.what,
+                self.per_second,
+            )
+            self.suppressed = 0
