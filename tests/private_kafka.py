@@ -77,14 +77,25 @@ class PrivateKafka:
         broker = cls(workdir, port, free_port(), advertised or f"127.0.0.1:{port}")
         (workdir / "server.properties").write_text(
             PROPERTIES.format(
-                port=broker.port, controller=broker.controller, advertised=broker.advertised, data=workdir / "data"
+                port=broker.port,
+                controller=broker.controller,
+                advertised=broker.advertised,
+                data=workdir / "data",
             )
         )
         (workdir / "log4j.properties").write_text((ROOT / "scripts/kafka/log4j.properties").read_text())
         cluster_id = base64.urlsafe_b64encode(uuid.UUID(int=uuid.uuid4().int >> 1).bytes).decode().rstrip("=")
         with (workdir / "kafka.log").open("ab") as out:
             subprocess.run(
-                [*broker._jvm(), "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(workdir / "server.properties")],
+                [
+                    *broker._jvm(),
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    cluster_id,
+                    "-c",
+                    str(workdir / "server.properties"),
+                ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 check=True,

@@ -52,8 +52,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "20 worker SIGKILLs at random moments (2 workers share 6 partitions, killed in turn; "
         "2 kills also delete the data dir)",
         "1,000,000+ entries simulated at ~1,400/s, 3 lanes, 1% bad records, 2% duplicates",
-        "rows, badges and folded session-delta frames equal `projector replay`; unread lost / "
-        "counted twice",
+        "rows, badges and folded session-delta frames equal `projector replay`; unread lost / counted twice",
         7200,
     ),
     Scenario(
@@ -278,7 +277,9 @@ def _load() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--scenarios", default="", help="comma-separated names (default: all)")
     parser.add_argument("--render", action="store_true", help="only re-render the report")
     parser.add_argument("--logs", type=Path, default=ROOT / ".local" / "chaos")

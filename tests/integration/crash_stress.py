@@ -42,6 +42,9 @@ class CrashPlan:
     seed: int = 1
     catch_up_s: float = 400.0
     check_frames: bool = False  # also fold session-delta frames with the client rule (issue 18)
+    # A worker that exits on its own is restarted (as a supervisor would) and counted instead of
+    # ending the run: the run then still measures equality, and the exits are reported.
+    restart_crashed: bool = False
 
 
 @dataclass
@@ -56,6 +59,8 @@ class CrashReport:
     mismatched_badges: int = 0
     lost_unread: int = 0  # unread counts below replay's, summed over rows (entries lost)
     double_counted: int = 0  # unread counts above replay's, summed over rows
+    crashes: int = 0  # workers that exited on their own (not killed by the run)
+    crash_lines: list[str] = field(default_factory=list)
     peak_rss_kib: int = 0  # the largest VmHWM of any worker process (read just before each kill)
     catch_up_s: float = 0.0  # from the end of the traffic until every user equals replay's version
     frames: int = 0
@@ -90,6 +95,10 @@ def _busy_loops(count: int) -> list[subprocess.Popen[bytes]]:
     ]
 
 
+class WorkerExited(AssertionError):
+    """A worker exited although nobody killed it."""
+
+
 async def _ready(stack: Stack, index: int, proc: subprocess.Popen[bytes], seen: int, timeout: float) -> int:
     """Wait until the worker's log says "Worker ready" more often than `seen` times."""
     path = stack.tmp / f"worker-{index}.log"
@@ -99,7 +108,7 @@ async def _ready(stack: Stack, index: int, proc: subprocess.Popen[bytes], seen: 
         if count > seen:
             return count
         if proc.poll() is not None:
-            raise AssertionError(f"worker {index} exited {proc.returncode}:\n{stack.log_tail(index)}")
+            raise WorkerExited(f"worker {index} exited {proc.returncode}:\n{stack.log_tail(index)}")
         if time.monotonic() > deadline:
             raise AssertionError(f"worker not ready after {timeout}s:\n{stack.log_tail(index)}")
         await asyncio.sleep(0.2)
@@ -131,7 +140,20 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
         readies = dict.fromkeys(procs, 0)
         for kill in range(1, plan.kills + 1):
             victim = (kill - 1) % plan.workers
-            readies[victim] = await _ready(stack, victim, procs[victim], readies[victim], timeout=240)
+            while True:
+                try:
+                    readies[victim] = await _ready(stack, victim, procs[victim], readies[victim], timeout=240)
+                    break
+                except WorkerExited:
+                    if not plan.restart_crashed:
+                        raise
+                    report.crashes += 1
+                    report.crash_lines.append(_crash_line(stack, victim))
+                    report.timeline.append(
+                        f"{time.monotonic() - started:6.1f}s worker {victim} exited by itself"
+                    )
+                    readies[victim] = _log_count(stack, victim)
+                    procs[victim] = stack.start_worker(victim)
             await asyncio.sleep(rnd.uniform(*plan.after_ready_s))
             report.peak_rss_kib = max(report.peak_rss_kib, peak_rss_kib(procs[victim].pid))
             procs[victim].send_signal(signal.SIGKILL)
@@ -159,10 +181,19 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
     versions = {b["user_id"]: b["projection_mailbox_seq"] for b in badges_expected}
     report.records = sum(1 for line in stream.read_bytes().splitlines() if line.strip())
     report.users, report.rows = len(versions), len(rows_expected)
+
+    def supervise() -> None:
+        for w, proc in procs.items():
+            if proc.poll() is None:
+                continue
+            if not plan.restart_crashed:
+                raise AssertionError(f"worker {w} exited {proc.returncode}:\n{stack.log_tail(w)}")
+            report.crashes += 1
+            report.crash_lines.append(_crash_line(stack, w))
+            procs[w] = stack.start_worker(w)
+
     try:
-        await stack.wait_for_versions(
-            versions, timeout=plan.catch_up_s, alive=stack.alive(len(stack.workers) - 1)
-        )
+        await stack.wait_for_versions(versions, timeout=plan.catch_up_s, alive=supervise)
         report.catch_up_s = time.monotonic() - traffic_done
     finally:
         for proc in procs.values():
@@ -200,7 +231,9 @@ async def _check_frames(
         seen: dict[int, int] = {}
         for f in frames:
             if f.get("type") == "SESSION_DELTA":
-                seen[int(f["user_id"])] = max(seen.get(int(f["user_id"]), 0), int(f["projection_mailbox_seq"]))
+                seen[int(f["user_id"])] = max(
+                    seen.get(int(f["user_id"]), 0), int(f["projection_mailbox_seq"])
+                )
         return all(seen.get(u, 0) >= v for u, v in versions.items())
 
     frames = await stack.consume(stack.settings.topic_session_delta, complete, timeout=timeout)
@@ -240,6 +273,20 @@ def unread_drift(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> tuple
         lost += max(0, -diff)
         double += max(0, diff)
     return lost, double
+
+
+def _log_count(stack: Stack, index: int) -> int:
+    path = stack.tmp / f"worker-{index}.log"
+    return path.read_text(errors="replace").count("Worker ready") if path.exists() else 0
+
+
+def _crash_line(stack: Stack, index: int) -> str:
+    """The last line of the worker's last traceback (the exception it died of)."""
+    lines = [line for line in stack.log_tail(index, 400).splitlines() if line.strip()]
+    for line in reversed(lines):
+        if not line.startswith((" ", "\t")) and ("Error" in line or "Exception" in line):
+            return line.strip()[:200]
+    return lines[-1][:200] if lines else "(empty log)"
 
 
 def _differences(got: list[dict[str, Any]], want: list[dict[str, Any]], key: tuple[str, ...]) -> int:

@@ -41,11 +41,14 @@ async def test_twenty_sigkills_during_a_million_entries(
         seed=chaos_seed,
         catch_up_s=2400.0,
         check_frames=True,
+        restart_crashed=True,
     )
     report = await run_crash_scenario(stack, tmp_path, plan)
     print("\n".join(report.timeline) + "\n" + report.line())
     stream = tmp_path / f"crash-stream-{plan.seed}.jsonl"
-    entries = sum(1 for line in stream.read_bytes().splitlines() if b'"watermark"' not in line and line.strip())
+    entries = sum(
+        1 for line in stream.read_bytes().splitlines() if b'"watermark"' not in line and line.strip()
+    )
     record(
         "sigkill",
         entries=entries,
@@ -63,6 +66,8 @@ async def test_twenty_sigkills_during_a_million_entries(
         frame_users_equal=report.frame_users_equal,
         frame_users_gap=report.frame_users_gap,
         frame_users_wrong=report.frame_users_wrong,
+        unplanned_worker_exits=report.crashes,
+        exit_reasons=sorted(set(report.crash_lines)),
         batches_refused=report.gaps_refused,
         peak_rss_mib=round(report.peak_rss_kib / 1024, 1),
         catch_up_s=round(report.catch_up_s, 1),
@@ -73,3 +78,4 @@ async def test_twenty_sigkills_during_a_million_entries(
     assert (report.mismatched_rows, report.mismatched_badges) == (0, 0), report.line()
     assert (report.lost_unread, report.double_counted) == (0, 0), report.line()
     assert report.frame_users_wrong == 0, f"{report.frame_users_wrong} users' frames differ silently"
+    assert report.crashes == 0, f"{report.crashes} workers exited by themselves: {set(report.crash_lines)}"
