@@ -162,8 +162,11 @@ class FaustStateTables:
         return value
 
     def pending(self, partition: int) -> list[bytes]:
+        # faust's own bookkeeping key (the persisted changelog offset, b"__faust\0offset__") is
+        # 16 bytes too: only the exact key is skipped, a pending key cannot be told by its length.
+        offset_key = self.pending_table.data.offset_key
         return [
             value
             for key, value in self._db(self.pending_table, partition).items()
-            if len(key) == PENDING_KEY_BYTES
+            if len(key) == PENDING_KEY_BYTES and key != offset_key
         ]

@@ -14,6 +14,9 @@ from hypothesis import settings as hypothesis_settings
 
 from app.settings import Settings
 
+# The real-server fixtures (integration tests and the contract suites' server parametrizations).
+pytest_plugins = ["tests.support.servers"]
+
 # No per-example deadline and no "too slow" health check: CI runs this suite on 2 loaded cores
 # in one long process, where a GC pause or a busy neighbour makes an example slow by chance.
 # "Data too large" only says some draws were discarded (big generated streams): fewer examples,

@@ -150,8 +150,8 @@ class UserConversationStateWriter:
         """Stage state fields for (user, conversation); later stages of a field win, except
         ``first_seen_*`` (the pair with the lowest ``first_seen_mailbox_seq`` wins). Fields are
         column names or the core's short names (:data:`ALIASES`: ``read_seq``, ``joined_at``)."""
-        _check_fields(fields)
-        key = (check_user_id(user_id), _canonical(conversation_id))
+        check_state_fields(fields)
+        key = (check_user_id(user_id), canonical_conversation_id(conversation_id))
         staged = self._state.get(key)
         if staged is None:
             staged = self._state[key] = {}
@@ -160,7 +160,7 @@ class UserConversationStateWriter:
             if name not in FIRST_SEEN_FIELDS:
                 staged[name] = value
         if "first_seen_mailbox_seq" in fields:
-            _merge_first_seen(staged, fields)
+            merge_first_seen(staged, fields)
 
     def stage_member(
         self,
@@ -178,26 +178,19 @@ class UserConversationStateWriter:
             "joined_at_conversation_seq": joined_at,
             "left_at_conversation_seq": left_at,
         }
-        self._members[(_canonical(conversation_id), check_user_id(user_id))] = _checked_member_row(row)
+        key = (canonical_conversation_id(conversation_id), check_user_id(user_id))
+        self._members[key] = checked_member_row(row)
 
     def stage_member_stats(
         self, conversation_id: str, user_id: int, record_count: int, mention_count: int, mailbox_seq: int
     ) -> None:
         """Stage a member's statistics (absolute values, from the entry ``mailbox_seq``); the
         highest ``mailbox_seq`` staged for a member wins, here and in Cassandra."""
-        for name, value in (("record_count", record_count), ("mention_count", mention_count)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-        if isinstance(mailbox_seq, bool) or not isinstance(mailbox_seq, int) or not 0 < mailbox_seq < 2**64:
-            raise ValueError(f"mailbox_seq must be a positive u64, got {mailbox_seq!r}")
-        # A write timestamp (and the bigint column) holds 63 bits: the u64 contract's top half
-        # is clamped. Seqs that far up would only tie with each other (then the larger values
-        # win, Cassandra's tie rule); a worker must never stop on a valid entry over it.
-        mailbox_seq = min(mailbox_seq, INT64_MAX)
-        key = (_canonical(conversation_id), check_user_id(user_id))
+        values = checked_member_stats(record_count, mention_count, mailbox_seq)
+        key = (canonical_conversation_id(conversation_id), check_user_id(user_id))
         staged = self._member_stats.get(key)
-        if staged is None or staged[2] <= mailbox_seq:
-            self._member_stats[key] = (record_count, mention_count, mailbox_seq)
+        if staged is None or staged[2] <= values[2]:
+            self._member_stats[key] = values
 
     def owed(self) -> dict[StateKey, dict[str, Any]]:
         """What is staged or being written and not acknowledged yet, per (user, conversation):
@@ -222,13 +215,13 @@ class UserConversationStateWriter:
         """Stage again what :meth:`owed` returned (anything staged since for the key wins)."""
         fields = owed.get("state")
         if fields:
-            _check_fields(fields)
-            key = (check_user_id(user_id), _canonical(conversation_id))
+            check_state_fields(fields)
+            key = (check_user_id(user_id), canonical_conversation_id(conversation_id))
             self._restore({key: {ALIASES.get(name, name): value for name, value in fields.items()}}, {})
         member = owed.get("member")
         if member is not None:
-            member_key = (_canonical(conversation_id), check_user_id(user_id))
-            self._members.setdefault(member_key, _checked_member_row(member))
+            member_key = (canonical_conversation_id(conversation_id), check_user_id(user_id))
+            self._members.setdefault(member_key, checked_member_row(member))
         stats = owed.get("stats")
         if stats is not None:
             record_count, mention_count, mailbox_seq = stats
@@ -241,7 +234,7 @@ class UserConversationStateWriter:
         if self._in_flight is not None:  # a failing round must not restore them
             parts.append(self._in_flight)
         for user_id, conversation_id in keys:
-            cid = _canonical(conversation_id)
+            cid = canonical_conversation_id(conversation_id)
             for state, members, member_stats in parts:
                 state.pop((user_id, cid), None)
                 members.pop((cid, user_id), None)
@@ -370,7 +363,7 @@ def _merge_older(into: _Staged, older: _Staged) -> None:
             merged = {**fields, **{k: v for k, v in newer.items() if k not in FIRST_SEEN_FIELDS}}
             for source in (fields, newer):
                 if "first_seen_mailbox_seq" in source:
-                    _merge_first_seen(merged, source)
+                    merge_first_seen(merged, source)
             fields = merged
         state[key] = fields
     for member_key, row in older[1].items():
@@ -381,7 +374,12 @@ def _merge_older(into: _Staged, older: _Staged) -> None:
             member_stats[member_key] = values
 
 
-def _merge_first_seen(staged: dict[str, Any], fields: Mapping[str, Any]) -> None:
+# The staging rules below are public: the writer's test double (tests/support/mirror_writer.py)
+# stages by them too, and one contract suite (tests/contract/test_state_writer_contract.py) holds
+# both to the same behaviour.
+
+
+def merge_first_seen(staged: dict[str, Any], fields: Mapping[str, Any]) -> None:
     """The first appearance is the lowest mailbox_seq: keep the pair with the lower seq."""
     seq = fields["first_seen_mailbox_seq"]
     if staged.get("first_seen_mailbox_seq") is None or seq < staged["first_seen_mailbox_seq"]:
@@ -392,12 +390,12 @@ def _merge_first_seen(staged: dict[str, Any], fields: Mapping[str, Any]) -> None
             staged.pop("first_seen_ts", None)
 
 
-def _canonical(conversation_id: str) -> str:
+def canonical_conversation_id(conversation_id: str) -> str:
     # One key per conversation however the caller spells it (ValueError when not a UUID).
     return str(uuid.UUID(conversation_id))
 
 
-def _check_fields(fields: Mapping[str, Any]) -> None:
+def check_state_fields(fields: Mapping[str, Any]) -> None:
     unknown = fields.keys() - _KNOWN_FIELDS
     if unknown:
         raise ValueError(f"unknown user_conversation_state fields: {sorted(unknown)}")
@@ -410,11 +408,25 @@ def _check_fields(fields: Mapping[str, Any]) -> None:
             raise ValueError(f"first_seen_* needs first_seen_mailbox_seq as an int in [0, 2^50), got {seq!r}")
 
 
-def _checked_member_row(row: Mapping[str, Any]) -> dict[str, Any]:
+def checked_member_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """A group_members row (MEMBER_FIELDS), its role and state checked."""
     _check_choice("role", row.get("role"), _ROLES)
     _check_choice("state", row.get("state"), _MEMBERSHIPS)
     return {name: row.get(name) for name in MEMBER_FIELDS}
+
+
+def checked_member_stats(record_count: int, mention_count: int, mailbox_seq: int) -> MemberStatsRow:
+    """A member_stats row (record_count, mention_count, mailbox_seq), checked; the seq clamped to
+    what a write timestamp holds."""
+    for name, value in (("record_count", record_count), ("mention_count", mention_count)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    if isinstance(mailbox_seq, bool) or not isinstance(mailbox_seq, int) or not 0 < mailbox_seq < 2**64:
+        raise ValueError(f"mailbox_seq must be a positive u64, got {mailbox_seq!r}")
+    # A write timestamp (and the bigint column) holds 63 bits: the u64 contract's top half is
+    # clamped. Seqs that far up would only tie with each other (then the larger values win,
+    # Cassandra's tie rule); a worker must never stop on a valid entry over it.
+    return record_count, mention_count, min(mailbox_seq, INT64_MAX)
 
 
 def _check_choice(name: str, value: Any, allowed: frozenset[str]) -> None:

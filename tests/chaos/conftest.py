@@ -1,7 +1,7 @@
 """The chaos tests (issue 18): faults on real servers, beyond what `make test` runs. Everything
 under tests/chaos is marked `chaos` (and `integration`): `make test` runs `-m "not chaos"`,
 `make chaos-infra-check` runs `-m chaos`. They start what they need themselves (the 3-node Kafka
-cluster: tests/kafka_cluster.py) and stop what they started (KAFKA_CLUSTER_KEEP=1 keeps it)."""
+cluster: tests/support/kafka_cluster.py) and stop what they started (KAFKA_CLUSTER_KEEP=1 keeps it)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import kafka_cluster as cluster
+from tests.support import kafka_cluster as cluster
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from tests import kafka_cluster as cluster
+from tests.support import kafka_cluster as cluster
 
 pytestmark = pytest.mark.timeout(600)
 

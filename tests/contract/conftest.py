@@ -18,7 +18,7 @@ from app.settings import Settings
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.redis_client import RedisClient, open_redis
 from app.stores.redis_projection import STORE_ERRORS, RedisProjectionStore
-from tests import redis_cluster
+from tests.support import redis_cluster
 
 HINT = "the Redis contract tests need the real server: run `make services-up` (or `make test`)"
 

@@ -23,10 +23,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from app.domain.badge import Badge
 from app.settings import Settings
 from app.stores.redis_projection import ProjectionStoreError, RedisProjectionStore, is_transient
-from tests import redis_cluster
 from tests.contract.conftest import MakeRedisStore
-from tests.contract.test_projection_store_contract import conv, flush
 from tests.integration.stack import free_port
+from tests.support import redis_cluster
+from tests.support.store_rows import conv, flush
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -1,4 +1,4 @@
-"""Garbage at scale through a real worker (issue 18): fuzzed records (tests/garbage.py) mixed into
+"""Garbage at scale through a real worker (issue 18): fuzzed records (tests/support/garbage.py) mixed into
 a valid simulated stream on mailbox-tail. Checked: the worker never exits or logs a traceback,
 every bad record (and nothing else) reaches the dead-letter topic with a reason, the dead letters
 are counted, and the projection equals `projector replay` of the valid records alone.
@@ -19,8 +19,8 @@ import orjson
 
 from app.domain.entries import DEAD_LETTER_KINDS
 from app.metrics import sample
-from tests.garbage import GarbageMaker
 from tests.integration.stack import Stack, free_port, read_jsonl, scrape_until
+from tests.support.garbage import GarbageMaker
 
 # The mailbox topic takes records up to this size here, so 1 MiB strings (up to 6 MiB once
 # escaped) really reach the worker; a deployment's broker default (1 MB) refuses them earlier.

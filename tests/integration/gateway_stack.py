@@ -23,7 +23,7 @@ from app.gateway.service import Gateway
 from app.gateway.wiring import open_gateway
 from app.settings import Settings
 from app.stores.redis_projection import RedisProjectionStore
-from tests.unit.test_api_rows import SECRET
+from tests.support.api import SECRET
 
 
 def token(user_id: int) -> str:

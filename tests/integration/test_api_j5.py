@@ -34,7 +34,8 @@ from app.sdk.client import Page
 from app.sdk.kafka import SessionDeltaFollower
 from app.settings import Settings
 from app.stores.redis_projection import RedisProjectionStore
-from tests.unit.test_api_rows import SECRET, cid, expected, flush, make_row, mixed_rows
+from tests.support.api import SECRET
+from tests.support.rows import cid, expected_order, flush, make_row, mixed_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -108,7 +109,7 @@ async def test_j5_every_page_walk_of_5000_conversations_is_complete_and_ordered(
             for folder in Folder:
                 pages = [p async for p in client.pages(folder.value, limit, max_restarts=0)]
                 got = [item for page in pages for item in page.items]
-                assert ids(got) == expected(rows, folder), (limit, folder)
+                assert ids(got) == expected_order(rows, folder), (limit, folder)
                 assert len(set(ids(got))) == len(got)  # exactly once
                 assert {p.snapshot_revision for p in pages} == {1}  # one revision for every walk
                 assert all(len(p.items) == limit for p in pages[:-1])
@@ -149,11 +150,11 @@ async def test_j5_pin_mid_walk_restarts_on_a_new_revision_and_ends_correct(env: 
     hooked = Hooked(env.client(), after=3, hook=pin)
     walk = await hooked.walk("main", limit=50)
     after = [pinned if r["conversation_id"] == target["conversation_id"] else r for r in rows]
-    assert ids(walk.rows) == expected(after, Folder.MAIN)
+    assert ids(walk.rows) == expected_order(after, Folder.MAIN)
     assert walk.restarts == 1 and walk.snapshot_revision == 2 and walk.projection_mailbox_seq == version + 1
     restarted = hooked.seen[3]  # the request right after the pin
     assert restarted.projection_complete is False and restarted.snapshot_revision == 2
-    assert ids(restarted.items) == expected(after, Folder.MAIN)[:50]  # the first page of the new order
+    assert ids(restarted.items) == expected_order(after, Folder.MAIN)[:50]  # the first page of the new order
     assert target["conversation_id"] in ids(restarted.items)
     assert [p.snapshot_revision for p in hooked.seen] == [1, 1, 1] + [2] * (len(hooked.seen) - 3)
 
@@ -355,7 +356,7 @@ async def test_rows_missing_from_the_projection_are_filled_from_state(
 
 
 def expected_rows(rows: list[dict[str, Any]], folder: Folder) -> list[dict[str, Any]]:
-    order = expected(rows, folder)
+    order = expected_order(rows, folder)
     by_id = {r["conversation_id"]: r for r in rows}
     return [by_id[c] for c in order]
 

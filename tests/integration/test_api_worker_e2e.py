@@ -18,25 +18,16 @@ from aiohttp.test_utils import TestServer
 
 from app.api import Deps, create_app
 from app.api.sources import CassandraStateFiller, RedisProjectionReader
-from app.api.tokens import TokenSigner
 from app.domain.client import sort_rows
 from app.sdk import LiveSessionList, SessionsClient
 from app.sdk.kafka import SessionDeltaFollower
 from app.settings import Settings
 from app.stores.redis_projection import RedisProjectionStore
 from tests.integration.stack import Stack, read_jsonl
-from tests.unit.test_api_rows import SECRET
+from tests.support.api import SECRET, token
+from tests.support.rows import listed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
-
-
-def token(user_id: int) -> str:
-    return TokenSigner(SECRET).mint(user_id, int(time.time()) + 3600)
-
-
-def listed(rows: list[dict[str, Any]], user_id: int, archived: bool) -> list[dict[str, Any]]:
-    mine = [r for r in rows if r["user_id"] == user_id and r["listed"] and r["archived"] is archived]
-    return [dict(r) for r in sort_rows(mine)]
 
 
 class Api:

@@ -29,8 +29,8 @@ import pytest
 
 from app.api.tokens import TokenSigner
 from tests.integration.stack import PROJECTOR, ROOT, Stack, free_port
-from tests.unit.builders import Stream
-from tests.unit.test_api_rows import SECRET
+from tests.support.api import SECRET
+from tests.support.builders import StreamBuilder
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -56,7 +56,7 @@ class Traffic:
 
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
-        self.stream = Stream(lanes=1)
+        self.stream = StreamBuilder(lanes=1)
         self.activity = 0
         self.conv_seq: dict[str, int] = {}
 

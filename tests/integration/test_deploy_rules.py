@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy_kit import ALERTS, ALERTS_TEST, PROMETHEUS_CONFIG, queries
+from tests.support.deploy_kit import ALERTS, ALERTS_TEST, PROMETHEUS_CONFIG, queries
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -23,9 +23,8 @@ from app.api.tokens import TokenSigner
 from app.metrics import API_METRICS, WORKER_METRICS, names, sample
 from app.stores.redis_projection import RedisProjectionStore
 from tests.integration.stack import Stack, free_port, scrape_until
-from tests.unit.builders import CONV_B
-from tests.unit.builders import Stream as Builder
-from tests.unit.test_api_rows import SECRET
+from tests.support.api import SECRET
+from tests.support.builders import CONV_B, StreamBuilder
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -40,7 +39,7 @@ async def test_worker_and_api_metrics_are_scraped_and_move(make_stack: Callable[
     assert sample(text, "projector_entries_in_total") == 0
 
     # Lane 1 has not reported: its entries wait above the watermark.
-    s = Builder(lanes=2)
+    s = StreamBuilder(lanes=2)
     s.message(7, 1, lane=0)
     s.message(8, 1, conv=CONV_B, lane=0)
     s.message(7, 2, lane=1)

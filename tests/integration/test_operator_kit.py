@@ -25,9 +25,9 @@ import yaml
 
 from app.api.tokens import TokenSigner
 from app.metrics import WORKER_METRICS, names, sample
-from tests.deploy_kit import ALERTS, API_JOB, WORKER_JOB, queries
 from tests.integration.stack import PROJECTOR, ROOT, Stack, free_port, scrape_until
-from tests.unit.test_api_rows import SECRET
+from tests.support.api import SECRET
+from tests.support.deploy_kit import ALERTS, API_JOB, WORKER_JOB, queries
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

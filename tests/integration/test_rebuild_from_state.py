@@ -25,7 +25,7 @@ from app.domain.flush import UserFlush
 from app.rebuild.from_state import UNKNOWABLE_FROM_STATE
 from app.stores.redis_projection import RedisProjectionStore, serving_key
 from tests.integration.stack import Stack, read_jsonl
-from tests.unit.test_api_rows import SECRET
+from tests.support.api import SECRET
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -221,11 +221,11 @@ async def test_a_rebuild_beside_a_running_worker_serves_nothing_until_swap(
 ) -> None:
     """The worker keeps running: a rebuild changes nothing the API serves; --swap moves the API
     and the worker's next writes onto the rebuilt namespace."""
-    from tests.unit.builders import Stream as Builder
+    from tests.support.builders import StreamBuilder
 
     stack = make_stack("rebuild-live")
     base = stack.settings.projection_namespace
-    s = Builder(lanes=2)
+    s = StreamBuilder(lanes=2)
     for seq in range(1, 4):
         s.message(7, seq, lane=seq % 2)
         s.message(8, seq, lane=seq % 2)

@@ -23,9 +23,8 @@ import pytest
 
 from app.metrics import REBUILD_METRICS, names, sample
 from app.stores.redis_projection import RedisProjectionStore
-from tests.integration.stack import PROJECTOR, ROOT, Stack, free_port, read_jsonl
-from tests.integration.test_reconcile import store_messages
-from tests.unit.builders import CONV_A, Stream
+from tests.integration.stack import PROJECTOR, ROOT, Stack, free_port, read_jsonl, store_messages
+from tests.support.builders import CONV_A, StreamBuilder
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -103,7 +102,7 @@ async def test_rebuild_by_replay_from_a_timestamp_equals_a_full_replay_on_what_i
     )
     generated = stream.read_bytes().splitlines()
     # And one user whose last entry comes before T: the rebuild has them from state alone.
-    quiet = Stream(lanes=2)
+    quiet = StreamBuilder(lanes=2)
     for seq in range(1, 6):
         quiet.message(QUIET, seq, mention=seq == 4)
     quiet.read(QUIET, 2)
@@ -183,7 +182,7 @@ async def test_a_rebuild_serves_its_progress_gauges_and_they_move(
     make_stack: Callable[..., Stack], tmp_path: Path
 ) -> None:
     stack = make_stack("rebuild-metrics", partitions=2, lanes=1)
-    s = Stream()
+    s = StreamBuilder()
     for seq in range(1, 20_001):  # enough records for several fetches of the rebuild
         s.message(1000 + seq % 50, seq)
     await stack.produce(s.close())

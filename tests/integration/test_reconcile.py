@@ -27,10 +27,9 @@ import pytest
 from app.domain.client import SessionView, sort_rows
 from app.domain.conversation import ConversationState
 from app.domain.residency import ROW_STATE_KEY
-from app.settings import Settings
 from app.worker.ports import row_key, user_key
-from tests.integration.stack import Stack, free_port, read_jsonl, scrape_until
-from tests.unit.builders import CONV_A, CONV_B, Stream
+from tests.integration.stack import Stack, free_port, read_jsonl, scrape_until, store_messages
+from tests.support.builders import CONV_A, CONV_B, StreamBuilder
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -107,52 +106,6 @@ def badge_of_rows(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
 # -- helpers on the stack ------------------------------------------------------------------------
 
 
-def store_messages(settings: Settings, lines: Iterable[bytes]) -> None:
-    """Write the stream's messages, recalls and heads to the real MessageStore first, as the
-    chat backend (and `projector simulate`) does before the mailbox entries go out: a bounded
-    recompute in the worker reads them there."""
-    from app.stores.cassandra_messages import CassandraMessageStore, ConversationHead, NewMessage
-    from app.stores.cassandra_session import open_cluster
-
-    messages: dict[tuple[str, int], NewMessage] = {}
-    recalls: list[tuple[str, int, bool]] = []
-    for e in map(orjson.loads, lines):
-        if e.get("type") == "message":
-            key = (e["conversation_id"], e["conversation_seq"])
-            mentions = frozenset({e["user_id"]}) if e["mention"] else frozenset()
-            if key in messages:
-                mentions |= messages[key].mentions
-            messages[key] = NewMessage(
-                e["conversation_id"],
-                e["conversation_seq"],
-                e["message_id"],
-                e["activity_id"],
-                e["sender_id"],
-                e["created_at"],
-                e["counts_unread"],
-                mentions,
-            )
-        elif e.get("type") == "recall":
-            recalls.append((e["conversation_id"], e["target_conversation_seq"], False))
-    heads: dict[str, ConversationHead] = {}
-    for m in messages.values():
-        if (
-            m.conversation_id not in heads
-            or m.conversation_seq > heads[m.conversation_id].latest_conversation_seq
-        ):
-            heads[m.conversation_id] = ConversationHead(
-                m.conversation_id, m.conversation_seq, m.message_id, m.activity_id
-            )
-    cluster, session = open_cluster(settings)
-    try:
-        store = CassandraMessageStore(session, settings.cassandra_keyspace)
-        store.put_messages(messages.values())
-        store.mark_recalled_many(recalls)
-        store.update_heads(heads.values())
-    finally:
-        cluster.shutdown()
-
-
 def replayed(stack: Stack, tmp: Path, lines: list[bytes], name: str) -> tuple[list[Any], list[Any]]:
     path = tmp / f"{name}.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
@@ -187,7 +140,7 @@ def identical_once(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return kept
 
 
-async def settle(stack: Stack, s: Stream, everything: list[bytes], user: int = ME) -> None:
+async def settle(stack: Stack, s: StreamBuilder, everything: list[bytes], user: int = ME) -> None:
     """Store, produce and apply the stream's new lines (closed by every lane's marker)."""
     lines = s.close()
     s.lines = []
@@ -210,7 +163,7 @@ async def test_cross_device_read_to_a_non_latest_seq_yields_the_exact_recomputed
 ) -> None:
     stack = make_stack("recon-read", partitions=1, lanes=1)
     everything: list[bytes] = []
-    s = Stream()
+    s = StreamBuilder()
     # A: twelve messages (mentions at 3 and 9; 5 is my own; 6 does not count), device 1 read 2.
     for seq in range(1, 13):
         s.message(ME, seq, sender=ME if seq == 5 else PEER, counts=seq != 6, mention=seq in (3, 9))
@@ -322,7 +275,7 @@ async def test_mailbox_dirty_recomputes_a_drifted_row_and_the_badge_in_full(
 ) -> None:
     stack = make_stack("recon-dirty", partitions=1, lanes=1)
     everything: list[bytes] = []
-    s = Stream()
+    s = StreamBuilder()
     for seq in range(1, 11):
         s.message(ME, seq, mention=seq in (3, 8))
     s.read(ME, 2)
@@ -454,7 +407,7 @@ async def test_a_replay_from_an_older_checkpoint_drops_duplicates_and_ends_exact
     # More traffic after the stop: two users read below latest from another device and get
     # new messages (continuing the mailbox's sequence space).
     users = sorted(versions)[:2]
-    s = Stream(lanes=2)
+    s = StreamBuilder(lanes=2)
     s.seq = max(versions.values())
     s.ts = max(orjson.loads(line)["ts"] for line in everything)
     for user in users:
@@ -541,11 +494,11 @@ async def test_a_login_pull_on_a_new_device_gets_the_exact_rows_missing_ones_fil
     from app.stores.cassandra_session import open_cluster
     from app.stores.cassandra_state import UserConversationStateWriter
     from app.stores.redis_projection import RedisProjectionStore
-    from tests.unit.test_api_rows import SECRET
+    from tests.support.api import SECRET
 
     stack = make_stack("recon-login", partitions=1, lanes=1)
     everything: list[bytes] = []
-    s = Stream()
+    s = StreamBuilder()
     convs = [f"0c0c0c0c-0000-4000-8000-{n:012x}" for n in range(1, 7)]
     for i, conv in enumerate(convs):
         for seq in range(1, 4 + i):

@@ -1,4 +1,4 @@
-"""Issue 15 on the local Redis Cluster (3 masters + 3 replicas, tests/redis_cluster.py): the
+"""Issue 15 on the local Redis Cluster (3 masters + 3 replicas, tests/support/redis_cluster.py): the
 worker writes the cluster through `PROJECTOR_REDIS_URL=redis+cluster://...` and ends equal to
 `projector replay`; `projector api` serves every user's pages and badge from it; slots migrate
 (`redis-cli --cluster reshard`, and one slot held half-migrated) while the worker writes; a master
@@ -16,11 +16,10 @@ import aiohttp
 import pytest
 
 from app.stores.redis_projection import RedisProjectionStore
-from tests import redis_cluster
-from tests.integration.stack import PROJECTOR, ROOT, Stack, free_port
-from tests.integration.test_api_worker_e2e import listed, token
-from tests.integration.test_worker_acceptance import assert_final_equals_replay, simulated
-from tests.unit.test_api_rows import SECRET
+from tests.integration.stack import PROJECTOR, ROOT, Stack, assert_final_equals_replay, free_port, simulated
+from tests.support import redis_cluster
+from tests.support.api import SECRET, token
+from tests.support.rows import listed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -166,7 +166,7 @@ async def test_the_store_reaches_a_tls_redis_with_a_password_only_with_the_setti
     tls_redis: TlsRedis,
 ) -> None:
     from app.stores.redis_projection import RedisProjectionStore
-    from tests.unit.test_api_rows import flush, make_row
+    from tests.support.rows import flush, make_row
 
     settings = tls_redis.settings()
     assert await _ping(settings) is True

@@ -1,5 +1,5 @@
 """The fault tooling issue 18 builds on: a real Redis connection through Toxiproxy (built by the
-project, tests/toxiproxy.py), whose `latency` toxic delays it and `reset_peer` toxic resets it;
+project, tests/support/toxiproxy.py), whose `latency` toxic delays it and `reset_peer` toxic resets it;
 and the projection store riding out the reset within its retry budget."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from redis.retry import Retry
 from app.domain.badge import Badge
 from app.settings import Settings
 from app.stores.redis_projection import ProjectionStoreError, RedisProjectionStore
-from tests.contract.test_projection_store_contract import conv, flush
-from tests.toxiproxy import Proxy, Toxiproxy
+from tests.support.store_rows import conv, flush
+from tests.support.toxiproxy import Proxy, Toxiproxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -14,79 +14,17 @@ from typing import Any
 import orjson
 import pytest
 
-from app.domain.badge import Badge
-from tests.integration.stack import Stack, read_jsonl
-from tests.unit.builders import CONV_A, Stream
+from tests.integration.stack import Stack, assert_final_equals_replay, simulated
+from tests.support.builders import CONV_A, StreamBuilder
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
-
-
-def simulated(
-    stack: Stack, tmp: Path, messages: int = 300, seed: int = 5, rate: str = "0"
-) -> tuple[Path, dict[str, Any]]:
-    """Run `projector simulate` into the stack; replay its --out file for the expected result."""
-    stream = tmp / f"stream-{seed}.jsonl"
-    stack.run(
-        "simulate",
-        "--users",
-        "30",
-        "--conversations",
-        "10",
-        "--group-size",
-        "20",
-        "--messages",
-        str(messages),
-        "--rate",
-        rate,
-        "--lanes",
-        str(stack.settings.lanes),
-        "--seed",
-        str(seed),
-        "--out",
-        str(stream),
-        "--progress",
-        "never",
-    )
-    out = tmp / f"replay-{seed}"
-    stack.run("replay", "--input", str(stream), "--out", str(out), "--lanes", str(stack.settings.lanes))
-    expected = {
-        "rows": read_jsonl(out / "projections.jsonl"),
-        "badges": read_jsonl(out / "badges.jsonl"),
-        "versions": {b["user_id"]: b["projection_mailbox_seq"] for b in read_jsonl(out / "badges.jsonl")},
-    }
-    return stream, expected
-
-
-def badge_from_rows(rows: list[dict[str, Any]], include_muted: bool = False) -> Badge:
-    unread = mention = muted = 0
-    for row in rows:
-        active = row["membership"] == "active"
-        if active and not row["archived"] and (include_muted or not row["muted"]):
-            unread += row["unread_count"]
-        if active:
-            mention += row["mention_count"]
-        if row["muted"]:
-            muted += row["unread_count"]
-    return Badge(unread, mention, muted)
-
-
-async def assert_final_equals_replay(stack: Stack, expected: dict[str, Any]) -> None:
-    rows, badges = await stack.projection(sorted(expected["versions"]))
-    assert badges == expected["badges"]
-    assert rows == expected["rows"]
-    # J-7: badge and rows never tear: every user's badge is the sum over its rows.
-    for badge in badges:
-        mine = [row for row in rows if row["user_id"] == badge["user_id"]]
-        assert badge_from_rows(mine) == Badge(
-            badge["total_unread"], badge["total_mention"], badge["muted_unread"]
-        )
 
 
 async def test_bad_records_go_to_the_dead_letter_topic_and_the_worker_keeps_running(
     make_stack: Callable[..., Stack],
 ) -> None:
     stack = make_stack(partitions=1, lanes=1)
-    s = Stream()
+    s = StreamBuilder()
     s.message(7, 1)
     good = s.close()
     bad = [
@@ -142,7 +80,7 @@ async def test_j3_nothing_above_min_over_lanes_is_applied_and_the_late_entry_cou
     make_stack: Callable[..., Stack],
 ) -> None:
     stack = make_stack(partitions=1, lanes=2)
-    s = Stream(lanes=2)
+    s = StreamBuilder(lanes=2)
     s.message(7, 1, lane=0)  # seq 1
     s.message(7, 2, lane=1)  # seq 2: lane 1's retry, delivered late
     late = s.lines.pop()

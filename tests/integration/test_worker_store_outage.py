@@ -1,5 +1,5 @@
 """A worker whose projection store goes away for longer than its retry budget (issue 15: "a
-worker never dies on a transient store failure"): Redis behind Toxiproxy (tests/toxiproxy.py),
+worker never dies on a transient store failure"): Redis behind Toxiproxy (tests/support/toxiproxy.py),
 the proxy disabled mid-stream for several budgets, then enabled again. The worker keeps running,
 its failed flushes stay queued and are written once Redis is back, and the projection ends equal
 to replay."""
@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from app.settings import Settings
-from tests.integration.stack import Stack
-from tests.integration.test_worker_acceptance import assert_final_equals_replay, simulated
-from tests.toxiproxy import Proxy, Toxiproxy
+from tests.integration.stack import Stack, assert_final_equals_replay, simulated
+from tests.support.toxiproxy import Proxy, Toxiproxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -20,7 +20,7 @@ from app.domain import seqs
 from app.domain.audit import AuditPolicy, Sampler, copy_row, counts, eligible, keyed_draw, recount
 from app.domain.conversation import ConversationState
 from app.replay import Replayer, ReplayOptions
-from tests.strategies import Stream, scenarios, streams
+from tests.support.strategies import Stream, scenarios, streams
 
 SLOW = settings(
     max_examples=200,

@@ -10,7 +10,7 @@ import pytest
 from app.replay import ReplayOptions, run_replay
 from tests.property import invariants as inv
 from tests.property.model import U64, run_model
-from tests.strategies import Builder, dumps, marker_line
+from tests.support.strategies import Builder, dumps, marker_line
 
 C = "0a0a0a0a-0000-4000-8000-000000000001"
 A, B, S = 1, 2, 3  # two readers and a sender

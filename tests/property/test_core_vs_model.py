@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from app.replay import ReplayOptions, run_replay
 from tests.property import invariants as inv
 from tests.property.model import run_model
-from tests.strategies import Stream, deliver, scenarios, streams
+from tests.support.strategies import Stream, deliver, scenarios, streams
 
 # PROPERTY_SCALE=20 multiplies every example count (a long bug hunt; the default keeps CI fast)
 SCALE = float(os.environ.get("PROPERTY_SCALE", "1"))

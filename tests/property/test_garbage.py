@@ -2,7 +2,7 @@
 bad record is a dead letter with a reason and a kind from the closed set, and the valid records
 around the garbage project exactly as they do alone.
 
-The garbage comes from tests/garbage.py (wrong types, u64 overflows, NaN and 1e400, invalid
+The garbage comes from tests/support/garbage.py (wrong types, u64 overflows, NaN and 1e400, invalid
 UTF-8, lone surrogates, 1 MiB strings, 10,000 levels of nesting, valid JSON of the wrong shape,
 repeated keys, each field of each type broken in turn); the reference model
 (tests/property/model.py) must call each of them bad as well.
@@ -23,7 +23,10 @@ from app.domain.processor import PartitionProcessor
 from app.domain.projector import ProjectorConfig
 from app.replay import ReplayOptions, run_replay
 from app.stores.memory_messages import InMemoryMessageStore
-from tests.garbage import (
+from tests.property import invariants as inv
+from tests.property.model import parse_line, run_model
+from tests.property.test_core_vs_model import n, options
+from tests.support.garbage import (
     OPTIONAL_FIELDS,
     Garbage,
     GarbageMaker,
@@ -34,10 +37,7 @@ from tests.garbage import (
     valid_pairs,
     valid_records,
 )
-from tests.property import invariants as inv
-from tests.property.model import parse_line, run_model
-from tests.property.test_core_vs_model import n, options
-from tests.strategies import Stream, streams
+from tests.support.strategies import Stream, streams
 
 LANES = 3
 SETTINGS = settings(max_examples=n(400), deadline=None)

@@ -11,7 +11,7 @@ import pytest
 from app.replay import ReplayOptions, run_replay
 from tests.property import invariants as inv
 from tests.property.model import run_model
-from tests.strategies import Builder
+from tests.support.strategies import Builder
 
 C = "0a0a0a0a-0000-4000-8000-000000000001"
 D = "0b0b0b0b-0000-4000-8000-000000000002"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 
 from tests.property.model import U64, parse_line, run_model
-from tests.strategies import Builder, dumps, marker_line, streams
+from tests.support.strategies import Builder, dumps, marker_line, streams
 
 C = "0a0a0a0a-0000-4000-8000-000000000001"
 D = "0b0b0b0b-0000-4000-8000-000000000002"

@@ -1,11 +1,9 @@
-"""Prometheus metrics (issue 7): the worker's are pulled from WorkerCore (dict-backed fakes), the
+"""Prometheus metrics (issue 7): the worker's are pulled from WorkerCore (in-memory ports), the
 API's from its snapshot layer; every named metric is exposed and moves when it should."""
 
 from __future__ import annotations
 
 import asyncio
-
-from prometheus_client import CollectorRegistry
 
 from app.api import Deps, create_app
 from app.api.sources import MemoryProjectionReader
@@ -20,28 +18,18 @@ from app.metrics import (
 )
 from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
-from tests.unit.builders import CONV_A
-from tests.unit.builders import Stream as Builder
-from tests.unit.mirror_writer import MirrorWriter
-from tests.unit.test_api_http import SETTINGS, Api, Clock
-from tests.unit.test_api_rows import flush, make_row
-from tests.unit.test_worker_core import Clock as CoreClock
-from tests.unit.test_worker_core import DictTables, Outbox, make_core, records
-
-
-def scrape(metrics: WorkerMetrics, core: object) -> str:
-    metrics.sync(core)  # type: ignore[arg-type]
-    return metrics_text(metrics.registry)
-
-
-def metrics_text(registry: CollectorRegistry) -> str:
-    from app.metrics import exposition
-
-    return exposition(registry).decode()
+from app.stores.memory_tables import MemoryTables
+from tests.support.api import SETTINGS, T0, Api
+from tests.support.builders import CONV_A, StreamBuilder
+from tests.support.clock import ManualClock
+from tests.support.metrics import metrics_text, scrape
+from tests.support.mirror_writer import MirrorCassandra, MirrorWriter
+from tests.support.rows import flush, make_row
+from tests.support.worker import RecordingOutbox, make_core, records
 
 
 def test_worker_metrics_move_with_the_core() -> None:
-    s = Builder(lanes=2)
+    s = StreamBuilder(lanes=2)
     first = s.message(7, 1, lane=0)
     second = s.message(7, 2, lane=1)
     s.marker(0, 2)  # lane 1 has not reported: both entries wait above hi = 0
@@ -49,7 +37,12 @@ def test_worker_metrics_move_with_the_core() -> None:
     messages = [line for line in s.lines if b'"message"' in line]
     s.lines = []
     closing = s.close()
-    tables, projections, outbox, clock = DictTables(), InMemoryProjectionStore(), Outbox(), CoreClock()
+    tables, projections, outbox, clock = (
+        MemoryTables(),
+        InMemoryProjectionStore(),
+        RecordingOutbox(),
+        ManualClock(),
+    )
     core = make_core(2, tables, InMemoryMessageStore(), projections, outbox, clock)
     metrics = WorkerMetrics()
     core.metrics = metrics
@@ -100,14 +93,14 @@ def test_worker_metrics_move_with_the_core() -> None:
 
 
 def test_mirror_failures_owed_rows_and_their_restaging_are_counted() -> None:
-    s = Builder()
+    s = StreamBuilder()
     s.message(7, 1)
     s.message(8, 1)
     store = InMemoryMessageStore()
-    tables, cassandra = DictTables(), {}  # type: ignore[var-annotated]
+    tables, cassandra = MemoryTables(), MirrorCassandra()
     down = MirrorWriter(cassandra)
     down.down = True
-    core = make_core(1, tables, store, InMemoryProjectionStore(), Outbox(), CoreClock())
+    core = make_core(1, tables, store, InMemoryProjectionStore(), RecordingOutbox(), ManualClock())
     core.state_writer = down
     metrics = WorkerMetrics()
 
@@ -125,22 +118,22 @@ def test_mirror_failures_owed_rows_and_their_restaging_are_counted() -> None:
     assert sample(text, "projector_state_write_failures_total") == 2  # the batch's round, the stop's drain
     assert sample(text, "projector_state_owed_rows_total") == 2  # two rows went to the changelog owing
 
-    restarted = make_core(1, tables, store, InMemoryProjectionStore(), Outbox(), CoreClock())
+    restarted = make_core(1, tables, store, InMemoryProjectionStore(), RecordingOutbox(), ManualClock())
     restarted.state_writer = MirrorWriter(cassandra)
     asyncio.run(restarted.restore_assigned([0]))
     asyncio.run(restarted.flush_all())
     text = scrape(WorkerMetrics(), restarted)
     assert sample(text, "projector_state_restaged_rows_total") == 2
     assert sample(text, "projector_state_writes_total") == 2
-    assert set(cassandra) == {(7, CONV_A), (8, CONV_A)}
+    assert set(cassandra.state) == {(7, CONV_A), (8, CONV_A)}
 
 
 def test_revoked_partitions_stop_reporting_watermark_lag() -> None:
-    s = Builder(lanes=2)
+    s = StreamBuilder(lanes=2)
     s.message(7, 1, lane=1)
     s.marker(0, 1)
     store = InMemoryMessageStore()
-    core = make_core(2, DictTables(), store, InMemoryProjectionStore(), Outbox(), CoreClock())
+    core = make_core(2, MemoryTables(), store, InMemoryProjectionStore(), RecordingOutbox(), ManualClock())
     metrics = WorkerMetrics()
     asyncio.run(core.on_records(records(s.lines)))
     assert 'partition="0"' in scrape(metrics, core)
@@ -163,7 +156,7 @@ async def test_api_metrics_count_snapshot_hits_loads_evictions_and_page_latency(
     from aiohttp.test_utils import TestClient, TestServer
 
     store = InMemoryProjectionStore()
-    clock = Clock()
+    clock = ManualClock(T0)
     app = create_app(SETTINGS, Deps(projections=MemoryProjectionReader(store), clock_ms=clock))
     async with TestClient(TestServer(app)) as client:
         api = Api(client, store, clock, "")

@@ -14,15 +14,16 @@ from app.domain.entries import DEAD_LETTER_KINDS, DeadLetter, decode_record
 from app.metrics import PROCESS_METRICS, RebuildMetrics, WorkerMetrics, names, sample
 from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
-from tests.unit.builders import Stream as Builder
-from tests.unit.test_metrics import metrics_text, scrape
-from tests.unit.test_worker_core import Clock as CoreClock
-from tests.unit.test_worker_core import DictTables, Outbox, make_core, records
+from app.stores.memory_tables import MemoryTables
+from tests.support.builders import StreamBuilder
+from tests.support.clock import ManualClock
+from tests.support.metrics import metrics_text, scrape
+from tests.support.worker import RecordingOutbox, make_core, records
 
 
 def message(**changes: object) -> bytes:
-    """A valid message entry (tests/unit/builders) with some fields replaced."""
-    s = Builder(lanes=1)
+    """A valid message entry (tests/support/builders.py) with some fields replaced."""
+    s = StreamBuilder(lanes=1)
     s.message(7, 1)
     return orjson.dumps(orjson.loads(s.lines[0]) | changes)
 
@@ -50,7 +51,7 @@ def test_every_dead_letter_kind_is_reachable_and_named(kind: str) -> None:
 
 def test_dead_letters_are_counted_by_reason_with_a_closed_label_set() -> None:
     core = make_core(
-        1, DictTables(), InMemoryMessageStore(), InMemoryProjectionStore(), Outbox(), CoreClock()
+        1, MemoryTables(), InMemoryMessageStore(), InMemoryProjectionStore(), RecordingOutbox(), ManualClock()
     )
     metrics = WorkerMetrics()
     text = scrape(metrics, core)

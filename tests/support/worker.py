@@ -1,0 +1,111 @@
+"""The worker core's wiring in unit tests: in-memory ports around the real `WorkerCore`.
+
+State lives in `app.stores.memory_tables.MemoryTables` (the `StateTables` port in dicts; the
+contract suite tests/contract/test_state_tables_contract.py holds it to the faust tables'
+behaviour), projections in the in-memory projection store, the MessageStore in memory.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from hypothesis import HealthCheck, settings
+
+from app.domain.entries import DeleteMessageEntry, MessageEntry, RecallEntry, decode_record
+from app.domain.projector import ProjectorConfig
+from app.stores.memory_messages import InMemoryMessageStore
+from app.stores.memory_projection import InMemoryProjectionStore
+from app.stores.memory_tables import MemoryTables
+from app.worker.core import WorkerConfig, WorkerCore
+from app.worker.ports import RawRecord
+from tests.support.clock import ManualClock
+
+
+class RecordingOutbox:
+    """The worker's `Outbox` port: keeps the dead letters and frames it is given, decoded."""
+
+    def __init__(self) -> None:
+        self.letters: list[dict[str, Any]] = []
+        self.frames_out: list[dict[str, Any]] = []
+
+    async def dead_letters(self, letters: Sequence[tuple[bytes | None, bytes]]) -> None:
+        self.letters.extend(orjson.loads(value) for _, value in letters)
+
+    async def frames(
+        self, session_deltas: Sequence[tuple[bytes, bytes]], badges: Sequence[tuple[bytes, bytes]]
+    ) -> None:
+        for (_, delta), (_, badge) in zip(session_deltas, badges, strict=True):
+            self.frames_out += [orjson.loads(delta), orjson.loads(badge)]
+
+
+def message_store_for(lines: Sequence[bytes], lanes: int) -> InMemoryMessageStore:
+    """The MessageStore as the writers left it before the mailbox entries were produced."""
+    store = InMemoryMessageStore()
+    for raw in lines:
+        entry = decode_record(raw, lanes)
+        if isinstance(entry, MessageEntry):
+            store.record_message(
+                entry.conversation_id,
+                entry.conversation_seq,
+                message_id=entry.message_id,
+                activity_id=entry.activity_id,
+                sender_id=entry.sender_id,
+                counts_unread=entry.counts_unread,
+                mentioned_user=entry.user_id if entry.mention else None,
+            )
+        elif isinstance(entry, RecallEntry | DeleteMessageEntry):
+            store.record_recall(entry.conversation_id, entry.target_conversation_seq)
+    return store
+
+
+def make_core(
+    lanes: int,
+    tables: MemoryTables,
+    store: InMemoryMessageStore,
+    projections: InMemoryProjectionStore,
+    outbox: RecordingOutbox,
+    clock: ManualClock,
+    window_ms: int = 100,
+    max_dirty_rows: int = 100_000,
+    hot_rows: int = 500_000,
+) -> WorkerCore:
+    config = WorkerConfig(
+        lanes=lanes,
+        projector=ProjectorConfig(
+            window_ms=window_ms, max_dirty_rows=max_dirty_rows, include_muted=False, unread_precise_limit=200
+        ),
+        hot_rows=hot_rows,
+    )
+    return WorkerCore(
+        config, message_store=store, projection_store=projections, tables=tables, outbox=outbox, clock=clock
+    )
+
+
+def records(lines: Sequence[bytes], start: int = 0) -> list[RawRecord]:
+    """Lines as the records of partition 0 from offset `start` on (a later batch continues the
+    log: a batch at offsets the core already applied is skipped as a re-read)."""
+    return [
+        RawRecord("mailbox-tail", 0, offset, b"k", raw.rstrip(b"\n"))
+        for offset, raw in enumerate(lines, start)
+    ]
+
+
+def batches(recs: list[RawRecord], rnd: random.Random) -> list[list[RawRecord]]:
+    """The records cut into consecutive batches of 1 to 12, as fetches would deliver them."""
+    out, i = [], 0
+    while i < len(recs):
+        size = rnd.randint(1, 12)
+        out.append(recs[i : i + size])
+        i += size
+    return out
+
+
+# Hypothesis settings for tests that run whole generated streams through a core per example.
+WHOLE_STREAMS = settings(
+    max_examples=80,
+    deadline=None,  # whole streams per example
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)

@@ -1,0 +1,168 @@
+"""The snapshot layer on its own: revisions, TTL, LRU by rows, revisions held per user, one load
+for concurrent cold requests."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import app.api.snapshots as snapshots
+from app.api.snapshots import SessionLists, Snapshot, SnapshotCache
+from app.api.sources import LoadedRows, MemoryProjectionReader, StoreMeta
+from app.domain.listing import Folder, Ordered
+from app.stores.memory_projection import InMemoryProjectionStore
+from tests.support.rows import flush, make_row
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def snap(cache: SnapshotCache, user_id: int, rows: int) -> Snapshot:
+    folder = snapshots.FolderSnapshot([], [b"{}"] * rows)
+    empty = snapshots.FolderSnapshot([], [])
+    return Snapshot(
+        user_id,
+        cache.next_revision(user_id),
+        cache.clock_ms(),
+        1,
+        1,
+        {Folder.MAIN: folder, Folder.ARCHIVED: empty},
+    )
+
+
+def test_revisions_start_at_1_and_only_increase_per_user() -> None:
+    cache = SnapshotCache(100, 1000, Clock())
+    assert [cache.next_revision(1) for _ in range(3)] == [1, 2, 3]
+    assert cache.next_revision(2) == 1
+
+
+def test_a_forgotten_counter_restarts_above_every_forgotten_revision(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(snapshots, "REVISION_MEMORY", 2)
+    cache = SnapshotCache(100, 1000, Clock())
+    for _ in range(5):
+        cache.next_revision(1)
+    cache.next_revision(2)
+    cache.next_revision(3)  # user 1 (at 5) is forgotten
+    assert cache.next_revision(1) == 6  # never a number user 1 already had
+
+
+def test_ttl_drops_snapshots_and_their_rows() -> None:
+    clock = Clock()
+    cache = SnapshotCache(100, 1000, clock)
+    cache.put(snap(cache, 1, 10))
+    clock.now += 999
+    assert len(cache.held(1)) == 1 and cache.held_rows == 10
+    clock.now += 1
+    assert cache.held(1) == [] and cache.held_rows == 0
+
+
+def test_lru_bound_counts_rows_and_keeps_the_newest_user() -> None:
+    cache = SnapshotCache(100, 10_000, Clock())
+    cache.put(snap(cache, 1, 40))
+    cache.put(snap(cache, 2, 40))
+    cache.held(1)  # user 1 is now the most recently used
+    cache.put(snap(cache, 3, 40))  # 120 > 100: the least recently used (user 2) goes
+    assert cache.held(2) == [] and cache.held(1) and cache.held(3)
+    assert cache.held_rows == 80 and cache.evictions == 1
+
+
+def test_two_revisions_per_user_are_held() -> None:
+    cache = SnapshotCache(1000, 10_000, Clock())
+    for _ in range(3):
+        cache.put(snap(cache, 1, 10))
+    assert [s.revision for s in cache.held(1)] == [2, 3] and cache.held_rows == 20
+
+
+async def test_concurrent_cold_requests_share_one_load() -> None:
+    store = InMemoryProjectionStore()
+    await store.write([flush(5, [make_row(5, n, act=n) for n in range(1, 50)], 1, 1)])
+
+    class Slow(MemoryProjectionReader):
+        async def load_rows(self, user_id: int) -> LoadedRows:
+            await asyncio.sleep(0.05)
+            return await super().load_rows(user_id)
+
+    lists = SessionLists(Slow(store), SnapshotCache(1000, 10_000, Clock()), max_rows=5000)
+    pages = await asyncio.gather(*(lists.page(5, Folder.MAIN, 10, None) for _ in range(5)))
+    assert lists.loads == 1 and {p.snapshot.revision for p in pages} == {1}
+
+
+async def test_a_failed_load_fails_its_waiters_and_the_next_request_retries() -> None:
+    calls = 0
+
+    class Flaky:
+        async def meta(self, user_id: int) -> StoreMeta:
+            return StoreMeta(0, 0, 0, 0, 0)
+
+        async def load_rows(self, user_id: int) -> LoadedRows:
+            nonlocal calls
+            calls += 1
+            await asyncio.sleep(0.01)
+            if calls == 1:
+                raise RuntimeError("boom")
+            return LoadedRows(StoreMeta(0, 0, 0, 0, 0), [])
+
+    lists = SessionLists(Flaky(), SnapshotCache(1000, 10_000, Clock()), max_rows=5000)
+    results = await asyncio.gather(
+        *(lists.page(5, Folder.MAIN, 10, None) for _ in range(3)), return_exceptions=True
+    )
+    assert all(isinstance(r, RuntimeError) for r in results)
+    page = await lists.page(5, Folder.MAIN, 10, None)
+    assert page.snapshot.revision == 1 and calls == 2
+
+
+def test_ordered_after_is_a_keyset_bound() -> None:
+    assert Ordered([], [], []).after(None) == 0
+
+
+async def test_a_cancelled_request_does_not_cancel_the_shared_load() -> None:
+    store = InMemoryProjectionStore()
+    await store.write([flush(5, [make_row(5, n, act=n) for n in range(1, 5)], 1, 1)])
+
+    started, release = asyncio.Event(), asyncio.Event()
+
+    class Held(MemoryProjectionReader):
+        """The load waits for the test's go-ahead (no real-time guesses about who runs first)."""
+
+        async def load_rows(self, user_id: int) -> LoadedRows:
+            started.set()
+            await release.wait()
+            return await super().load_rows(user_id)
+
+    lists = SessionLists(Held(store), SnapshotCache(1000, 10_000, Clock()), max_rows=5000)
+    first = asyncio.create_task(lists.page(5, Folder.MAIN, 10, None))
+    await started.wait()  # the shared load is under way for `first`
+    second = asyncio.create_task(lists.page(5, Folder.MAIN, 10, None))
+    for _ in range(10):
+        await asyncio.sleep(0)  # let `second` reach the shared load and wait on it
+    first.cancel()  # its client went away, while the load is still held
+    await asyncio.sleep(0)
+    release.set()
+    page = await second
+    assert len(page.items) == 4 and lists.loads == 1
+    assert first.cancelled()
+
+
+def test_held_rows_are_exact_size_copies() -> None:
+    import tracemalloc
+
+    import orjson
+
+    from app.api.snapshots import held_json
+
+    rows = [make_row(5, n, act=n) for n in range(200)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        held = [held_json(row) for row in rows]
+        per_row = (tracemalloc.get_traced_memory()[0] - before) / len(rows)
+    finally:
+        tracemalloc.stop()
+    assert held[7] == orjson.dumps(rows[7])
+    assert per_row < 2 * len(held[7]) + 200, per_row  # not orjson's ~8 KB write buffer per row
