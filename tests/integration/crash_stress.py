@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.probes import peak_rss_kib
 from tests.integration.stack import Stack, read_jsonl
+from tests.support.probes import peak_rss_kib
 
 
 @dataclass(frozen=True)

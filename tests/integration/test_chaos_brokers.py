@@ -22,8 +22,6 @@ from typing import Any
 
 import pytest
 
-from tests import kafka_cluster as cluster
-from tests.chaos.results import record, scale, scaled
 from tests.integration.chaos_flow import (
     Traffic,
     compare,
@@ -35,7 +33,9 @@ from tests.integration.chaos_flow import (
     wait_ready,
 )
 from tests.integration.stack import Stack, free_port
-from tests.private_kafka import PrivateKafka
+from tests.support import kafka_cluster as cluster
+from tests.support.chaos_results import record, scale, scaled
+from tests.support.private_kafka import PrivateKafka
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 

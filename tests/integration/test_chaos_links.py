@@ -29,8 +29,6 @@ import pytest
 
 from app.api.tokens import TokenSigner
 from app.settings import Settings
-from tests.chaos.probes import RssWatch, peak_rss_kib
-from tests.chaos.results import record, scale, scaled
 from tests.integration.api_fuzz import SECRET, ApiProcess
 from tests.integration.chaos_flow import (
     Traffic,
@@ -45,8 +43,10 @@ from tests.integration.chaos_flow import (
     wait_ready,
 )
 from tests.integration.stack import Stack, free_port
-from tests.private_kafka import PrivateKafka
-from tests.toxiproxy import Proxy, Toxiproxy
+from tests.support.chaos_results import record, scale, scaled
+from tests.support.private_kafka import PrivateKafka
+from tests.support.probes import RssWatch, peak_rss_kib
+from tests.support.toxiproxy import Proxy, Toxiproxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 

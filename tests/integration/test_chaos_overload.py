@@ -20,8 +20,6 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.probes import RssWatch, peak_rss_kib, rss_kib
-from tests.chaos.results import record, scale, scaled
 from tests.integration.chaos_flow import (
     compare,
     one,
@@ -33,6 +31,8 @@ from tests.integration.chaos_flow import (
     wait_ready,
 )
 from tests.integration.stack import Stack, free_port
+from tests.support.chaos_results import record, scale, scaled
+from tests.support.probes import RssWatch, peak_rss_kib, rss_kib
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.results import record, scale, scaled
 from tests.integration.crash_stress import CrashPlan, run_crash_scenario, stack_overrides
 from tests.integration.stack import Stack
+from tests.support.chaos_results import record, scale, scaled
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.timeout(7200)]
 

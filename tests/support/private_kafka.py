@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tests.integration.stack import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LIB = ROOT / ".local" / "kafka" / "lib"
 
 PROPERTIES = """\
