@@ -172,7 +172,7 @@ async def _lag(stack: Stack) -> int:
 
 
 async def test_twice_capacity_small(make_stack: Callable[..., Stack], tmp_path: Path) -> None:
-    numbers = await run_overload(make_stack, tmp_path, backlog_messages=600, window_s=6.0, seed=7)
+    numbers = await run_overload(make_stack, tmp_path, backlog_messages=300, window_s=5.0, seed=7)
     print(numbers)
 
 
