@@ -170,6 +170,9 @@ def run_scenario(scenario: Scenario, results: dict[str, Any], logs: Path) -> Non
                 [
                     *(sys.executable, "-m", "pytest", "-q", "-s", "-m", "chaos", scenario.target),
                     *("-p", "no:cacheprovider", f"--junitxml={junit}"),
+                    # Its own basetemp, kept until the scenario runs again: the streams, worker
+                    # logs and replay files of a failed run stay there to be looked at.
+                    f"--basetemp={logs / ('tmp-' + scenario.name)}",
                     f"--timeout={scenario.timeout_s}",
                 ],
                 cwd=ROOT,
