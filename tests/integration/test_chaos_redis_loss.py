@@ -33,6 +33,7 @@ from tests.integration.chaos_flow import (
     scrape,
     start_worker,
     traffic_task,
+    wait_ready,
 )
 from tests.integration.stack import Stack, free_port
 from tests.support.chaos_results import record, scale, scaled
@@ -143,6 +144,7 @@ async def run_redis_loss(
         await asyncio.to_thread(stack.run, "bootstrap")
         port = free_port()
         worker = start_worker(stack, 0, PROJECTOR_WORKER_METRICS_PORT=str(port))
+        await wait_ready(stack)  # the FLUSHALL must fall inside the stream, not after it
         task, stream = traffic_task(stack, tmp, traffic)
         deadline = time.monotonic() + 600
         while one(await scrape(port), APPLIED) < 500:
@@ -151,6 +153,7 @@ async def run_redis_loss(
             await asyncio.sleep(0.5)
         numbers["applied_at_flushall"] = int(one(await scrape(port), APPLIED))
         redis_server.flushall()
+        numbers["stream_still_running_at_flushall"] = not task.done()
         await task
         expected = replay(stack, stream, tmp)
         numbers["entries"] = expected.entries
