@@ -208,7 +208,9 @@ def _number(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.1f}" if abs(value) >= 10 else f"{value:g}"
     if isinstance(value, dict):
-        return ", ".join(f"{k} {_number(v)}" for k, v in value.items()) or "none"
+        if value and all(isinstance(v, dict) for v in value.values()):  # one group per link, etc.
+            return "; ".join(f"**{k}**: {_number(v)}" for k, v in value.items())
+        return ", ".join(f"{str(k).replace('_', ' ')} {_number(v)}" for k, v in value.items()) or "none"
     if isinstance(value, list):
         return ", ".join(_number(v) for v in value)
     return str(value)
@@ -240,7 +242,10 @@ def render(results: dict[str, Any]) -> str:
             elif got["outcome"] != "passed" and got["message"]:
                 result += f": {got['message']}"
             shown = {k: v for k, v in got["numbers"].items() if k != "scale"}
-            numbers = "; ".join(f"{k.replace('_', ' ')} {_number(v)}" for k, v in shown.items())
+            numbers = "; ".join(
+                f"**{k}**: {_number(v)}" if isinstance(v, dict) else f"{k.replace('_', ' ')} {_number(v)}"
+                for k, v in shown.items()
+            )
             scale = got["numbers"].get("scale", 1)
             when = f"{got['when']}, {got['commit']}, {got['wall_s']:,.0f} s wall"
             if scale != 1:
