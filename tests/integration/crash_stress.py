@@ -45,6 +45,7 @@ class CrashPlan:
     # A worker that exits on its own is restarted (as a supervisor would) and counted instead of
     # ending the run: the run then still measures equality, and the exits are reported.
     restart_crashed: bool = False
+    ready_timeout_s: float = 240.0  # a restart with big changelogs on a loaded machine needs more
 
 
 @dataclass
@@ -142,7 +143,9 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
             victim = (kill - 1) % plan.workers
             while True:
                 try:
-                    readies[victim] = await _ready(stack, victim, procs[victim], readies[victim], timeout=240)
+                    readies[victim] = await _ready(
+                        stack, victim, procs[victim], readies[victim], timeout=plan.ready_timeout_s
+                    )
                     break
                 except WorkerExited:
                     if not plan.restart_crashed:

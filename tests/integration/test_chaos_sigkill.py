@@ -42,6 +42,7 @@ async def test_twenty_sigkills_during_a_million_entries(
         catch_up_s=2400.0,
         check_frames=True,
         restart_crashed=True,
+        ready_timeout_s=900.0,
     )
     report = await run_crash_scenario(stack, tmp_path, plan)
     print("\n".join(report.timeline) + "\n" + report.line())
