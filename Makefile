@@ -68,9 +68,10 @@ chaos: services-up tools ## Issue 18's fault scenarios at full size (long), repo
 	$(PY) -m tests.chaos.run_all --scenarios "$(CHAOS_SCENARIOS)"
 
 chaos-crash: services-up ## Issue 11's crash run at full size, CHAOS_RUNS times in a row (default 20), one seed each
-	@for i in $$(seq 1 $(CHAOS_RUNS)); do \
+	@mkdir -p .local/chaos-crash; for i in $$(seq 1 $(CHAOS_RUNS)); do \
 		echo "== crash run $$i/$(CHAOS_RUNS)"; \
-		$(PY) -m pytest -q -s -m chaos tests/integration/test_crash_safety.py --chaos-seed $$i -p no:cacheprovider || exit 1; \
+		$(PY) -m pytest -q -s -m chaos tests/integration/test_crash_safety.py --chaos-seed $$i -p no:cacheprovider \
+			--basetemp .local/chaos-crash/run-$$i || exit 1; \
 	done
 
 chaos-garbage: services-up ## Issue 18's garbage run at full size: 100,000 fuzzed records through a real worker

@@ -15,9 +15,9 @@ aiohttp server, never faust's web server (which several workers per host cannot 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from aiohttp import web
 from prometheus_client import (
@@ -66,6 +66,8 @@ WORKER_METRICS: Final = (
     "projector_compression_ratio",
     "projector_flush_latency_seconds",
     "projector_frames_emitted_total",
+    "projector_member_notices_total",
+    "projector_member_notices_ahead_of_roster_total",
     "projector_unread_drift_ratio",
     "projector_unread_audited_rows_total",
     "projector_unread_drift_corrected_rows_total",
@@ -105,7 +107,11 @@ REBUILD_METRICS: Final = (
     "projector_rebuild_work_done",
     "projector_rebuild_progress_ratio",
     "projector_rebuild_info",
+    "projector_rebuild_diff_rows",
+    "projector_rebuild_diff_badges",
 )
+# The row counts of a rebuild's diff with the serving namespace (`RebuildMetrics.diffed`).
+REBUILD_DIFF_KINDS: Final = ("added", "removed", "changed")
 
 _LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -215,6 +221,17 @@ class WorkerMetrics:
         )
         self.frames_emitted = Counter(
             "projector_frames_emitted", "SESSION_DELTA and BADGE_UPDATE frames produced", registry=r
+        )
+        self.member_notices = Counter(
+            "projector_member_notices",
+            "MEMBER_NOTICE frames produced (member joined / left with history; docs/contract.md §9)",
+            registry=r,
+        )
+        self.member_notices_ahead = Counter(
+            "projector_member_notices_ahead_of_roster",
+            "MEMBER_NOTICE frames sent while the Cassandra mirror failed to write the roster "
+            "changes applied before them (a client re-reading then may see the old roster)",
+            registry=r,
         )
         self.unread_drift_ratio = Gauge(
             "projector_unread_drift_ratio",
@@ -340,6 +357,8 @@ class WorkerMetrics:
         self.flushes.inc(seen.delta("flushes", stats.flushes))
         self.projection_writes.inc(seen.delta("projection_writes", stats.projection_writes))
         self.frames_emitted.inc(seen.delta("frames", stats.frames))
+        self.member_notices.inc(seen.delta("notices", stats.notices))
+        self.member_notices_ahead.inc(seen.delta("notices_ahead", stats.notices_ahead_of_roster))
         self.unread_audited_rows.inc(seen.delta("audited_rows", stats.audited_rows))
         self.unread_drift_corrected_rows.inc(seen.delta("audit_corrected_rows", stats.audit_corrected_rows))
         self.unread_drift_ratio.set(stats.audit_drift_ratio)
@@ -497,12 +516,31 @@ class RebuildMetrics:
         self.progress = Gauge(
             "projector_rebuild_progress_ratio", "Share of the running rebuild done (0..1)", registry=r
         )
+        # The diff with the serving namespace, once the rebuild has compared: the rows gauge has
+        # no sample before (the console tells "not compared yet" from "identical" by it).
+        self.diff_rows = Gauge(
+            "projector_rebuild_diff_rows",
+            "Rows of the rebuilt namespace that differ from the serving one, by kind",
+            ["kind"],
+            registry=r,
+        )
+        self.diff_badges = Gauge(
+            "projector_rebuild_diff_badges",
+            "Users whose rebuilt badge differs from the serving one",
+            registry=r,
+        )
         add_process_metrics(r)
 
     def update(self, done: int, total: int) -> None:
         self.users_total.set(total)
         self.users_done.set(done)
         self.progress.set(done / total if total else 1.0)
+
+    def diffed(self, diff: Mapping[str, Any]) -> None:
+        """The counts of `Diff.as_dict()` (app/rebuild/diff.py)."""
+        for kind in REBUILD_DIFF_KINDS:
+            self.diff_rows.labels(kind).set(diff[f"rows_{kind}"])
+        self.diff_badges.set(diff["badges_differing"])
 
 
 def names(text: str) -> set[str]:

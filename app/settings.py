@@ -406,11 +406,12 @@ class Settings:
             elif high is not None and not low <= value <= high:  # also refuses nan
                 p.append(f"{f.name}: {value} is not in {low}..{high}")
         if not self.kafka_bootstrap.strip():
-            p.append("kafka_bootstrap: empty")
-        for part in self.kafka_bootstrap.split(","):
-            m = _HOST_PORT_RE.fullmatch(part.strip())
-            if m is None or not 0 < int(m["port"]) < 65536:
-                p.append(f"kafka_bootstrap: {part.strip()!r} is not HOST:PORT")
+            p.append("kafka_bootstrap: empty")  # one problem, not also "'' is not HOST:PORT"
+        else:
+            for part in self.kafka_bootstrap.split(","):
+                m = _HOST_PORT_RE.fullmatch(part.strip())
+                if m is None or not 0 < int(m["port"]) < 65536:
+                    p.append(f"kafka_bootstrap: {part.strip()!r} is not HOST:PORT")
         try:
             parse_redis_url(self.redis_url)
         except ValueError as exc:  # the message never repeats the URL: it may hold a password

@@ -67,7 +67,7 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
     try:
         # Cassandra serves the member directory and the fill-in of rows the store lacks; it is
         # needed at start (a clear error now rather than 503s later).
-        cluster, session = await asyncio.to_thread(open_cluster, settings)
+        cluster, session = await asyncio.to_thread(open_cluster, settings, require_keyspace=True)
         keyspace = settings.cassandra_keyspace
         state = None
         if settings.api_fill_from_state != "never":

@@ -173,6 +173,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         print("projector rebuild: --from-timestamp goes with --by-replay", file=sys.stderr)
         return 2
     from app.rebuild.by_replay import ReplaySourceError
+    from app.runtime.preflight import CannotStart
     from app.stores.cassandra_session import CassandraUnavailable
     from app.stores.redis_projection import ProjectionStoreError
 
@@ -181,7 +182,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     except RebuildRefused as exc:
         print(f"projector rebuild: {exc}", file=sys.stderr)
         return 2
-    except (ReplaySourceError, CassandraUnavailable) as exc:
+    except (ReplaySourceError, CassandraUnavailable, CannotStart) as exc:
         # A server that does not answer (or a topic not there): one line, nothing half-done to
         # undo (the target namespace serves nobody until --swap).
         print(f"projector rebuild: {exc}", file=sys.stderr)
@@ -284,12 +285,16 @@ async def _rebuild(settings: Any, args: argparse.Namespace, metrics: RebuildMetr
     from app.rebuild.diff import diff_namespaces
     from app.rebuild.from_state import StateBase, rebuild_from_state
     from app.rebuild.progress import Progress
+    from app.runtime.preflight import PREFLIGHT_TIMEOUT_S, check_redis
     from app.stores.cassandra_messages import CassandraMessageStore
     from app.stores.cassandra_session import open_cluster
     from app.stores.cassandra_state import UserConversationStateWriter
     from app.stores.redis_projection import RedisProjectionStore, serving_key
 
     namespace: str = args.namespace
+    # A Redis that does not answer at start is a mistake to report in one line (CannotStart), as
+    # for the worker; once under way, the store's retry budget rides out a passing failure.
+    await check_redis(settings, PREFLIGHT_TIMEOUT_S)
     live = RedisProjectionStore.from_settings(settings)  # follows {base}:serving
     try:
         target = RedisProjectionStore(
@@ -301,7 +306,7 @@ async def _rebuild(settings: Any, args: argparse.Namespace, metrics: RebuildMetr
     except ValueError as exc:
         await live.aclose()
         raise RebuildRefused(str(exc)) from None
-    cluster, session = await asyncio.to_thread(open_cluster, settings)
+    cluster, session = await asyncio.to_thread(open_cluster, settings, require_keyspace=True)
     try:
         serving = await live.follow_serving()
         if namespace == serving:
@@ -384,6 +389,7 @@ async def _rebuild(settings: Any, args: argparse.Namespace, metrics: RebuildMetr
                 "swapped": False,
             }
         )
+        metrics.diffed(report["diff"])  # the console's fleet view shows the counts
         if args.swap:
             # One SET: every follower (worker before each write, API within a second) moves over.
             await live.client.set(serving_key(settings.projection_namespace), namespace)

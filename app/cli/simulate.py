@@ -95,6 +95,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="P",
         help="chance per message of a lane writing an entry twice (a retry; default 0)",
     )
+    parser.add_argument(
+        "--member-notices",
+        action="store_true",
+        help="follow every join/leave in a group with a member notification to its members "
+        "(a message with `notification` 24 or 27: docs/contract.md §9)",
+    )
     parser.add_argument("--no-cassandra", action="store_true", help="do not write the MessageStore")
     parser.add_argument(
         "--no-kafka", action="store_true", help="do not produce to Kafka (only --out; needs --out)"
@@ -129,6 +135,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             # so flush windows (5 s of ts) close during a replay of the file.
             step_ms=1000.0 / rate if rate > 0 else 10.0,
             mix=Mix(bad=args.bad_records, retry=args.duplicates),
+            member_notices=args.member_notices,
         )
     except ValueError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
@@ -167,9 +174,10 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             out.close()
     target = "no broker" if args.no_kafka else settings.topic_mailbox_tail
     noise = f", {report.noise} bad or repeated records" if report.noise else ""
+    notices = f" ({report.notices} of them member notices)" if report.notices else ""
     print(
-        f"simulated {report.messages} messages: {report.entries} entries{noise} and {report.markers} "
-        f"marker records to {target} in {report.elapsed_s:.1f}s"
+        f"simulated {report.messages} messages{notices}: {report.entries} entries{noise} and "
+        f"{report.markers} marker records to {target} in {report.elapsed_s:.1f}s"
         + (" (stopped early; closing markers sent)" if report.stopped_early else "")
         + (f"; records in {args.out}" if args.out else ""),
         file=sys.stderr,

@@ -62,6 +62,11 @@ class MessageEntry(_Entry, frozen=True, tag="message"):
     created_at: NonNegative
     counts_unread: bool
     mention: bool
+    # docs/contract.md §9: a member notification's kind (seed 004's `t`; app/domain/notices.py
+    # says which kinds make a MEMBER_NOTICE). UNSET, not None: absent is the only way to say
+    # "none" (a JSON null, a string, a float, a bool or a value outside u32 is a dead letter),
+    # and a re-encoded entry (the pending buffer) leaves it out again.
+    notification: U32 | msgspec.UnsetType = msgspec.UNSET
 
 
 class ReadEntry(_Entry, frozen=True, tag="read"):

@@ -43,6 +43,7 @@ from app.domain.entries import (
 )
 from app.domain.flush import UserFlush
 from app.domain.member_stats import MemberStats
+from app.domain.notices import MemberNotice, notice_of
 from app.domain.ports import MessageStore
 from app.domain.projector import Applied, Projector, ProjectorConfig, UserState
 from app.domain.residency import MEMBER_STATS_KEY, ROW_STATE_KEY, Residency, StateSource
@@ -139,12 +140,15 @@ MirrorChange = StateChange | MemberChange | MemberStatsChange
 @dataclass(slots=True)
 class Step:
     """What one call produced: flushes (in order; each a list of user batches, never empty),
-    dead letters (index in the batch, reason), and the Cassandra mirror's changes (when the
-    processor mirrors)."""
+    dead letters (index in the batch, reason), the Cassandra mirror's changes (when the
+    processor mirrors), and the member notices of the entries applied (in the order applied:
+    app/domain/notices.py; a duplicate makes none). Drivers without a live stream (replay, a
+    rebuild) drop the notices."""
 
     flushes: list[list[UserFlush]] = field(default_factory=list)
     dead_letters: list[tuple[int, DeadLetter]] = field(default_factory=list)
     mirror: list[MirrorChange] = field(default_factory=list)
+    notices: list[MemberNotice] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -298,6 +302,10 @@ class PartitionProcessor:
         kind = type(entry)
         if kind is MessageEntry:
             stats.applied_messages += 1
+            if entry.notification is not msgspec.UNSET:  # type: ignore[union-attr]  # rare: look closer
+                notice = notice_of(entry)  # type: ignore[arg-type]
+                if notice is not None:
+                    step.notices.append(notice)
         learning = self.learning
         if learning is not None:
             if kind is MessageEntry:

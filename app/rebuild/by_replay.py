@@ -47,6 +47,7 @@ class SilentOutbox:
     def __init__(self) -> None:
         self.dead_letters_seen = 0
         self.frames_seen = 0
+        self.notices_seen = 0
 
     async def dead_letters(self, letters: Sequence[tuple[bytes | None, bytes]]) -> None:
         self.dead_letters_seen += len(letters)
@@ -55,6 +56,10 @@ class SilentOutbox:
         self, session_deltas: Sequence[tuple[bytes, bytes]], badges: Sequence[tuple[bytes, bytes]]
     ) -> None:
         self.frames_seen += len(session_deltas) + len(badges)
+
+    async def notices(self, notices: Sequence[tuple[bytes, bytes]]) -> None:
+        # A rebuild re-reads old entries: their notices were sent when they were first applied.
+        self.notices_seen += len(notices)
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""Frames and dead letters to their Kafka topics: the worker core's `Outbox` port."""
+"""Frames, member notices and dead letters to their Kafka topics: the worker core's `Outbox` port."""
 
 from __future__ import annotations
 
@@ -25,3 +25,8 @@ class KafkaOutbox:
         # Same key, same partition: each user's frames stay in version order on each topic.
         await self.sender.send_keyed(self.settings.topic_session_delta, session_deltas)
         await self.sender.send_keyed(self.settings.topic_badge, badges)
+
+    async def notices(self, notices: Sequence[tuple[bytes, bytes]]) -> None:
+        # The session-delta topic, keyed by user: the gateway reads one topic per user stream
+        # and a notice keeps its place among the user's SESSION_DELTA frames.
+        await self.sender.send_keyed(self.settings.topic_session_delta, notices)

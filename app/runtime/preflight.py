@@ -47,18 +47,10 @@ def check_cassandra(settings: Settings, timeout_s: float) -> None:
     from app.stores.cassandra_session import CassandraUnavailable, open_cluster
 
     try:
-        cluster, _ = open_cluster(settings, connect_timeout=timeout_s)
+        cluster, _ = open_cluster(settings, connect_timeout=timeout_s, require_keyspace=True)
     except CassandraUnavailable as exc:
         raise CannotStart(str(exc)) from None
-    try:
-        keyspaces = cluster.metadata.keyspaces
-    finally:
-        cluster.shutdown()
-    if settings.cassandra_keyspace not in keyspaces:
-        raise CannotStart(
-            f"keyspace {settings.cassandra_keyspace!r} (PROJECTOR_CASSANDRA_KEYSPACE) does not exist "
-            "in Cassandra: create it with `projector bootstrap`"
-        )
+    cluster.shutdown()
 
 
 async def check_source_topic(settings: Settings, timeout_s: float) -> None:

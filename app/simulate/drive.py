@@ -52,6 +52,7 @@ class MessageSink(Protocol):
 @dataclass(slots=True)
 class Report:
     messages: int = 0
+    notices: int = 0  # of the messages, member notifications (--member-notices)
     entries: int = 0
     markers: int = 0  # marker records produced (one per lane report per partition)
     noise: int = 0  # bad records and retried entries (Mix.bad, Mix.retry)
@@ -169,6 +170,7 @@ async def drive(
             emit(value)
         report.entries += len(batch.entries)
         report.messages += len(batch.messages)
+        report.notices += batch.notices
         for key, value in batch.noise:
             # Not tracked by any lane: a lane's marker never waits for its retry or a bad record.
             marker_acks.append(await sink.send(value, key, None))

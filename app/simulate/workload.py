@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from app.domain.notices import MEMBER_JOINED, MEMBER_LEFT_HISTORY
 from app.stores.cassandra_messages import ConversationHead, NewMessage
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: the default event-time origin of tests
@@ -69,6 +70,10 @@ class SimParams:
     start_ms: int = T0_MS  # event time of the first batch
     step_ms: float = 10.0  # event time between two messages
     mix: Mix = field(default_factory=Mix)
+    # Seed 004's member notifications (docs/contract.md §9): every join or leave in a group is
+    # followed by a system message to the group's members carrying `notification` 24 (joined)
+    # or 27 (left, history). Off by default: the default traffic stays what it was per seed.
+    member_notices: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -101,6 +106,7 @@ class Batch:
     # Records that are not entries the workload tracks (bad records, retries): (key, value),
     # produced after the entries, before the markers.
     noise: list[tuple[bytes, bytes]] = field(default_factory=list)
+    notices: int = 0  # of `messages`, the member notifications (SimParams.member_notices)
 
 
 # Bad records as upstream bugs make them: not JSON, an unknown type, a missing or ill-typed field.
@@ -451,6 +457,7 @@ class Workload:
                         role="member",
                     )
                 )
+                self._member_notice(batch, conversation, MEMBER_JOINED, user)
                 return
         if len(conversation.members) <= 2:  # a group keeps two members, so it can still talk
             return
@@ -469,6 +476,34 @@ class Workload:
                 reason=reason,
             )
         )
+        self._member_notice(batch, conversation, MEMBER_LEFT_HISTORY, user)
+
+    def _member_notice(self, batch: Batch, conversation: _Conversation, kind: int, about: int) -> None:
+        """Seed 004's notification of a membership change, when asked for: a system message
+        (sent by the member who joined or left; it counts as no one's unread and cannot be
+        recalled) to every active member, the one who joined included, carrying the kind."""
+        if not self.params.member_notices:
+            return
+        conversation.latest += 1
+        self._activity += 1
+        activity = f"{batch.ts:016x}{self._activity:016x}"
+        message = NewMessage(
+            conversation_id=conversation.id,
+            conversation_seq=conversation.latest,
+            message_id=f"n{activity}",
+            activity_id=activity,
+            sender_id=about,
+            created_at=batch.ts,
+            counts_unread=False,
+            mentions=frozenset(),
+        )
+        batch.messages.append(message)
+        batch.notices += 1
+        event = self._event_id("notice")
+        for user in conversation.members:
+            entry = self._message_entry(user, conversation, message, batch.ts, event)
+            entry["notification"] = kind
+            batch.entries.append(entry)
 
     def _dirty(self, batch: Batch) -> None:
         pair = self._known_pair()

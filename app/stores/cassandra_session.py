@@ -43,9 +43,15 @@ def build_cluster(settings: Settings, *, connect_timeout: float = 10.0) -> Any:
     )
 
 
-def open_cluster(settings: Settings, *, connect_timeout: float = 10.0) -> tuple[Any, Any]:
+def open_cluster(
+    settings: Settings, *, connect_timeout: float = 10.0, require_keyspace: bool = False
+) -> tuple[Any, Any]:
     """Connect; returns ``(cluster, session)``. The caller owns ``cluster.shutdown()``.
-    Raises :class:`CassandraUnavailable` with one line saying what to check."""
+    Raises :class:`CassandraUnavailable` with one line saying what to check.
+
+    With `require_keyspace`, also when the settings' keyspace does not exist: otherwise the
+    first statement prepared in it makes the driver log a traceback (`projector api` printed one
+    before its error line, `projector rebuild --from-state` died in one)."""
     from cassandra import UnresolvableContactPoints
     from cassandra.cluster import NoHostAvailable
 
@@ -70,7 +76,18 @@ def open_cluster(settings: Settings, *, connect_timeout: float = 10.0) -> tuple[
         raise CassandraUnavailable(
             f"cannot reach Cassandra at {points} port {settings.cassandra_port} ({_reasons(exc)}){hint}"
         ) from None
+    if require_keyspace and settings.cassandra_keyspace not in cluster.metadata.keyspaces:
+        cluster.shutdown()
+        raise CassandraUnavailable(missing_keyspace(settings.cassandra_keyspace))
     return cluster, session
+
+
+def missing_keyspace(keyspace: str) -> str:
+    """The one line for a keyspace that is not there (every command says it the same way)."""
+    return (
+        f"keyspace {keyspace!r} (PROJECTOR_CASSANDRA_KEYSPACE) does not exist in Cassandra: "
+        "create it with `projector bootstrap`"
+    )
 
 
 def _reasons(exc: Any) -> str:

@@ -5,7 +5,8 @@ the object replay and a rebuild by replay run too. This module only does what ne
 
   (partition, [record]) → the offset rule (app/worker/offsets.py: the log is applied without a
   hole) → processor.on_records(values, wall clock) → dead letters to their topic | Cassandra
-  mirror changes to the state writer (rounds in a background task) | flushes queued
+  mirror changes to the state writer (rounds in a background task) | member notices to the
+  session-delta topic (after the mirror writes staged before them) | flushes queued
 
 Hot state: what the processor changed since the last persist stays in memory and is written
 ONCE per row to the changelog tables at the partition's next persist: before every flush is
@@ -37,6 +38,7 @@ import orjson
 from app.domain.conversation import ConversationState
 from app.domain.entries import MAX_RECORD_BYTES
 from app.domain.flush import UserFlush
+from app.domain.notices import MemberNotice
 from app.domain.ports import MessageStore
 from app.domain.processor import (
     Changes,
@@ -79,6 +81,8 @@ class WorkerStats(ProcessingStats):
     projection_writes: int = 0
     refused_writes: int = 0
     frames: int = 0
+    notices: int = 0  # MEMBER_NOTICE frames produced (app/domain/notices.py)
+    notices_ahead_of_roster: int = 0  # of them, sent while the mirror's roster write failed
     state_writes: int = 0
     state_write_failures: int = 0
     state_unmirrorable: int = 0
@@ -367,6 +371,8 @@ class WorkerCore:
                     await mirror.drain()  # backpressure: Cassandra is behind
             if step.dead_letters:
                 await self._dead_letters(fresh, step.dead_letters)
+            if step.notices:
+                await self._notices(step.notices)
         if state.unpublished:
             await self.publish(state)
         return admission
@@ -384,6 +390,25 @@ class WorkerCore:
                 "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, letter.kind
             )
         await self.outbox.dead_letters(out)
+
+    async def _notices(self, notices: Sequence[MemberNotice]) -> None:
+        """Send the batch's member notices now, as its entries are applied (not with the flush):
+        a notice is an event, not state, so it cannot be restated by a later flush the way rows
+        are. Sent before any persist covers the batch, so a crash before that persist re-reads
+        the entries and sends them again (at least once; clients react to a notice once), and a
+        duplicate entry, never applied, sends nothing.
+
+        A notice says "re-read the roster", which the Cassandra mirror writes: the member changes
+        this worker staged up to here (a join applied before the notice) are written first.
+        Notices are rare (a join or leave, once per member), so waiting costs the intake little.
+        A failed round (Cassandra failing) does not hold the notices back: the changes stay owed
+        and the mirror retries, and a notice is a hint to re-read, never a fact (seed 004); the
+        notices sent ahead of their roster are counted."""
+        mirror = self.mirror
+        if mirror is not None and not await mirror.drain():
+            self.stats.notices_ahead_of_roster += len(notices)
+        await self.outbox.notices([(str(n.user_id).encode(), orjson.dumps(n.frame())) for n in notices])
+        self.stats.notices += len(notices)
 
     def expected_offset(self, partition: int) -> int | None:
         """Where the partition's state stands in the log (None: not placed yet)."""

@@ -94,13 +94,18 @@ class StateTables(Protocol):
 
 
 class Outbox(Protocol):
-    """Records the worker produces: frames and dead letters."""
+    """Records the worker produces: frames, member notices and dead letters."""
 
     async def dead_letters(self, letters: Sequence[tuple[bytes | None, bytes]]) -> None: ...
 
     async def frames(
         self, session_deltas: Sequence[tuple[bytes, bytes]], badges: Sequence[tuple[bytes, bytes]]
     ) -> None: ...
+
+    async def notices(self, notices: Sequence[tuple[bytes, bytes]]) -> None:
+        """MEMBER_NOTICE frames (key = user id): on the session-delta topic, so they stay in
+        order with the user's SESSION_DELTA frames (docs/contract.md §9)."""
+        ...
 
 
 class StateWriter(Protocol):

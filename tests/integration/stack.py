@@ -122,8 +122,14 @@ class Stack:
                     return
                 alive()
                 if time.monotonic() > deadline:
+                    late = {u: (versions[users.index(u)], expected[u]) for u in behind[:5]}
+                    tails = "\n".join(
+                        f"--- worker {index} (exit {proc.poll()}):\n{self.log_tail(index, 30)}"
+                        for index, proc in enumerate(self.workers)
+                    )
                     raise AssertionError(
-                        f"{len(behind)} users still behind after {timeout}s, e.g. {behind[:3]}"
+                        f"{len(behind)} users still behind after {timeout}s, (stored, expected) e.g. {late}; "
+                        f"logs in {self.tmp}\n{tails}"
                     )
                 await asyncio.sleep(0.5)
         finally:
@@ -364,9 +370,11 @@ def store_messages(settings: Settings, lines: Iterable[bytes]) -> None:
 
 
 def simulated(
-    stack: Stack, tmp: Path, messages: int = 300, seed: int = 5, rate: str = "0"
+    stack: Stack, tmp: Path, messages: int = 300, seed: int = 5, rate: str = "0", *, kafka: bool = True
 ) -> tuple[Path, dict[str, Any]]:
-    """Run `projector simulate` into the stack; replay its --out file for the expected result."""
+    """Run `projector simulate` into the stack; replay its --out file for the expected result.
+    With `kafka=False` the MessageStore gets every message and the entries only go to the file
+    (the test produces them itself, in the parts it needs: `Stack.produce`)."""
     stream = tmp / f"stream-{seed}.jsonl"
     stack.run(
         "simulate",
@@ -388,6 +396,7 @@ def simulated(
         str(stream),
         "--progress",
         "never",
+        *(() if kafka else ("--no-kafka",)),
     )
     out = tmp / f"replay-{seed}"
     stack.run("replay", "--input", str(stream), "--out", str(out), "--lanes", str(stack.settings.lanes))

@@ -60,10 +60,14 @@ class Traffic:
         self.activity = 0
         self.conv_seq: dict[str, int] = {}
 
-    def message(self, conversation: str, sender: int = 99) -> None:
+    def message(
+        self, conversation: str, sender: int = 99, notification: int | None = None
+    ) -> tuple[int, int]:
+        """(conversation_seq, mailbox_seq); with `notification`: a member notice (counts not)."""
         seq = self.conv_seq[conversation] = self.conv_seq.get(conversation, 0) + 1
         self.activity += 1
-        self.stream.entry(
+        kind = {} if notification is None else {"notification": notification}
+        mailbox_seq = self.stream.entry(
             "message",
             USER,
             conversation,
@@ -72,9 +76,11 @@ class Traffic:
             activity_id=f"{self.activity:032x}",
             sender_id=sender,
             created_at=self.stream.ts,
-            counts_unread=True,
+            counts_unread=notification is None,
             mention=False,
+            **kind,
         )
+        return seq, mailbox_seq
 
     async def send(self) -> int:
         """Produce what was built (then a marker) and wait until the worker stored it."""
@@ -225,28 +231,37 @@ async def test_the_browser_client_lists_follows_restarts_and_resumes(
         await expect(rows.first).to_have_attribute("data-conversation-id", pinned)
         await expect(rows.first).to_have_class(re.compile(r"\bpinned\b"))
 
-        # Member notices: t=24 re-reads the shown roster, t=27 also drops the history window.
+        # Member notices, made by the worker from message entries that carry a kind (contract
+        # §9): t=24 re-reads the shown roster, t=27 also drops the history window.
         await page.locator(f'#list li.row[data-conversation-id="{first_group}"]').click()
         await expect(page.locator("#roster-reads")).to_have_text("1", timeout=WAIT_MS)
         await expect(page.locator("#member-count")).to_have_text("2")
         await expect(page.locator("#member-list li").first).to_have_text(str(OTHER))
-        producer = await stack.open_producer()
-        try:
-            for kind in (24, 27):
-                notice = {
-                    "type": "MEMBER_NOTICE",
-                    "user_id": USER,
-                    "conversation_id": first_group,
-                    "kind": kind,
-                    "conversation_seq": 2,
-                    "projection_mailbox_seq": traffic.stream.seq,
-                }
-                topic = stack.settings.topic_session_delta
-                await producer.send_and_wait(topic, orjson.dumps(notice), key=str(USER).encode())
-        finally:
-            await producer.stop()
+        traffic.message(first_group, sender=OTHER, notification=24)
+        seq, mailbox_seq = traffic.message(first_group, sender=OTHER, notification=27)
+        await traffic.send()
         await expect(page.locator("#roster-reads")).to_have_text("3", timeout=WAIT_MS)
         await expect(page.locator("#history")).to_contain_text("dropped")
+        await expect(page.locator("#badge")).to_have_text("26")  # notices that do not count
+        # At least once: a worker that died before persisting re-applies the entry and sends
+        # the same notice again; the page reacts to it once.
+        notice = {
+            "type": "MEMBER_NOTICE",
+            "user_id": USER,
+            "conversation_id": first_group,
+            "kind": 27,
+            "conversation_seq": seq,
+            "projection_mailbox_seq": mailbox_seq,
+        }
+        producer = await stack.open_producer()
+        try:
+            topic = stack.settings.topic_session_delta
+            await producer.send_and_wait(topic, orjson.dumps(notice), key=str(USER).encode())
+        finally:
+            await producer.stop()
+        await until_js(page, "window.__sp.stream.stats.notices === 3")
+        await expect(page.locator("#notices li")).to_have_count(2)
+        await expect(page.locator("#roster-reads")).to_have_text("3")
 
         # A dropped connection resumes from the gateway's log (frames missed meanwhile replayed).
         await js(page, "window.__sp.stream.drop()")

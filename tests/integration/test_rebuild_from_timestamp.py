@@ -223,6 +223,21 @@ async def test_a_rebuild_serves_its_progress_gauges_and_they_move(
                     )
                 )
                 await asyncio.sleep(0.01)
+            # Then the diff with the serving namespace (the operator console shows it), held with
+            # the final values: the same counts as the report.
+            while "projector_rebuild_diff_rows{" not in text:
+                assert proc.poll() is None, "the rebuild ended before its diff was scraped"
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+                async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                    text = await resp.text()
+            scraped_diff = {
+                **{
+                    f"rows_{kind}": sample(text, "projector_rebuild_diff_rows", [("kind", kind)])
+                    for kind in ("added", "removed", "changed")
+                },
+                "badges_differing": sample(text, "projector_rebuild_diff_badges"),
+            }
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err.decode()[-3000:]
     finally:
@@ -237,6 +252,9 @@ async def test_a_rebuild_serves_its_progress_gauges_and_they_move(
 
     # The final values, held for the scraper: every record of the log done.
     assert seen[-1] == (records, records, 1.0)
+    report = orjson.loads((tmp_path / "m.json").read_bytes())["diff"]
+    assert scraped_diff == {name: report[name] for name in scraped_diff}
+    assert scraped_diff["rows_added"] > 0  # nothing served before: every rebuilt row is new
     # They moved: work done never goes back, and a scrape saw the rebuild under way.
     counted = [done for items, done, _ in seen if items == records]
     assert counted == sorted(counted)

@@ -70,6 +70,44 @@ def test_a_worker_without_its_keyspace_says_so_and_exits(stack: Stack) -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    "args",
+    [("api",), ("rebuild", "--from-state", "--all-known", "--progress", "never")],
+    ids=["api", "rebuild-from-state"],
+)
+def test_the_api_and_rebuild_without_the_keyspace_say_so_in_one_line(
+    stack: Stack, args: tuple[str, ...]
+) -> None:
+    # Both used to prepare statements in the missing keyspace: the API printed the driver's
+    # traceback before its error line, the rebuild died in a StoreError traceback.
+    env = {
+        **stack.env,
+        "PROJECTOR_CASSANDRA_KEYSPACE": "starterr_no_such_keyspace",
+        "PROJECTOR_API_SECRET": "starterr-api-secret-0123456789-abcdef",
+        "PROJECTOR_API_PORT": str(free_port()),
+    }
+    extra = ("--namespace", f"{stack.settings.projection_namespace}-rb") if args[0] == "rebuild" else ()
+    code, lines = run(env, *args, *extra)
+    assert code == 1
+    assert lines == [
+        f"projector {args[0]}: keyspace 'starterr_no_such_keyspace' (PROJECTOR_CASSANDRA_KEYSPACE) does not "
+        "exist in Cassandra: create it with `projector bootstrap`"
+    ]
+
+
+def test_rebuild_with_redis_down_is_one_line(stack: Stack) -> None:
+    # It used to retry for the store's whole budget first (a warning per attempt), then fail.
+    env = {**stack.env, "PROJECTOR_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    fresh = f"{stack.settings.projection_namespace}-rb"
+    code, lines = run(
+        env, "rebuild", "--from-state", "--users", "1", "--namespace", fresh, "--progress", "never"
+    )
+    assert code == 1 and len(lines) == 1, lines
+    assert lines[0].startswith("projector rebuild: cannot reach Redis at 127.0.0.1 (") and lines[0].endswith(
+        HINT
+    )
+
+
 def test_a_topic_with_other_partitions_than_the_settings_says_which_count_to_set(stack: Stack) -> None:
     real = stack.settings.topic_partitions
     other = real + 1

@@ -92,7 +92,10 @@ TYPES: dict[str, dict[str, Check]] = {
     "delete_conversation": {"deleted_before_conversation_seq": CSEQ0},
     "mailbox_dirty": {},
 }
-OPTIONAL: dict[str, dict[str, Check]] = {"join": {"role": _one_of("owner", "admin", "member")}}
+OPTIONAL: dict[str, dict[str, Check]] = {
+    "join": {"role": _one_of("owner", "admin", "member")},
+    "message": {"notification": _int(0, U32)},  # §9: any u32 kind; 24 and 27 notify
+}
 MARKER: dict[str, Check] = {"lane": SEQ0, "watermark": SEQ0, "ts": SEQ0}
 
 

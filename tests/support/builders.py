@@ -49,7 +49,10 @@ class StreamBuilder:
         counts: bool = True,
         mention: bool = False,
         lane: int = 0,
+        notification: int | None = None,
     ) -> int:
+        # `notification`: a member notification's kind (docs/contract.md §9); None leaves it out.
+        kind: dict[str, Any] = {} if notification is None else {"notification": notification}
         return self.entry(
             "message",
             user,
@@ -62,6 +65,7 @@ class StreamBuilder:
             created_at=self.ts,
             counts_unread=counts,
             mention=mention,
+            **kind,
         )
 
     def recall(

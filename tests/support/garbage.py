@@ -66,7 +66,8 @@ TYPE_FIELDS: dict[str, dict[str, str]] = {
     "delete_conversation": {"deleted_before_conversation_seq": "cseq0"},
     "mailbox_dirty": {},
 }
-OPTIONAL_FIELDS = {"join": {"role": "role"}}
+# `notification` (docs/contract.md §9): an integer kind, u32; any kind is valid (24 and 27 notify).
+OPTIONAL_FIELDS = {"join": {"role": "role"}, "message": {"notification": "u32"}}
 MARKER_FIELDS = {"lane": "lane", "watermark": "u64", "ts": "u64"}
 assert set(TYPE_FIELDS) == set(ENTRY_TYPES)
 
@@ -165,7 +166,9 @@ def valid_pairs(rnd: random.Random, lanes: int, type_: str | None = None) -> Pai
         if rnd.random() < 0.5:
             values[name] = valid_value(kind, rnd, lanes)
     if rnd.random() < 0.15:
-        values[rnd.choice(("count", "notification", "x-trace", "meta"))] = _extra_value(rnd)
+        # `notification` is a field of `message` (a u32) and unknown, so ignored, elsewhere.
+        unknown = ["count", "x-trace", "meta"] + ([] if type_ == "message" else ["notification"])
+        values[rnd.choice(unknown)] = _extra_value(rnd)
     pairs = [(name, enc(value, ascii_only=ascii_only)) for name, value in values.items()]
     rnd.shuffle(pairs)
     pairs.insert(rnd.randrange(len(pairs) + 1), ("type", enc(type_)))
@@ -287,7 +290,7 @@ def field_broken(rnd: random.Random, pairs: Pairs, lanes: int) -> bytes:
 def break_field(
     pairs: Pairs, name: str, kind: str, rnd: random.Random, lanes: int, *, missing: bool
 ) -> bytes:
-    if missing and name not in ("role",):  # an optional field may be missing
+    if missing and name not in ("role", "notification"):  # an optional field may be missing
         return render([(k, v) for k, v in pairs if k != name])
     value = bad_value(kind, rnd, lanes)
     out = [(k, v) for k, v in pairs if k != name]

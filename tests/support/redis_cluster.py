@@ -1,6 +1,7 @@
 """The local Redis Cluster of the tests (scripts/redis_cluster.sh: 3 masters + 3 replicas on
 127.0.0.1:7101-7106), and what the tests do to it: read the slot map, kill a master and bring it
-back, reshard with `redis-cli --cluster reshard`, hold a slot half-migrated.
+back (its failover held until the test lets it happen), reshard with `redis-cli --cluster
+reshard`, hold a slot half-migrated.
 
 Like every real server of the suite, a cluster that is not there FAILS the test (`make test`
 starts it through scripts/tools.d/redis-cluster.sh; `make redis-cluster-up` by hand).
@@ -197,6 +198,34 @@ def wait_failover(dead: Node, timeout: float = 90) -> Node:
 
     wait_until(f"a replica of {dead.port} promoted", promoted, timeout, 0.25)
     return master_of(slot, via=survivors[0])
+
+
+@contextlib.contextmanager
+def failover_held(master: Node) -> Iterator[list[Node]]:
+    """While inside, the replicas of `master` do not take over when it dies
+    (`cluster-replica-no-failover`): a test kills the master and keeps it dead until the code
+    under test has met it, whatever the load of the machine. On leaving, the replicas may take
+    over again, and when the master is dead the first one is told to (`CLUSTER FAILOVER FORCE`:
+    an automatic failover would refuse a replica whose link has been down longer than the
+    validity factor allows)."""
+    replicas = [n for n in nodes() if n.master_id == master.id and not n.failed]
+    assert replicas, f"master {master.port} has no live replica"
+    for replica in replicas:
+        with client(replica.port) as c:
+            c.config_set("cluster-replica-no-failover", "yes")
+    try:
+        yield replicas
+    finally:
+        for replica in replicas:
+            with client(replica.port) as c:
+                c.config_set("cluster-replica-no-failover", "no")
+        if not answers(master.port):
+            with client(replicas[0].port) as c:
+                try:
+                    c.execute_command("CLUSTER", "FAILOVER", "FORCE")
+                except redis.ResponseError as exc:
+                    if "to a replica" not in str(exc):  # else it has just taken over by itself
+                        raise
 
 
 def reshard(source: Node, target: Node, count: int) -> str:

@@ -25,11 +25,13 @@ from tests.support.clock import ManualClock
 
 
 class RecordingOutbox:
-    """The worker's `Outbox` port: keeps the dead letters and frames it is given, decoded."""
+    """The worker's `Outbox` port: keeps the dead letters, frames and member notices it is given,
+    decoded (notices with their keys)."""
 
     def __init__(self) -> None:
         self.letters: list[dict[str, Any]] = []
         self.frames_out: list[dict[str, Any]] = []
+        self.notices_out: list[tuple[bytes, dict[str, Any]]] = []
 
     async def dead_letters(self, letters: Sequence[tuple[bytes | None, bytes]]) -> None:
         self.letters.extend(orjson.loads(value) for _, value in letters)
@@ -39,6 +41,9 @@ class RecordingOutbox:
     ) -> None:
         for (_, delta), (_, badge) in zip(session_deltas, badges, strict=True):
             self.frames_out += [orjson.loads(delta), orjson.loads(badge)]
+
+    async def notices(self, notices: Sequence[tuple[bytes, bytes]]) -> None:
+        self.notices_out += [(key, orjson.loads(value)) for key, value in notices]
 
 
 def message_store_for(lines: Sequence[bytes], lanes: int) -> InMemoryMessageStore:

@@ -127,6 +127,13 @@ def test_every_message_names_the_environment_variable() -> None:
     ]
 
 
+@pytest.mark.parametrize("empty", ["", " "])
+def test_an_empty_kafka_bootstrap_is_one_problem(empty: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env({"PROJECTOR_KAFKA_BOOTSTRAP": empty})
+    assert err.value.problems == ["PROJECTOR_KAFKA_BOOTSTRAP: empty"]
+
+
 def test_a_contact_point_with_a_port_is_named_a_mistake_and_a_bare_ipv6_address_is_not() -> None:
     assert Settings.from_env(
         {"PROJECTOR_CASSANDRA_CONTACT_POINTS": "::1,fe80::1"}

@@ -28,6 +28,8 @@ from typing import Any, Final
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.metrics import REBUILD_DIFF_KINDS
+
 from .ports import OpsDeps, PartitionOffsets
 
 log = logging.getLogger("projector.ops")
@@ -87,6 +89,16 @@ def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
+def _rebuild_diff(sc: Scrape) -> dict[str, int | None] | None:
+    """The rebuild's diff with the serving namespace; None until it has compared."""
+    rows = {labels.get("kind", ""): value for labels, value in sc.labelled("projector_rebuild_diff_rows")}
+    if not rows:
+        return None
+    out = {f"rows_{kind}": _int(rows.get(kind)) for kind in REBUILD_DIFF_KINDS}
+    out["badges_differing"] = _int(sc.value("projector_rebuild_diff_badges"))
+    return out
+
+
 def summarize(
     scrapes: Sequence[Scrape], offsets: Sequence[PartitionOffsets] | None, partitions: int
 ) -> dict[str, Any]:
@@ -104,6 +116,7 @@ def summarize(
                     "items": _int(sc.value("projector_rebuild_work_items")),
                     "done": _int(sc.value("projector_rebuild_work_done")),
                     "ratio": sc.value("projector_rebuild_progress_ratio"),
+                    "diff": _rebuild_diff(sc),
                 }
             )
             continue

@@ -41,6 +41,7 @@ def exported_names() -> set[str]:
     """Every sample name the worker's and the API's registries expose (labelled children made)."""
     worker, api = WorkerMetrics(), ApiMetrics()
     worker.watermark_lag.labels("0").set(0)
+    worker.partition_owed_rows.labels("0").set(0)
     api.observe_request("/v1/badge", "GET", 200, 0.001)
     names: set[str] = {"up"}  # Prometheus' own per target
     for registry in (worker.registry, api.registry, RebuildMetrics().registry):

@@ -349,9 +349,13 @@
       f.rebuilds.length
         ? f.rebuilds.map((r) =>
             el("tr", {}, el("td", {}, r.url), el("td", {}, r.namespace), el("td", {}, r.done), el("td", {}, r.items),
-              el("td", {}, r.ratio === null ? null : (r.ratio * 100).toFixed(0) + " %"))
+              el("td", {}, r.ratio === null ? null : (r.ratio * 100).toFixed(0) + " %"),
+              el("td", { class: "diff" }, r.diff
+                ? `${r.diff.rows_added} added, ${r.diff.rows_removed} removed, ${r.diff.rows_changed} changed, ` +
+                  `${r.diff.badges_differing} badges`
+                : "not compared yet"))
           )
-        : [el("tr", {}, el("td", { colSpan: 5 }, "no rebuild reports to the configured metrics URLs"))]
+        : [el("tr", {}, el("td", { colSpan: 6 }, "no rebuild reports to the configured metrics URLs"))]
     );
     if (typeof uPlot !== "undefined") {
       if (!charts) {

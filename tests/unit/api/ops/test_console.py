@@ -534,8 +534,26 @@ def test_fleet_summary_reads_rebuilds_and_shows_a_partition_claimed_twice() -> N
     view = summarize([a, b, r], [PartitionOffsets(0, 5, 5)], partitions=1)
     assert view["partitions"][0]["owners"] == ["http://a/metrics", "http://b/metrics"]
     assert view["rebuilds"] == [
-        {"url": "http://r/metrics", "namespace": "proj-next", "items": 4, "done": 3, "ratio": 0.75}
+        {
+            "url": "http://r/metrics",
+            "namespace": "proj-next",
+            "items": 4,
+            "done": 3,
+            "ratio": 0.75,
+            "diff": None,
+        }
     ]
+    # Once the rebuild has compared with the serving namespace: its diff counts (an identical
+    # rebuild shows zeros, not "not compared yet").
+    for counts in (
+        {"rows_added": 2, "rows_removed": 1, "rows_changed": 5, "badges_differing": 3},
+        {"rows_added": 0, "rows_removed": 0, "rows_changed": 0, "badges_differing": 0},
+    ):
+        rebuild.update(4, 4)
+        rebuild.diffed({**counts, "rows_live": 9, "fields_changed": {"unread_count": 5}})
+        r = parse("http://r/metrics", exposition(rebuild.registry).decode())
+        (shown,) = summarize([r], [PartitionOffsets(0, 5, 5)], partitions=1)["rebuilds"]
+        assert shown["ratio"] == 1.0 and shown["diff"] == counts
 
 
 # -- configuration, CLI, packaging --------------------------------------------------------------------
