@@ -255,6 +255,19 @@ def render(results: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
     lines += [
         "",
+        "## How to read it",
+        "",
+        "- A FAIL is a finding, not a broken run: the message is the test's own assertion, the",
+        "  numbers are what it measured before it. Each scenario's pytest basetemp (streams, worker",
+        "  logs, replay files) stays in .local/chaos/tmp-<scenario> until it runs again.",
+        "- Cassandra is shared by every engineer's tests here, so it is never stopped: the worker's",
+        "  (and the API's) link to it goes through Toxiproxy and is cut there (connections dropped,",
+        "  new ones refused), which is what a client sees of a stopped node.",
+        "- Lost / double counted: unread counts below / above replay's, summed over rows.",
+        "- overload: capacity is measured in the same run on a backlog, but other jobs share the two",
+        "  cores, so the rate the worker reaches in the window may differ from the capacity measured",
+        "  minutes earlier (applied per s in window).",
+        "",
         "## How each scenario runs",
         "",
     ]
@@ -269,8 +282,10 @@ def render(results: dict[str, Any]) -> str:
         "own failover) and tests/integration/test_chaos_brokers.py's small private-broker run",
         "- Redis loss: tests/integration/test_chaos_redis_loss.py (runs once automatic restore "
         "is on main; skipped with the reason otherwise)",
-        "- Cassandra cut and link toxics: tests/integration/test_chaos_links.py (small runs), "
-        "tests/integration/test_worker_store_outage.py (Redis gone longer than the retry budget)",
+        "- Cassandra cut and link toxics: tests/integration/test_chaos_links.py (one worker: Redis "
+        "latency, stall and resets, then an 8 s Cassandra cut with the API polled; the mirror's "
+        "convergence is checked at full size only), tests/integration/test_worker_store_outage.py "
+        "(Redis gone longer than the retry budget)",
         "- garbage: tests/integration/test_garbage_worker.py (3,000 fuzzed records)",
         "- API fuzz: tests/integration/test_api_fuzz.py (a few hundred requests)",
         "- overload: tests/integration/test_chaos_overload.py's small run",
