@@ -6,7 +6,7 @@ VENV_OK := .venv/.installed
 
 .PHONY: help setup tools run test test-fast test-compiled chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api \
 	redis-cluster-up redis-cluster-down redis-cluster-status kafka-cluster-up kafka-cluster-down kafka-cluster-status \
-	chaos-infra-check
+	chaos-infra-check chaos
 
 help: ## List the targets with what they do
 	@awk 'BEGIN {FS = ":.*?## "} /^[a-zA-Z_-]+:.*?## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -67,6 +67,10 @@ test-compiled: setup ## The unit and property suites against the mypyc-compiled 
 	bash scripts/test_compiled.sh
 
 CHAOS_RUNS ?= 20
+CHAOS_SCENARIOS ?=
+chaos: services-up tools ## Issue 18's fault scenarios at full size (long), report in docs/reliability.md; CHAOS_SCENARIOS=a,b for a subset
+	$(PY) -m tests.chaos.run_all --scenarios "$(CHAOS_SCENARIOS)"
+
 chaos-crash: services-up ## Issue 11's crash run at full size, CHAOS_RUNS times in a row (default 20), one seed each
 	@mkdir -p .local/chaos-crash; for i in $$(seq 1 $(CHAOS_RUNS)); do \
 		echo "== crash run $$i/$(CHAOS_RUNS)"; \

@@ -268,7 +268,9 @@ class Caller:
             for v in (query.get("cursor"), query.get("access_token"))
         ):
             excluded.append(positive_data_acceptance)
-        if query.get("access_token") in self.issued:
+        token = query.get("access_token")
+        # The fuzzer may send any JSON there (a dict is unhashable): only a string can be ours.
+        if isinstance(token, str) and token in self.issued:
             # A real ticket, followed along the OpenStream link, is no generated credential: the
             # stream rightly opens with it.
             excluded.append(ignored_auth)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.stack import Stack, read_jsonl
+from tests.support.probes import peak_rss_kib
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,11 @@ class CrashPlan:
     duplicates: float = 0.02
     seed: int = 1
     catch_up_s: float = 400.0
+    check_frames: bool = False  # also fold session-delta frames with the client rule (issue 18)
+    # A worker that exits on its own is restarted (as a supervisor would) and counted instead of
+    # ending the run: the run then still measures equality, and the exits are reported.
+    restart_crashed: bool = False
+    ready_timeout_s: float = 240.0  # a restart with big changelogs on a loaded machine needs more
 
 
 @dataclass
@@ -52,6 +58,16 @@ class CrashReport:
     gaps_refused: int = 0
     mismatched_rows: int = 0
     mismatched_badges: int = 0
+    lost_unread: int = 0  # unread counts below replay's, summed over rows (entries lost)
+    double_counted: int = 0  # unread counts above replay's, summed over rows
+    crashes: int = 0  # workers that exited on their own (not killed by the run)
+    crash_lines: list[str] = field(default_factory=list)
+    peak_rss_kib: int = 0  # the largest VmHWM of any worker process (read just before each kill)
+    catch_up_s: float = 0.0  # from the end of the traffic until every user equals replay's version
+    frames: int = 0
+    frame_users_equal: int = 0  # users whose folded frames equal replay's rows
+    frame_users_gap: int = 0  # users whose frames signalled a gap (the client re-pulls)
+    frame_users_wrong: int = 0  # users whose folded frames differ with no gap signalled
     elapsed_s: float = 0.0
     timeline: list[str] = field(default_factory=list)
 
@@ -80,6 +96,10 @@ def _busy_loops(count: int) -> list[subprocess.Popen[bytes]]:
     ]
 
 
+class WorkerExited(AssertionError):
+    """A worker exited although nobody killed it."""
+
+
 async def _ready(stack: Stack, index: int, proc: subprocess.Popen[bytes], seen: int, timeout: float) -> int:
     """Wait until the worker's log says "Worker ready" more often than `seen` times."""
     path = stack.tmp / f"worker-{index}.log"
@@ -89,7 +109,7 @@ async def _ready(stack: Stack, index: int, proc: subprocess.Popen[bytes], seen: 
         if count > seen:
             return count
         if proc.poll() is not None:
-            raise AssertionError(f"worker {index} exited {proc.returncode}:\n{stack.log_tail(index)}")
+            raise WorkerExited(f"worker {index} exited {proc.returncode}:\n{stack.log_tail(index)}")
         if time.monotonic() > deadline:
             raise AssertionError(f"worker not ready after {timeout}s:\n{stack.log_tail(index)}")
         await asyncio.sleep(0.2)
@@ -121,8 +141,24 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
         readies = dict.fromkeys(procs, 0)
         for kill in range(1, plan.kills + 1):
             victim = (kill - 1) % plan.workers
-            readies[victim] = await _ready(stack, victim, procs[victim], readies[victim], timeout=240)
+            while True:
+                try:
+                    readies[victim] = await _ready(
+                        stack, victim, procs[victim], readies[victim], timeout=plan.ready_timeout_s
+                    )
+                    break
+                except WorkerExited:
+                    if not plan.restart_crashed:
+                        raise
+                    report.crashes += 1
+                    report.crash_lines.append(_crash_line(stack, victim))
+                    report.timeline.append(
+                        f"{time.monotonic() - started:6.1f}s worker {victim} exited by itself"
+                    )
+                    readies[victim] = _log_count(stack, victim)
+                    procs[victim] = stack.start_worker(victim)
             await asyncio.sleep(rnd.uniform(*plan.after_ready_s))
+            report.peak_rss_kib = max(report.peak_rss_kib, peak_rss_kib(procs[victim].pid))
             procs[victim].send_signal(signal.SIGKILL)
             procs[victim].wait(timeout=30)
             report.kills += 1
@@ -135,7 +171,8 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
                 report.data_lost += 1
             procs[victim] = stack.start_worker(victim)
         await traffic
-        report.timeline.append(f"{time.monotonic() - started:6.1f}s traffic done")
+        traffic_done = time.monotonic()
+        report.timeline.append(f"{traffic_done - started:6.1f}s traffic done")
     finally:
         for loop in loops:
             loop.kill()
@@ -147,14 +184,28 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
     versions = {b["user_id"]: b["projection_mailbox_seq"] for b in badges_expected}
     report.records = sum(1 for line in stream.read_bytes().splitlines() if line.strip())
     report.users, report.rows = len(versions), len(rows_expected)
+
+    def supervise() -> None:
+        for w, proc in procs.items():
+            if proc.poll() is None:
+                continue
+            if not plan.restart_crashed:
+                raise AssertionError(f"worker {w} exited {proc.returncode}:\n{stack.log_tail(w)}")
+            report.crashes += 1
+            report.crash_lines.append(_crash_line(stack, w))
+            procs[w] = stack.start_worker(w)
+
     try:
-        await stack.wait_for_versions(
-            versions, timeout=plan.catch_up_s, alive=stack.alive(len(stack.workers) - 1)
-        )
+        await stack.wait_for_versions(versions, timeout=plan.catch_up_s, alive=supervise)
+        report.catch_up_s = time.monotonic() - traffic_done
     finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                report.peak_rss_kib = max(report.peak_rss_kib, peak_rss_kib(proc.pid))
         rows, badges = await stack.projection(sorted(versions))
         report.mismatched_rows = _differences(rows, rows_expected, ("user_id", "conversation_id"))
         report.mismatched_badges = _differences(badges, badges_expected, ("user_id",))
+        report.lost_unread, report.double_counted = unread_drift(rows, rows_expected)
         log = "".join(
             (stack.tmp / f"worker-{w}.log").read_text(errors="replace")
             for w in range(plan.workers)
@@ -162,7 +213,83 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
         )
         report.gaps_refused = log.count("refused a batch") + log.count("nothing is on its way")
         report.elapsed_s = time.monotonic() - started
+    if plan.check_frames:
+        await _check_frames(stack, report, versions, rows_expected, plan.catch_up_s)
     return report
+
+
+async def _check_frames(
+    stack: Stack,
+    report: CrashReport,
+    versions: dict[int, int],
+    rows_expected: list[dict[str, Any]],
+    timeout: float,
+) -> None:
+    """Fold every session-delta frame with the client rule (app/domain/client.py): a user whose
+    chain had no gap must hold exactly replay's rows; a gap is allowed (a kill between the
+    store write and the frame: the client re-pulls), a silent difference is not."""
+    from app.domain.client import SessionView
+
+    def complete(frames: list[dict[str, Any]]) -> bool:
+        seen: dict[int, int] = {}
+        for f in frames:
+            if f.get("type") == "SESSION_DELTA":
+                seen[int(f["user_id"])] = max(
+                    seen.get(int(f["user_id"]), 0), int(f["projection_mailbox_seq"])
+                )
+        return all(seen.get(u, 0) >= v for u, v in versions.items())
+
+    frames = await stack.consume(stack.settings.topic_session_delta, complete, timeout=timeout)
+    report.frames = len(frames)
+    views: dict[int, SessionView] = {}
+    gapped: set[int] = set()
+    for frame in frames:
+        user = int(frame["user_id"])
+        if user in gapped:
+            continue
+        view = views.setdefault(user, SessionView(user))
+        if view.apply(frame).needs_repull:
+            gapped.add(user)
+    wanted: dict[int, list[dict[str, Any]]] = {}
+    for row in rows_expected:
+        wanted.setdefault(int(row["user_id"]), []).append(row)
+    for user in versions:
+        if user in gapped:
+            report.frame_users_gap += 1
+            continue
+        view = views.get(user)
+        got = [dict(r) for _, r in sorted(view.known().items())] if view else []
+        if got == wanted.get(user, []):
+            report.frame_users_equal += 1
+        else:
+            report.frame_users_wrong += 1
+
+
+def unread_drift(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> tuple[int, int]:
+    """(unread counts missing, unread counts too many) summed over rows, against replay: a
+    lost entry shows as the first, one applied twice as the second."""
+    mine = {(r["user_id"], r["conversation_id"]): int(r.get("unread_count", 0)) for r in got}
+    theirs = {(r["user_id"], r["conversation_id"]): int(r.get("unread_count", 0)) for r in want}
+    lost = double = 0
+    for key in mine.keys() | theirs.keys():
+        diff = mine.get(key, 0) - theirs.get(key, 0)
+        lost += max(0, -diff)
+        double += max(0, diff)
+    return lost, double
+
+
+def _log_count(stack: Stack, index: int) -> int:
+    path = stack.tmp / f"worker-{index}.log"
+    return path.read_text(errors="replace").count("Worker ready") if path.exists() else 0
+
+
+def _crash_line(stack: Stack, index: int) -> str:
+    """The last line of the worker's last traceback (the exception it died of)."""
+    lines = [line for line in stack.log_tail(index, 400).splitlines() if line.strip()]
+    for line in reversed(lines):
+        if not line.startswith((" ", "\t")) and ("Error" in line or "Exception" in line):
+            return line.strip()[:200]
+    return lines[-1][:200] if lines else "(empty log)"
 
 
 def _differences(got: list[dict[str, Any]], want: list[dict[str, Any]], key: tuple[str, ...]) -> int:

@@ -11,6 +11,7 @@ import pytest
 
 from tests.integration.garbage_run import GarbagePlan, run_garbage_scenario, stack_overrides
 from tests.integration.stack import Stack
+from tests.support.chaos_results import record
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -44,4 +45,15 @@ async def test_full_size_garbage_run(
     )
     report = await run_garbage_scenario(stack, tmp_path, plan)
     print(report.line())
+    record(
+        "garbage",
+        garbage_records=report.garbage,
+        valid_records=report.valid_records,
+        dead_letters=report.dead_letters,
+        mismatched_rows=report.mismatched_rows,
+        mismatched_badges=report.mismatched_badges,
+        dead_letters_by_reason=report.by_kind or {},
+        garbage_by_family=report.by_family or {},
+        duration_s=round(report.elapsed_s, 1),
+    )
     assert (report.mismatched_rows, report.mismatched_badges) == (0, 0), report.line()
