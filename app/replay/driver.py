@@ -210,7 +210,10 @@ class Replayer:
         replayer = cls(options, on_frame)
         state = msgspec.msgpack.decode(checkpoint)
         replayer.store = crashed.store
-        snapshot = Snapshot(state["rows"], state["users"], state["gate"], state["pending"])
+        # msgpack gives the row triples back as lists: tuples again, as Snapshot declares (the
+        # compiled build checks the element type).
+        rows = [(int(u), str(c), dict(record)) for u, c, record in state["rows"]]
+        snapshot = Snapshot(rows, state["users"], state["gate"], state["pending"])
         replayer.processor = replayer._processor(
             lambda config, store, **kw: PartitionProcessor.restore(config, store, snapshot, **kw)
         )
