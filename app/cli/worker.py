@@ -21,12 +21,6 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     # Before the app is built (its imports and connects log); faust's worker then applies
     # the same set-up when it starts (faust_worker_options), so one format covers every line.
     configure_logging(settings, "worker")
-    import logging
-
-    from app.build import build_info
-
-    # Which build runs (pure Python or the mypyc-compiled one, setup.py), as --version says.
-    logging.getLogger("app.cli.worker").info("starting %s", build_info().line())
     from app.runtime.preflight import CannotStart, preflight
     from app.runtime.worker import run_worker
     from app.stores.cassandra_exec import StoreError

@@ -19,6 +19,7 @@ import faust
 from aiohttp import web
 
 from agents.mailbox import MailboxIntake, register_agent
+from app.build import build_info
 from app.kafka.batches import BatchSender
 from app.kafka.health import KafkaProbe
 from app.metrics import WorkerMetrics
@@ -46,6 +47,9 @@ def run_worker(settings: Settings, worker_options: dict[str, Any]) -> None:
     """Build the app and run faust's worker on it until it is stopped (SIGTERM/SIGINT); faust
     exits the process then."""
     app, _ = create_app(settings)
+    # Which build runs (pure Python or the mypyc-compiled one, setup.py), as --version says;
+    # logged once every start-up check passed (a failed check is one line, alone).
+    logging.getLogger("app.runtime.worker").info("starting %s", build_info().line())
     worker = faust.Worker(app, loglevel=settings.log_level.lower(), **worker_options)
     worker.execute_from_commandline()
 
