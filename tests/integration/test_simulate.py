@@ -101,12 +101,14 @@ async def test_simulation_lands_in_kafka_and_cassandra(
         for _, record in records
         if record["type"] != "watermark"
     }
-    copies: Counter[bytes] = Counter()
+    # A marker's copies differ only by their `count` (what was sent to that partition).
+    copies: Counter[tuple[int, int]] = Counter()
     file_by_partition: dict[int, list[dict[str, Any]]] = {p: [] for p in by_partition}
-    for line, record in zip(lines, file_records, strict=True):
+    for record in file_records:
         if record["type"] == "watermark":
-            partition = sorted(by_partition)[copies[line]]
-            copies[line] += 1
+            marker = (record["lane"], record["watermark"])
+            partition = sorted(by_partition)[copies[marker]]
+            copies[marker] += 1
         else:
             partition = partition_of_user[record["user_id"]]
         file_by_partition[partition].append(record)
