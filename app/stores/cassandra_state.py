@@ -85,7 +85,68 @@ _Staged = tuple[
 ]
 
 
-class UserConversationStateWriter:
+class StateStaging:
+    """The staging rules, one copy: what a flush writes next, per (user, conversation) state row,
+    member row and member statistics row. The Cassandra writer below and its test double
+    (tests/support/mirror_writer.py) both stage through them."""
+
+    _state: dict[StateKey, dict[str, Any]]
+    _members: dict[MemberKey, dict[str, Any]]
+    _member_stats: dict[MemberKey, MemberStatsRow]
+
+    def __init__(self) -> None:
+        self._state = {}
+        self._members = {}
+        self._member_stats = {}
+
+    def stage(self, user_id: int, conversation_id: str, fields: Mapping[str, Any]) -> None:
+        """Stage state fields for (user, conversation); later stages of a field win, except
+        ``first_seen_*`` (the pair with the lowest ``first_seen_mailbox_seq`` wins). Fields are
+        column names or the core's short names (:data:`ALIASES`: ``read_seq``, ``joined_at``)."""
+        check_state_fields(fields)
+        key = (check_user_id(user_id), canonical_conversation_id(conversation_id))
+        staged = self._state.get(key)
+        if staged is None:
+            staged = self._state[key] = {}
+        for name, value in fields.items():
+            name = ALIASES.get(name, name)
+            if name not in FIRST_SEEN_FIELDS:
+                staged[name] = value
+        if "first_seen_mailbox_seq" in fields:
+            merge_first_seen(staged, fields)
+
+    def stage_member(
+        self,
+        conversation_id: str,
+        user_id: int,
+        role: str | None,
+        state: str,
+        joined_at: int | None,
+        left_at: int | None,
+    ) -> None:
+        """Stage a member directory row from a join or leave (the whole row: last one wins)."""
+        row = {
+            "role": role,
+            "state": state,
+            "joined_at_conversation_seq": joined_at,
+            "left_at_conversation_seq": left_at,
+        }
+        key = (canonical_conversation_id(conversation_id), check_user_id(user_id))
+        self._members[key] = checked_member_row(row)
+
+    def stage_member_stats(
+        self, conversation_id: str, user_id: int, record_count: int, mention_count: int, mailbox_seq: int
+    ) -> None:
+        """Stage a member's statistics (absolute values, from the entry ``mailbox_seq``); the
+        highest ``mailbox_seq`` staged for a member wins, here and in Cassandra."""
+        values = checked_member_stats(record_count, mention_count, mailbox_seq)
+        key = (canonical_conversation_id(conversation_id), check_user_id(user_id))
+        staged = self._member_stats.get(key)
+        if staged is None or staged[2] <= values[2]:
+            self._member_stats[key] = values
+
+
+class UserConversationStateWriter(StateStaging):
     """Stages per-(user, conversation) state and member rows; writes them in one flush."""
 
     def __init__(self, session: Any, keyspace: str, *, concurrency: int = CONCURRENCY) -> None:
@@ -94,9 +155,7 @@ class UserConversationStateWriter:
         self.session = session
         self.keyspace = ks = checked_keyspace(keyspace)
         self.concurrency = concurrency
-        self._state: dict[StateKey, dict[str, Any]] = {}
-        self._members: dict[MemberKey, dict[str, Any]] = {}
-        self._member_stats: dict[MemberKey, MemberStatsRow] = {}
+        super().__init__()
         # The share of the round being written (asyncio flush): owed until acknowledged.
         self._in_flight: _Staged | None = None
 
@@ -145,52 +204,6 @@ class UserConversationStateWriter:
         self._load_members = prepare("SELECT * FROM {ks}.group_members WHERE conversation_id = ?")
 
     # -- staging ---------------------------------------------------------------------------------
-
-    def stage(self, user_id: int, conversation_id: str, fields: Mapping[str, Any]) -> None:
-        """Stage state fields for (user, conversation); later stages of a field win, except
-        ``first_seen_*`` (the pair with the lowest ``first_seen_mailbox_seq`` wins). Fields are
-        column names or the core's short names (:data:`ALIASES`: ``read_seq``, ``joined_at``)."""
-        check_state_fields(fields)
-        key = (check_user_id(user_id), canonical_conversation_id(conversation_id))
-        staged = self._state.get(key)
-        if staged is None:
-            staged = self._state[key] = {}
-        for name, value in fields.items():
-            name = ALIASES.get(name, name)
-            if name not in FIRST_SEEN_FIELDS:
-                staged[name] = value
-        if "first_seen_mailbox_seq" in fields:
-            merge_first_seen(staged, fields)
-
-    def stage_member(
-        self,
-        conversation_id: str,
-        user_id: int,
-        role: str | None,
-        state: str,
-        joined_at: int | None,
-        left_at: int | None,
-    ) -> None:
-        """Stage a member directory row from a join or leave (the whole row: last one wins)."""
-        row = {
-            "role": role,
-            "state": state,
-            "joined_at_conversation_seq": joined_at,
-            "left_at_conversation_seq": left_at,
-        }
-        key = (canonical_conversation_id(conversation_id), check_user_id(user_id))
-        self._members[key] = checked_member_row(row)
-
-    def stage_member_stats(
-        self, conversation_id: str, user_id: int, record_count: int, mention_count: int, mailbox_seq: int
-    ) -> None:
-        """Stage a member's statistics (absolute values, from the entry ``mailbox_seq``); the
-        highest ``mailbox_seq`` staged for a member wins, here and in Cassandra."""
-        values = checked_member_stats(record_count, mention_count, mailbox_seq)
-        key = (canonical_conversation_id(conversation_id), check_user_id(user_id))
-        staged = self._member_stats.get(key)
-        if staged is None or staged[2] <= values[2]:
-            self._member_stats[key] = values
 
     def owed(self) -> dict[StateKey, dict[str, Any]]:
         """What is staged or being written and not acknowledged yet, per (user, conversation):

@@ -396,7 +396,8 @@ class WorkerCore:
             now = self.clock()
             state = self.partition(partition)
             processor = state.processor
-            admission = admit(state.next_offset, [r.offset for r in records], fetch_from, fetch_to)
+            offsets = [r.offset for r in records]
+            admission = admit(state.next_offset, offsets, fetch_from, fetch_to)
             if admission.verdict is Verdict.GAP:
                 self.stats.intake_gaps_refused += 1
                 log.warning(
@@ -414,7 +415,7 @@ class WorkerCore:
                 return admission
             fresh = records[admission.start :] if admission.start else records
             expected = state.next_offset
-            hole = None if expected is None else first_hole(expected, [r.offset for r in fresh], fetch_to)
+            hole = None if expected is None else first_hole(expected, offsets[admission.start :], fetch_to)
             if expected is not None and hole is not None and state.hole_seen != (expected, hole):
                 # A hole is taken only when a read from the expected offset shows it again
                 # (app/worker/offsets.py): the first time, read again from there.

@@ -1,8 +1,8 @@
 """The `StateWriter` port over dicts standing for Cassandra: the test double of
 `app.stores.cassandra_state.UserConversationStateWriter` in the worker core's unit tests.
 
-It stages by the writer's own rules, imported from app/stores/cassandra_state.py (the field
-names and the core's aliases, the checks, the first-seen merge, the member and statistics rows),
+It stages through the writer's own code (`StateStaging` in app/stores/cassandra_state.py: the
+field names and the core's aliases, the checks, the first-seen merge, the member and statistics rows),
 and `MirrorCassandra` resolves cells as the real tables do: state columns and member rows by the
 last write, first_seen by the lowest mailbox_seq (each of its two cells on its own), member
 statistics by the highest mailbox_seq. `down` makes a flush fail with StoreError and keep what it
@@ -25,10 +25,10 @@ from app.stores.cassandra_state import (
     MemberKey,
     MemberStatsRow,
     StateKey,
+    StateStaging,
     canonical_conversation_id,
     check_state_fields,
     checked_member_row,
-    checked_member_stats,
     merge_first_seen,
 )
 from app.stores.schema import check_user_id
@@ -66,52 +66,12 @@ class MirrorCassandra:
             self.member_stats[key] = values
 
 
-class MirrorWriter:
+class MirrorWriter(StateStaging):
     def __init__(self, cassandra: MirrorCassandra) -> None:
         self.cassandra = cassandra
         self.down = False
         self.failures = 0
-        self._state: dict[StateKey, dict[str, Any]] = {}
-        self._members: dict[MemberKey, dict[str, Any]] = {}
-        self._member_stats: dict[MemberKey, MemberStatsRow] = {}
-
-    def stage(self, user_id: int, conversation_id: str, fields: Mapping[str, Any]) -> None:
-        check_state_fields(fields)
-        key = (check_user_id(user_id), canonical_conversation_id(conversation_id))
-        staged = self._state.setdefault(key, {})
-        for name, value in fields.items():
-            name = ALIASES.get(name, name)
-            if name not in FIRST_SEEN_FIELDS:
-                staged[name] = value
-        if "first_seen_mailbox_seq" in fields:
-            merge_first_seen(staged, fields)
-
-    def stage_member(
-        self,
-        conversation_id: str,
-        user_id: int,
-        role: str | None,
-        state: str,
-        joined_at: int | None,
-        left_at: int | None,
-    ) -> None:
-        row = {
-            "role": role,
-            "state": state,
-            "joined_at_conversation_seq": joined_at,
-            "left_at_conversation_seq": left_at,
-        }
-        key = (canonical_conversation_id(conversation_id), check_user_id(user_id))
-        self._members[key] = checked_member_row(row)
-
-    def stage_member_stats(
-        self, conversation_id: str, user_id: int, record_count: int, mention_count: int, mailbox_seq: int
-    ) -> None:
-        values = checked_member_stats(record_count, mention_count, mailbox_seq)
-        key = (canonical_conversation_id(conversation_id), check_user_id(user_id))
-        staged = self._member_stats.get(key)
-        if staged is None or staged[2] <= values[2]:
-            self._member_stats[key] = values
+        super().__init__()
 
     async def flush(self) -> int:
         if self.down:
