@@ -28,11 +28,13 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 # The replay/processing hot path. Left out on purpose: app/domain/entries.py (msgspec Struct
-# classes with tag= must stay interpreted classes, and its decoder is msgspec's C already) and
+# classes with tag= must stay interpreted classes; its per-chunk loop is in decoding.py) and
 # the modules that are not on the per-entry path.
 COMPILED_MODULES = [
+    "app/domain/arrivals.py",
     "app/domain/badge.py",
     "app/domain/conversation.py",
+    "app/domain/decoding.py",
     "app/domain/flush.py",
     "app/domain/processor.py",
     "app/domain/projector.py",

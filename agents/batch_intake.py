@@ -28,16 +28,20 @@ followed by putting the batch partitions where their state stands (`BatchSink.pl
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, NamedTuple, Protocol, cast
 from urllib.parse import urlparse
 
 import faust
+from aiokafka.errors import IllegalStateError
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 
 from app.worker.ports import RawRecord, raw_record
+
+log = logging.getLogger("projector.worker")
 
 
 class RecordBatch(NamedTuple):
@@ -86,6 +90,8 @@ FETCH_MAX_WAIT_MS = 100
 
 # One fetch's positions per partition: (before, or None when unknown; after).
 FetchPositions = dict[TP, tuple[int | None, int]]
+# How often a partition was moved by a seek: see BatchIntakeConsumerThread.seek_mark.
+SeekMark = int
 
 
 class BatchIntakeConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
@@ -101,7 +107,11 @@ class BatchIntakeConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.seeks = 0  # every seek of the consumer, whoever asks for it
+        # Per partition, the seeks that moved it: its seek mark. A fetched record is stale once
+        # its partition's mark moved (`seek_mark`).
+        self.partition_seeks: dict[TP, int] = {}
         self.last_fetch: FetchPositions = {}
+        self.last_fetch_marks: dict[TP, SeekMark] = {}
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
@@ -127,6 +137,9 @@ class BatchIntakeConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         now = now.assignment if now is not None else None
         after = _positions(now, active_partitions or ())
         moved_by_others = self.seeks != seeks or now is not assignment
+        # Taken right after the fetch returned (records are from the position as it was then):
+        # a seek of a partition after this makes the rest of its records stale (`seek_mark`).
+        self.last_fetch_marks = {tp: self.seek_mark(tp) for tp in records}
         positions: FetchPositions = {}
         for tp, end in after.items():
             if end is None:
@@ -136,6 +149,20 @@ class BatchIntakeConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
                 positions[tp] = (None if moved_by_others else start, end)
         self.last_fetch = positions
         return records
+
+    def seek_mark(self, tp: TP) -> SeekMark:
+        """A count that moves once, just BEFORE something moves `tp`'s position (no fetch in
+        between). Records fetched under an older mark are read again from where the seek put
+        the partition; records fetched under the new one may be delivered. Two rules learnt the
+        hard way, each a hole in a standby's table: only a partition really moved counts (a seek
+        to the committed offsets leaves a changelog partition, which has none, where it is), and
+        the mark never moves AFTER the seek (a fetch from the new position taken in between
+        would be abandoned with nothing to read it again)."""
+        return self.partition_seeks.get(tp, 0)
+
+    def _seeking(self, partitions: Iterable[TP]) -> None:
+        for tp in partitions:
+            self.partition_seeks[tp] = self.partition_seeks.get(tp, 0) + 1
 
     async def place(self, offsets: Mapping[TP, int | None]) -> dict[TP, int]:
         """Seek each partition to its offset (None: the group's committed offset, else the log
@@ -154,6 +181,7 @@ class BatchIntakeConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
                 else:
                     offset = (await consumer.beginning_offsets([tp]))[tp]
             self.seeks += 1
+            self._seeking((tp,))  # then the seek, with no await between (see `seek_mark`)
             consumer.seek(tp, offset)
             placed[tp] = offset
         return placed
@@ -164,23 +192,35 @@ class BatchIntakeConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
     # catches most of those; the worker core's hole confirmation (app/worker/offsets.py) the rest.
     def seek(self, partition: TP, offset: int) -> None:
         self.seeks += 1
+        self._seeking((partition,))
         super().seek(partition, offset)
         self.seeks += 1
 
     async def _seek_wait(self, consumer: Any, partitions: Mapping[TP, int]) -> None:
         self.seeks += 1
-        await super()._seek_wait(consumer, partitions)
+        # faust's _seek_wait seeks every partition before its first await: no fetch of this
+        # thread runs between the marks and the seeks.
+        self._seeking(partitions)
+        await super()._seek_wait(consumer, seekable_offsets(partitions))
         self.seeks += 1
 
     async def seek_to_committed(self) -> Mapping[TP, int]:
         self.seeks += 1
         try:
-            return await super().seek_to_committed()
+            committed = await super().seek_to_committed()
         finally:
             self.seeks += 1
+        # No seek marks: aiokafka awaits each partition's committed offset before it seeks it, so
+        # a mark taken before or after could abandon records fetched from the new position. It
+        # moves only partitions with a committed offset (the mailbox, delivered in batches under
+        # the offset rule; never a changelog), and faust's perform_seek then sets their read
+        # offsets over anything delivered meanwhile.
+        return committed
 
     async def seek_to_beginning(self, *partitions: Any) -> None:
+        moved = partitions or tuple(self._ensure_consumer().assignment())  # none named: every one
         self.seeks += 1
+        self._seeking(moved)
         await super().seek_to_beginning(*partitions)
         self.seeks += 1
 
@@ -201,6 +241,27 @@ def _positions(assignment: Any, partitions: Iterable[TP]) -> dict[TP, int | None
     return positions
 
 
+def seekable_offsets(partitions: Mapping[TP, Any]) -> dict[TP, int]:
+    """The offsets faust's table recovery asks to seek its changelog partitions to, each one a
+    position aiokafka accepts.
+
+    Why: faust maps an unknown offset (-1) to 0, the changelog's start, but a rebalance that
+    lands while a recovery is running re-registers a standby partition without a persisted
+    offset as None after the offsets were built (faust's `Recovery._add`), and the running
+    recovery then seeks to it: "Offset must be a positive integer" raised in the recovery
+    service, which stopped the worker (issue 18's 20-kill run). Reading a changelog from its
+    start is always safe (its records are upserts of whole values, applied again in order), so
+    any such value gets faust's own rule for -1, with a warning naming it."""
+    seekable: dict[TP, int] = {}
+    for tp, offset in partitions.items():
+        if isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0:
+            seekable[tp] = offset
+        else:
+            log.warning("changelog %s: asked to seek to %r, read from its start instead", tp, offset)
+            seekable[tp] = 0
+    return seekable
+
+
 class BatchIntakeConsumer(aiokafka_driver.Consumer):
     """faust's aiokafka consumer; batch topics bypass the per-record conductor path."""
 
@@ -217,6 +278,7 @@ class BatchIntakeConsumer(aiokafka_driver.Consumer):
                 self.diag.set_flag(CONSUMER_FETCHING)
                 records, active = await self._wait_next_records(1.0)
                 positions = thread.last_fetch  # this fetch's, written before it returned
+                marks = thread.last_fetch_marks
                 generation = self.app.consumer_generation_id
                 # faust sleeps here too: a getmany answered at once must not starve the loop.
                 await self.sleep(0)
@@ -245,7 +307,7 @@ class BatchIntakeConsumer(aiokafka_driver.Consumer):
                     self.app.monitor.track_tp_end_offset(tp, self.highwater(tp))
                     sink = sinks.get(tp.topic)
                     if sink is None:
-                        await self._deliver_each(tp, fetched)
+                        await self._deliver_each(tp, fetched, generation, marks.get(tp))
                         continue
                     fetch_from, fetch_to = positions.get(tp, (None, fetched[-1].offset + 1))
                     batch = [raw_record(r.topic, r.partition, r.offset, r.key, r.value) for r in fetched]
@@ -278,11 +340,19 @@ class BatchIntakeConsumer(aiokafka_driver.Consumer):
         in while the flow was stopped), then each owned batch partition put where its state
         stands in the log: the committed offset may be behind it (or, for a new partition,
         absent)."""
-        await super().perform_seek()
-        for topic, sink in cast(ProjectorApp, self.app).batch_sinks.items():
-            wanted = sink.placements(tp.partition for tp in self.assignment() if tp.topic == topic)
-            if wanted:
-                sink.placed(await self.place(topic, wanted))
+        try:
+            await super().perform_seek()
+            for topic, sink in cast(ProjectorApp, self.app).batch_sinks.items():
+                wanted = sink.placements(tp.partition for tp in self.assignment() if tp.topic == topic)
+                if wanted:
+                    sink.placed(await self.place(topic, wanted))
+        except IllegalStateError as exc:
+            # A rebalance took a partition away while the seek awaited its committed offset
+            # (aiokafka's seek_to_committed reads the assignment, awaits, then seeks): it stopped
+            # the worker in issue 18's 20-kill run. The new assignment gets its own recovery and
+            # seek; until then nothing is applied from a position the state did not choose (the
+            # intake takes a batch only where the partition's state continues).
+            self.log.info("seek interrupted by a rebalance (%s): the next assignment seeks again", exc)
 
     async def place(self, topic: str, offsets: Mapping[int, int | None]) -> dict[int, int]:
         """Put batch partitions at these offsets (None: the committed offset, else the log
@@ -291,12 +361,29 @@ class BatchIntakeConsumer(aiokafka_driver.Consumer):
         placed = await thread.place({TP(topic, p): offset for p, offset in offsets.items()})
         return {tp.partition: offset for tp, offset in placed.items()}
 
-    async def _deliver_each(self, tp: TP, fetched: Iterable[Any]) -> None:
-        """faust's own per-message path (gaps, commit_every, flow suspension) for other topics."""
+    async def _deliver_each(
+        self, tp: TP, fetched: Iterable[Any], generation: int, mark: SeekMark | None
+    ) -> None:
+        """faust's own per-message path (gaps, commit_every, flow suspension) for other topics:
+        the changelogs while a recovery reads them.
+
+        A record is delivered only while its fetch is current, and counted read only once it
+        was delivered. faust's `getmany` stops at every record once a rebalance begins; a copy
+        of this loop that checked only per partition went on through the rest of a fetch
+        after one: each record's delivery was abandoned (the flow stopped) but its offset
+        counted read, possibly after the recovery had already sought back to where it stood.
+        The recovery then dropped the records it re-read as read, took the later ones, and
+        declared itself complete with a hole: a worker's local table lacked a row record its
+        changelog held, the row was restored from an older record, and the entries between were
+        never applied again (issue 11's crash run: 5 rows of 4 users, one missing 56 entries,
+        after a recovery from an empty data dir was interrupted by a rebalance)."""
+        thread = cast(BatchIntakeConsumerThread, self._thread)
         read_offsets = self._read_offset
         for count, record in enumerate(fetched, 1):
             if count % 100 == 0:
                 await asyncio.sleep(0)
+            if not self._fetch_current(generation, thread, tp, mark):
+                return  # what is left is read again from where the seek put the partition
             message = self._to_message(tp, record)
             offset = message.offset
             read_from = read_offsets.get(tp)
@@ -307,8 +394,24 @@ class BatchIntakeConsumer(aiokafka_driver.Consumer):
             if self._commit_every is not None and self._n_acked >= self._commit_every:
                 self._n_acked = 0
                 await self.commit()
-            await self.wait_first(self.callback(message), self.suspend_flow.wait())
+            delivery = self.callback(message)
+            outcome = await self.wait_first(delivery, self.suspend_flow.wait())
+            if delivery not in outcome.done:
+                return  # abandoned (the flow stopped): not delivered, not read
+            if mark is not None and thread.seek_mark(tp) != mark:
+                return  # a seek overtook it: the read offset is the seek's now
             read_offsets[tp] = offset
+
+    def _fetch_current(
+        self, generation: int, thread: BatchIntakeConsumerThread, tp: TP, mark: SeekMark | None
+    ) -> bool:
+        """The records of the fetch that `generation` and `mark` describe may still be
+        delivered: no rebalance began and nothing sought their partition since."""
+        return (
+            self.flow_active
+            and self.app.consumer_generation_id == generation
+            and (mark is None or thread.seek_mark(tp) == mark)
+        )
 
 
 class BatchIntakeTransport(aiokafka_driver.Transport):

@@ -213,6 +213,10 @@ class MailboxIntake:
             await self.core.release(partitions)
             await self.commit()
             self.core.forget(partitions)
+        if partitions:
+            # The other end of "restored partition N": between the two lines no other worker may
+            # write the partition's changelog (the crash runs' logs are read for overlaps).
+            log.info("released partitions %s: persisted, offsets committed", sorted(partitions))
 
     async def stop(self) -> None:
         """A clean stop: the batch in progress finished, everything flushed (hot state persisted

@@ -395,6 +395,19 @@ class Settings:
             out[ENV_PREFIX + f.name.upper()] = text
         return out
 
+    @classmethod
+    def topic_env(cls, prefix: str) -> dict[str, str]:
+        """Every topic setting named after `prefix` (``PROJECTOR_TOPIC_PUSH: "{prefix}-push"``...):
+        what a test stack or a benchmark passes its processes. Derived from the fields, so a topic
+        added later is covered too: a run that named only the topics it knew left the product's
+        default `push` on the shared broker with its own partition count, and the next
+        `projector bootstrap` there refused the mismatch."""
+        return {
+            ENV_PREFIX + f.name.upper(): f"{prefix}-{f.name.removeprefix('topic_').replace('_', '-')}"
+            for f in dataclasses.fields(cls)
+            if f.name.startswith("topic_") and f.type in (str, "str")
+        }
+
     @property
     def topics(self) -> tuple[str, ...]:
         """Every topic the product owns (bootstrap creates them all)."""

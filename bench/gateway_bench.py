@@ -179,11 +179,7 @@ class Bench:
         self.env = {
             **os.environ,
             "PROJECTOR_APP_ID": f"{prefix}-app",
-            "PROJECTOR_TOPIC_MAILBOX_TAIL": f"{prefix}-mailbox-tail",
-            "PROJECTOR_TOPIC_SESSION_DELTA": f"{prefix}-session-delta",
-            "PROJECTOR_TOPIC_BADGE": f"{prefix}-badge",
-            "PROJECTOR_TOPIC_DEAD_LETTER": f"{prefix}-dead-letter",
-            "PROJECTOR_TOPIC_PUSH": f"{prefix}-push",
+            **Settings.topic_env(prefix),
             "PROJECTOR_TOPIC_PARTITIONS": "4",
             "PROJECTOR_CASSANDRA_KEYSPACE": f"gbench_{self.run_id}",
             "PROJECTOR_PROJECTION_NAMESPACE": prefix,

@@ -37,7 +37,7 @@ status=0
 # BENCH_WORKER=0 skips it.
 if [ "${BENCH_WORKER:-1}" != 0 ]; then
     bash scripts/services.sh up >/dev/null
-    "$PY" bench/worker_bench.py --reps "${WBENCH_REPS:-$REPS}" || status=$?
+    "$PY" bench/worker_bench.py --reps "${WBENCH_REPS:-$REPS}" "${compiled[@]}" || status=$?
 fi
 # Live push gateway bench (issue 16): delivery latency produce -> SDK event (worker window
 # 100 ms), idle SSE connections held by one gateway process, fan-out frames/s; each next to a

@@ -59,11 +59,15 @@ from typing import Any
 
 import orjson
 
+from app.settings import Settings
+
 ROOT = Path(__file__).resolve().parent.parent
 # worker-gcoff: the same worker with Python's own GC (issue 14 item 3's effect, side by side);
-# worker-base: the worker of another commit (--base-ref: before/after in one run).
-CONTENDERS = ("worker", "aiokafka", "naive", "worker-gcoff", "worker-base")
-WORKERS = ("worker", "worker-gcoff", "worker-base")
+# worker-base: the worker of another commit (--base-ref: before/after in one run);
+# worker-compiled: this checkout's mypyc-compiled build (--compiled-site; what `pip install .`
+# deploys where a C compiler is present), the editable install being pure Python.
+CONTENDERS = ("worker", "aiokafka", "naive", "worker-gcoff", "worker-base", "worker-compiled")
+WORKERS = ("worker", "worker-gcoff", "worker-base", "worker-compiled")
 GC_OFF_ENV = {"PROJECTOR_WORKER_GC_THRESHOLD": "0", "PROJECTOR_WORKER_GC_FREEZE": "false"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -368,10 +372,8 @@ class Bench:
             {
                 "PROJECTOR_KAFKA_BOOTSTRAP": self.args.bootstrap,
                 "PROJECTOR_APP_ID": f"{self.prefix}-app",
+                **Settings.topic_env(self.prefix),
                 "PROJECTOR_TOPIC_MAILBOX_TAIL": self.input_topic,
-                "PROJECTOR_TOPIC_SESSION_DELTA": f"{self.prefix}-session-delta",
-                "PROJECTOR_TOPIC_BADGE": f"{self.prefix}-badge",
-                "PROJECTOR_TOPIC_DEAD_LETTER": f"{self.prefix}-dead-letter",
                 "PROJECTOR_TOPIC_PARTITIONS": str(self.args.partitions),
                 "PROJECTOR_CASSANDRA_KEYSPACE": self.keyspace,
                 "PROJECTOR_PROJECTION_NAMESPACE": self.prefix,
@@ -483,10 +485,8 @@ class Bench:
         return {
             **self.base_env(),
             "PROJECTOR_APP_ID": f"{name}-app",
+            **Settings.topic_env(name),
             "PROJECTOR_TOPIC_MAILBOX_TAIL": input_topic,
-            "PROJECTOR_TOPIC_SESSION_DELTA": f"{name}-session-delta",
-            "PROJECTOR_TOPIC_BADGE": f"{name}-badge",
-            "PROJECTOR_TOPIC_DEAD_LETTER": f"{name}-dead-letter",
             "PROJECTOR_PROJECTION_NAMESPACE": name,
             "PROJECTOR_PROJECTION_COMPACTION_WINDOW_MS": str(window_ms),
             "PROJECTOR_DATA_DIR": str(self.work / f"{name}-data"),
@@ -495,6 +495,7 @@ class Bench:
                 if self.args.worker_batch_records
                 else {}
             ),
+            **dict(setting.split("=", 1) for setting in self.args.worker_setting),
         }
 
     def worker_command(self, contender: str, env: dict[str, str]) -> tuple[list[str], dict[str, str], Path]:
@@ -509,6 +510,15 @@ class Bench:
                 [sys.executable, "-m", "app", "worker"],
                 {**env, "PYTHONPATH": str(self.base_dir)},
                 self.base_dir,
+            )
+        if contender == "worker-compiled":
+            assert self.args.compiled_site is not None
+            # `python -P -m app`: without -P, `-m` puts the working directory (this checkout, pure)
+            # before PYTHONPATH, and the `projector` script runs the editable (pure) package.
+            return (
+                [sys.executable, "-P", "-m", "app", "worker"],
+                {**env, "PYTHONPATH": str(self.args.compiled_site.resolve())},
+                ROOT,
             )
         return [*projector_argv(), "worker"], env, ROOT
 
@@ -754,6 +764,9 @@ class Bench:
             by_user.setdefault(f["user_id"], []).append((f["projection_mailbox_seq"], f["_ts"]))
         latencies: list[float] = []
         in_order: list[float] = []  # by produce time: does the worker keep up (no growing lag)?
+        # p50 per second of produce time: where a lag builds up and whether it drains
+        by_second: dict[int, list[float]] = {}
+        first_ts: int | None = None
         for record in inputs:
             doc = orjson.loads(record.value)
             if doc.get("type") in ("watermark", "bench_probe") or doc["mailbox_seq"] <= warm_seq:
@@ -764,6 +777,8 @@ class Bench:
                 raise RuntimeError(f"latency: no frame for user {doc['user_id']} seq {doc['mailbox_seq']}")
             latencies.append(user_frames[i][1] - record.timestamp)
             in_order.append(latencies[-1])
+            first_ts = record.timestamp if first_ts is None else first_ts
+            by_second.setdefault((record.timestamp - first_ts) // 1000, []).append(latencies[-1])
         latencies.sort()
         quarter = max(1, len(in_order) // 4)
         first_q, last_q = statistics.median(in_order[:quarter]), statistics.median(in_order[-quarter:])
@@ -789,6 +804,7 @@ class Bench:
             "mean_ms": statistics.fmean(latencies),
             "p50_first_quarter_ms": first_q,
             "p50_last_quarter_ms": last_q,
+            "p50_by_second_ms": [statistics.median(v) for _, v in sorted(by_second.items())],
             # a lag that grows through the phase means the rate was above capacity
             "kept_up": last_q <= max(2 * first_q, first_q + 2 * a.latency_window_ms),
         }
@@ -802,7 +818,6 @@ class Bench:
             n = await self.kafka.delete_prefixed(self.prefix)
             log(f"deleted {n} topics")
         await self.kafka.stop()
-        from app.settings import Settings
         from app.stores.redis_projection import RedisProjectionStore
 
         settings = Settings.from_env({k: v for k, v in self.base_env().items() if k.startswith("PROJECTOR_")})
@@ -893,7 +908,7 @@ def summarize(runs: list[Run], reps: int) -> dict[str, Any]:
                 summary[name]["gc_pauses_over_2ms_median"] = median([g["pauses_over_2ms"] for g in gcs])
     ratios: dict[str, float] = {}
     pairs = [(w, o) for w in WORKERS for o in ("naive", "aiokafka")]
-    pairs += [("worker", "worker-base"), ("worker", "worker-gcoff")]
+    pairs += [("worker", "worker-base"), ("worker", "worker-gcoff"), ("worker-compiled", "worker")]
     for mine_name, other in pairs:
         for key, attr in (("", "entries_per_s"), ("cpu_", "entries_per_cpu_s")):
             per_rep = []
@@ -966,6 +981,7 @@ def print_table(report: dict[str, Any]) -> None:
             f"{lat['p50_last_quarter_ms']:.0f} ms"
             + ("" if lat["kept_up"] else "  (lag grew: the rate was above capacity, raise nothing from this)")
         )
+        print("  p50 per second of the phase: " + " ".join(f"{v:.0f}" for v in lat["p50_by_second_ms"]))
     for note in report["notes"]:
         print(f"note: {note}")
 
@@ -1050,6 +1066,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="the worker's PROJECTOR_INTAKE_BATCH_MAX_RECORDS (0: the product's default); a toy stream "
         "needs small batches, or the whole timed part is one batch and cannot be timed",
     )
+    p.add_argument(
+        "--worker-setting",
+        action="append",
+        default=[],
+        metavar="PROJECTOR_X=V",
+        help="a setting for every worker run (repeatable), e.g. PROJECTOR_WORKER_OVERLAP_FLUSHES=true",
+    )
+    p.add_argument(
+        "--compiled-site",
+        type=Path,
+        default=None,
+        help="folder of the compiled build (scripts/test_compiled.sh --build-only): run it as "
+        "contender worker-compiled",
+    )
     p.add_argument("--timeout", type=float, default=env_float("WBENCH_TIMEOUT", 300), help="per run, s")
     p.add_argument("--report", type=Path, default=ROOT / "bench/out/worker_report.json")
     p.add_argument("--work-dir", default=str(ROOT / "bench/out/worker"))
@@ -1058,6 +1088,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     if not args.base_ref:
         args.contenders = [c for c in args.contenders if c != "worker-base"]
+    if args.compiled_site is None:
+        args.contenders = [c for c in args.contenders if c != "worker-compiled"]
     args.latency_contenders = [
         c.strip() for c in args.latency_contenders.split(",") if c.strip() in args.contenders
     ]

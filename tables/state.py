@@ -12,11 +12,19 @@ from collections.abc import Collection, Iterator
 from typing import Any
 
 import faust
-from faust.types import TP
 from rocksdict import WriteBatch
 
 from app.kafka.batches import BatchSender
-from app.worker.ports import GATE_KEY, parse_row_key, pending_key, row_key, user_key
+from app.worker.ports import (
+    COMMIT_STEPS,
+    GATE_INTENT_KEY,
+    GATE_KEY,
+    commit_step,
+    parse_row_key,
+    pending_key,
+    row_key,
+    user_key,
+)
 
 # faust's RocksDB options for every table partition's database (faust's defaults unless set here;
 # bench/state_bench.py opens its databases with the same, to measure what the worker's take).
@@ -63,13 +71,15 @@ class FaustStateTables:
     faust's ProducerBuffer (measured: ~2k table writes/s), and faust picks the partition's store
     from the current stream event, which batch intake does not have. Here the writes of a persist
     are staged; `commit()` hands the changelog records to the producer in one batch per
-    partition, WAITS until the broker has them all, and only then writes them to the local
-    RocksDB databases (one write batch each).
+    partition, in steps (app/worker/ports.py `commit_step`: each delivered before the next),
+    WAITS until the broker has them all, and only then writes them to the local RocksDB
+    databases (one write batch each, with faust's persisted-offset key).
 
-    So the local store is never ahead of the changelog: a crash before the broker has a persist
-    leaves both without it (the entries are read again), a crash after leaves the local store
-    behind, and faust's recovery brings it up to the changelog at the next start. Restoring a
-    partition never has to publish what it holds again, whatever its size.
+    So the local store is never ahead of the changelog, and a gate record never ahead of the
+    data it covers: a crash before the broker has a persist's gate leaves the entries to be read
+    again (data already delivered is found through the intent), a crash after leaves the local
+    store behind, and faust's recovery brings it up to the changelog at the next start.
+    Restoring a partition never has to publish what it holds again, whatever its size.
 
     Keys are the worker's own bytes (app/worker/ports.py: user ids big-endian, conversation ids
     as UUID bytes), never decoded by faust.
@@ -100,6 +110,9 @@ class FaustStateTables:
     def put_gate(self, partition: int, blob: bytes) -> None:
         self._stage(self.gates, partition, GATE_KEY, blob)
 
+    def put_gate_intent(self, partition: int, blob: bytes) -> None:
+        self._stage(self.gates, partition, GATE_INTENT_KEY, blob)
+
     def put_pending(self, partition: int, user_id: int, mailbox_seq: int, raw: bytes) -> None:
         self._stage(self.pending_table, partition, pending_key(user_id, mailbox_seq), raw)
 
@@ -107,29 +120,26 @@ class FaustStateTables:
         self._stage(self.pending_table, partition, pending_key(user_id, mailbox_seq), None)
 
     async def commit(self) -> None:
-        """The changelog first (delivered), then the local store."""
+        """The changelog first (delivered step by step: `StateTables.commit`), then the local
+        store."""
         staged, self._staged = self._staged, []
         if not staged:
             return
-        grouped: dict[int, dict[int, list[tuple[bytes | None, bytes | None]]]] = {}
+        names = {id(self.rows): "rows", id(self.users): "users", id(self.gates): "gates"}
+        names[id(self.pending_table)] = "pending"
+        steps: list[list[tuple[Any, bytes, bytes | None, int]]] = [[] for _ in range(COMMIT_STEPS)]
+        last = {(id(item[0]), item[1], item[3]): item for item in staged}  # the last write wins
+        for item in last.values():
+            steps[commit_step(names[id(item[0])], item[1], item[2])].append(item)
+        # (table, partition) -> the lowest offset this persist's records got in its changelog
+        first_offsets: dict[tuple[int, int], int] = {}
+        for step in steps:
+            if step:
+                await self._deliver(step, first_offsets)  # every record of the step is in
+        batches: dict[tuple[int, int], tuple[Any, Any]] = {}
         tables: dict[int, Any] = {}
         for table, key, value, partition in staged:
             tables[id(table)] = table
-            grouped.setdefault(id(table), {}).setdefault(partition, []).append((key, value))
-        futures: list[asyncio.Future[Any]] = []
-        for table_id, by_partition in grouped.items():
-            table = tables[table_id]
-            topic = table.changelog_topic.get_topic_name()
-
-            def persisted(partition: int, metadata: Any, table: Any = table, topic: str = topic) -> None:
-                # The batch's FIRST offset: recovery may re-read the rest of the batch (applying
-                # a changelog record twice is harmless), never skip past what the store lacks.
-                table.data.set_persisted_offset(TP(topic, partition), metadata.offset)
-
-            futures += await self.sender.send(topic, by_partition, persisted)
-        await asyncio.gather(*futures)  # every record is in the changelog
-        batches: dict[tuple[int, int], tuple[Any, Any]] = {}
-        for table, key, value, partition in staged:
             entry = batches.get((id(table), partition))
             if entry is None:
                 batch = WriteBatch(raw_mode=True)
@@ -138,8 +148,38 @@ class FaustStateTables:
                 entry[1].delete(key)
             else:
                 entry[1].put(key, value)
-        for db, batch in batches.values():
+        for (table_id, partition), (db, batch) in batches.items():
+            # faust's recovery reads a partition's changelog from this offset into the local
+            # store: written in the same write batch as the records, and the persist's FIRST
+            # offset, so a worker killed before this write, or after it, re-reads (harmlessly)
+            # rather than skips a record the local store lacks. (Set from the delivery callback,
+            # as before, a later batch's offset could land without an earlier batch's records.)
+            offset = first_offsets.get((table_id, partition))
+            if offset is not None:
+                batch.put(tables[table_id].data.offset_key, str(offset).encode())
             db.write(batch)
+
+    async def _deliver(
+        self, staged: list[tuple[Any, bytes, bytes | None, int]], first_offsets: dict[tuple[int, int], int]
+    ) -> None:
+        grouped: dict[int, dict[int, list[tuple[bytes | None, bytes | None]]]] = {}
+        tables: dict[int, Any] = {}
+        for table, key, value, partition in staged:
+            tables[id(table)] = table
+            grouped.setdefault(id(table), {}).setdefault(partition, []).append((key, value))
+        futures: list[asyncio.Future[Any]] = []
+        for table_id, by_partition in grouped.items():
+            topic = tables[table_id].changelog_topic.get_topic_name()
+
+            def delivered(partition: int, metadata: Any, table_id: int = table_id) -> None:
+                # metadata.offset: the batch's first offset
+                key = (table_id, partition)
+                known = first_offsets.get(key)
+                if known is None or metadata.offset < known:
+                    first_offsets[key] = metadata.offset
+
+            futures += await self.sender.send(topic, by_partition, delivered)
+        await asyncio.gather(*futures)
 
     def get_users(self, partition: int, user_ids: Collection[int]) -> dict[int, bytes]:
         ids = list(user_ids)
@@ -168,6 +208,10 @@ class FaustStateTables:
 
     def gate(self, partition: int) -> bytes | None:
         value: bytes | None = self._db(self.gates, partition).get(GATE_KEY)
+        return value
+
+    def gate_intent(self, partition: int) -> bytes | None:
+        value: bytes | None = self._db(self.gates, partition).get(GATE_INTENT_KEY)
         return value
 
     def pending(self, partition: int) -> list[bytes]:

@@ -151,7 +151,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             except OSError as exc:
                 print(f"\nprojector replay: error reading {args.input}: {exc.strerror}", file=sys.stderr)
                 return 1
-            result = replayer.finish()
+            result = replayer.finish(lazy=True)
             progress.update(lines, done, force=True)
             progress.close()
     except OSError as exc:
@@ -169,11 +169,18 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     arrivals = replayer.processor.arrivals
-    if arrivals.checked:
-        # Not in stats.json (its keys are the contract's). The input is read as ONE partition:
-        # exact for one partition's log; for several merged (simulate --out), a lane's count on
-        # one partition is below what the whole file holds, so a loss may go unseen, never a
-        # false one reported.
+    if arrivals.conflicting:
+        # Not in stats.json (its keys are the contract's). The input is read as ONE partition's
+        # log; copies of one marker with different counts are several partitions' logs merged,
+        # whose per-partition counts say nothing about the whole file (reporting a difference
+        # would be a false loss: `make run` once printed "3915 entries missing" for none).
+        print(
+            "projector replay: markers' counts not checked: one marker came with different counts "
+            "(the input merges several partitions' logs, e.g. simulate --out with several "
+            "partitions; each count is one partition's)",
+            file=sys.stderr,
+        )
+    elif arrivals.checked:
         missing = arrivals.missing_by_lane()
         detail = ", ".join(f"lane {lane}: {n}" for lane, n in enumerate(missing) if n)
         print(

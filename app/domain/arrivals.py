@@ -17,8 +17,9 @@ what the restored state had not counted) and bad records never make a false repo
 that arrives after its lane's marker (late) counts when it arrives, and the report goes down.
 
 Which entries are <= W: entries of lane L above L's last marker are all still pending (the gate's
-hi is at most that marker), so the ledger keeps their seqs per lane in a heap and moves the ones
-a new marker covers into the lane's count; every other entry it counts at once.
+hi is at most that marker), so the ledger keeps their seqs per lane in a sorted list (a lane
+writes in mailbox_seq order: almost always an append) and moves the ones a new marker covers
+into the lane's count (one slice); every other entry it counts at once.
 
 Baseline: the producer's count is cumulative from its start, this count from the state's start.
 A state that begins mid-stream (it started at an offset past 0 of its partition, or was written
@@ -33,21 +34,21 @@ contract: the worker never invents or drops state because of it). Pure: no I/O, 
 
 from __future__ import annotations
 
-import heapq
+from bisect import bisect_right, insort
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Final
 
 from app.domain.entries import Entry
 
 # No marker of the lane seen yet (a watermark is >= 0).
-NO_MARK = -1
+NO_MARK: Final = -1
 
 
 class ArrivalLedger:
     """Per lane of one partition: distinct entries received at or below the lane's last marker
     (`counted`), the pending ones above it (`above`), and the last marker's count (`expected`)."""
 
-    __slots__ = ("above", "base", "counted", "covered", "expected", "lanes", "unbased")
+    __slots__ = ("above", "base", "conflicting", "counted", "covered", "expected", "lanes", "unbased")
 
     def __init__(self, lanes: int, *, exact: bool = True) -> None:
         self.lanes = lanes
@@ -55,13 +56,18 @@ class ArrivalLedger:
         self.counted = [0] * lanes
         # The lane's highest marker seen (NO_MARK: none yet); the gate's marks, kept here too.
         self.covered = [NO_MARK] * lanes
-        # Seqs of the lane's received entries above its last marker (all pending), a min-heap.
+        # Seqs of the lane's received entries above its last marker (all pending), ascending.
         self.above: list[list[int]] = [[] for _ in range(lanes)]
         # The count of the lane's last marker, if it carried one (None: nothing to compare).
         self.expected: list[int | None] = [None] * lanes
         # What the producer had counted before this state began (see the module docstring).
         self.base = [0] * lanes
         self.unbased = [not exact] * lanes
+        # Two markers of one lane with the same W carried different counts. One partition's
+        # producer counts the entries <= W once, so this is not one partition's log: a file that
+        # merges several (simulate --out keeps one copy per partition, each with that
+        # partition's count). Nothing here can be checked then; `report_missing` says so.
+        self.conflicting = False
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -69,8 +75,29 @@ class ArrivalLedger:
         """A distinct entry of `lane` was taken (applied or put in the pending buffer)."""
         if mailbox_seq <= self.covered[lane]:
             self.counted[lane] += 1
+            return
+        above = self.above[lane]
+        if not above or mailbox_seq >= above[-1]:
+            above.append(mailbox_seq)
         else:
-            heapq.heappush(self.above[lane], mailbox_seq)
+            insort(above, mailbox_seq)
+
+    def received_all(self, entries: Iterable[Entry]) -> None:
+        """`received` of each entry, in order (a batch's entries that went to the pending buffer)."""
+        covered = self.covered
+        counted = self.counted
+        all_above = self.above
+        for entry in entries:
+            lane = entry.lane
+            mailbox_seq = entry.mailbox_seq
+            if mailbox_seq <= covered[lane]:
+                counted[lane] += 1
+                continue
+            above = all_above[lane]
+            if not above or mailbox_seq >= above[-1]:
+                above.append(mailbox_seq)
+            else:
+                insort(above, mailbox_seq)
 
     def marked(self, lane: int, watermark: int, count: int | None) -> None:
         """Lane `lane`'s marker: entries it covers move into the lane's count; its count (if
@@ -81,12 +108,13 @@ class ArrivalLedger:
         if watermark > covered:
             self.covered[lane] = watermark
             above = self.above[lane]
-            moved = 0
-            while above and above[0] <= watermark:
-                heapq.heappop(above)
-                moved += 1
-            self.counted[lane] += moved
+            if above and above[0] <= watermark:
+                moved = bisect_right(above, watermark)
+                del above[:moved]
+                self.counted[lane] += moved
         previous = self.expected[lane]
+        if watermark == covered and count is not None and previous is not None and count != previous:
+            self.conflicting = True
         if count is None:
             if watermark > covered:
                 self.expected[lane] = None  # the count we had was for an older W: unknown now
@@ -166,7 +194,7 @@ class ArrivalLedger:
         for entry in waiting:
             lane = entry.lane
             if lane < lanes and entry.mailbox_seq > ledger.covered[lane]:
-                heapq.heappush(ledger.above[lane], entry.mailbox_seq)
+                insort(ledger.above[lane], entry.mailbox_seq)
         return ledger
 
 

@@ -6,6 +6,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from app.domain import seqs
 from app.domain.entries import (
     ArchiveEntry,
@@ -41,8 +43,7 @@ class ConversationState:
         "deleted_before",
         "dirty",
         "floor",
-        "head_activity_id",
-        "head_message_id",
+        "head_ids",
         "head_seq",
         "hidden_before",
         "joined_at",
@@ -79,8 +80,9 @@ class ConversationState:
         self.archived = False
         self.muted = False
         self.head_seq: int | None = None
-        self.head_message_id: str | None = None
-        self.head_activity_id: str | None = None
+        # The head's message_id and activity_id packed into one bytes object (`pack_head_ids`):
+        # ~56 bytes where two strings took ~145 and two entries of the interned-string table.
+        self.head_ids: bytes | None = None
         # Sets of conversation seqs (app/domain/seqs.py; None until the first one):
         self.received: seqs.Seqs = None  # every message seq this user received here
         self.counting: seqs.Seqs = None  # hand: received/known seqs that count as unread
@@ -113,6 +115,19 @@ class ConversationState:
         return True
 
     @property
+    def head_message_id(self) -> str | None:
+        ids = self.head_ids
+        return None if ids is None else head_message_id(ids)
+
+    @property
+    def head_activity_id(self) -> str | None:
+        ids = self.head_ids
+        return None if ids is None else head_activity_id(ids)
+
+    def set_head_ids(self, message_id: str | None, activity_id: str | None) -> None:
+        self.head_ids = pack_head_ids(message_id, activity_id)
+
+    @property
     def latest(self) -> int:
         return self.head_seq or 0
 
@@ -141,15 +156,22 @@ class ConversationState:
         self.version = entry.mailbox_seq  # first: the rule below returns early
         self.changed_at = entry.ts
         seq = entry.conversation_seq
-        self.received = seqs.add(self.received, seq)
+        old_received = self.received
+        self.received = received = seqs.add(old_received, seq)
         head = self.head_seq
         if (head is None or seq > head) and (
             self.membership == "active" or (self.left_at is not None and seq <= self.left_at)
         ):
             self.head_seq = head = seq
-            # Interned: every member's row of a group points at the same two strings.
-            self.head_message_id = sys.intern(entry.message_id)
-            self.head_activity_id = sys.intern(entry.activity_id)
+            # A fan-out's entries come one after another: its members' rows share one object
+            # (the last packing, checked here first: the hot path makes no call then).
+            last = _last_packed
+            message_id = entry.message_id
+            activity_id = entry.activity_id
+            if last[0] == message_id and last[1] == activity_id:
+                self.head_ids = last[2]
+            else:
+                self.head_ids = pack_head_ids(message_id, activity_id)
         base = self.base
         recalled = self.recalled
         if (
@@ -159,7 +181,15 @@ class ConversationState:
             or (recalled is not None and seqs.has(recalled, seq))
         ):
             return
-        self.counting, newly_counted = seqs.added(self.counting, seq)
+        counting = self.counting
+        if counting is old_received and type(received) is bytes:
+            # Every seq received counts (the common case): the two sets stay one immutable bytes
+            # object (~57 bytes a row saved). `add` gives back the same object when the seq was
+            # already there. Never shared as a roaring bitmap: those change in place.
+            self.counting = received
+            newly_counted = received is not old_received
+        else:
+            self.counting, newly_counted = seqs.added(counting, seq)
         newly_mentioned = False
         if entry.mention:
             self.mentioning, newly_mentioned = seqs.added(self.mentioning, seq)
@@ -202,7 +232,7 @@ class ConversationState:
     def _on_join(self, entry: JoinEntry, store: MessageStore, limit: int) -> None:
         old_base, old_latest = self.base, self.latest
         self.membership = "active"
-        self.role = entry.role
+        self.role = sys.intern(entry.role)  # one string per value, not one per decoded entry
         self.joined_at = entry.joined_at_conversation_seq
         self.left_at = None
         self._rebase()
@@ -211,7 +241,7 @@ class ConversationState:
 
     def _on_leave(self, entry: LeaveEntry, store: MessageStore, limit: int) -> None:
         old_base, old_latest = self.base, self.latest
-        self.membership = entry.reason
+        self.membership = sys.intern(entry.reason)
         self.left_at = entry.left_at_conversation_seq
         self._reset_head(store)
         self._after_move(old_base, old_latest, store, limit)
@@ -291,12 +321,12 @@ class ConversationState:
         if top == self.head_seq:
             return
         if top is None:
-            self.head_seq = self.head_message_id = self.head_activity_id = None
+            self.head_seq = None
+            self.head_ids = None
             return
         stored = store.get(self.conversation_id, top)
         self.head_seq = top
-        self.head_message_id = sys.intern(stored.message_id) if stored else None
-        self.head_activity_id = sys.intern(stored.activity_id) if stored else None
+        self.head_ids = pack_head_ids(stored.message_id, stored.activity_id) if stored else None
 
     # -- output -----------------------------------------------------------------------------
 
@@ -383,11 +413,17 @@ class ConversationState:
             mentioning,
             recalled,
         ) = record
-        row.head_activity_id = sys.intern(head_activity_id) if head_activity_id is not None else None
-        row.head_message_id = sys.intern(head_message_id) if head_message_id is not None else None
+        row.head_ids = pack_head_ids(head_message_id, head_activity_id)
+        # Decoded strings are new objects: one "active" and one "member" per row cost ~110 bytes.
+        row.membership = sys.intern(row.membership)
+        row.role = sys.intern(row.role)
         load = seqs.load
-        row.received = load(received)
-        row.counting = load(counting)
+        row.received = received_seqs = load(received)
+        # Every seq received counts (the common case: nothing read yet) gives two equal sets: one
+        # object for both while they are immutable bytes (a change replaces the object).
+        row.counting = (
+            received_seqs if counting == received and type(received_seqs) is bytes else load(counting)
+        )
         row.mentioning = load(mentioning)
         row.recalled = load(recalled)
         return row
@@ -395,6 +431,66 @@ class ConversationState:
     def copy(self) -> ConversationState:
         """An independent copy (seq sets included)."""
         return ConversationState.load(self.dump(), self.user_id, self.conversation_id)
+
+
+# -- the head's ids, packed ----------------------------------------------------------------------
+# A row's head names its message twice: message_id (any string) and activity_id (16 bytes as 32
+# lowercase hex characters, checked on input). As two strings they cost ~145 bytes per row (and
+# interning them, to share them between a group's rows, two entries of the interned-string table),
+# which with the conversation id was a third of a resident row when a conversation's members are
+# not resident together (each row has its own). Packed: one bytes object, b"\x00" + the activity
+# id's 16 bytes + the message id in UTF-8. Anything else (an activity id not in that form, a
+# missing id) takes the general form b"\x01" + msgpack [message_id, activity_id]. Both give the
+# strings back exactly.
+
+_HEX_DIGITS = "0123456789abcdef"
+_PACKED = 0
+_GENERAL = 1
+# The last packing, reused while the same ids come again (a message's fan-out to a group: every
+# member's row then holds the same object).
+_last_packed: list[Any] = [None, None, None]
+
+
+def pack_head_ids(message_id: str | None, activity_id: str | None) -> bytes | None:
+    if message_id is None and activity_id is None:
+        return None
+    last = _last_packed
+    if last[0] == message_id and last[1] == activity_id:
+        packed: bytes = last[2]
+        return packed
+    if (
+        message_id is not None
+        and activity_id is not None
+        and len(activity_id) == 32
+        and not activity_id.strip(_HEX_DIGITS)
+    ):
+        packed = b"\x00" + bytes.fromhex(activity_id) + message_id.encode("utf-8", "surrogatepass")
+    else:
+        packed = b"\x01" + msgspec.msgpack.encode([_utf8(message_id), _utf8(activity_id)])
+    last[0], last[1], last[2] = message_id, activity_id, packed
+    return packed
+
+
+def _utf8(text: str | None) -> bytes | None:
+    # surrogatepass: any str comes back exactly, even one no JSON encoder would write
+    return None if text is None else text.encode("utf-8", "surrogatepass")
+
+
+def _general(packed: bytes, index: int) -> str | None:
+    part: bytes | None = msgspec.msgpack.decode(packed[1:])[index]
+    return None if part is None else part.decode("utf-8", "surrogatepass")
+
+
+def head_message_id(packed: bytes) -> str | None:
+    if packed[0] == _PACKED:
+        return packed[17:].decode("utf-8", "surrogatepass")
+    return _general(packed, 0)
+
+
+def head_activity_id(packed: bytes) -> str | None:
+    if packed[0] == _PACKED:
+        return packed[1:17].hex()
+    return _general(packed, 1)
 
 
 # Entry types that move a conversation between zones or change membership: they invalidate
@@ -434,12 +530,14 @@ _PLAIN_FIELDS = (
 _RECORD_FORMAT = 2
 _RECORD_LENGTH = 1 + len(_PLAIN_FIELDS) + len(_BITMAP_FIELDS)
 # `load` unpacks a record in this exact order: a new field must be added there too.
+# fmt: off
 assert _PLAIN_FIELDS == (
     "archived", "base", "changed_at", "deleted_before", "floor", "head_activity_id",
     "head_message_id", "head_seq", "hidden_before", "joined_at", "left_at", "membership",
     "mention_count", "mention_first", "muted", "pin_rank", "read_seq", "role", "unread_count",
     "unread_exact", "version", "writes",
 ), "ConversationState.load unpacks the record fields in _PLAIN_FIELDS order"
+# fmt: on
 
 # Dispatch on the decoded struct's class: one dict lookup on the hot path.
 _HANDLERS: dict[type, Callable[[ConversationState, Any, MessageStore, int], None]] = {

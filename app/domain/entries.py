@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Annotated, Any, Final, Literal, get_args, get_origin, get_type_hints
 
 import msgspec
@@ -216,6 +216,7 @@ class DeadLetter(msgspec.Struct, frozen=True):
 
 
 _decoder: msgspec.json.Decoder[Record] = msgspec.json.Decoder(Record)
+decode_json = _decoder.decode  # JSON to a Record, nothing checked (app/domain/decoding.py)
 
 
 def decode_record(raw: bytes, lanes: int) -> Record | DeadLetter:
@@ -236,53 +237,10 @@ def decode_record(raw: bytes, lanes: int) -> Record | DeadLetter:
         return DeadLetter(reason=_reason(exc, raw), raw=raw, kind=_kind(exc))
     except RecursionError:  # msgspec skips an unknown field's value recursively
         return DeadLetter(reason=_TOO_DEEP, raw=raw, kind="schema")
-    return _checked(record, raw, lanes)
+    return checked(record, raw, lanes)
 
 
-def decode_records(raws: Sequence[bytes], lanes: int) -> list[Record | DeadLetter]:
-    """`decode_record` of each line of a chunk, in one call. The common case, a valid message
-    whose conversation and activity ids were checked before, is accepted in the loop itself
-    (the conditions are `_checked`'s, with its caches); any other record takes the full path."""
-    decode = _decoder.decode
-    conversations = _known_conversations
-    activities = _known_activities
-    # The quotes of a message's required fields alone: an optional field that is there (the
-    # notification) adds its key's, so the count equals this only without one.
-    quotes = _QUOTES[MessageEntry][0]
-    decoded: list[Record | DeadLetter] = []
-    append = decoded.append
-    for raw in raws:
-        if not raw or len(raw) > MAX_RECORD_BYTES:
-            append(decode_record(raw, lanes))
-            continue
-        try:
-            record = decode(raw)
-        except (msgspec.DecodeError, RecursionError):
-            append(decode_record(raw, lanes))  # decoded again for the reason: rare
-            continue
-        if (
-            type(record) is MessageEntry
-            and record.lane < lanes
-            and (
-                record.mailbox_seq
-                | record.ts
-                | record.user_id
-                | record.conversation_seq
-                | record.sender_id
-                | record.created_at
-            )
-            <= SEQ_MAX
-            and record.conversation_id in conversations
-            and record.activity_id in activities
-            and raw.count(b'"') == quotes
-        ):
-            append(record)
-        else:
-            append(_checked(record, raw, lanes))
-    return decoded
-
-
-def _checked(record: Record, raw: bytes, lanes: int) -> Record | DeadLetter:
+def checked(record: Record, raw: bytes, lanes: int) -> Record | DeadLetter:
     """The checks msgspec does not do, on a record it decoded from `raw`."""
     kind = type(record)
     # Every key and every string value of a record holds two quote bytes. A record with no more
@@ -369,6 +327,9 @@ _KNOWN_CONVERSATIONS_MAX = 1 << 20
 _known_conversations: set[str] = set()  # canonical ids already validated
 _KNOWN_ACTIVITIES_MAX = 1 << 16
 _known_activities: set[str] = set()  # activity ids already validated
+# The same sets, read by decode_records' fast path (app/domain/decoding.py); cleared, never replaced.
+known_conversations: Final = _known_conversations
+known_activities: Final = _known_activities
 
 
 def _is_uuid(text: str) -> bool:
@@ -462,6 +423,9 @@ def _quotes(kind: type[msgspec.Struct]) -> tuple[int, tuple[tuple[str, Any], ...
 
 
 _QUOTES = {kind: _quotes(kind) for kind in (*get_args(Entry), WatermarkMarker)}
+# The quotes of a message's required fields alone: an optional field that is there (the
+# notification) adds its key's, so a message's count equals this only without one.
+MESSAGE_QUOTES: Final = _QUOTES[MessageEntry][0]
 
 
 def _int_fields(kind: type) -> tuple[Callable[[Any], tuple[int, ...]], tuple[tuple[str, int], ...]]:
@@ -479,11 +443,11 @@ def _int_fields(kind: type) -> tuple[Callable[[Any], tuple[int, ...]], tuple[tup
 
 
 _INT_FIELDS = {kind: _int_fields(kind) for kind in get_args(Entry)}
-# _checked and decode_records check a message's int fields inline, by name: a field added to
-# MessageEntry must be added there too.
+# `checked` and app/domain/decoding.py's decode_records check a message's int fields inline, by
+# name: a field added to MessageEntry must be added there too.
 _MESSAGE_INTS = ("mailbox_seq", "ts", "user_id", "conversation_seq", "sender_id", "created_at")
 if tuple(sorted(name for name, _ in _INT_FIELDS[MessageEntry][1])) != tuple(sorted(_MESSAGE_INTS)):
-    raise AssertionError("MessageEntry's int fields changed: update _checked's and decode_records' checks")
+    raise AssertionError("MessageEntry's int fields changed: update checked's and decode_records' checks")
 
 
 def _kind(exc: msgspec.DecodeError) -> str:

@@ -25,12 +25,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
+from operator import lt
 from typing import Any, Protocol
 
 import msgspec
 
 from app.domain.arrivals import ArrivalLedger
 from app.domain.conversation import ConversationState
+from app.domain.decoding import decode_chunk
 from app.domain.entries import (
     DeadLetter,
     DeleteMessageEntry,
@@ -41,7 +44,6 @@ from app.domain.entries import (
     RecallEntry,
     WatermarkMarker,
     decode_record,
-    decode_records,
 )
 from app.domain.flush import UserFlush
 from app.domain.member_stats import MemberStats
@@ -230,14 +232,11 @@ class PartitionProcessor:
         empty one is a dead letter); a driver reading a file drops its blank lines first."""
         step = Step()
         stats = self.stats
-        lanes = self.lanes
         gate = self.gate
         apply_all = self._apply_all
-        ready, pending = Offer.READY, Offer.PENDING
         changes = self.changes if self.track_changes else None
         arrivals = self.arrivals
-        arrived = arrivals.counted  # READY entries are at or below every lane's marker
-        decoded = decode_records(records, lanes)
+        decoded, stops = decode_chunk(records, self.lanes)
         if self.residency is not None:
             # One multi-get for the users and rows this batch touches (entries released from the
             # pending buffer by its markers are read as they meet a miss).
@@ -247,29 +246,73 @@ class PartitionProcessor:
                 if not isinstance(record, WatermarkMarker | DeadLetter)
             )
         markers = dead_letters = duplicates = 0
-        max_seen = self.max_seen_seq
-        for index, record in enumerate(decoded):
-            kind = type(record)
-            if kind is WatermarkMarker:
+        # The entries between two markers (or dead letters) are offered as one slice: between
+        # markers a lane's entries usually all go to the end of the gate's run.
+        start = 0  # index of the first record after the last marker or dead letter
+        marker_kind = WatermarkMarker  # read once (in the compiled build a global is a dict lookup)
+        for index in stops:
+            if index > start:
+                run: list[Entry] = decoded[start:index]  # type: ignore[assignment]  # entries only
+                duplicates += self._offer(run, start, records, now, step)
+            record = decoded[index]
+            start = index + 1
+            if type(record) is marker_kind:
                 markers += 1
-                marker: WatermarkMarker = record  # type: ignore[assignment]  # narrowed by `kind`
+                marker: WatermarkMarker = record  # narrowed above
                 released = gate.mark(marker)
                 arrivals.marked(marker.lane, marker.watermark, marker.sent)
                 if changes is not None:
                     changes.gate = True
-                if changes is not None:
                     for waited in released:
                         key = (waited.user_id, waited.mailbox_seq)
                         if changes.pending_added.pop(key, None) is None:
                             changes.pending_released.append(key)
                 if released:
                     apply_all(released, now, step)
-                continue
-            if kind is DeadLetter:
+            else:
                 dead_letters += 1
                 step.dead_letters.append((index, record))  # type: ignore[arg-type]
-                continue
-            entry: Entry = record  # type: ignore[assignment]  # neither marker nor dead letter
+        if start < len(decoded):
+            rest: list[Entry] = decoded[start:]  # type: ignore[assignment]  # entries only
+            duplicates += self._offer(rest, start, records, now, step)
+        # Counted once per batch (a marker is a record, not an entry; a dead letter is both).
+        stats.records += len(records)
+        stats.markers += markers
+        stats.entries += len(records) - markers
+        stats.dead_letters += dead_letters
+        stats.duplicates += duplicates
+        if changes is not None and changes and changes.since is None and now is not None:
+            changes.since = now
+        return step
+
+    def _offer(
+        self, entries: list[Entry], start: int, records: Sequence[bytes], now: int | None, step: Step
+    ) -> int:
+        """Offer consecutive entries (records[start:start + len(entries)]) to the gate, in order:
+        those at or below the watermark are applied, the others wait. Returns the duplicates."""
+        gate = self.gate
+        arrivals = self.arrivals
+        changes = self.changes if self.track_changes else None
+        seqs = [entry.mailbox_seq for entry in entries]
+        first = seqs[0]
+        last = seqs[-1]
+        increasing = len(seqs) == 1 or all(map(lt, seqs, islice(seqs, 1, None)))
+        if increasing and gate.offer_run(entries, first, last):
+            # All of them wait at the end of the gate's run (the common case: see offer_run).
+            if last > self.max_seen_seq:
+                self.max_seen_seq = last
+            arrivals.received_all(entries)
+            if changes is not None:
+                pending_added = changes.pending_added
+                for offset, entry in enumerate(entries):
+                    pending_added[(entry.user_id, entry.mailbox_seq)] = records[start + offset]
+            return 0
+        duplicates = 0
+        max_seen = self.max_seen_seq
+        arrived = arrivals.counted  # READY entries are at or below every lane's marker
+        apply_all = self._apply_all
+        ready, pending = Offer.READY, Offer.PENDING
+        for offset, entry in enumerate(entries):
             if entry.mailbox_seq > max_seen:
                 max_seen = entry.mailbox_seq
             offer = gate.offer(entry)
@@ -279,19 +322,11 @@ class PartitionProcessor:
             elif offer is pending:
                 arrivals.received(entry.lane, entry.mailbox_seq)
                 if changes is not None:
-                    changes.pending_added[(entry.user_id, entry.mailbox_seq)] = records[index]
+                    changes.pending_added[(entry.user_id, entry.mailbox_seq)] = records[start + offset]
             else:
                 duplicates += 1
-        # Counted once per batch (a marker is a record, not an entry; a dead letter is both).
         self.max_seen_seq = max_seen
-        stats.records += len(records)
-        stats.markers += markers
-        stats.entries += len(records) - markers
-        stats.dead_letters += dead_letters
-        stats.duplicates += duplicates
-        if changes is not None and changes and changes.since is None and now is not None:
-            changes.since = now
-        return step
+        return duplicates
 
     def _apply(self, entry: Entry, now: int | None, step: Step) -> bool:
         """Apply one entry; False when it was a duplicate (nothing changed)."""
@@ -310,8 +345,13 @@ class PartitionProcessor:
         track_changes = self.track_changes
         keeps_member_stats = self.keeps_member_stats
         apply = projector.apply
+        apply_message = projector.apply_message
         duplicate = Applied.DUPLICATE
         unset = msgspec.UNSET
+        # Classes read once (in the compiled build a module global is a dict lookup).
+        message_kind = MessageEntry
+        recorded_seq = self._recorded_seq
+        recorded_conversation = self._recorded_conversation
         applied = applied_messages = 0  # added to the stats after the loop
         for entry in entries:
             at = entry.ts if now is None else now
@@ -323,77 +363,101 @@ class PartitionProcessor:
                 # Read through: with state on disk, a row not in memory is not a new row.
                 user = projector.user(entry.user_id)
                 new_row = user is None or projector.row(user, entry.conversation_id) is None
-            if apply(entry, at) is duplicate:
-                stats.duplicates += 1
-                continue
-            applied += 1
             kind = type(entry)
-            if kind is MessageEntry:
+            if kind is message_kind:  # the hot path: most entries are messages
+                message: MessageEntry = entry  # type: ignore[assignment]  # narrowed by `kind`
+                if not apply_message(message, at):
+                    stats.duplicates += 1
+                    continue
+                applied += 1
                 applied_messages += 1
-                if entry.notification is not unset:  # type: ignore[union-attr]  # rare: look closer
-                    notice = notice_of(entry)  # type: ignore[arg-type]
+                if message.notification is not unset:  # rare: look closer
+                    notice = notice_of(message)
                     if notice is not None:
                         step.notices.append(notice)
-            if learning is not None:
-                if kind is MessageEntry:
-                    message: MessageEntry = entry  # type: ignore[assignment]
+                if learning is not None:
                     # A message fans out to every member one after the other: the store has it
                     # already when the last one recorded was the same (only a mention adds to it).
+                    conversation_seq = message.conversation_seq
+                    conversation_id = message.conversation_id
                     if (
                         message.mention
-                        or message.conversation_seq != self._recorded_seq
-                        or message.conversation_id != self._recorded_conversation
+                        or conversation_seq != recorded_seq
+                        or conversation_id != recorded_conversation
                     ):
                         learning.record_message(
-                            message.conversation_id,
-                            message.conversation_seq,
+                            conversation_id,
+                            conversation_seq,
                             message_id=message.message_id,
                             activity_id=message.activity_id,
                             sender_id=message.sender_id,
                             counts_unread=message.counts_unread,
                             mentioned_user=message.user_id if message.mention else None,
                         )
-                        self._recorded_conversation = message.conversation_id
-                        self._recorded_seq = message.conversation_seq
-                elif kind is RecallEntry or kind is DeleteMessageEntry:
+                        recorded_conversation = conversation_id
+                        recorded_seq = conversation_seq
+                if track_changes:
+                    changes = self.changes
+                    changes.rows.add((message.user_id, message.conversation_id))
+                    changes.users.add(message.user_id)
+                if mirror and new_row:
+                    self._mirror_state(message, new_row, step)
+                if keeps_member_stats and MemberStats.concerns(message.user_id, message):
+                    self._member_stats(message, step)
+            else:
+                if apply(entry, at) is duplicate:
+                    stats.duplicates += 1
+                    continue
+                applied += 1
+                if learning is not None and (kind is RecallEntry or kind is DeleteMessageEntry):
                     target: RecallEntry = entry  # type: ignore[assignment]
                     learning.record_recall(target.conversation_id, target.target_conversation_seq)
-            if track_changes:
-                changes = self.changes
-                changes.rows.add((entry.user_id, entry.conversation_id))
-                changes.users.add(entry.user_id)
-            if mirror and (new_row or kind is not MessageEntry):
-                row = projector.users[entry.user_id].rows[entry.conversation_id]
-                step.mirror.append(
-                    StateChange(
-                        entry.user_id,
-                        entry.conversation_id,
-                        {name: getattr(row, name) for name in STATE_FIELDS},
-                        entry.mailbox_seq,
-                        entry.ts,
-                        new_row,
-                    )
-                )
-            if kind is JoinEntry or kind is LeaveEntry:
+                if track_changes:
+                    changes = self.changes
+                    changes.rows.add((entry.user_id, entry.conversation_id))
+                    changes.users.add(entry.user_id)
                 if mirror:
-                    row = projector.users[entry.user_id].rows[entry.conversation_id]
-                    step.mirror.append(
-                        MemberChange(
-                            entry.conversation_id,
-                            entry.user_id,
-                            row.role,
-                            row.membership,
-                            row.joined_at,
-                            row.left_at,
+                    self._mirror_state(entry, new_row, step)
+                if kind is JoinEntry or kind is LeaveEntry:
+                    if mirror:
+                        row = projector.users[entry.user_id].rows[entry.conversation_id]
+                        step.mirror.append(
+                            MemberChange(
+                                entry.conversation_id,
+                                entry.user_id,
+                                row.role,
+                                row.membership,
+                                row.joined_at,
+                                row.left_at,
+                            )
                         )
-                    )
-            elif keeps_member_stats and kind in _STATS_ENTRIES and MemberStats.concerns(entry.user_id, entry):
-                self._member_stats(entry, step)
+                elif (
+                    keeps_member_stats
+                    and kind in _STATS_ENTRIES
+                    and MemberStats.concerns(entry.user_id, entry)
+                ):
+                    self._member_stats(entry, step)
             if projector.dirty.row_count > max_dirty_rows:  # policy.over_memory_bound, inline
                 self._flush_into(step)
+        self._recorded_seq = recorded_seq
+        self._recorded_conversation = recorded_conversation
         stats.applied += applied
         stats.applied_messages += applied_messages
         return applied
+
+    def _mirror_state(self, entry: Entry, new_row: bool, step: Step) -> None:
+        """The Cassandra mirror's change for the entry's row (after the entry)."""
+        row = self.projector.users[entry.user_id].rows[entry.conversation_id]
+        step.mirror.append(
+            StateChange(
+                entry.user_id,
+                entry.conversation_id,
+                {name: getattr(row, name) for name in STATE_FIELDS},
+                entry.mailbox_seq,
+                entry.ts,
+                new_row,
+            )
+        )
 
     def _flush_into(self, step: Step) -> None:
         batches = self.projector.flush()
@@ -450,6 +514,22 @@ class PartitionProcessor:
         entries the changelog tables must be written with."""
         changes, self.changes = self.changes, Changes()
         return changes
+
+    def persist_failed(self, changes: Changes) -> None:
+        """`changes` (taken by `changes_since_persist`) did not reach the tables: they go to the
+        next persist with what changed since. An entry that waited then and was released since
+        stays released (its record may be in the table: the delete is kept, never the put)."""
+        now = self.changes
+        now.rows |= changes.rows
+        now.users |= changes.users
+        now.gate = now.gate or changes.gate
+        released = set(now.pending_released)
+        waiting = {key: raw for key, raw in changes.pending_added.items() if key not in released}
+        waiting.update(now.pending_added)
+        now.pending_added = waiting
+        now.pending_released = [*changes.pending_released, *now.pending_released]
+        if changes.since is not None and (now.since is None or changes.since < now.since):
+            now.since = changes.since
 
     def touch(self, rows: Iterable[tuple[int, str]], users: Iterable[int], now: int) -> None:
         """Rows and users changed outside a batch (the unread audit correcting the state): they

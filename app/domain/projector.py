@@ -179,6 +179,80 @@ class Projector:
 
     def apply(self, entry: Entry, now_ms: int) -> Applied:
         """Apply one entry released by the watermark gate (in mailbox_seq order per user)."""
+        if type(entry) is MessageEntry:
+            applied = self.apply_message(entry, now_ms)
+            return Applied.APPLIED if applied else Applied.DUPLICATE
+        user, found = self._user_and_row(entry)
+        if found is None:
+            return Applied.DUPLICATE
+        row = found
+        kind = type(entry)
+        before = (row.unread_count, row.mention_count, row.membership, row.archived, row.muted)
+        base_before = row.base
+        row.apply(entry, self.store, self._limit)
+        if before != (row.unread_count, row.mention_count, row.membership, row.archived, row.muted):
+            user.badge = moved(user.badge, row, before, self._include_muted)
+        if kind is MailboxDirtyEntry or (
+            kind is ReadEntry and row.base != base_before and row.base < row.latest
+        ):
+            # Reconcile triggers (seed §3.4): MAILBOX_DIRTY, and a read (from any device)
+            # that moved the base to below the head: the row was recomputed (never zeroed)
+            # by the three-state rule, and the badge is then recomputed in full, cancelling
+            # any drift the deltas accumulated. Once per flush rather than per read: a user
+            # reading through a busy list sends many reads in one window, and the badge only
+            # leaves the projector with a flush.
+            user.badge_reconcile = True
+        if kind in STRUCTURAL_ENTRIES:
+            user.structure_version += 1
+        user.projection_mailbox_seq = entry.mailbox_seq
+        user.driving_event_id = entry.event_id
+        if not row.dirty:
+            row.dirty = True
+            self.dirty.mark(user.user_id, row.conversation_id)
+        if self.policy.window_start is None:
+            self.policy.window_start = now_ms
+        return Applied.APPLIED
+
+    def apply_message(self, entry: MessageEntry, now_ms: int) -> bool:
+        """`apply` of a message (the hot path: what most entries are); False for a duplicate.
+
+        A message moves the counts only (never the zone: membership, folder, mute), so the badge
+        moves by the counts' deltas, as `moved` does in that case."""
+        user_id = entry.user_id
+        mailbox_seq = entry.mailbox_seq
+        user = self.users.get(user_id)
+        row = user.rows.get(entry.conversation_id) if user is not None else None
+        if row is None or user is None:  # a user or a row not in memory: read or created
+            user, row = self._user_and_row(entry)
+            if row is None:
+                return False
+        elif mailbox_seq <= user.projection_mailbox_seq:
+            return False
+        unread = row.unread_count
+        mention = row.mention_count
+        row.apply_message(entry, self.store, self._limit)
+        d_unread = row.unread_count - unread
+        d_mention = row.mention_count - mention
+        if d_unread or d_mention:
+            if row.membership == "active":
+                if not row.archived and (self._include_muted or not row.muted):
+                    user.total_unread += d_unread
+                user.total_mention += d_mention
+            if row.muted:
+                user.muted_unread += d_unread
+        user.projection_mailbox_seq = mailbox_seq
+        user.driving_event_id = entry.event_id
+        if not row.dirty:
+            row.dirty = True
+            self.dirty.mark(user_id, row.conversation_id)
+        policy = self.policy
+        if policy.window_start is None:
+            policy.window_start = now_ms
+        return True
+
+    def _user_and_row(self, entry: Entry) -> tuple[UserState, ConversationState | None]:
+        """`apply`'s lookups when the user or the row is not in memory: read through the loader
+        or created; the row is None when the entry is a duplicate (the user's version is past it)."""
         user_id = entry.user_id
         user = self.users.get(user_id)
         if user is None and self.loader is not None:
@@ -188,7 +262,7 @@ class Projector:
             if self.loader is not None:
                 self.loader.created(user, None)
         elif entry.mailbox_seq <= user.projection_mailbox_seq:
-            return Applied.DUPLICATE
+            return user, None
         conversation_id = entry.conversation_id
         row = user.rows.get(conversation_id)
         if row is None and not user.complete and self.loader is not None:
@@ -199,47 +273,7 @@ class Projector:
             row = user.rows[conversation_id] = ConversationState(user.user_id, conversation_id)
             if self.loader is not None:
                 self.loader.created(user, row)
-        kind = type(entry)
-        if kind is MessageEntry:
-            # The hot path. A message moves the counts only (never the zone: membership, folder,
-            # mute), so the badge moves by the counts' deltas, as `moved` does in that case.
-            unread, mention = row.unread_count, row.mention_count
-            row.apply_message(entry, self.store, self._limit)  # type: ignore[arg-type]
-            d_unread = row.unread_count - unread
-            d_mention = row.mention_count - mention
-            if d_unread or d_mention:
-                if row.membership == "active":
-                    if not row.archived and (self._include_muted or not row.muted):
-                        user.total_unread += d_unread
-                    user.total_mention += d_mention
-                if row.muted:
-                    user.muted_unread += d_unread
-        else:
-            before = (row.unread_count, row.mention_count, row.membership, row.archived, row.muted)
-            base_before = row.base
-            row.apply(entry, self.store, self._limit)
-            if before != (row.unread_count, row.mention_count, row.membership, row.archived, row.muted):
-                user.badge = moved(user.badge, row, before, self._include_muted)
-            if kind is MailboxDirtyEntry or (
-                kind is ReadEntry and row.base != base_before and row.base < row.latest
-            ):
-                # Reconcile triggers (seed §3.4): MAILBOX_DIRTY, and a read (from any device)
-                # that moved the base to below the head: the row was recomputed (never zeroed)
-                # by the three-state rule, and the badge is then recomputed in full, cancelling
-                # any drift the deltas accumulated. Once per flush rather than per read: a user
-                # reading through a busy list sends many reads in one window, and the badge only
-                # leaves the projector with a flush.
-                user.badge_reconcile = True
-            if kind in STRUCTURAL_ENTRIES:
-                user.structure_version += 1
-        user.projection_mailbox_seq = entry.mailbox_seq
-        user.driving_event_id = entry.event_id
-        if not row.dirty:
-            row.dirty = True
-            self.dirty.mark(user_id, conversation_id)
-        if self.policy.window_start is None:
-            self.policy.window_start = now_ms
-        return Applied.APPLIED
+        return user, row
 
     def adopt(self, user_id: int, rows: Iterable[ConversationState], version: int, event_id: str) -> None:
         """Take a user's state from elsewhere (a rebuild's base, rows from durable state), as of

@@ -76,7 +76,8 @@ def _set_head(row: ConversationState, head: Head | None, store: MessageStore, li
     if head is None or head.conversation_seq <= row.joined_at:
         return  # nothing in the member's window (joined at the head and received nothing since)
     if row.left_at is None or head.conversation_seq <= row.left_at:
-        row.head_seq, row.head_message_id, row.head_activity_id = head
+        row.head_seq = head.conversation_seq
+        row.set_head_ids(head.message_id, head.activity_id)
         row.received = seqs.add(row.received, head.conversation_seq)
         return
     upto = row.left_at
@@ -85,8 +86,7 @@ def _set_head(row: ConversationState, head: Head | None, store: MessageStore, li
         if window:
             top = window[-1]
             row.head_seq = top.conversation_seq
-            row.head_message_id = top.message_id
-            row.head_activity_id = top.activity_id
+            row.set_head_ids(top.message_id, top.activity_id)
             row.received = seqs.add(row.received, top.conversation_seq)
             return
         upto -= limit

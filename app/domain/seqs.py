@@ -16,22 +16,29 @@ may replace it), so the representations never leak into the rules.
 
 from __future__ import annotations
 
+import struct
 import sys
 from array import array
 from bisect import bisect_left, bisect_right
-from typing import TypeAlias
+from typing import Final, Literal, TypeAlias
 
 from pyroaring import BitMap, BitMap64
 
 Seqs: TypeAlias = "bytes | BitMap | BitMap64 | None"
 
-SMALL_MAX = 48  # seqs an array holds before the set becomes a roaring bitmap
-WIDE = 1 << 32  # a 32-bit BitMap holds seqs below this
-_U64_MAX = (1 << 64) - 1  # the largest value a 64-bit roaring set holds
-_ARRAY_TAG = b"\x02"
-_SMALL_TAG = b"\x00"
-_LARGE_TAG = b"\x01"
-_BIG_ENDIAN = sys.byteorder == "big"
+# Final: the compiled build (mypyc) folds them into the code instead of reading a module global.
+SMALL_MAX: Final = 48  # seqs an array holds before the set becomes a roaring bitmap
+WIDE: Final = 1 << 32  # a 32-bit BitMap holds seqs below this
+_U64_MAX: Final = (1 << 64) - 1  # the largest value a 64-bit roaring set holds
+_ARRAY_TAG: Final = b"\x02"
+_SMALL_TAG: Final = b"\x00"
+_LARGE_TAG: Final = b"\x01"
+_BIG_ENDIAN: Final = sys.byteorder == "big"
+# The byte order of the packed seqs ('Q': native), for int.to_bytes: one seq packed without an array.
+_ORDER: Final[Literal["little", "big"]] = "big" if _BIG_ENDIAN else "little"
+_BITMAP: Final = BitMap  # read as a constant in the compiled build (a global is a dict lookup)
+# One packed seq read at a byte offset (cheaper than a memoryview and its cast for one value).
+_UNPACK_ONE: Final = struct.Struct("=Q").unpack_from
 
 
 def _view(packed: bytes) -> memoryview:
@@ -50,9 +57,17 @@ def _roaring(values: bytes | BitMap) -> BitMap | BitMap64:
 
 
 def add(seqs: Seqs, seq: int) -> bytes | BitMap | BitMap64:
+    if type(seqs) is _BITMAP and seq < WIDE:  # a long-lived row's set: checked first
+        seqs.add(seq)
+        return seqs
     if seqs is None:
-        return _pack((seq,))  # type: ignore[arg-type]
+        return seq.to_bytes(8, _ORDER)
     if isinstance(seqs, bytes):
+        size = len(seqs)
+        if size and seq > _UNPACK_ONE(seqs, size - 8)[0]:  # the common case: seqs arrive in order
+            if size < SMALL_MAX * 8:
+                return seqs + seq.to_bytes(8, _ORDER)
+            return _grown(seqs, seq)
         view = _view(seqs)
         at = bisect_left(view, seq)
         if at < len(view) and view[at] == seq:
@@ -67,11 +82,30 @@ def add(seqs: Seqs, seq: int) -> bytes | BitMap | BitMap64:
     return seqs
 
 
+def _grown(packed: bytes, seq: int) -> BitMap | BitMap64:
+    """A full array and a seq above all of it: the roaring set of both."""
+    grown = _roaring(packed)
+    if seq >= WIDE and isinstance(grown, BitMap):
+        grown = BitMap64(list(grown))
+    grown.add(seq)
+    return grown
+
+
 def added(seqs: Seqs, seq: int) -> tuple[bytes | BitMap | BitMap64, bool]:
     """`add`, and whether `seq` was not there before (one call where `has` + `add` took two)."""
+    if type(seqs) is _BITMAP and seq < WIDE:  # see `add`
+        if seq in seqs:
+            return seqs, False
+        seqs.add(seq)
+        return seqs, True
     if seqs is None:
-        return _pack((seq,)), True  # type: ignore[arg-type]
+        return seq.to_bytes(8, _ORDER), True
     if isinstance(seqs, bytes):
+        size = len(seqs)
+        if size and seq > _UNPACK_ONE(seqs, size - 8)[0]:  # in order (see `add`)
+            if size < SMALL_MAX * 8:
+                return seqs + seq.to_bytes(8, _ORDER), True
+            return _grown(seqs, seq), True
         view = _view(seqs)
         at = bisect_left(view, seq)
         if at < len(view) and view[at] == seq:

@@ -6,11 +6,11 @@ import heapq
 from bisect import bisect_left, bisect_right
 from enum import Enum
 from operator import attrgetter
-from typing import Any
+from typing import Any, Final
 
 from app.domain.entries import Entry, WatermarkMarker
 
-_SEQ = attrgetter("mailbox_seq")
+_SEQ: Final = attrgetter("mailbox_seq")
 
 
 class Offer(Enum):
@@ -92,6 +92,19 @@ class WatermarkGate:
         self._arrivals += 1
         heapq.heappush(self._heap, (seq, self._arrivals, entry))
         return Offer.PENDING
+
+    def offer_run(self, entries: list[Entry], first: int, last: int) -> bool:
+        """`offer` of each of `entries` when every one of them would wait at the run's end: their
+        seqs strictly increase from `first` to `last` (the caller checked that) and `first` is
+        above the watermark and the run's end. Then they are appended in one step and True is
+        returned; otherwise nothing is taken (False) and they must be offered one by one.
+        Lanes write in mailbox_seq order: between two markers this is the common case."""
+        if first <= self.hi or first <= self._run_last or not (self._run or not self._heap):
+            return False
+        self._run.extend(entries)
+        self._run_last = last
+        self._run_users = None
+        return True
 
     def mark(self, marker: WatermarkMarker) -> list[Entry]:
         """Record a lane's marker; return the entries it releases, in apply order."""

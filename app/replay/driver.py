@@ -21,7 +21,8 @@ from app.domain.processor import PartitionProcessor, ProcessingStats, Snapshot
 from app.domain.projector import MAX_DIRTY_ROWS_MIN, WINDOW_MS_MIN, Projector, ProjectorConfig, UserState
 from app.domain.residency import ROW_STATE_KEY
 from app.stores.memory_messages import InMemoryMessageStore
-from app.stores.rocks_tables import RocksTables
+from app.stores.rocks_messages import RocksMessageStore
+from app.stores.rocks_tables import RocksTables, scratch_options
 from app.worker.state_source import TablesSource
 
 Frame = dict[str, Any]
@@ -99,13 +100,20 @@ class Replayer:
         hot_rows: int = DEFAULT_HOT_ROWS,
     ) -> None:
         self.options = options
-        self.store = InMemoryMessageStore()
         self.stats = ReplayStats()
         self.processing = ProcessingStats()
         # With a state folder the rows and users live in RocksDB there and memory holds a bounded
         # hot set (the worker's own mechanism: app/domain/residency.py), persisted after every
-        # chunk of input.
+        # chunk of input; the messages learned live there too (only the chunk's in memory).
         self.tables = RocksTables(state_dir) if state_dir is not None else None
+        self.rocks_store = (
+            RocksMessageStore(state_dir / "messages", scratch_options(self.tables.cache))
+            if state_dir is not None and self.tables is not None
+            else None
+        )
+        self.store: InMemoryMessageStore | RocksMessageStore = (
+            self.rocks_store if self.rocks_store is not None else InMemoryMessageStore()
+        )
         self.hot_rows = hot_rows
         self.processor = self._processor(lambda config, store, **kw: PartitionProcessor(config, store, **kw))
         self.on_frame = on_frame
@@ -167,6 +175,8 @@ class Replayer:
         for user_id in changes.users | {user_id for user_id, _ in self._flushed_rows}:
             tables.put_user(0, user_id, msgspec.msgpack.encode(processor.user_record(user_id)))
         tables.commit_now()
+        if self.rocks_store is not None:
+            self.rocks_store.commit()
         self._flushed_rows.clear()
         processor.evict()
 
@@ -219,8 +229,13 @@ class Replayer:
         )
         return replayer
 
-    def finish(self) -> ReplayResult:
-        """End of input flushes everything; entries still above the watermark stay pending."""
+    def finish(self, *, lazy: bool = False) -> ReplayResult:
+        """End of input flushes everything; entries still above the watermark stay pending.
+
+        `lazy`: the in-memory outputs are read from the state as they are iterated (each
+        iteration a pass) rather than built as lists, so they never sit in memory whole next to
+        the state (`projector replay` writes them so: a million rows' dicts cost ~470 MiB). With
+        a state folder they are always read from it."""
         processor = self.processor
         batches = processor.on_end()
         if batches:
@@ -237,27 +252,25 @@ class Replayer:
             return self._finish_from_folder(self.tables)
         # Everything is flushed now: each row's state is the row its last flush wrote (no second
         # copy of every row is kept on the way).
-        projections = []
-        badges = []
-        for user_id in sorted(processor.users):
-            user = processor.users[user_id]
-            for conversation_id in sorted(user.rows):
-                row = user.rows[conversation_id]
+        users = processor.users
+        for user in users.values():
+            for row in user.rows.values():
                 if row.writes > stats.max_writes_per_user_conversation:
                     stats.max_writes_per_user_conversation = row.writes
-                projections.append(row.as_row())
-            badges.append(
-                {
-                    "user_id": user_id,
-                    "total_unread": user.badge.total_unread,
-                    "total_mention": user.badge.total_mention,
-                    "muted_unread": user.badge.muted_unread,
-                    "projection_mailbox_seq": user.projection_mailbox_seq,
-                }
-            )
+
+        def projections() -> Iterator[dict[str, Any]]:
+            for user_id in sorted(users):
+                rows = users[user_id].rows
+                for conversation_id in sorted(rows):
+                    yield rows[conversation_id].as_row()
+
+        def badges() -> Iterator[dict[str, Any]]:
+            for user_id in sorted(users):
+                yield _badge_output(users[user_id])
+
         return ReplayResult(
-            projections=projections,
-            badges=badges,
+            projections=_Rescan(projections) if lazy else list(projections()),
+            badges=_Rescan(badges) if lazy else list(badges()),
             frames=[],
             stats=stats.as_dict(),
             dead_letter_reasons=self.dead_letter_reasons,
@@ -265,8 +278,13 @@ class Replayer:
 
     def _finish_from_folder(self, tables: RocksTables) -> ReplayResult:
         """The outputs read from the state folder in key order (users by id, their rows by
-        conversation id): the same order and the same rows as in memory."""
+        conversation id): the same order and the same rows as in memory. The hot set leaves
+        memory first (everything is persisted): the scans need none of it."""
         self._persist()
+        residency = self.processor.residency
+        if residency is not None:
+            residency.hot_rows = 0
+            self.processor.evict()
         stats = self.stats
         for _, blob in tables.users(0):
             user_id = msgspec.msgpack.decode(blob)["user_id"]
@@ -285,15 +303,8 @@ class Replayer:
                     yield ConversationState.load(record[ROW_STATE_KEY], user_id, conversation_id).as_row()
 
         def badges() -> Iterator[dict[str, Any]]:
-            for user_id, blob in tables.users(0):
-                user = UserState.load(msgspec.msgpack.decode(blob), [])
-                yield {
-                    "user_id": user_id,
-                    "total_unread": user.badge.total_unread,
-                    "total_mention": user.badge.total_mention,
-                    "muted_unread": user.badge.muted_unread,
-                    "projection_mailbox_seq": user.projection_mailbox_seq,
-                }
+            for _, blob in tables.users(0):
+                yield _badge_output(UserState.load(msgspec.msgpack.decode(blob), []))
 
         return ReplayResult(
             projections=_Rescan(projections),
@@ -302,6 +313,17 @@ class Replayer:
             stats=stats.as_dict(),
             dead_letter_reasons=self.dead_letter_reasons,
         )
+
+
+def _badge_output(user: UserState) -> dict[str, Any]:
+    """A user's line of badges.jsonl."""
+    return {
+        "user_id": user.user_id,
+        "total_unread": user.total_unread,
+        "total_mention": user.total_mention,
+        "muted_unread": user.muted_unread,
+        "projection_mailbox_seq": user.projection_mailbox_seq,
+    }
 
 
 class _Rescan:

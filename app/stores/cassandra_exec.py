@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
@@ -71,20 +72,83 @@ def group_by_partition(writes: Iterable[Write], batch_rows: int = BATCH_ROWS) ->
 def execute_all(
     session: Any, statements: Sequence[tuple[Any, Any]], *, what: str, concurrency: int = CONCURRENCY
 ) -> list[Any]:
-    """Execute every ``(statement, params)`` with bounded concurrency; results in input order.
+    """Execute every ``(statement, params)`` with at most ``concurrency`` in flight; results (the
+    driver's ResultSets) in input order.
 
     The first failure raises :class:`StoreError` (the rest may or may not have been applied:
-    every write this package issues is an idempotent upsert, so the caller retries the lot).
+    every write this package issues is an idempotent upsert, so the caller retries the lot), but
+    only once nothing this call sent is in flight any more, and nothing is sent after it. The
+    driver's ``execute_concurrent(raise_on_first_error=True)`` raises at the first error and
+    goes on sending the rest of the list each time an earlier statement succeeds: a statement
+    of a failed mirror round could then be sent after the round that retried it, stamped with
+    a newer client timestamp, and its older value would win in Cassandra for good. (A request
+    the driver gave up on by its timeout may still reach the server: it carries the timestamp
+    it was sent with, older than any later round's, so it can never win over one.)
     """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     if not statements:
         return []
-    from cassandra.concurrent import execute_concurrent
-
+    window = _Window(concurrency)
+    futures: list[Any] = []
+    for statement, params in statements:
+        if not window.take():
+            break
+        # Sent outside the window's lock: a send may wait for a free stream on the connection,
+        # which the I/O thread frees while completing requests (through the window's callbacks).
+        try:
+            future = session.execute_async(statement, params)
+        except Exception as exc:  # refused before it was sent (a session shut down)
+            window.failed(exc)
+            break
+        futures.append(future)
+        future.add_callbacks(callback=window.succeeded, errback=window.failed)
+    failure = window.settle()
+    if failure is not None:
+        raise StoreError(f"cassandra {what} failed: {type(failure).__name__}: {failure}") from None
     try:
-        results = execute_concurrent(session, statements, concurrency=concurrency, raise_on_first_error=True)
+        return [future.result() for future in futures]  # all done: no wait
     except Exception as exc:  # the driver raises many unrelated types; all mean "not done"
         raise StoreError(f"cassandra {what} failed: {type(exc).__name__}: {exc}") from None
-    return [result.result_or_exc for result in results]
+
+
+class _Window:
+    """Requests in flight of one :func:`execute_all` call, and its first failure."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._in_flight = 0
+        self._failure: BaseException | None = None
+        self._changed = threading.Condition()
+
+    def take(self) -> bool:
+        """Wait for room for one more request; False once a request failed (send no more)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._in_flight < self._size or self._failure is not None)
+            if self._failure is not None:
+                return False
+            self._in_flight += 1
+            return True
+
+    def succeeded(self, _: Any) -> None:
+        # Called by the driver's I/O thread (or at once, when the request is already done).
+        self._done(None)
+
+    def failed(self, exc: BaseException) -> None:
+        self._done(exc)
+
+    def _done(self, exc: BaseException | None) -> None:
+        with self._changed:
+            self._in_flight -= 1
+            if exc is not None and self._failure is None:
+                self._failure = exc
+            self._changed.notify_all()
+
+    def settle(self) -> BaseException | None:
+        """Wait until nothing taken is in flight; the first failure, if any."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._in_flight == 0)
+            return self._failure
 
 
 async def execute_all_async(

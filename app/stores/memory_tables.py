@@ -6,10 +6,14 @@ the changelog has the records)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Collection, Iterator
 
 from app.worker.ports import (
+    COMMIT_STEPS,
+    GATE_INTENT_KEY,
     GATE_KEY,
+    commit_step,
     parse_row_key,
     pending_key,
     row_key,
@@ -17,11 +21,16 @@ from app.worker.ports import (
 )
 
 
+class TornCommit(Exception):
+    """A commit died part way (`MemoryTables.tear_next_commit`)."""
+
+
 class MemoryTables:
     """StateTables in dicts (per partition: table -> key -> value)."""
 
     def __init__(self) -> None:
         self.data: dict[int, dict[str, dict[bytes, bytes]]] = {}
+        self._tear: random.Random | None = None
         self._staged: list[tuple[int, str, bytes, bytes | None]] = []
 
     def _table(self, partition: int, name: str) -> dict[bytes, bytes]:
@@ -36,14 +45,39 @@ class MemoryTables:
     def put_gate(self, partition: int, blob: bytes) -> None:
         self._staged.append((partition, "gates", GATE_KEY, blob))
 
+    def put_gate_intent(self, partition: int, blob: bytes) -> None:
+        self._staged.append((partition, "gates", GATE_INTENT_KEY, blob))
+
     def put_pending(self, partition: int, user_id: int, mailbox_seq: int, raw: bytes) -> None:
         self._staged.append((partition, "pending", pending_key(user_id, mailbox_seq), raw))
 
     def delete_pending(self, partition: int, user_id: int, mailbox_seq: int) -> None:
         self._staged.append((partition, "pending", pending_key(user_id, mailbox_seq), None))
 
+    def tear_next_commit(self, rnd: random.Random) -> None:
+        """Tests: the next commit dies part way, as a worker killed while the broker acknowledges
+        a persist's records: the steps before the one it dies in are delivered, that step's
+        records delivered or not each (they go to several changelog partitions), nothing after;
+        then it raises `TornCommit`."""
+        self._tear = rnd
+
     async def commit(self) -> None:
         staged, self._staged = self._staged, []
+        steps: list[list[tuple[int, str, bytes, bytes | None]]] = [[] for _ in range(COMMIT_STEPS)]
+        last = {(item[0], item[1], item[2]): item for item in staged}  # the last write wins
+        for item in last.values():  # the faust tables' order (StateTables.commit)
+            steps[commit_step(item[1], item[2], item[3])].append(item)
+        rnd, self._tear = self._tear, None
+        if rnd is not None:
+            dies_in = rnd.randrange(len(steps))
+            for step in steps[:dies_in]:
+                self._write(step)
+            self._write([s for s in steps[dies_in] if rnd.random() < 0.5])
+            raise TornCommit(f"commit died in step {dies_in + 1} of {len(steps)}")
+        for step in steps:
+            self._write(step)
+
+    def _write(self, staged: list[tuple[int, str, bytes, bytes | None]]) -> None:
         for partition, name, key, value in staged:
             table = self._table(partition, name)
             if value is None:
@@ -73,6 +107,9 @@ class MemoryTables:
 
     def gate(self, partition: int) -> bytes | None:
         return self._table(partition, "gates").get(GATE_KEY)
+
+    def gate_intent(self, partition: int) -> bytes | None:
+        return self._table(partition, "gates").get(GATE_INTENT_KEY)
 
     def pending(self, partition: int) -> list[bytes]:
         table = self._table(partition, "pending")

@@ -66,6 +66,7 @@ _FLUSHED_KEY = "flushed_seq"
 # (restored at once, flushed again within a window), and the rows whose record owes Cassandra
 # writes (staged again at once). Both are small: what the last window touched.
 _UNFLUSHED_KEY = "unflushed"
+_PERSISTS_KEY = "persists"  # the gate's (and its intent's) persist number
 _OWING_KEY = "owing"
 
 
@@ -133,6 +134,8 @@ class PartitionState:
         self.owing_persisted: set[tuple[int, str]] = set()
         # The users the gate record lists as having work no flush carried (see _write_tables).
         self.unflushed: list[int] = []
+        # Persists of this partition so far (kept in the gate): numbers the gate and its intent.
+        self.persists = 0
         # Flushes the processor produced and nobody published yet, in the order produced: a
         # user's versions must reach the store and the frames in order.
         self.unpublished: list[list[UserFlush]] = []
@@ -312,13 +315,21 @@ class WorkerCore:
         raw_gate = tables.gate(partition)
         gate = msgspec.msgpack.decode(raw_gate) if raw_gate else None
         extras = gate or {}
+        # A persist that died between its data and its gate left the users and rows it made
+        # unflushed or owing listed in the intent only (see StateTables.commit).
+        raw_intent = tables.gate_intent(partition)
+        intent = msgspec.msgpack.decode(raw_intent) if raw_intent else {}
+        if intent.get(_PERSISTS_KEY, 0) <= extras.get(_PERSISTS_KEY, 0):
+            intent = {}  # its persist completed: the gate lists what is still owed
+        listed = (*extras.get(_UNFLUSHED_KEY, ()), *intent.get(_UNFLUSHED_KEY, ()))
+        unflushed = sorted({int(u) for u in listed})
         processor = PartitionProcessor.restore_lazily(
             self.config.projector,
             self.message_store,
             TablesSource(tables, partition),
             gate,
             tables.pending(partition),
-            [int(u) for u in extras.get(_UNFLUSHED_KEY, ())],
+            unflushed,
             **self._processor_options(),
         )
         # Unflushed work survived in the changelog: flush it within one window from now.
@@ -328,8 +339,11 @@ class WorkerCore:
         state.next_offset = state.durable_offset = next_offset if isinstance(next_offset, int) else None
         # The gate record's lists go on as they were persisted: a user stays listed until a
         # persist writes its record as flushed (a second crash before that must find it again).
-        state.unflushed = [int(u) for u in extras.get(_UNFLUSHED_KEY, ())]
-        owing = [(int(u), str(c)) for u, c in extras.get(_OWING_KEY, ())]
+        state.unflushed = unflushed
+        state.persists = int(extras.get(_PERSISTS_KEY, 0))
+        owing = sorted(
+            {(int(u), str(c)) for u, c in (*extras.get(_OWING_KEY, ()), *intent.get(_OWING_KEY, ()))}
+        )
         state.owing_persisted = set(owing)
         mirror = self.mirror
         for key, blob in tables.get_rows(partition, owing).items():
@@ -549,22 +563,32 @@ class WorkerCore:
                 # the rows' records: a crash before it lands restages it (`_restore`).
                 owed = mirror.owed()
             changes = state.processor.changes_since_persist()
-            offset = state.next_offset
-            self._owe(state, changes, owed)
-            self._write_tables(state, changes, owed)
-            if handing_over and state.owing and mirror is not None:
-                mirror.drop(state.owing)
-            covered = state.queued_flushes
-            # Created here, under the lock; it takes what was staged when it starts (at once,
-            # below: no other persist stages in between, they hold `_persist_lock`).
-            commit = self.tables.commit()
-            if not self.commit_outside_state_lock:
-                await commit
+            # What the gate record in the changelog says now: a persist that fails leaves it so.
+            durable = (state.unflushed, state.owing_persisted, state.persists)
+            try:
+                offset = state.next_offset
+                self._owe(state, changes, owed)
+                self._write_tables(state, changes, owed)
+                if handing_over and state.owing and mirror is not None:
+                    mirror.drop(state.owing)
+                covered = state.queued_flushes
+                # Created here, under the lock; it takes what was staged when it starts (at once,
+                # below: no other persist stages in between, they hold `_persist_lock`).
+                commit = self.tables.commit()
+                if not self.commit_outside_state_lock:
+                    await commit
+            except BaseException:
+                self._not_persisted(state, changes, durable)
+                raise
         # The broker's acknowledgement is awaited without the state lock: batches are applied
         # meanwhile (their changes go to the next persist); only the offsets and the flushes this
         # snapshot covers become durable / publishable once it is in.
         if self.commit_outside_state_lock:
-            await commit
+            try:
+                await commit
+            except BaseException:
+                self._not_persisted(state, changes, durable)
+                raise
         async with self._state_lock:
             if offset is not None:
                 state.durable_offset = offset
@@ -573,6 +597,19 @@ class WorkerCore:
             # rows changed since the snapshot are pinned by the processor's own change set).
             pinned = {batch.user_id for batches in state.unpublished for batch in batches}
             state.processor.evict(pinned)
+
+    @staticmethod
+    def _not_persisted(
+        state: PartitionState, changes: Changes, durable: tuple[list[int], set[tuple[int, str]], int]
+    ) -> None:
+        """A persist raised (the broker refused its records past the producer's timeouts, a
+        write failed): any part of it may be in the changelog, none is known to be. Its changes go
+        to the next persist with what changed since, and the gate's lists are what the changelog's
+        gate says. Dropping them, as the worker once did, let the next persists move the gate past
+        entries whose rows were never written: the flush scheduler "retried" only what changed
+        after, and a restart restored those rows older than their entries."""
+        state.unflushed, state.owing_persisted, state.persists = durable
+        state.processor.persist_failed(changes)
 
     def _owe(
         self, state: PartitionState, changes: Changes, owed: dict[tuple[int, str], dict[str, Any]]
@@ -625,10 +662,24 @@ class WorkerCore:
                 unflushed.add(user_id)
             tables.put_user(partition, user_id, msgspec.msgpack.encode(record))
         if changes.gate or changes.users or unpublished or owing != state.owing_persisted:
+            listed = sorted(unflushed)
+            if not unflushed.issubset(state.unflushed) or not owing.issubset(state.owing_persisted):
+                # The commit delivers this before the data and the gate after it: should the
+                # worker die in between, the restore finds here the users and rows the data
+                # left unflushed or owing that the gate it reads (the previous one) does not
+                # list. Both lists: a superset only costs a user flushed whole once more.
+                intent = {
+                    _PERSISTS_KEY: state.persists + 1,
+                    _UNFLUSHED_KEY: sorted(unflushed.union(state.unflushed)),
+                    _OWING_KEY: sorted(owing | state.owing_persisted),
+                }
+                tables.put_gate_intent(partition, msgspec.msgpack.encode(intent))
             gate = processor.gate_record()
             if state.next_offset is not None:
                 gate[_NEXT_OFFSET_KEY] = state.next_offset
-            gate[_UNFLUSHED_KEY] = state.unflushed = sorted(unflushed)
+            state.persists += 1
+            gate[_PERSISTS_KEY] = state.persists
+            gate[_UNFLUSHED_KEY] = state.unflushed = listed
             gate[_OWING_KEY] = sorted(owing)
             state.owing_persisted = set(owing)
             tables.put_gate(partition, msgspec.msgpack.encode(gate))
@@ -664,6 +715,11 @@ class WorkerCore:
                 flushed += await self.publish(state)
             elif state.unpersisted_since is not None and now - state.unpersisted_since >= window:
                 await self.persist(state)
+            elif state.owing and self.mirror is not None and self.mirror.caught_up:
+                # Its records still say "owed" and the mirror has written it all since: without
+                # a change to persist (the stream ended) they, and the owed-rows gauge, kept
+                # saying so, and a restart restaged writes already made.
+                await self.persist(state)
         return flushed
 
     async def flush_all(self) -> int:
@@ -696,6 +752,13 @@ class WorkerCore:
         the backoff allows (`now`: try once anyway, a clean stop's last chance)."""
         async with self._flush_lock:  # one publisher at a time keeps each user's versions in order
             if state.released:
+                return 0
+            if not now and not state.unpublished:
+                # What the caller saw queued was published by the publisher it waited for (a
+                # batch applied while the flush scheduler wrote the window's flush): nothing is
+                # left to make durable before a store write. Persisting anyway cost a changelog
+                # round trip per such batch (~40% of the persists at a 100 ms window, holding the
+                # intake in serial mode); its offsets go durable with the next persist instead.
                 return 0
             if not now and self._held(state):
                 await self._persist_held(state)

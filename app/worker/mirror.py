@@ -12,6 +12,10 @@ merge into one statement (a member's statistics after each of their messages, a 
 moving). One round writes at a time (Cassandra keeps the last write by client timestamp: two
 overlapping rounds could land an older value after a newer one). Past `backlog_rows` changes
 staged since the current round took its share, the intake waits for the mirror (memory bound).
+A failed round (whoever ran it: the rounds' task, or a drain for a member notice or the backlog
+bound) is retried by the rounds' task after a backoff; a round that failed sends nothing more
+once it is reported failed (app/stores/cassandra_exec.py), so its values can never land after
+the retry's newer ones.
 """
 
 from __future__ import annotations
@@ -68,6 +72,11 @@ class MirrorPump:
         self._task: asyncio.Task[None] | None = None  # the rounds
         self._current: asyncio.Task[bool] | None = None  # the round being written: one at a time
         self._failing_since_round = 0  # failed rounds in the current streak
+        # Loop time before which the rounds' task starts no round: the spacing after a round
+        # that wrote, the backoff after one that failed (set when the round ends, whoever ran it).
+        self._not_before = 0.0
+        self._started = 0.0  # loop time the current round started
+        self._closed = False
 
     # -- staging ----------------------------------------------------------------------------------
 
@@ -124,6 +133,13 @@ class MirrorPump:
         self.writer.drop(keys)
 
     @property
+    def caught_up(self) -> bool:
+        """Every change staged so far is acknowledged by Cassandra (nothing staged since the
+        last round took its share, and that round wrote it)."""
+        current = self._current
+        return not self._staged_since and (current is None or current.done())
+
+    @property
     def behind(self) -> bool:
         """So much is staged that the intake should wait for the mirror."""
         return self._staged_since > self.backlog_rows
@@ -133,7 +149,7 @@ class MirrorPump:
     def kick(self) -> None:
         """Start the rounds unless they run (outside an event loop: the next drain writes)."""
         task = self._task
-        if task is not None and not task.done():
+        if self._closed or (task is not None and not task.done()):
             return
         try:
             loop = asyncio.get_running_loop()
@@ -144,16 +160,11 @@ class MirrorPump:
     async def _rounds(self) -> None:
         loop = asyncio.get_running_loop()
         while self._staged_since:
-            started = loop.time()
-            written = await self._round()
-            if not self._staged_since:
-                break
-            if written:
-                pause = self.spacing_s - (loop.time() - started)
-            else:
-                pause = min(self.retry_max_s, 0.5 * 2 ** min(self._failing_since_round - 1, 10))
+            pause = self._not_before - loop.time()
             if pause > 0:
                 await asyncio.sleep(pause)
+                continue  # a drain meanwhile may have written everything
+            await self._round()
 
     async def _round(self) -> bool:
         """Write what is staged, after the round being written. False: it failed (the writer
@@ -162,16 +173,29 @@ class MirrorPump:
         if not self._staged_since:
             return True  # the round just written took everything (or nothing was staged)
         self._staged_since = 0  # this round takes it all (set before anyone else runs)
-        self._current = current = asyncio.get_running_loop().create_task(self._write())
+        loop = asyncio.get_running_loop()
+        self._started = loop.time()
+        self._current = current = loop.create_task(self._write())
         current.add_done_callback(self._written)
         await asyncio.wait([current])  # not cancelled with its caller: the write completes
         return not current.cancelled() and current.result()
 
     def _written(self, write: asyncio.Task[bool]) -> None:
+        loop = asyncio.get_running_loop()
+        if not write.cancelled() and write.result():
+            self._not_before = self._started + self.spacing_s
+            return
         # A failed or cancelled round leaves its share staged in the writer: the next round
-        # must take it (even a cancel before the write started, as at a loop's shutdown).
-        if write.cancelled() or not write.result():
-            self._staged_since = max(self._staged_since, 1)
+        # must take it (even a cancel before the write started, as at a loop's shutdown), after
+        # the backoff. The rounds' task is told here, not by whoever awaited the round: a drain's
+        # round (a member notice, the backlog bound) runs outside it, and the task may have
+        # ended meanwhile, having found nothing staged while that round held it all; without
+        # this kick the share waited for the next stage, i.e. forever at the end of a stream.
+        self._staged_since = max(self._staged_since, 1)
+        failed = max(self._failing_since_round, 1)
+        self._not_before = loop.time() + min(self.retry_max_s, 0.5 * 2 ** min(failed - 1, 10))
+        if not write.cancelled():  # a cancel is a shutdown (or a kill): no new rounds for it
+            self.kick()
 
     async def _write(self) -> bool:
         try:
@@ -205,6 +229,7 @@ class MirrorPump:
     async def close(self) -> None:
         """Stop the rounds and the write in progress (after a drain nothing is lost; otherwise
         what is owed is in the changelog, as after a crash)."""
+        self._closed = True  # a round cancelled here must not start the rounds again
         for task in (self._task, self._current):
             if task is not None and not task.done():
                 task.cancel()

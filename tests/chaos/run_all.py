@@ -52,7 +52,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         "20 worker SIGKILLs at random moments (2 workers share 6 partitions, killed in turn; "
         "2 kills also delete the data dir)",
         "1,000,000+ entries simulated at ~1,400/s, 3 lanes, 1% bad records, 2% duplicates",
-        "rows, badges and folded session-delta frames equal `projector replay`; unread lost / counted twice",
+        "rows, badges and folded session-delta frames equal `projector replay`; unread lost / counted "
+        "twice; each live worker's local tables for the partitions it owns equal their changelogs",
         7200,
     ),
     Scenario(
@@ -88,7 +89,10 @@ SCENARIOS: tuple[Scenario, ...] = (
         "Cassandra itself is not stopped)",
         "simulated stream at a steady rate through the cut; API polled every ~0.2 s",
         "worker keeps projecting during the cut; API answers 200 with the stored value or 503, "
-        "never another count; mirror converges after; rows and badges equal replay",
+        "never another count; mirror converges after (no row owed; UserConversationState equals "
+        "replay's rows column by column; a rebuild from state differs from the live projection "
+        "only where state cannot know: rows with a leave in their history); rows and badges "
+        "equal replay",
         2400,
     ),
     Scenario(
@@ -283,8 +287,8 @@ def render(results: dict[str, Any]) -> str:
         "- Redis loss: tests/integration/test_chaos_redis_loss.py (runs once automatic restore "
         "is on main; skipped with the reason otherwise)",
         "- Cassandra cut and link toxics: tests/integration/test_chaos_links.py (one worker: Redis "
-        "latency, stall and resets, then an 8 s Cassandra cut with the API polled; the mirror's "
-        "convergence is checked at full size only), tests/integration/test_worker_store_outage.py "
+        "latency, stall and resets, then an 8 s Cassandra cut with the API polled and the "
+        "mirror's convergence checked), tests/integration/test_worker_store_outage.py "
         "(Redis gone longer than the retry budget)",
         "- garbage: tests/integration/test_garbage_worker.py (3,000 fuzzed records)",
         "- API fuzz: tests/integration/test_api_fuzz.py (a few hundred requests)",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
@@ -78,6 +79,35 @@ class MemoryWriter:
             )
 
 
+class RocksWriter(MemoryWriter):
+    """RocksMessageStore (replay with --state-dir) learns as the in-memory store does; it is asked
+    both before and after its commit (what it learned in memory, and what it reads back)."""
+
+    def __init__(self, folder: Path, commit: bool) -> None:
+        from app.stores.rocks_messages import RocksMessageStore
+        from app.stores.rocks_tables import RocksTables, scratch_options
+
+        self.rocks = RocksMessageStore(folder / "messages", scratch_options(RocksTables(folder).cache))
+        self.memory = self.rocks  # type: ignore[assignment]  # the same learning calls
+        self.store = self.rocks
+        self.commit = commit
+
+    def given(self, messages: Iterable[NewMessage]) -> None:
+        super().given(messages)
+        if self.commit:
+            self.rocks.commit()
+
+    def recall(self, conversation_id: str, seq: int, deleted: bool = False) -> None:
+        super().recall(conversation_id, seq, deleted)
+        if self.commit:
+            self.rocks.commit()
+
+    def mention(self, conversation_id: str, seq: int, users: Iterable[int]) -> None:
+        super().mention(conversation_id, seq, users)
+        if self.commit:
+            self.rocks.commit()
+
+
 class CassandraWriter:
     def __init__(self, session: Any, keyspace: str) -> None:
         from app.stores.cassandra_messages import CassandraMessageStore
@@ -121,11 +151,18 @@ def cassandra_keyspace(settings: Settings) -> Iterator[tuple[Any, str]]:
 
 
 @pytest.fixture(
-    params=["memory", pytest.param("cassandra", marks=[pytest.mark.integration, pytest.mark.timeout(120)])]
+    params=[
+        "memory",
+        "rocks",
+        "rocks-committed",
+        pytest.param("cassandra", marks=[pytest.mark.integration, pytest.mark.timeout(120)]),
+    ]
 )
-def writer(request: pytest.FixtureRequest) -> Writer:
+def writer(request: pytest.FixtureRequest, tmp_path: Path) -> Writer:
     if request.param == "memory":
         return MemoryWriter()
+    if request.param.startswith("rocks"):
+        return RocksWriter(tmp_path, commit=request.param == "rocks-committed")
     session, keyspace = request.getfixturevalue("cassandra_keyspace")
     return CassandraWriter(session, keyspace)
 

@@ -99,10 +99,14 @@ def traffic_task(stack: Stack, tmp: Path, t: Traffic) -> tuple[asyncio.Task[Any]
 def replay(stack: Stack, stream: Path, tmp: Path) -> Expected:
     out = tmp / f"replay-{stream.stem}"
     lanes = str(stack.settings.lanes)
-    stack.run("replay", "--input", str(stream), "--out", str(out), "--lanes", lanes, "--progress", "never")
-    entries = sum(
-        1 for line in stream.read_bytes().splitlines() if line.strip() and b'"watermark"' not in line
-    )
+    # The stream's size follows the machine (overload offers twice the capacity measured here:
+    # 14M entries, 6.9 GB on a quiet 2-core machine), so does the time allowed: at least 5 MB/s
+    # while workers catching up share the cores (replay alone reads ~50 MB/s).
+    timeout = max(300.0, stream.stat().st_size / 5e6)
+    argv = ("replay", "--input", str(stream), "--out", str(out), "--lanes", lanes, "--progress", "never")
+    stack.run(*argv, timeout=timeout)
+    with stream.open("rb") as lines:  # line by line: the stream may not fit in memory twice
+        entries = sum(1 for line in lines if line.strip() and b'"watermark"' not in line)
     return Expected(read_jsonl(out / "projections.jsonl"), read_jsonl(out / "badges.jsonl"), entries)
 
 
@@ -178,6 +182,97 @@ async def mirror_diff(stack: Stack, tmp: Path, name: str) -> dict[str, Any]:
             await store.delete_all()
         finally:
             await store.aclose()
+
+
+# The UserConversationState columns a projection row carries too, by the same name: where the
+# mirror must hold exactly what replay's rows say once it has caught up.
+MIRRORED_ROW_FIELDS = (
+    "membership",
+    "pin_rank",
+    "archived",
+    "muted",
+    "read_conversation_seq",
+    "hidden_before_conversation_seq",
+    "deleted_before_conversation_seq",
+    "joined_at_conversation_seq",
+    "left_at_conversation_seq",
+)
+
+
+def mirror_state_diff(stack: Stack, expected: Expected) -> dict[str, Any]:
+    """UserConversationState as Cassandra holds it (the stack's own link) against replay's rows,
+    column by column (MIRRORED_ROW_FIELDS); every row replay has must be there, and no other."""
+    from app.stores.cassandra_exec import checked_keyspace
+    from app.stores.cassandra_session import open_cluster
+
+    cluster, session = open_cluster(stack.settings)
+    try:
+        keyspace = checked_keyspace(stack.settings.cassandra_keyspace)
+        stored = {
+            (int(r.user_id), str(r.conversation_id)): r._asdict()
+            for r in session.execute(f"SELECT * FROM {keyspace}.user_conversation_state")
+        }
+    finally:
+        cluster.shutdown()
+    want = {(int(r["user_id"]), str(r["conversation_id"])): r for r in expected.rows}
+    fields: dict[str, int] = {}
+    examples: list[dict[str, Any]] = []
+    differing = 0
+    for key in sorted(want.keys() & stored.keys()):
+        wrong = {f: [want[key].get(f), stored[key].get(f)] for f in MIRRORED_ROW_FIELDS}
+        wrong = {f: pair for f, pair in wrong.items() if pair[0] != pair[1]}
+        if wrong:
+            differing += 1
+            for f in wrong:
+                fields[f] = fields.get(f, 0) + 1
+            if len(examples) < 5:
+                examples.append({"user_id": key[0], "conversation_id": key[1], "replay_vs_mirror": wrong})
+    missing, extra = want.keys() - stored.keys(), stored.keys() - want.keys()
+    return {
+        "equal": not (differing or missing or extra),
+        "rows": len(stored),
+        "rows_differing": differing,
+        "rows_missing": len(missing),
+        "rows_extra": len(extra),
+        "fields_differing": fields,
+        "examples": examples,
+    }
+
+
+def rows_with_a_leave(stream: Path) -> set[tuple[int, str]]:
+    """(user, conversation) rows whose stream has a leave: a former member, or one that joined
+    again. A rebuild from state cannot know what such a row received in an earlier membership,
+    nor that a recall after the leave did not reach it (app/rebuild/from_state.py, README)."""
+    import orjson
+
+    rows: set[tuple[int, str]] = set()
+    for line in stream.read_bytes().splitlines():
+        if b'"leave"' in line:
+            entry = orjson.loads(line)
+            if entry.get("type") == "leave":
+                rows.add((int(entry["user_id"]), str(entry["conversation_id"])))
+    return rows
+
+
+def unexplained_rebuild_differences(diff: dict[str, Any], leaves: set[tuple[int, str]]) -> list[str]:
+    """What a `projector rebuild --from-state` diff shows beyond what state cannot know: rows
+    added or removed, a changed row (or a badge of a user) without a leave in its history, more
+    changed rows than rows with a leave. Empty when every difference is explained."""
+    out: list[str] = []
+    for kind in ("rows_added", "rows_removed"):
+        if diff.get(kind, 0):
+            out.append(f"{kind}: {diff[kind]}")
+    if diff.get("rows_changed", 0) > len(leaves):
+        out.append(f"rows_changed {diff['rows_changed']} > rows with a leave {len(leaves)}")
+    examples = diff.get("examples", {})
+    for row in examples.get("changed", []):
+        if (int(row["user_id"]), str(row["conversation_id"])) not in leaves:
+            out.append(f"changed without a leave: {row}")
+    users = {user for user, _ in leaves}
+    for badge in examples.get("badges", []):
+        if int(badge["user_id"]) not in users:
+            out.append(f"badge without a leave: {badge}")
+    return out
 
 
 def placed(lines: list[bytes], partitions: int) -> list[list[tuple[int, bytes | None, bytes]]]:

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tests.integration.stack import Stack, read_jsonl
 from tests.support.probes import peak_rss_kib
@@ -64,6 +64,11 @@ class CrashReport:
     crash_lines: list[str] = field(default_factory=list)
     peak_rss_kib: int = 0  # the largest VmHWM of any worker process (read just before each kill)
     catch_up_s: float = 0.0  # from the end of the traffic until every user equals replay's version
+    # Records a live worker's local table for a partition it owns lacks or holds differently from
+    # the partition's changelog (a hole a table recovery left: the rows restored from it are
+    # older than the changelog's, and the entries between are lost once they are restored).
+    local_table_differences: int = 0
+    local_partitions_checked: int = 0
     frames: int = 0
     frame_users_equal: int = 0  # users whose folded frames equal replay's rows
     frame_users_gap: int = 0  # users whose frames signalled a gap (the client re-pulls)
@@ -76,7 +81,9 @@ class CrashReport:
             f"{self.kills} kills ({self.data_lost} with the data dir lost), {self.records} records, "
             f"{self.users} users, {self.rows} rows: {self.mismatched_rows} rows and "
             f"{self.mismatched_badges} badges differ from replay; {self.gaps_refused} refused "
-            f"batches read again; {self.elapsed_s:.0f} s"
+            f"batches read again; {self.local_table_differences} local table records differ from "
+            f"their changelog ({self.local_partitions_checked} owned partitions checked); "
+            f"{self.elapsed_s:.0f} s"
         )
 
 
@@ -213,9 +220,131 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
         )
         report.gaps_refused = log.count("refused a batch") + log.count("nothing is on its way")
         report.elapsed_s = time.monotonic() - started
+    report.local_partitions_checked, report.local_table_differences = await local_tables_against_changelogs(
+        stack, procs
+    )
     if plan.check_frames:
         await _check_frames(stack, report, versions, rows_expected, plan.catch_up_s)
     return report
+
+
+TABLES = ("rows", "users", "gates", "pending")
+
+
+def owned_partitions(log_text: str) -> set[int]:
+    """The mailbox partitions a worker's log says it owns now: restored (or placed) since its
+    last start or release."""
+    owned: set[int] = set()
+    for line in log_text.splitlines():
+        if "after start-up" in line or "starting projector" in line:
+            owned.clear()
+        elif "released partitions" in line:
+            released = line.rsplit("released partitions [", 1)[1].split("]", 1)[0]
+            owned.difference_update(int(p) for p in released.split(",") if p.strip())
+        elif "restored partition " in line or ": starting at offset" in line:
+            owned.add(int(line.split("partition ", 1)[1].split(":", 1)[0]))
+    return owned
+
+
+async def local_tables_against_changelogs(
+    stack: Stack, procs: dict[int, subprocess.Popen[bytes]], settle_s: float = 60.0
+) -> tuple[int, int]:
+    """(partitions checked, records differing): every live worker's local tables for the
+    partitions it owns, read-only beside the running worker, against its changelog topics folded
+    (last write wins). A worker writes its local store only after the changelog acknowledged
+    the records, and nobody else writes a partition it owns, so after the last persist they are
+    equal, unless a recovery left a hole. Read again until every partition is owned and equal, or
+    `settle_s` passed (a persist, or a restart's hand-over, may be on its way)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        folded = {name: await _fold_changelog(stack, name) for name in TABLES}
+        checked = differing = 0
+        details: list[str] = []
+        for w, proc in procs.items():
+            log_path = stack.tmp / f"worker-{w}.log"
+            if proc.poll() is not None or not log_path.exists():
+                continue
+            for partition in sorted(owned_partitions(log_path.read_text(errors="replace"))):
+                checked += 1
+                for name in TABLES:
+                    local = _read_local_table(stack, w, name, partition)
+                    if local is None:
+                        continue  # not opened yet
+                    want = folded[name].get(partition, {})
+                    keys = [k for k in local.keys() | want.keys() if local.get(k) != want.get(k)]
+                    differing += len(keys)
+                    details += [
+                        f"worker {w} {name}-{partition} key {k.hex()}: local "
+                        f"{_summary(local.get(k))}, changelog {_summary(want.get(k))}"
+                        for k in keys[:5]
+                    ]
+        # Settled: every partition owned by a live worker (a restart's rebalance may still be
+        # handing them over) and no difference.
+        if (differing == 0 and checked == stack.settings.topic_partitions) or time.monotonic() > deadline:
+            for line in details[:10]:  # what differs, for the failure's diagnosis
+                print(f"local table differs: {line}")
+            return checked, differing
+        await asyncio.sleep(1.0)
+
+
+async def _fold_changelog(stack: Stack, table: str) -> dict[int, dict[bytes, bytes]]:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    topic = f"{stack.settings.app_id}-{table}-changelog"
+    consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.kafka_bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in range(stack.settings.topic_partitions)]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        ends = await consumer.end_offsets(parts)
+        folded: dict[int, dict[bytes, bytes]] = {p.partition: {} for p in parts}
+
+        async def behind() -> bool:
+            return any([await consumer.position(tp) < ends[tp] for tp in parts])
+
+        while await behind():
+            for tp, records in (await consumer.getmany(timeout_ms=1000)).items():
+                for record in records:
+                    if record.offset >= ends[tp] or record.key is None:
+                        continue
+                    if record.value is None:
+                        folded[tp.partition].pop(record.key, None)
+                    else:
+                        folded[tp.partition][record.key] = record.value
+        return folded
+    finally:
+        await consumer.stop()
+
+
+def _summary(value: bytes | None) -> str:
+    """A record for a diagnosis line: absent, or its size and the start of its msgpack."""
+    if value is None:
+        return "absent"
+    import msgspec
+
+    try:
+        decoded = str(msgspec.msgpack.decode(value))
+    except msgspec.DecodeError:
+        decoded = value[:40].hex()
+    return f"{len(value)} B {decoded[:160]}"
+
+
+def _read_local_table(stack: Stack, worker: int, table: str, partition: int) -> dict[bytes, bytes] | None:
+    """The worker's RocksDB database for the table partition, opened read-only (no lock: the
+    worker keeps it open), without faust's own bookkeeping keys."""
+    from rocksdict import AccessType, Options, Rdict
+
+    tables = stack.tmp / f"worker-{worker}-data" / stack.settings.app_id / "v1" / "tables"
+    path = tables / f"{table}-{partition}.db"
+    if not path.exists():
+        return None
+    db = Rdict(str(path), options=Options(raw_mode=True), access_type=AccessType.read_only())
+    try:
+        items = cast(list[tuple[bytes, bytes]], list(db.items()))  # raw mode: bytes both
+        return {k: v for k, v in items if not k.startswith(b"__faust")}
+    finally:
+        db.close()
 
 
 async def _check_frames(
@@ -257,8 +386,8 @@ async def _check_frames(
         if user in gapped:
             report.frame_users_gap += 1
             continue
-        view = views.get(user)
-        got = [dict(r) for _, r in sorted(view.known().items())] if view else []
+        known = views.get(user)
+        got = [dict(r) for _, r in sorted(known.known().items())] if known else []
         if got == wanted.get(user, []):
             report.frame_users_equal += 1
         else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shlex
 import signal
 import socket
 import subprocess
@@ -32,11 +33,7 @@ class Stack:
         self.env = {
             **os.environ,
             "PROJECTOR_APP_ID": f"{name}-app",
-            "PROJECTOR_TOPIC_MAILBOX_TAIL": f"{name}-mailbox-tail",
-            "PROJECTOR_TOPIC_SESSION_DELTA": f"{name}-session-delta",
-            "PROJECTOR_TOPIC_BADGE": f"{name}-badge",
-            "PROJECTOR_TOPIC_DEAD_LETTER": f"{name}-dead-letter",
-            "PROJECTOR_TOPIC_PUSH": f"{name}-push",
+            **Settings.topic_env(name),
             "PROJECTOR_TOPIC_PARTITIONS": str(partitions),
             "PROJECTOR_CASSANDRA_KEYSPACE": name.replace("-", "_")[:48],
             "PROJECTOR_PROJECTION_NAMESPACE": name,
@@ -246,6 +243,12 @@ class Stack:
             return {tp.partition: offset for tp, offset in (await consumer.end_offsets(tps)).items()}
         finally:
             await consumer.stop()
+
+    def write_env(self, path: Path) -> None:
+        """The stack's PROJECTOR_ settings as shell assignments (`set -a; . stack.env`: its
+        topics, keyspace and namespace for a post-mortem with the projector's own commands)."""
+        lines = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()) if k.startswith("PROJECTOR_")]
+        path.write_text("\n".join(lines) + "\n")
 
     async def cleanup(self) -> None:
         self.stop_workers(signal.SIGKILL)

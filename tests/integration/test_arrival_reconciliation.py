@@ -87,7 +87,6 @@ async def test_one_dropped_entry_is_reported_once_through_duplicates_a_kill_and_
     badges = read_jsonl(out / "badges.jsonl")
     versions = {b["user_id"]: b["projection_mailbox_seq"] for b in badges}
 
-
     # Records read again: a third of the entries sent once more (the markers are not).
     entries = [line for line in lines if b'"watermark"' not in line]
     await stack.produce(entries[::3])

@@ -37,13 +37,7 @@ async def test_bootstrap_twice_is_idempotent(
     from app.stores.schema import TABLES
 
     keyspace = unique_name("boot", sep="_")
-    topics = {
-        "PROJECTOR_TOPIC_MAILBOX_TAIL": unique_name("mailbox-tail"),
-        "PROJECTOR_TOPIC_SESSION_DELTA": unique_name("session-delta"),
-        "PROJECTOR_TOPIC_BADGE": unique_name("badge"),
-        "PROJECTOR_TOPIC_DEAD_LETTER": unique_name("dead-letter"),
-        "PROJECTOR_TOPIC_PUSH": unique_name("push"),
-    }
+    topics = Settings.topic_env(unique_name("boot"))
     topics_to_delete.extend(topics.values())
     env = {
         **servers.as_env(),

@@ -98,7 +98,8 @@ async def run_overload(
         *("--seed", str(seed + 1), "--out", str(stream), "--no-kafka", "--progress", "never"),
         timeout=3600,
     )
-    lines = [line for line in stream.read_bytes().splitlines() if line.strip()]
+    with stream.open("rb") as f:  # line by line: no second copy of a multi-GB file in memory
+        lines = [line.rstrip(b"\r\n") for line in f if line.strip()]
     lines_per_entry = len(lines) / max(1, _entries(lines))
     records = placed(lines, stack.settings.topic_partitions)
     port = free_port()

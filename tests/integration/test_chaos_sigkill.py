@@ -70,6 +70,8 @@ async def test_twenty_sigkills_during_a_million_entries(
         unplanned_worker_exits=report.crashes,
         exit_reasons=sorted(set(report.crash_lines)),
         batches_refused=report.gaps_refused,
+        local_partitions_checked=report.local_partitions_checked,
+        local_table_records_differing=report.local_table_differences,
         peak_rss_mib=round(report.peak_rss_kib / 1024, 1),
         catch_up_s=round(report.catch_up_s, 1),
         duration_s=round(report.elapsed_s, 1),
@@ -79,4 +81,5 @@ async def test_twenty_sigkills_during_a_million_entries(
     assert (report.mismatched_rows, report.mismatched_badges) == (0, 0), report.line()
     assert (report.lost_unread, report.double_counted) == (0, 0), report.line()
     assert report.frame_users_wrong == 0, f"{report.frame_users_wrong} users' frames differ silently"
+    assert report.local_table_differences == 0, report.line()
     assert report.crashes == 0, f"{report.crashes} workers exited by themselves: {set(report.crash_lines)}"

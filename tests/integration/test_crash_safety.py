@@ -39,6 +39,8 @@ async def test_random_sigkills_with_a_backlog_under_cpu_contention_lose_nothing(
     print("\n".join(report.timeline) + "\n" + report.line())
     assert report.kills >= 5 and report.data_lost >= 1
     assert (report.mismatched_rows, report.mismatched_badges) == (0, 0), report.line()
+    assert report.local_partitions_checked == stack.settings.topic_partitions, report.line()
+    assert report.local_table_differences == 0, report.line()
 
 
 @pytest.mark.chaos
@@ -60,3 +62,4 @@ async def test_full_size_crash_run(make_stack: Callable[..., Stack], tmp_path: P
     report = await run_crash_scenario(stack, tmp_path, plan)
     print("\n".join(report.timeline) + "\n" + report.line())
     assert (report.mismatched_rows, report.mismatched_badges) == (0, 0), report.line()
+    assert report.local_table_differences == 0, report.line()

@@ -142,8 +142,7 @@ def identical_once(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 async def settle(stack: Stack, s: StreamBuilder, everything: list[bytes], user: int = ME) -> None:
     """Store, produce and apply the stream's new lines (closed by every lane's marker)."""
-    lines = s.close()
-    s.lines = []
+    lines = s.close_part()
     everything += lines
     await asyncio.to_thread(store_messages, stack.settings, lines)
     await stack.produce(lines)

@@ -101,6 +101,13 @@ class StreamBuilder:
             self.marker(lane, self.seq)
         return self.lines
 
+    def close_part(self) -> list[bytes]:
+        """`close()`, then start the next part of the same stream (seqs go on): the parts are
+        fed one after the other (a batch, a crash, a restart between them)."""
+        part = self.close()
+        self.lines = []
+        return part
+
 
 def rows_by_key(projections: list[dict[str, Any]]) -> dict[tuple[int, str], dict[str, Any]]:
     return {(row["user_id"], row["conversation_id"]): row for row in projections}

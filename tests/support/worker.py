@@ -114,3 +114,39 @@ WHOLE_STREAMS = settings(
     deadline=None,  # whole streams per example
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+
+
+class StreamRig:
+    """One stream's worker run against its replay: the expected outputs, the ports that survive
+    a crash (tables, stores, outbox, clock) and a fresh core over them (a restart)."""
+
+    def __init__(self, stream: Any, seed: int, hot_rows: int = 500_000) -> None:
+        from app.replay import ReplayOptions, run_replay
+
+        self.lanes: int = stream.lanes
+        self.lines = [line for line in stream.lines() if line.strip()]
+        self.expected = run_replay(self.lines, ReplayOptions(lanes=self.lanes))
+        self.rnd = random.Random(seed)
+        self.store = message_store_for(self.lines, self.lanes)
+        self.tables = MemoryTables()
+        self.projections = InMemoryProjectionStore()
+        self.outbox = RecordingOutbox()
+        self.clock = ManualClock()
+        self.records = records(self.lines)
+        self.hot_rows = hot_rows
+
+    def new_core(self) -> WorkerCore:
+        return make_core(
+            self.lanes,
+            self.tables,
+            self.store,
+            self.projections,
+            self.outbox,
+            self.clock,
+            hot_rows=self.hot_rows,
+        )
+
+    def reread_from(self, durable: int | None) -> list[RawRecord]:
+        """What a restarted worker reads: from the durable offset (the last persist), or from a
+        few records earlier (an older commit)."""
+        return self.records[max(0, (durable or 0) - self.rnd.randint(0, 5)) :]

@@ -333,3 +333,14 @@ def test_invalid_kafka_group_settings_give_clear_errors(env: dict[str, str], fra
     with pytest.raises(SettingsError) as raised:
         Settings.from_env(env)
     assert fragment in str(raised.value)
+
+
+def test_topic_env_names_every_topic_after_the_prefix() -> None:
+    """A stack or benchmark passing `topic_env` leaves no product topic at its default name:
+    one that named only the topics it knew created the default `push` on the shared broker."""
+    env = Settings.topic_env("run-1")
+    s = Settings.from_env(env)
+    assert set(s.topics) == set(env.values())
+    assert all(topic.startswith("run-1-") for topic in s.topics)
+    assert not set(s.topics) & set(Settings().topics)
+    assert env["PROJECTOR_TOPIC_DEAD_LETTER"] == "run-1-dead-letter"

@@ -80,3 +80,32 @@ def test_a_full_array_widens_when_the_seq_that_overflows_it_is_past_2_to_the_32(
     grown, new = seqs.added(full, big)
     assert new and seqs.has(grown, big) and seqs.size(grown) == seqs.SMALL_MAX + 1
     assert seqs.added(grown, big)[1] is False
+
+
+@given(steps=st.lists(st.integers(-3, 40), max_size=130), start=st.integers(1, 2**32 + 5))
+def test_added_in_mostly_ascending_order_matches_a_set_and_the_packed_layout(
+    steps: list[int], start: int
+) -> None:
+    """`added` with the seqs a row sees (ascending, some repeats and a few behind): the same
+    set and the same 'new' answers as a plain set, and while small the packed bytes are the
+    sorted seqs as an array('Q') (the layout dump writes and older records hold)."""
+    from array import array
+
+    model: set[int] = set()
+    value: seqs.Seqs = None
+    seq = start
+    seen: list[int] = []
+    for step in steps:
+        seq = max(1, seq + step)
+        seen.append(seq)
+        value, new = seqs.added(value, seq)
+        assert new == (seq not in model)
+        model.add(seq)
+        assert seqs.size(value) == len(model)
+        if isinstance(value, bytes):
+            assert value == array("Q", sorted(model)).tobytes()
+        assert seqs.highest(value) == max(model)
+    plain: seqs.Seqs = None
+    for each in seen:
+        plain = seqs.add(plain, each)
+    assert seqs.size(plain) == len(model)

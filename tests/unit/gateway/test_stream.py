@@ -135,6 +135,8 @@ async def test_credentials(served: Served) -> None:
             (served.auth(), {"access_token": "v1.nope.nope"}, 401),
             (served.auth(), {"last_event_id": "-1"}, 400),
             ({**served.auth(), "Last-Event-ID": "x"}, {}, 400),
+            # A bad parameter is refused even beside a valid header that would win (API fuzz).
+            ({**served.auth(), "Last-Event-ID": "2"}, {"last_event_id": "\u0080x"}, 400),
             (served.auth(), {"nope": "1"}, 400),
         ]:
             async with http.get(served.url + "/v1/stream", headers=headers, params=params) as resp:

@@ -118,11 +118,9 @@ def background_core(
 def test_a_batch_goes_on_while_a_flush_waits_for_the_changelog_and_its_own_flush_for_its_persist() -> None:
     s = Builder()
     s.message(7, 1, conv=CONV_A)
-    first = s.close()
-    s.lines = []
+    first = s.close_part()
     s.message(7, 2, conv=CONV_B)
-    second = s.close()
-    s.lines = []
+    second = s.close_part()
     s.message(8, 3, conv=CONV_A)
     third = s.close()
     lines = [*first, *second, *third]
@@ -169,8 +167,7 @@ def test_nothing_of_a_released_partition_is_written_after_its_hand_over() -> Non
     the new owner flushes that work from the hand-over's records."""
     s = Builder()
     s.message(7, 1, conv=CONV_A)
-    first = s.close()
-    s.lines = []
+    first = s.close_part()
     s.message(8, 2, conv=CONV_B)
     second = s.close()
     lines = [*first, *second]

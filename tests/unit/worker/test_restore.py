@@ -225,8 +225,7 @@ def test_a_restart_with_persistence_that_lost_the_last_writes_is_found_by_the_ru
     s = Builder()
     s.message(7, 1)
     s.message(8, 1, conv=CONV_B)
-    first = s.close()
-    s.lines = []
+    first = s.close_part()
     s.message(8, 2, conv=CONV_B)
     second = s.close()
     expected = run_replay([*first, *second], ReplayOptions())
@@ -272,8 +271,7 @@ def test_users_evicted_from_the_store_are_restored_once_a_flush_finds_them_missi
     s = Builder()
     s.message(7, 1, conv=CONV_A)
     s.message(7, 1, conv=CONV_B)
-    first = s.close()
-    s.lines = []
+    first = s.close_part()
     s.message(7, 2, conv=CONV_A)
     second = s.close()
     expected = run_replay([*first, *second], ReplayOptions())
