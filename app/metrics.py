@@ -68,6 +68,7 @@ WORKER_METRICS: Final = (
     "projector_frames_emitted_total",
     "projector_member_notices_total",
     "projector_member_notices_ahead_of_roster_total",
+    "projector_outbound_send_failures_total",
     "projector_unread_drift_ratio",
     "projector_unread_audited_rows_total",
     "projector_unread_drift_corrected_rows_total",
@@ -243,6 +244,12 @@ class WorkerMetrics:
             "changes applied before them (a client re-reading then may see the old roster)",
             registry=r,
         )
+        self.outbound_send_failures = Counter(
+            "projector_outbound_send_failures",
+            "Sends of dead letters / member notices that raised (kept, and sent again before the "
+            "partition's next persist, which waits for them)",
+            registry=r,
+        )
         self.unread_drift_ratio = Gauge(
             "projector_unread_drift_ratio",
             "Share of the rows the last unread audit round compared whose stored row or state "
@@ -402,6 +409,7 @@ class WorkerMetrics:
         self.frames_emitted.inc(seen.delta("frames", stats.frames))
         self.member_notices.inc(seen.delta("notices", stats.notices))
         self.member_notices_ahead.inc(seen.delta("notices_ahead", stats.notices_ahead_of_roster))
+        self.outbound_send_failures.inc(seen.delta("outbound_send_failures", stats.outbound_send_failures))
         self.unread_audited_rows.inc(seen.delta("audited_rows", stats.audited_rows))
         self.unread_drift_corrected_rows.inc(seen.delta("audit_corrected_rows", stats.audit_corrected_rows))
         self.unread_drift_ratio.set(stats.audit_drift_ratio)

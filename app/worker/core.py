@@ -85,6 +85,9 @@ class WorkerStats(ProcessingStats):
     frames: int = 0
     notices: int = 0  # MEMBER_NOTICE frames produced (app/domain/notices.py)
     notices_ahead_of_roster: int = 0  # of them, sent while the mirror's roster write failed
+    # Sends of a batch's dead letters / member notices that raised (kept and sent again before
+    # the partition's next persist, which waits for them).
+    outbound_send_failures: int = 0
     state_writes: int = 0
     state_write_failures: int = 0
     state_unmirrorable: int = 0
@@ -161,6 +164,11 @@ class PartitionState:
         self.committed_offset: int | None = None
         # (expected offset, first skipped offset) of a hole seen once and not confirmed yet.
         self.hole_seen: tuple[int, int] | None = None
+        # Dead letters and member notices of applied batches whose send raised: events, not
+        # state, so no later flush restates them; the next persist sends them first and fails
+        # while it cannot (a crash then re-reads their records and produces them again).
+        self.owed_dead_letters: list[tuple[bytes | None, bytes]] = []
+        self.owed_notices: list[tuple[bytes, bytes]] = []
 
     @property
     def unpersisted_since(self) -> int | None:
@@ -460,10 +468,8 @@ class WorkerCore:
                 mirror.stage(step.mirror)
                 if mirror.behind:
                     await mirror.drain()  # backpressure: Cassandra is behind
-            if step.dead_letters:
-                await self._dead_letters(fresh, step.dead_letters)
-            if step.notices:
-                await self._notices(step.notices)
+            if step.dead_letters or step.notices:
+                await self._outbound(state, fresh, step.dead_letters, step.notices)
         if state.unpublished:
             if self.background_publish and len(state.unpublished) <= self.max_queued_flushes:
                 self.publish_wanted.set()  # the flush scheduler publishes it
@@ -471,7 +477,65 @@ class WorkerCore:
                 await self.publish(state)
         return admission
 
-    async def _dead_letters(self, records: Sequence[RawRecord], letters: Sequence[tuple[int, Any]]) -> None:
+    async def _outbound(
+        self,
+        state: PartitionState,
+        records: Sequence[RawRecord],
+        letters: Sequence[tuple[int, Any]],
+        notices: Sequence[MemberNotice],
+    ) -> None:
+        """Send a batch's dead letters and member notices (events: nothing else carries them).
+        Its state is applied already, so a send that raises (the producer gave up: broker away
+        past its timeouts) must not lose them: they stay owed with the partition, and no persist
+        makes its offsets durable before they are sent (`_send_owed`). Raising here instead, as
+        the worker once did, left the batch applied and its letters gone: the next persist moved
+        the offsets past records no dead-letter topic ever saw."""
+        if letters:
+            state.owed_dead_letters += self._dead_letters(records, letters)
+        if notices:
+            mirror = self.mirror
+            # A notice says "re-read the roster", which the Cassandra mirror writes: the member
+            # changes staged up to here (a join applied before the notice) are written first.
+            # Notices are rare (a join or leave, once per member), so waiting costs the intake
+            # little. A failed round (Cassandra failing) does not hold them back: the changes
+            # stay owed and the mirror retries, and a notice is a hint to re-read, never a fact
+            # (seed 004); the notices sent ahead of their roster are counted.
+            if mirror is not None and not await mirror.drain():
+                self.stats.notices_ahead_of_roster += len(notices)
+            state.owed_notices += [(str(n.user_id).encode(), orjson.dumps(n.frame())) for n in notices]
+        try:
+            await self._send_owed(state)
+        except Exception as exc:
+            self.stats.outbound_send_failures += 1
+            log.warning(
+                "partition %d: sending %d dead letters and %d member notices failed (%s: %s); "
+                "sent again before the partition's next persist",
+                state.partition,
+                len(state.owed_dead_letters),
+                len(state.owed_notices),
+                type(exc).__name__,
+                exc,
+            )
+
+    async def _send_owed(self, state: PartitionState) -> None:
+        """Send what the partition's applied batches owe the dead-letter topic and the clients;
+        raises while it cannot. At least once: a send that failed part way is sent whole again
+        (a client reacts to a notice once; a dead letter names its record's offset).
+
+        Member notices go now, as their entries are applied, not with the flush: sent before any
+        persist covers the batch, a crash re-reads the entries and sends them again, and a
+        duplicate entry, never applied, sends nothing."""
+        if state.owed_dead_letters:
+            await self.outbox.dead_letters(state.owed_dead_letters)
+            state.owed_dead_letters = []
+        if state.owed_notices:
+            await self.outbox.notices(state.owed_notices)
+            self.stats.notices += len(state.owed_notices)
+            state.owed_notices = []
+
+    def _dead_letters(
+        self, records: Sequence[RawRecord], letters: Sequence[tuple[int, Any]]
+    ) -> list[tuple[bytes | None, bytes]]:
         kinds = self.stats.dead_letter_kinds
         out: list[tuple[bytes | None, bytes]] = []
         for index, letter in letters:
@@ -485,26 +549,7 @@ class WorkerCore:
             self.dead_letter_log.log(
                 "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, letter.kind
             )
-        await self.outbox.dead_letters(out)
-
-    async def _notices(self, notices: Sequence[MemberNotice]) -> None:
-        """Send the batch's member notices now, as its entries are applied (not with the flush):
-        a notice is an event, not state, so it cannot be restated by a later flush the way rows
-        are. Sent before any persist covers the batch, so a crash before that persist re-reads
-        the entries and sends them again (at least once; clients react to a notice once), and a
-        duplicate entry, never applied, sends nothing.
-
-        A notice says "re-read the roster", which the Cassandra mirror writes: the member changes
-        this worker staged up to here (a join applied before the notice) are written first.
-        Notices are rare (a join or leave, once per member), so waiting costs the intake little.
-        A failed round (Cassandra failing) does not hold the notices back: the changes stay owed
-        and the mirror retries, and a notice is a hint to re-read, never a fact (seed 004); the
-        notices sent ahead of their roster are counted."""
-        mirror = self.mirror
-        if mirror is not None and not await mirror.drain():
-            self.stats.notices_ahead_of_roster += len(notices)
-        await self.outbox.notices([(str(n.user_id).encode(), orjson.dumps(n.frame())) for n in notices])
-        self.stats.notices += len(notices)
+        return out
 
     def expected_offset(self, partition: int) -> int | None:
         """Where the partition's state stands in the log (None: not placed yet)."""
@@ -551,6 +596,9 @@ class WorkerCore:
 
     async def _persist(self, state: PartitionState, handing_over: bool) -> None:
         async with self._state_lock:  # no batch is applied meanwhile: one consistent snapshot
+            # The events of the batches this persist makes durable go out first (raises while
+            # they cannot: nothing is written then, and a crash re-reads their records).
+            await self._send_owed(state)
             mirror = self.mirror
             owed: dict[tuple[int, str], dict[str, Any]] = {}
             if mirror is not None:

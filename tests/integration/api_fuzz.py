@@ -246,6 +246,9 @@ class Caller:
         # (followed along a link) must be accepted.
         self.issued: set[str] = set()
         self.ticket_owner: dict[str, str] = {}
+        # A cursor is bound to the user it was issued to: another user's sending it (a link
+        # followed with the other token) is rightly a 400, not a valid request refused.
+        self.cursor_owner: dict[str, int] = {}
 
     def _real_group(self, case: Any) -> None:
         """Random UUIDs name no group (always 403): half of the member cases ask about a real
@@ -260,13 +263,13 @@ class Caller:
         if case.path_parameters and "chat_session_uid" in case.path_parameters:
             case.path_parameters["chat_session_uid"] = group
 
-    def _excluded_checks(self, case: Any) -> list[Any]:
+    def _excluded_checks(self, case: Any, caller: User) -> list[Any]:
         query = case.query or {}
         excluded = []
+        cursor = query.get("cursor")
         if any(
-            isinstance(v, str) and v not in self.issued
-            for v in (query.get("cursor"), query.get("access_token"))
-        ):
+            isinstance(v, str) and v not in self.issued for v in (cursor, query.get("access_token"))
+        ) or (isinstance(cursor, str) and self.cursor_owner.get(cursor, caller.user_id) != caller.user_id):
             excluded.append(positive_data_acceptance)
         token = query.get("access_token")
         # The fuzzer may send any JSON there (a dict is unhashable): only a string can be ours.
@@ -276,11 +279,13 @@ class Caller:
             excluded.append(ignored_auth)
         return excluded
 
-    def _remember(self, body: Any) -> None:
+    def _remember(self, body: Any, caller: User, status: int) -> None:
         if isinstance(body, dict):
             for name in ("next_cursor", "ticket"):
                 if isinstance(body.get(name), str):
                     self.issued.add(body[name])
+            if status == 200 and isinstance(body.get("next_cursor"), str):
+                self.cursor_owner[body["next_cursor"]] = caller.user_id
             if isinstance(body.get("ticket"), str):
                 self.ticket_owner[body["ticket"]] = body.get("user_id")
 
@@ -304,10 +309,12 @@ class Caller:
         problems: list[str] = []
         if status >= 500 and status != 503:
             problems.append(f"{operation}: {status} for {case.as_curl_command(headers=headers)}")
-        self._remember(body)
+        self._remember(body, caller, status)
         if response is not None:
             try:
-                case.validate_response(response, headers=headers, excluded_checks=self._excluded_checks(case))
+                case.validate_response(
+                    response, headers=headers, excluded_checks=self._excluded_checks(case, caller)
+                )
             except FailureGroup as exc:  # the checks that failed (a BaseExceptionGroup)
                 problems.append(f"{operation}: {str(exc)[:1500]}")
         problems += cross_user_problems(operation, caller, other, status, body, _group_of(case))

@@ -7,6 +7,7 @@ topic."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -173,5 +174,55 @@ def test_a_rebuild_sends_no_notice_and_kafka_routes_them_to_the_session_delta_to
         settings = Settings.from_env({"PROJECTOR_TOPIC_SESSION_DELTA": "sd"})
         await KafkaOutbox(sender, settings).notices([(b"17", b"{}")])  # type: ignore[arg-type]
         assert sender.sent == [("sd", [(b"17", b"{}")])]
+
+    asyncio.run(run())
+
+
+class FailingOutbox(OrderedOutbox):
+    """The producer gives up (broker away past its timeouts) while `down` is set: nothing of a
+    failing send arrives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = True
+        self.refused = 0
+
+    async def dead_letters(self, letters: Sequence[tuple[bytes | None, bytes]]) -> None:
+        if self.down:
+            self.refused += 1
+            raise ConnectionError("broker away")
+        await super().dead_letters(letters)
+
+    async def notices(self, notices: Sequence[tuple[bytes, bytes]]) -> None:
+        if self.down:
+            self.refused += 1
+            raise ConnectionError("broker away")
+        await super().notices(notices)
+
+
+def test_notices_and_dead_letters_whose_send_failed_are_sent_before_the_offsets_go_durable() -> None:
+    async def run() -> None:
+        tables, outbox, clock = MemoryTables(), FailingOutbox(), ManualClock()
+        core = worker(tables, outbox, clock, None)
+        lines, _ = join_and_notices()
+        lines = [b"{oops", *lines]
+        await core.on_records(records(lines))  # applied; the sends raised and are kept
+        assert outbox.refused == 1 and core.stats.outbound_send_failures == 1
+        assert outbox.letters == [] and outbox.notices_out == [] and core.stats.applied == 3
+        # No persist while they are owed: the offsets stay where a restart re-reads them.
+        clock.now += 1000
+        for _ in range(2):
+            with contextlib.suppress(ConnectionError):
+                await core.flush_due(clock.now)
+        assert core.durable_offsets().get(0) in (None, 0)
+        # A crash now re-reads the records and produces them again (the first core is gone).
+        # Here the broker comes back instead: the next persist sends them, then goes durable.
+        outbox.down = False
+        await core.flush_due(clock.now)
+        assert [letter["offset"] for letter in outbox.letters] == [0]
+        assert [key for key, _ in outbox.notices_out] == [str(ALICE).encode(), str(BOB).encode()]
+        assert outbox.log[:2] == ["notice", "notice"]  # before the flush's frames
+        assert core.durable_offsets() == {0: len(lines)}
+        assert core.stats.notices == 2
 
     asyncio.run(run())
