@@ -267,9 +267,9 @@ class Caller:
         query = case.query or {}
         excluded = []
         cursor = query.get("cursor")
-        if any(
-            isinstance(v, str) and v not in self.issued for v in (cursor, query.get("access_token"))
-        ) or (isinstance(cursor, str) and self.cursor_owner.get(cursor, caller.user_id) != caller.user_id):
+        if any(isinstance(v, str) and v not in self.issued for v in (cursor, query.get("access_token"))) or (
+            isinstance(cursor, str) and self.cursor_owner.get(cursor, caller.user_id) != caller.user_id
+        ):
             excluded.append(positive_data_acceptance)
         token = query.get("access_token")
         # The fuzzer may send any JSON there (a dict is unhashable): only a string can be ours.

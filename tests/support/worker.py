@@ -21,6 +21,7 @@ from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.memory_tables import MemoryTables
 from app.worker.core import WorkerConfig, WorkerCore
 from app.worker.ports import RawRecord
+from tests.support.builders import CONV_A
 from tests.support.clock import ManualClock
 
 
@@ -150,3 +151,23 @@ class StreamRig:
         """What a restarted worker reads: from the durable offset (the last persist), or from a
         few records earlier (an older commit)."""
         return self.records[max(0, (durable or 0) - self.rnd.randint(0, 5)) :]
+
+
+def pin_batch(offset: int) -> list[RawRecord]:
+    """One pin (staged for the mirror) and the watermark that releases it."""
+    seq = offset + 1
+    pin = {
+        "type": "pin",
+        "mailbox_seq": seq,
+        "lane": 0,
+        "ts": seq,
+        "event_id": f"e{seq}",
+        "user_id": 7,
+        "conversation_id": CONV_A,
+        "pin_rank": seq,
+    }
+    mark = {"type": "watermark", "lane": 0, "watermark": seq, "ts": seq}
+    return [
+        RawRecord("mailbox-tail", 0, 2 * offset, b"k", orjson.dumps(pin)),
+        RawRecord("mailbox-tail", 0, 2 * offset + 1, b"k", orjson.dumps(mark)),
+    ]

@@ -33,6 +33,7 @@ from tests.support.worker import (
     batches,
     make_core,
     message_store_for,
+    pin_batch,
     records,
 )
 
@@ -284,26 +285,6 @@ class GatedWriter(RecordingWriter):
         self.in_flight = {}
         self.written += len(taken)
         return len(taken)
-
-
-def pin_batch(offset: int) -> list[RawRecord]:
-    """One pin (staged for the mirror) and the watermark that releases it."""
-    seq = offset + 1
-    pin = {
-        "type": "pin",
-        "mailbox_seq": seq,
-        "lane": 0,
-        "ts": seq,
-        "event_id": f"e{seq}",
-        "user_id": 7,
-        "conversation_id": CONV_A,
-        "pin_rank": seq,
-    }
-    mark = {"type": "watermark", "lane": 0, "watermark": seq, "ts": seq}
-    return [
-        RawRecord("mailbox-tail", 0, 2 * offset, b"k", orjson.dumps(pin)),
-        RawRecord("mailbox-tail", 0, 2 * offset + 1, b"k", orjson.dumps(mark)),
-    ]
 
 
 def test_a_slow_mirror_holds_batches_back_only_past_its_backlog_bound_and_never_holds_a_flush() -> None:

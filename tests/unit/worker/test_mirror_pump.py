@@ -8,7 +8,6 @@ import asyncio
 from dataclasses import dataclass
 
 import msgspec
-import orjson
 
 from app.domain.processor import StateChange
 from app.domain.projector import ProjectorConfig
@@ -17,11 +16,10 @@ from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.memory_tables import MemoryTables
 from app.worker.core import WorkerConfig, WorkerCore
 from app.worker.mirror import MirrorPump
-from app.worker.ports import RawRecord
 from tests.support.builders import CONV_A, CONV_B
 from tests.support.clock import ManualClock
 from tests.support.mirror_writer import MirrorCassandra, MirrorWriter
-from tests.support.worker import RecordingOutbox
+from tests.support.worker import RecordingOutbox, pin_batch
 
 
 @dataclass
@@ -89,26 +87,6 @@ def test_a_failed_round_is_retried_after_its_backoff_and_the_newest_values_win()
         await pump.close()
 
     asyncio.run(run())
-
-
-def pin_batch(offset: int) -> list[RawRecord]:
-    """One pin (staged for the mirror) and the watermark that releases it."""
-    seq = offset + 1
-    pin = {
-        "type": "pin",
-        "mailbox_seq": seq,
-        "lane": 0,
-        "ts": seq,
-        "event_id": f"e{seq}",
-        "user_id": 7,
-        "conversation_id": CONV_A,
-        "pin_rank": seq,
-    }
-    mark = {"type": "watermark", "lane": 0, "watermark": seq, "ts": seq}
-    return [
-        RawRecord("mailbox-tail", 0, 2 * offset, b"k", orjson.dumps(pin)),
-        RawRecord("mailbox-tail", 0, 2 * offset + 1, b"k", orjson.dumps(mark)),
-    ]
 
 
 def test_once_the_mirror_caught_up_the_changelog_and_the_gauge_stop_saying_owed() -> None:
