@@ -192,10 +192,12 @@ class Settings:
     # batches, and batches leave their flushes to the flush scheduler (lower latency, bench
     # figures in bench/README.md). Off by default until the full-size crash runs are understood:
     # with it on they failed 2 of 4 runs on a loaded machine (main: 0 of 2), 1-2 rows staler
-    # than replay, the signature of the changelog-recovery hole fixed on 2026-12-02; since that
-    # fix, with it on: 8 of 8 CI-size crash runs and 1 of 1 full-size (20 kills) pass with 0
-    # differences. false = serial: a batch publishes its own flushes, a persist holds the
-    # intake until the changelog has it.
+    # than replay, the signature of the changelog-recovery hole fixed on 2026-12-02. Since that
+    # fix, with it on: 8 of 8 CI-size crash runs pass, and of 2 full-size runs (20 kills) one
+    # passes and one had 0 rows/badges differing but a worker's local pending table holding one
+    # released entry its changelog had deleted (not seen in serial runs; cause not found yet).
+    # false = serial: a batch publishes its own flushes, a persist holds the intake until the
+    # changelog has it.
     worker_overlap_flushes: bool = False
     # Dead letters are always counted and always sent to their topic; their log lines are capped
     # at this many per second (the rest summed up in one "N more suppressed" line a second at most;
