@@ -20,7 +20,7 @@ from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.memory_tables import MemoryTables
 from app.worker.core import WorkerConfig, WorkerCore
-from app.worker.ports import RawRecord
+from app.worker.ports import RawRecord, StateWriter
 from tests.support.builders import CONV_A
 from tests.support.clock import ManualClock
 
@@ -87,6 +87,28 @@ def make_core(
     )
     return WorkerCore(
         config, message_store=store, projection_store=projections, tables=tables, outbox=outbox, clock=clock
+    )
+
+
+def core_with_writer(
+    config: WorkerConfig,
+    tables: MemoryTables,
+    writer: StateWriter | None,
+    *,
+    outbox: RecordingOutbox | None = None,
+    projections: InMemoryProjectionStore | None = None,
+    clock: ManualClock | None = None,
+) -> WorkerCore:
+    """A core over in-memory stores with a Cassandra `StateWriter` (its mirror), as a worker
+    (re)started on `tables`."""
+    return WorkerCore(
+        config,
+        message_store=InMemoryMessageStore(),
+        projection_store=projections if projections is not None else InMemoryProjectionStore(),
+        tables=tables,
+        outbox=outbox if outbox is not None else RecordingOutbox(),
+        state_writer=writer,
+        clock=clock if clock is not None else ManualClock(),
     )
 
 

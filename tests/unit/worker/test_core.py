@@ -31,6 +31,7 @@ from tests.support.worker import (
     RecordingOutbox,
     StreamRig,
     batches,
+    core_with_writer,
     make_core,
     message_store_for,
     pin_batch,
@@ -230,15 +231,7 @@ def test_values_cassandra_cannot_hold_are_not_mirrored_and_a_failing_mirror_neve
         lanes=1,
         projector=ProjectorConfig(window_ms=100, max_dirty_rows=100_000, unread_precise_limit=200),
     )
-    core = WorkerCore(
-        config,
-        message_store=InMemoryMessageStore(),
-        projection_store=projections,
-        tables=tables,
-        outbox=outbox,
-        state_writer=writer,
-        clock=clock,
-    )
+    core = core_with_writer(config, tables, writer, outbox=outbox, projections=projections, clock=clock)
 
     async def run() -> None:
         await core.on_records(records(lines))
@@ -295,15 +288,7 @@ def test_a_slow_mirror_holds_batches_back_only_past_its_backlog_bound_and_never_
         mirror_spacing_ms=0,
     )
     tables = MemoryTables()
-    core = WorkerCore(
-        config,
-        message_store=InMemoryMessageStore(),
-        projection_store=InMemoryProjectionStore(),
-        tables=tables,
-        outbox=RecordingOutbox(),
-        state_writer=writer,
-        clock=ManualClock(),
-    )
+    core = core_with_writer(config, tables, writer)
     assert core.mirror is not None
     core.mirror.backlog_rows = 3
 
@@ -340,15 +325,7 @@ def test_a_slow_mirror_holds_batches_back_only_past_its_backlog_bound_and_never_
 
     # The worker dies with the round unacknowledged: the restart stages the owed writes again.
     rewriter = RecordingWriter()
-    restarted = WorkerCore(
-        config,
-        message_store=InMemoryMessageStore(),
-        projection_store=InMemoryProjectionStore(),
-        tables=tables,
-        outbox=RecordingOutbox(),
-        state_writer=rewriter,
-        clock=ManualClock(),
-    )
+    restarted = core_with_writer(config, tables, rewriter)
     asyncio.run(restarted.restore_assigned([0]))
     assert rewriter.unwritten[(7, CONV_A)]["state"]["pin_rank"] == 7
     assert restarted.stats.state_restaged_rows == 1

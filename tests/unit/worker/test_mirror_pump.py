@@ -11,15 +11,13 @@ import msgspec
 
 from app.domain.processor import StateChange
 from app.domain.projector import ProjectorConfig
-from app.stores.memory_messages import InMemoryMessageStore
-from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.memory_tables import MemoryTables
-from app.worker.core import WorkerConfig, WorkerCore
+from app.worker.core import WorkerConfig
 from app.worker.mirror import MirrorPump
 from tests.support.builders import CONV_A, CONV_B
 from tests.support.clock import ManualClock
 from tests.support.mirror_writer import MirrorCassandra, MirrorWriter
-from tests.support.worker import RecordingOutbox, pin_batch
+from tests.support.worker import core_with_writer, pin_batch
 
 
 @dataclass
@@ -102,15 +100,7 @@ def test_once_the_mirror_caught_up_the_changelog_and_the_gauge_stop_saying_owed(
         projector=ProjectorConfig(window_ms=100, max_dirty_rows=100_000, unread_precise_limit=200),
         mirror_spacing_ms=0,
     )
-    core = WorkerCore(
-        config,
-        message_store=InMemoryMessageStore(),
-        projection_store=InMemoryProjectionStore(),
-        tables=tables,
-        outbox=RecordingOutbox(),
-        state_writer=writer,
-        clock=clock,
-    )
+    core = core_with_writer(config, tables, writer, clock=clock)
     assert core.mirror is not None
     core.mirror.retry_max_s = 0.05
 
@@ -136,14 +126,6 @@ def test_once_the_mirror_caught_up_the_changelog_and_the_gauge_stop_saying_owed(
     assert gate["owing"] == []
     # A restart finds nothing to restage.
     rewriter = MirrorWriter(cassandra)
-    restarted = WorkerCore(
-        config,
-        message_store=InMemoryMessageStore(),
-        projection_store=InMemoryProjectionStore(),
-        tables=tables,
-        outbox=RecordingOutbox(),
-        state_writer=rewriter,
-        clock=ManualClock(),
-    )
+    restarted = core_with_writer(config, tables, rewriter)
     asyncio.run(restarted.restore_assigned([0]))
     assert restarted.stats.state_restaged_rows == 0 and rewriter.owed() == {}

@@ -15,14 +15,12 @@ from app.domain.projector import ProjectorConfig
 from app.rebuild.by_replay import SilentOutbox
 from app.runtime.outbox import KafkaOutbox
 from app.settings import Settings
-from app.stores.memory_messages import InMemoryMessageStore
-from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.memory_tables import MemoryTables
 from app.worker.core import WorkerConfig, WorkerCore
 from tests.support.builders import CONV_A, StreamBuilder
 from tests.support.clock import ManualClock
 from tests.support.mirror_writer import MirrorCassandra, MirrorWriter
-from tests.support.worker import RecordingOutbox, records
+from tests.support.worker import RecordingOutbox, core_with_writer, records
 
 ALICE, BOB, CAROL = 11982011376358104761, 17, 5000
 
@@ -53,15 +51,7 @@ def worker(
     tables: MemoryTables, outbox: RecordingOutbox, clock: ManualClock, writer: MirrorWriter | None
 ) -> WorkerCore:
     config = WorkerConfig(lanes=1, projector=ProjectorConfig(window_ms=100))
-    return WorkerCore(
-        config,
-        message_store=InMemoryMessageStore(),
-        projection_store=InMemoryProjectionStore(),
-        tables=tables,
-        outbox=outbox,
-        state_writer=writer,
-        clock=clock,
-    )
+    return core_with_writer(config, tables, writer, outbox=outbox, clock=clock)
 
 
 def join_and_notices() -> tuple[list[bytes], dict[int, int]]:
