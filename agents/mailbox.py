@@ -177,6 +177,13 @@ class MailboxIntake:
             self.assigned = set(partitions)
             for partition in partitions:
                 self.fetched_to.pop(partition, None)
+            # A partition the core still holds but this assignment does not name was never
+            # handed over here: its state must not be persisted (another worker writes its
+            # changelog now, and reads again what this one did not persist).
+            stale = sorted(set(self.core.partitions) - self.assigned)
+            if stale:
+                log.warning("partitions %s held but not assigned: dropped without a persist", stale)
+                self.core.drop(stale)
             await self.core.restore_assigned(sorted(partitions))
             self.assignments += 1
 
@@ -210,6 +217,8 @@ class MailboxIntake:
         the new owner restores it instead of reading it again."""
         self.assigned.difference_update(partitions)  # batches still queued for them are dropped
         async with self.lock:
+            # Again under the lock: an assignment that held it meanwhile may have named them.
+            self.assigned.difference_update(partitions)
             await self.core.release(partitions)
             await self.commit()
             self.core.forget(partitions)

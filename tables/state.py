@@ -8,7 +8,8 @@ Every write is routed to the changelog partition of the source partition it belo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Iterator
+import logging
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 import faust
@@ -34,26 +35,86 @@ from app.worker.ports import (
 # RocksDB's cache only has to keep index/filter blocks and recently read data blocks warm.
 ROCKSDB_OPTIONS: dict[str, Any] = {"block_cache_size": 16 * 1024 * 1024}
 
+log = logging.getLogger("projector.worker")
+
 ROW_KEY_BYTES = 24  # user id (8) + conversation UUID (16)
 PENDING_KEY_BYTES = 16  # user id (8) + mailbox_seq (8)
 
 
-def declare_tables(app: faust.App, partitions: int) -> dict[str, Any]:
+class WrittenPartitions:
+    """Per (table, partition) this worker writes: the first changelog offset of its latest
+    commit there (set by `FaustStateTables.commit`, cleared by its `hand_over`). Shared by the
+    four tables."""
+
+    def __init__(self) -> None:
+        self.since: dict[tuple[str, int], int] = {}
+        self.dropped = 0  # changelog records older than that, offered by faust's applier
+
+
+class WorkerTable(faust.Table[bytes, bytes]):
+    """A faust table whose changelog applier never writes the local store back in time.
+
+    While this worker writes a partition, its local store holds everything of the changelog
+    below its latest commit's first offset: the recovery read it all, and each commit wrote its
+    records locally once delivered, in order. faust's applier may still be handed records of the
+    partition from below that offset (records its changelog consumer fetched and buffered,
+    applied at its next `flush_buffers`, such as the start of the next rebalance, before the
+    worker's revocation hook runs); applied, they would put an older value of a row back under a
+    newer one, and faust's offset key back too. Those records are not applied (and counted:
+    logged as a warning). A record at or above that offset, or of a partition this worker does
+    not write, is applied as faust would."""
+
+    written: WrittenPartitions
+
+    def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
+        since = self.written.since
+        name = self.name
+        kept: list[Any] = []
+        older: list[tuple[int, int]] = []
+        for event in batch:
+            message = event.message
+            if message.offset < since.get((name, message.partition), -1):
+                older.append((message.partition, message.offset))
+            else:
+                kept.append(event)
+        if older:
+            self.written.dropped += len(older)
+            log.warning(
+                "changelog %s: %d records older than this worker's own commits not applied to the "
+                "local store (partition, offset) %s..%s",
+                name,
+                len(older),
+                min(older),
+                max(older),
+            )
+        if kept:
+            super().apply_changelog_batch(kept)
+
+
+def declare_tables(
+    app: faust.App, partitions: int, written: WrittenPartitions | None = None
+) -> dict[str, Any]:
     """Declare the tables on `app` (names become changelog topics: never rename casually)."""
+    shared = written if written is not None else WrittenPartitions()
 
     def table(name: str, help_text: str) -> Any:
-        return app.Table(
-            name,
+        declared = WorkerTable(
+            app,
+            name=name,
+            beacon=app.tables.beacon,
             default=None,
             partitions=partitions,
-            # bytes in, bytes out: keys and values are the worker's own encodings (UTF-8 keys,
-            # msgpack/JSON values). Any other type makes faust JSON-decode changelog records
-            # during recovery, which fails on them.
+            # bytes in, bytes out: keys and values are the worker's own encodings (UTF-8
+            # keys, msgpack/JSON values). Any other type makes faust JSON-decode changelog
+            # records during recovery, which fails on them.
             key_type=bytes,
             value_type=bytes,
             help=help_text,
             options=dict(ROCKSDB_OPTIONS),
         )
+        declared.written = shared
+        app.tables.add(declared)
+        return declared
 
     return {
         "rows": table("rows", "per-(user, conversation) state: flags, head, unread hand"),
@@ -87,11 +148,17 @@ class FaustStateTables:
 
     def __init__(self, tables: dict[str, Any], sender: BatchSender) -> None:
         self.sender = sender
+        self.written: WrittenPartitions = tables["rows"].written
         self.rows = tables["rows"]
         self.users = tables["users"]
         self.gates = tables["gates"]
         self.pending_table = tables["pending"]
         self._staged: list[tuple[Any, bytes, bytes | None, int]] = []
+
+    def hand_over(self, partition: int) -> None:
+        since = self.written.since
+        for key in [key for key in since if key[1] == partition]:
+            del since[key]
 
     @staticmethod
     def _db(table: Any, partition: int) -> Any:
@@ -158,6 +225,8 @@ class FaustStateTables:
             if offset is not None:
                 batch.put(tables[table_id].data.offset_key, str(offset).encode())
             db.write(batch)
+            if offset is not None:
+                self.written.since[(tables[table_id].name, partition)] = offset
 
     async def _deliver(
         self, staged: list[tuple[Any, bytes, bytes | None, int]], first_offsets: dict[tuple[int, int], int]

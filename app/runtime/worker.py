@@ -66,6 +66,7 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
     )
     sender = BatchSender(lambda: app.producer._ensure_producer())  # type: ignore[attr-defined]  # aiokafka driver
     tables = FaustStateTables(declare_tables(app, settings.topic_partitions), sender)
+    app.track_recoveries()
     metrics = WorkerMetrics() if settings.worker_metrics_port > 0 else None
     core = build_core(settings, tables, KafkaOutbox(sender, settings), metrics)
 
@@ -87,6 +88,15 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
 
     @app.on_rebalance_complete.connect  # type: ignore[arg-type]  # mode's signal stubs want sync
     async def on_rebalance_complete(sender: Any, **_: Any) -> None:
+        if not app.recovery_is_current:
+            log.info(
+                "a superseded table recovery completed (generation %s; the consumer's is %s, "
+                "revoked %s): the partitions are restored when the current one completes",
+                app.recovering_generation,
+                app.consumer_generation_id,
+                app.revoked_generation,
+            )
+            return
         assigned = [
             tp.partition for tp in app.assignor.assigned_actives() if tp.topic == settings.topic_mailbox_tail
         ]

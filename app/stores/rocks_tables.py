@@ -60,6 +60,9 @@ class RocksTables:
             db = self._dbs[(table, partition)] = Rdict(str(self.folder / f"{table}-{partition}"), options)
         return db
 
+    def hand_over(self, partition: int) -> None:
+        """Nothing else writes this store: a hand-over needs no bookkeeping."""
+
     def put_row(self, partition: int, user_id: int, conversation_id: str, blob: bytes) -> None:
         self._staged.append(("rows", partition, row_key(user_id, conversation_id), blob))
 

@@ -392,6 +392,15 @@ class WorkerCore:
         for partition in partitions:
             self.partitions.pop(partition, None)
 
+    def drop(self, partitions: Sequence[int]) -> None:
+        """Partitions held without being owned (never handed over): nothing of them is persisted
+        or published any more, and they are forgotten."""
+        for partition in partitions:
+            state = self.partitions.pop(partition, None)
+            if state is not None:
+                state.released = True
+                self.tables.hand_over(partition)
+
     # -- records ------------------------------------------------------------------------------
 
     async def on_records(self, records: Sequence[RawRecord]) -> dict[int, Admission]:
@@ -590,7 +599,11 @@ class WorkerCore:
         async with self._persist_lock:
             if state.released:
                 return
-            await self._persist(state, handing_over)
+            try:
+                await self._persist(state, handing_over)
+            finally:
+                if handing_over:
+                    self.tables.hand_over(state.partition)
             if handing_over:
                 state.released = True  # before any other persist can take the lock
 

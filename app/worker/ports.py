@@ -89,6 +89,12 @@ class StateTables(Protocol):
     """The changelog-backed tables (RocksDB + Kafka changelog in production). Every call names
     its partition: writes go to that partition's store and changelog partition, reads read it."""
 
+    def hand_over(self, partition: int) -> None:
+        """The partition's last persist here is done (or it is dropped): another worker writes
+        it next. Until then the worker's commits are the only writes its local store takes
+        that are older than them (tables/state.WorkerTable)."""
+        ...
+
     def put_row(self, partition: int, user_id: int, conversation_id: str, blob: bytes) -> None: ...
 
     def put_user(self, partition: int, user_id: int, blob: bytes) -> None: ...

@@ -58,6 +58,7 @@ class RecordingCore:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.stats = SimpleNamespace(intake_gaps_refused=0)
+        self.partitions: dict[int, Any] = {}
 
     async def on_batch(
         self, partition: int, records: Sequence[RawRecord], fetch_from: int | None, fetch_to: int
@@ -71,12 +72,20 @@ class RecordingCore:
 
     async def restore_assigned(self, partitions: Sequence[int]) -> None:
         self.calls.append(("restore", list(partitions)))
+        self.partitions.update(dict.fromkeys(partitions))
 
     async def release(self, partitions: Sequence[int]) -> None:
         self.calls.append(("release", list(partitions)))
 
     def forget(self, partitions: Sequence[int]) -> None:
         self.calls.append(("forget", list(partitions)))
+        for partition in partitions:
+            self.partitions.pop(partition, None)
+
+    def drop(self, partitions: Sequence[int]) -> None:
+        self.calls.append(("drop", list(partitions)))
+        for partition in partitions:
+            self.partitions.pop(partition, None)
 
     def durable_offsets(self) -> dict[int, int]:
         return {}
@@ -131,6 +140,39 @@ def test_a_revocation_waits_for_the_batch_in_progress_and_drops_the_queued_ones(
         ("forget", [0]),
         ("records", [9]),
     ]
+
+
+def test_a_revocation_that_waited_for_an_assignment_leaves_none_of_its_partitions_assigned() -> None:
+    """The assignment of a recovery completing late (it held the intake while a newer
+    rebalance's revocation waited) names the revoked partitions again: once the revocation has
+    released them, none of them is the intake's, and a later assignment drops without a persist
+    any the core still holds that it does not name."""
+    core = RecordingCore()
+    intake, _ = intake_with(core)
+
+    async def run() -> None:
+        await intake.lock.acquire()  # a batch in progress
+        late_assignment = asyncio.create_task(intake.assign([0, 1]))
+        await asyncio.sleep(0)
+        revocation = asyncio.create_task(intake.revoke([0, 1]))
+        await asyncio.sleep(0)
+        intake.lock.release()
+        await late_assignment
+        await revocation
+        assert intake.assigned == set()
+        await intake.process(batch(3, 0, 5))  # not ours: dropped
+        core.partitions[2] = None  # held, never handed over (no revocation named it)
+        await intake.assign([1])
+
+    asyncio.run(run())
+    assert core.calls == [
+        ("restore", [0, 1]),
+        ("release", [0, 1]),
+        ("forget", [0, 1]),
+        ("drop", [2]),
+        ("restore", [1]),
+    ]
+    assert intake.stale_batches == 1
 
 
 class PausingConsumer:

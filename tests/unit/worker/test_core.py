@@ -432,6 +432,50 @@ def test_a_partition_handed_over_takes_its_owed_cassandra_writes_along() -> None
     assert worker_b.stats.state_restaged_rows == 1
 
 
+class _OwnershipTables(MemoryTables):
+    """Records the commits and the hand-overs, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, int]] = []
+
+    def hand_over(self, partition: int) -> None:
+        self.events.append(("hand_over", partition))
+
+    async def commit(self) -> None:
+        await super().commit()
+        self.events.append(("commit", -1))
+
+
+def test_a_partition_is_handed_over_after_its_last_persist_and_a_dropped_one_without_any() -> None:
+    """While the worker writes a partition, the local store takes no changelog record older
+    than its own commits (tables/state.WorkerTable); that ends once the hand-over's persist is
+    committed, never before it. A partition dropped (held but not assigned) persists nothing."""
+    s = StreamBuilder()
+    s.message(7, 1)
+    s.read(7, 1)
+    tables = _OwnershipTables()
+    core = make_core(1, tables, InMemoryMessageStore(), InMemoryProjectionStore(), RecordingOutbox(), ManualClock())
+
+    async def run() -> None:
+        await core.restore_assigned([0])
+        await core.on_records(records(s.close()))
+        await core.release([0])
+        core.forget([0])
+        await core.release([0])  # revoked again: nothing more to hand over
+        await core.restore_assigned([1])
+        commits = tables.events.count(("commit", -1))
+        core.drop([1])
+        assert tables.events.count(("commit", -1)) == commits
+        assert 1 not in core.partitions
+
+    asyncio.run(run())
+    handed = [event for event in tables.events if event[0] == "hand_over"]
+    assert handed == [("hand_over", 0), ("hand_over", 1)]
+    first = tables.events.index(("hand_over", 0))
+    assert tables.events[first - 1] == ("commit", -1)
+
+
 def test_an_unreadable_owed_record_is_logged_and_the_partition_still_restores() -> None:
     s = StreamBuilder()
     s.message(7, 1)

@@ -1,0 +1,93 @@
+"""The worker's faust tables never write a partition's local store back in time (tables/state.py
+`WorkerTable`): while the worker writes a partition, faust's changelog applier may be handed
+records older than the worker's own latest commit there (fetched and buffered, applied at its
+next flush of buffers); applied, they would put old rows back under newer ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from faust.types import TP
+
+from app.runtime.app import new_faust_app
+from app.settings import Settings
+from app.kafka.batches import BatchSender
+from tables.state import FaustStateTables, WrittenPartitions, declare_tables
+
+
+def changelog_event(topic: str, partition: int, offset: int, key: bytes, value: bytes | None) -> Any:
+    """What faust's recovery hands `apply_changelog_batch`: an event and its message."""
+    message = SimpleNamespace(
+        tp=TP(topic, partition), topic=topic, partition=partition, offset=offset, key=key, value=value
+    )
+    return SimpleNamespace(message=message)
+
+
+def worker_tables(tmp_path: Path) -> tuple[dict[str, Any], WrittenPartitions]:
+    settings = Settings.from_env({"PROJECTOR_DATA_DIR": str(tmp_path), "PROJECTOR_TOPIC_PARTITIONS": "2"})
+    (tmp_path / settings.app_id).mkdir(parents=True, exist_ok=True)
+    written = WrittenPartitions()
+    return declare_tables(new_faust_app(settings), settings.topic_partitions, written), written
+
+
+def test_records_older_than_the_workers_own_commit_are_not_applied_and_others_are(tmp_path: Path) -> None:
+    tables, written = worker_tables(tmp_path)
+    rows = tables["rows"]
+    topic = rows.changelog_topic.get_topic_name()
+    store = rows.data
+    # The worker's own commit (tables/state.FaustStateTables.commit): the newer value, and
+    # faust's offset key at the commit's first changelog offset.
+    store._db_for_partition(0).put(b"row", b"v2")
+    store._db_for_partition(0).put(store.offset_key, b"40")
+    written.since[("rows", 0)] = 40
+
+    rows.apply_changelog_batch(
+        [
+            changelog_event(topic, 0, 30, b"row", b"v1"),  # its own older record, late
+            changelog_event(topic, 0, 31, b"other", None),
+            changelog_event(topic, 0, 40, b"row", b"v2"),  # the commit itself: harmless again
+            changelog_event(topic, 1, 7, b"row", b"standby"),  # a partition it does not write
+        ]
+    )
+
+    assert store._db_for_partition(0).get(b"row") == b"v2"
+    assert store.persisted_offset(TP(topic, 0)) == 40  # never back to 31
+    assert store._db_for_partition(1).get(b"row") == b"standby"
+    assert store.persisted_offset(TP(topic, 1)) == 7
+    assert written.dropped == 2
+
+
+def test_a_table_the_worker_never_committed_to_is_recovered_whole(tmp_path: Path) -> None:
+    """Only the table's own commits count: the rows' offsets say nothing about the users'."""
+    tables, written = worker_tables(tmp_path)
+    users = tables["users"]
+    topic = users.changelog_topic.get_topic_name()
+    written.since[("rows", 1)] = 500
+
+    users.apply_changelog_batch([changelog_event(topic, 1, 12, b"user", b"from-the-changelog")])
+
+    assert users.data._db_for_partition(1).get(b"user") == b"from-the-changelog"
+    assert written.dropped == 0
+
+
+def test_once_handed_over_a_partition_is_recovered_by_faust_again(tmp_path: Path) -> None:
+    tables, written = worker_tables(tmp_path)
+    gates = tables["gates"]
+    topic = gates.changelog_topic.get_topic_name()
+    written.since[("gates", 1)] = 90
+    written.since[("rows", 1)] = 700
+    written.since[("rows", 0)] = 300
+    faust_tables = FaustStateTables(tables, BatchSender(lambda: None))
+    faust_tables.hand_over(1)
+
+    gates.apply_changelog_batch([changelog_event(topic, 1, 12, b"gate", b"the-new-owners")])
+
+    assert gates.data._db_for_partition(1).get(b"gate") == b"the-new-owners"
+    assert written.since == {("rows", 0): 300}
+
+
+def test_the_four_tables_share_what_the_worker_writes(tmp_path: Path) -> None:
+    tables, written = worker_tables(tmp_path)
+    assert {id(table.written) for table in tables.values()} == {id(written)}
