@@ -128,14 +128,18 @@ class BatchIntakeConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         seeks = self.seeks
         assignment = consumer._subscription.subscription
         assignment = assignment.assignment if assignment is not None else None
-        before = _positions(assignment, active_partitions or ())
+        # A copy, taken in one C call: faust's event-loop thread pauses and resumes partitions
+        # in this very set while this thread iterates it ("Set changed size during iteration"
+        # stopped a worker's fetcher in a crash run).
+        partitions = tuple(active_partitions or ())
+        before = _positions(assignment, partitions)
         records = await super()._fetch_records(
             consumer, active_partitions, timeout=timeout, max_records=max_records
         )
         # No await since the fetch returned: these are the positions right after it.
         now = consumer._subscription.subscription
         now = now.assignment if now is not None else None
-        after = _positions(now, active_partitions or ())
+        after = _positions(now, partitions)
         moved_by_others = self.seeks != seeks or now is not assignment
         # Taken right after the fetch returned (records are from the position as it was then):
         # a seek of a partition after this makes the rest of its records stale (`seek_mark`).
