@@ -11,9 +11,9 @@ from typing import Any
 
 from faust.types import TP
 
+from app.kafka.batches import BatchSender
 from app.runtime.app import new_faust_app
 from app.settings import Settings
-from app.kafka.batches import BatchSender
 from tables.state import FaustStateTables, WrittenPartitions, declare_tables
 
 
@@ -59,32 +59,32 @@ def test_records_older_than_the_workers_own_commit_are_not_applied_and_others_ar
     assert written.dropped == 2
 
 
+def applied_at_offset_12(table: Any, partition: int) -> bytes | None:
+    """A changelog record at offset 12 of the table's partition offered to faust's applier:
+    what the local store holds under its key afterwards."""
+    topic = table.changelog_topic.get_topic_name()
+    table.apply_changelog_batch([changelog_event(topic, partition, 12, b"key", b"from-the-changelog")])
+    value: bytes | None = table.data._db_for_partition(partition).get(b"key")
+    return value
+
+
 def test_a_table_the_worker_never_committed_to_is_recovered_whole(tmp_path: Path) -> None:
     """Only the table's own commits count: the rows' offsets say nothing about the users'."""
     tables, written = worker_tables(tmp_path)
-    users = tables["users"]
-    topic = users.changelog_topic.get_topic_name()
     written.since[("rows", 1)] = 500
 
-    users.apply_changelog_batch([changelog_event(topic, 1, 12, b"user", b"from-the-changelog")])
-
-    assert users.data._db_for_partition(1).get(b"user") == b"from-the-changelog"
+    assert applied_at_offset_12(tables["users"], 1) == b"from-the-changelog"
     assert written.dropped == 0
 
 
 def test_once_handed_over_a_partition_is_recovered_by_faust_again(tmp_path: Path) -> None:
     tables, written = worker_tables(tmp_path)
-    gates = tables["gates"]
-    topic = gates.changelog_topic.get_topic_name()
     written.since[("gates", 1)] = 90
     written.since[("rows", 1)] = 700
     written.since[("rows", 0)] = 300
-    faust_tables = FaustStateTables(tables, BatchSender(lambda: None))
-    faust_tables.hand_over(1)
+    FaustStateTables(tables, BatchSender(lambda: None)).hand_over(1)
 
-    gates.apply_changelog_batch([changelog_event(topic, 1, 12, b"gate", b"the-new-owners")])
-
-    assert gates.data._db_for_partition(1).get(b"gate") == b"the-new-owners"
+    assert applied_at_offset_12(tables["gates"], 1) == b"from-the-changelog"
     assert written.since == {("rows", 0): 300}
 
 

@@ -455,7 +455,9 @@ def test_a_partition_is_handed_over_after_its_last_persist_and_a_dropped_one_wit
     s.message(7, 1)
     s.read(7, 1)
     tables = _OwnershipTables()
-    core = make_core(1, tables, InMemoryMessageStore(), InMemoryProjectionStore(), RecordingOutbox(), ManualClock())
+    core = make_core(
+        1, tables, InMemoryMessageStore(), InMemoryProjectionStore(), RecordingOutbox(), ManualClock()
+    )
 
     async def run() -> None:
         await core.restore_assigned([0])
