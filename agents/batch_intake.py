@@ -475,6 +475,30 @@ class ProjectorApp(faust.App):
                 self.recovering_generation = None
 
         recovery.on_recovery_completed = on_recovery_completed
+        self._watch_changelog_queue()
+
+    def _watch_changelog_queue(self) -> None:
+        """faust empties its changelog queue on every `flow_control.resume()` and `clear()`:
+        records fetched (the consumer's position is past them) and never applied. Each table is
+        told which of its records went that way (`tables/state.WorkerTable`), so its next
+        recovery reads through the hole instead of past it."""
+        manager: Any = self.tables
+        queue = manager.changelog_queue
+        changelogs = manager._changelogs  # changelog topic -> table
+        clear = queue.clear
+
+        def clear_and_note() -> None:
+            for event in list(queue._queue):
+                message = getattr(event, "message", None)
+                if message is None:
+                    continue
+                table = changelogs.get(message.topic)
+                note = getattr(table, "changelog_records_dropped", None)
+                if note is not None:
+                    note(message.partition, message.offset)
+            clear()
+
+        queue.clear = clear_and_note
 
     @property
     def recovery_is_current(self) -> bool:

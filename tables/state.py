@@ -13,6 +13,7 @@ from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 import faust
+from faust.types import TP
 from rocksdict import WriteBatch
 
 from app.kafka.batches import BatchSender
@@ -41,33 +42,48 @@ ROW_KEY_BYTES = 24  # user id (8) + conversation UUID (16)
 PENDING_KEY_BYTES = 16  # user id (8) + mailbox_seq (8)
 
 
-class WrittenPartitions:
-    """Per (table, partition) this worker writes: the first changelog offset of its latest
-    commit there (set by `FaustStateTables.commit`, cleared by its `hand_over`). Shared by the
-    four tables."""
+class LocalStoreGuard:
+    """What keeps the four tables' local stores (shared by them) from falling behind or going
+    back in time against their changelogs, beside faust's own recovery:
+
+    * `since`, per (table, partition) this worker writes: the first changelog offset of its
+      latest commit there (set by `FaustStateTables.commit`, cleared by its `hand_over`);
+    * `holes`, per (table, partition): the lowest changelog offset of records faust dropped
+      before applying them (cleared once a recovery of the partition as active has read
+      through it: `FaustStateTables.recovered`)."""
 
     def __init__(self) -> None:
         self.since: dict[tuple[str, int], int] = {}
-        self.dropped = 0  # changelog records older than that, offered by faust's applier
+        self.holes: dict[tuple[str, int], int] = {}
+        self.dropped = 0  # changelog records older than `since`, offered by faust's applier
+        self.holes_seen = 0  # changelog records faust dropped from its queue unapplied
 
 
 class WorkerTable(faust.Table[bytes, bytes]):
-    """A faust table whose changelog applier never writes the local store back in time.
+    """A faust table whose local store never goes back in time, and never skips a record.
 
-    While this worker writes a partition, its local store holds everything of the changelog
-    below its latest commit's first offset: the recovery read it all, and each commit wrote its
-    records locally once delivered, in order. faust's applier may still be handed records of the
-    partition from below that offset (records its changelog consumer fetched and buffered,
-    applied at its next `flush_buffers`, such as the start of the next rebalance, before the
-    worker's revocation hook runs); applied, they would put an older value of a row back under a
-    newer one, and faust's offset key back too. Those records are not applied (and counted:
-    logged as a warning). A record at or above that offset, or of a partition this worker does
-    not write, is applied as faust would."""
+    Back in time: while this worker writes a partition, its local store holds everything of
+    the changelog below its latest commit's first offset (the recovery read it all, and each
+    commit wrote its records locally once delivered, in order). faust's applier may still be
+    handed records of the partition from below that offset (records its changelog consumer
+    fetched and buffered, applied at its next `flush_buffers`, such as the start of the next
+    rebalance, before the worker's revocation hook runs); applied, they would put an older value
+    of a row back under a newer one. They are not applied (counted, logged).
 
-    written: WrittenPartitions
+    Skipping: faust clears its changelog queue on every `flow_control.resume()`, also after its
+    standby partitions started reading (the end of each recovery): the records queued then were
+    fetched (the consumer's position is past them) and are never applied, while the records
+    after them are, and faust's persisted offset moves past the hole. A standby that became
+    active restored its rows from that store: rows missing there were created again, empty (a
+    crash run: a pin, a join, a read and a deletion lost from four early rows). The queue's
+    clear is watched (`changelog_records_dropped`): the partition's persisted offset goes back
+    below the hole and stays there, so the next recovery reads through it."""
+
+    local_guard: LocalStoreGuard
 
     def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
-        since = self.written.since
+        guard = self.local_guard
+        since = guard.since
         name = self.name
         kept: list[Any] = []
         older: list[tuple[int, int]] = []
@@ -78,7 +94,7 @@ class WorkerTable(faust.Table[bytes, bytes]):
             else:
                 kept.append(event)
         if older:
-            self.written.dropped += len(older)
+            guard.dropped += len(older)
             log.warning(
                 "changelog %s: %d records older than this worker's own commits not applied to the "
                 "local store (partition, offset) %s..%s",
@@ -89,13 +105,34 @@ class WorkerTable(faust.Table[bytes, bytes]):
             )
         if kept:
             super().apply_changelog_batch(kept)
+            for partition in {event.message.partition for event in kept}:
+                hole = guard.holes.get((name, partition))
+                if hole is not None:
+                    self._persisted_below(partition, hole)
+
+    def changelog_records_dropped(self, partition: int, offset: int) -> None:
+        """faust dropped a record of this table's changelog at `offset` before applying it."""
+        guard = self.local_guard
+        key = (self.name, partition)
+        hole = guard.holes.get(key)
+        guard.holes_seen += 1
+        if hole is None or offset < hole:
+            guard.holes[key] = offset
+            self._persisted_below(partition, offset)
+
+    def _persisted_below(self, partition: int, offset: int) -> None:
+        """faust's persisted offset of the partition at most `offset - 1` (its next recovery,
+        standby or active, reads from there)."""
+        tp = TP(self.changelog_topic.get_topic_name(), partition)
+        store: Any = self.data
+        persisted = store.persisted_offset(tp)
+        if persisted is None or persisted >= offset:
+            store.set_persisted_offset(tp, offset - 1)
 
 
-def declare_tables(
-    app: faust.App, partitions: int, written: WrittenPartitions | None = None
-) -> dict[str, Any]:
+def declare_tables(app: faust.App, partitions: int, guard: LocalStoreGuard | None = None) -> dict[str, Any]:
     """Declare the tables on `app` (names become changelog topics: never rename casually)."""
-    shared = written if written is not None else WrittenPartitions()
+    shared = guard if guard is not None else LocalStoreGuard()
 
     def table(name: str, help_text: str) -> Any:
         declared = WorkerTable(
@@ -112,7 +149,7 @@ def declare_tables(
             help=help_text,
             options=dict(ROCKSDB_OPTIONS),
         )
-        declared.written = shared
+        declared.local_guard = shared
         app.tables.add(declared)
         return declared
 
@@ -148,7 +185,7 @@ class FaustStateTables:
 
     def __init__(self, tables: dict[str, Any], sender: BatchSender) -> None:
         self.sender = sender
-        self.written: WrittenPartitions = tables["rows"].written
+        self.guard: LocalStoreGuard = tables["rows"].local_guard
         self.rows = tables["rows"]
         self.users = tables["users"]
         self.gates = tables["gates"]
@@ -156,9 +193,16 @@ class FaustStateTables:
         self._staged: list[tuple[Any, bytes, bytes | None, int]] = []
 
     def hand_over(self, partition: int) -> None:
-        since = self.written.since
+        since = self.guard.since
         for key in [key for key in since if key[1] == partition]:
             del since[key]
+
+    def recovered(self, partitions: Collection[int]) -> None:
+        """These partitions were just recovered as active (their recovery read from below any
+        hole: the persisted offset was kept there)."""
+        holes = self.guard.holes
+        for key in [key for key in holes if key[1] in partitions]:
+            del holes[key]
 
     @staticmethod
     def _db(table: Any, partition: int) -> Any:
@@ -226,7 +270,7 @@ class FaustStateTables:
                 batch.put(tables[table_id].data.offset_key, str(offset).encode())
             db.write(batch)
             if offset is not None:
-                self.written.since[(tables[table_id].name, partition)] = offset
+                self.guard.since[(tables[table_id].name, partition)] = offset
 
     async def _deliver(
         self, staged: list[tuple[Any, bytes, bytes | None, int]], first_offsets: dict[tuple[int, int], int]

@@ -101,6 +101,7 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
             tp.partition for tp in app.assignor.assigned_actives() if tp.topic == settings.topic_mailbox_tail
         ]
         await intake.assign(assigned)
+        tables.recovered(assigned)
         # What the restore read is long-lived: out of the collector's reach from now on.
         gc_policy.settle("assignment")
         gc_monitor.install()

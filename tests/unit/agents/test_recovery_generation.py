@@ -42,3 +42,27 @@ def test_only_the_recovery_of_the_current_unrevoked_generation_is_current(tmp_pa
     asyncio.run(run())
     assert seen == [(1, True), (1, False), (1, False), (2, True), (2, False)]
     assert app.recovering_generation is None  # only while one completes
+
+
+def test_records_faust_clears_from_its_changelog_queue_are_noted_by_their_table(tmp_path: Path) -> None:
+    """`flow_control.resume()` empties faust's changelog queue: each table hears which of its
+    records went unapplied (tables/state.WorkerTable keeps its persisted offset below them)."""
+    from types import SimpleNamespace
+
+    from tables.state import LocalStoreGuard, declare_tables
+
+    app = new_faust_app(Settings.from_env({"PROJECTOR_DATA_DIR": str(tmp_path)}))
+    (tmp_path / app.conf.id).mkdir(parents=True, exist_ok=True)
+    guard = LocalStoreGuard()
+    tables = declare_tables(app, 2, guard)
+    app.track_recoveries()
+    queue = app.tables.changelog_queue  # type: ignore[attr-defined]  # TableManager's
+    topic = tables["pending"].changelog_topic.get_topic_name()
+    for offset in (7, 5, 9):
+        queue._queue.append(SimpleNamespace(message=SimpleNamespace(topic=topic, partition=1, offset=offset)))
+    queue._queue.append(object())  # anything else faust may queue is left alone
+
+    app.flow_control.resume()
+
+    assert queue.empty()
+    assert guard.holes == {("pending", 1): 5}

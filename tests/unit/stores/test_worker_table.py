@@ -14,7 +14,7 @@ from faust.types import TP
 from app.kafka.batches import BatchSender
 from app.runtime.app import new_faust_app
 from app.settings import Settings
-from tables.state import FaustStateTables, WrittenPartitions, declare_tables
+from tables.state import FaustStateTables, LocalStoreGuard, declare_tables
 
 
 def changelog_event(topic: str, partition: int, offset: int, key: bytes, value: bytes | None) -> Any:
@@ -25,10 +25,10 @@ def changelog_event(topic: str, partition: int, offset: int, key: bytes, value: 
     return SimpleNamespace(message=message)
 
 
-def worker_tables(tmp_path: Path) -> tuple[dict[str, Any], WrittenPartitions]:
+def worker_tables(tmp_path: Path) -> tuple[dict[str, Any], LocalStoreGuard]:
     settings = Settings.from_env({"PROJECTOR_DATA_DIR": str(tmp_path), "PROJECTOR_TOPIC_PARTITIONS": "2"})
     (tmp_path / settings.app_id).mkdir(parents=True, exist_ok=True)
-    written = WrittenPartitions()
+    written = LocalStoreGuard()
     return declare_tables(new_faust_app(settings), settings.topic_partitions, written), written
 
 
@@ -90,4 +90,46 @@ def test_once_handed_over_a_partition_is_recovered_by_faust_again(tmp_path: Path
 
 def test_the_four_tables_share_what_the_worker_writes(tmp_path: Path) -> None:
     tables, written = worker_tables(tmp_path)
-    assert {id(table.written) for table in tables.values()} == {id(written)}
+    assert {id(table.local_guard) for table in tables.values()} == {id(written)}
+
+
+def test_a_record_faust_dropped_unapplied_keeps_the_persisted_offset_below_it_until_a_recovery(
+    tmp_path: Path,
+) -> None:
+    """faust emptied its changelog queue (a `flow_control.resume()` at the end of a recovery)
+    while it held a standby's records: fetched, never applied, and the records after them were.
+    The persisted offset stays below the hole, whatever is applied after, until the partition
+    was recovered as active (reading from there)."""
+    tables, guard = worker_tables(tmp_path)
+    rows = tables["rows"]
+    topic = rows.changelog_topic.get_topic_name()
+    store = rows.data
+    tp = TP(topic, 1)
+    rows.apply_changelog_batch(
+        [changelog_event(topic, 1, offset, b"k%d" % offset, b"v") for offset in range(10)]
+    )
+    assert store.persisted_offset(tp) == 9
+
+    rows.changelog_records_dropped(1, 10)  # the queue held 10..12 when faust cleared it
+    rows.changelog_records_dropped(1, 11)
+    assert store.persisted_offset(tp) == 9
+    rows.apply_changelog_batch(
+        [changelog_event(topic, 1, offset, b"k%d" % offset, b"v") for offset in (13, 14)]
+    )
+    assert store.persisted_offset(tp) == 9  # a recovery from here reads 10..12 again
+    assert guard.holes == {("rows", 1): 10}
+
+    FaustStateTables(tables, BatchSender(lambda: None)).recovered([1])
+    rows.apply_changelog_batch([changelog_event(topic, 1, 15, b"k15", b"v")])
+    assert store.persisted_offset(tp) == 15
+    assert guard.holes == {}
+
+
+def test_a_drop_below_what_was_applied_moves_the_persisted_offset_back(tmp_path: Path) -> None:
+    tables, guard = worker_tables(tmp_path)
+    users = tables["users"]
+    topic = users.changelog_topic.get_topic_name()
+    users.apply_changelog_batch([changelog_event(topic, 0, offset, b"u", b"v") for offset in range(30)])
+    users.changelog_records_dropped(0, 4)  # the revocation's clear dropped an older fetch
+    assert users.data.persisted_offset(TP(topic, 0)) == 3
+    assert guard.holes_seen == 1
