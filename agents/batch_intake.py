@@ -488,6 +488,7 @@ class ProjectorApp(faust.App):
         clear = queue.clear
 
         def clear_and_note() -> None:
+            noted = 0
             for event in list(queue._queue):
                 message = getattr(event, "message", None)
                 if message is None:
@@ -496,7 +497,14 @@ class ProjectorApp(faust.App):
                 note = getattr(table, "changelog_records_dropped", None)
                 if note is not None:
                     note(message.partition, message.offset)
+                    noted += 1
             clear()
+            if noted:
+                log.info(
+                    "faust cleared %d changelog records before applying them: their partitions "
+                    "are read again from there at their next recovery",
+                    noted,
+                )
 
         queue.clear = clear_and_note
 
