@@ -122,11 +122,14 @@ class WorkerTable(faust.Table[bytes, bytes]):
 
     def _persisted_below(self, partition: int, offset: int) -> None:
         """faust's persisted offset of the partition at most `offset - 1` (its next recovery,
-        standby or active, reads from there)."""
+        standby or active, reads from there). Only ever lowered: none persisted means "read
+        from the start", and the records below the hole may not be applied yet either (a
+        standby's buffer; setting it to `offset - 1` there skipped them all: a hunt run's
+        worker restored rows from before them)."""
         tp = TP(self.changelog_topic.get_topic_name(), partition)
         store: Any = self.data
         persisted = store.persisted_offset(tp)
-        if persisted is None or persisted >= offset:
+        if persisted is not None and persisted >= offset:
             store.set_persisted_offset(tp, offset - 1)
 
 

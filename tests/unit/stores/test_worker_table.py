@@ -133,3 +133,21 @@ def test_a_drop_below_what_was_applied_moves_the_persisted_offset_back(tmp_path:
     users.changelog_records_dropped(0, 4)  # the revocation's clear dropped an older fetch
     assert users.data.persisted_offset(TP(topic, 0)) == 3
     assert guard.holes_seen == 1
+
+
+def test_a_drop_in_a_partition_nothing_was_applied_to_yet_leaves_it_read_from_the_start(
+    tmp_path: Path,
+) -> None:
+    """A standby reads from the start into faust's buffer (applied only at 1,000 records or a
+    rebalance): a record cleared from the queue after them must not make the next recovery
+    begin at the hole, past every record still unapplied below it."""
+    tables, guard = worker_tables(tmp_path)
+    rows = tables["rows"]
+    topic = rows.changelog_topic.get_topic_name()
+    rows.changelog_records_dropped(3, 94)
+    assert rows.data.persisted_offset(TP(topic, 3)) is None
+    # faust's buffer is first in, first out: once a record after the hole is applied, every
+    # record it took before the hole was applied with or before it.
+    rows.apply_changelog_batch([changelog_event(topic, 3, offset, b"k", b"v") for offset in (0, 93, 95)])
+    assert rows.data.persisted_offset(TP(topic, 3)) == 93  # below the hole, whatever comes
+    assert guard.holes == {("rows", 3): 94}
