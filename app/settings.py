@@ -195,7 +195,9 @@ class Settings:
     # than replay, the signature of the changelog-recovery hole fixed on 2026-12-02. Since that
     # fix, with it on: 8 of 8 CI-size crash runs pass, and of 2 full-size runs (20 kills) one
     # passes and one had 0 rows/badges differing but a worker's local pending table holding one
-    # released entry its changelog had deleted (not seen in serial runs; cause not found yet).
+    # released entry its changelog had deleted: the signature of the standby hole fixed later
+    # that day (faust cleared changelog records unapplied: tables/state.WorkerTable), which
+    # serial runs also had. Not re-run with the flag on since that fix.
     # false = serial: a batch publishes its own flushes, a persist holds the intake until the
     # changelog has it.
     worker_overlap_flushes: bool = False
