@@ -26,7 +26,9 @@ both over without a restart. A store given a namespace explicitly stays on it.
 Writes: one Lua script per user batch compares the stored version with the batch's and, only if
 the stored one is older, writes the rows, the badge, the version and the structure version —
 atomically, so a reader never sees rows of one flush with the badge of another, and re-sending
-a batch after a crash is refused (idempotent). Many users share one pipelined round trip.
+a batch after a crash is refused (idempotent). Many users share one round trip: on one server a
+single call of the script's batched form (each user still its own atomic step, in order), on a
+cluster one pipeline per master.
 
 Corrections (the unread audit, issue 7): another script rewrites some rows and the badge of one
 user only while the stored version is exactly the one the audit compared against, and leaves the
@@ -91,7 +93,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from app.domain.projection_store import StoredProjection, StoredRows
 from app.stores.projection_codec import EncodedBatch, decode_rows, encode_batches, encode_corrections
 from app.stores.redis_client import RedisClient, open_redis
-from app.stores.resp import pack_evalsha
+from app.stores.resp import pack_evalsha_batch
 
 if TYPE_CHECKING:
     from app.domain.flush import Correction, UserFlush
@@ -276,12 +278,46 @@ return {rows, redis.call('HMGET', KEYS[2], META)}
 """.replace("META", ", ".join(f"'{name}'" for name in META_FIELDS))
 
 
-class _Script:
-    """A Lua script run by digest (EVALSHA); `sha` is replaced when the server reloads it."""
+# One EVALSHA for a whole trip on a single server: `body` (any of the scripts above: it reads
+# only KEYS and ARGV and returns) runs once per call, in call order, each with its own KEYS and
+# ARGV. ARGV: the number of calls n, then (key count, arg count) per call, then every call's args
+# one after another; KEYS: every call's keys in order. Returns one reply per call: a failing call
+# (WRONGTYPE, a Lua error) gives its error in place and the others go on, as a pipeline of single
+# calls with raise_on_error=False did. Why: a trip of single calls cost the worker one reply to
+# read and one script invocation per user (~25% of a flush's store write, measured); a script
+# is atomic per user either way, and a trip was never atomic as a whole.
+_BATCH_LUA = """local function one(KEYS, ARGV)
+BODY
+end
+local n = tonumber(ARGV[1])
+local out = {}
+local k, a = 1, 2 + 2 * n
+for i = 1, n do
+  local nk, na = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local keys, args = {}, {}
+  for j = 1, nk do keys[j] = KEYS[k + j - 1] end
+  for j = 1, na do args[j] = ARGV[a + j - 1] end
+  k, a = k + nk, a + na
+  local ok, reply = pcall(one, keys, args)
+  if ok then
+    out[i] = reply
+  elseif type(reply) == 'table' and reply.err then
+    out[i] = reply
+  else
+    out[i] = redis.error_reply(tostring(reply))
+  end
+end
+return out"""
 
-    def __init__(self, text: str) -> None:
+
+class _Script:
+    """A Lua script run by digest (EVALSHA); `sha` is replaced when the server reloads it.
+    `batched`: the same script run once per call of a whole trip in one EVALSHA (_BATCH_LUA)."""
+
+    def __init__(self, text: str, *, batch: bool = True) -> None:
         self.text = text
         self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+        self.batched = _Script(_BATCH_LUA.replace("BODY", text), batch=False) if batch else None
 
 
 class ProjectionStoreError(RuntimeError):
@@ -296,8 +332,9 @@ def _text(value: object) -> str:
 class RedisProjectionStore:
     """`ProjectionStore` on Redis (see the module docstring for the layout).
 
-    `max_users_per_trip` and `max_fields_per_trip` bound one pipelined round trip: Redis runs a
-    pipeline's scripts back to back, and a multi-field HSET costs ~1 ms per 512 fields here, so
+    `max_users_per_trip` and `max_fields_per_trip` bound one round trip: Redis runs a trip's
+    scripts back to back (on one server in one call, which no other client's command
+    interleaves), and a multi-field HSET costs ~1 ms per 512 fields here, so
     the field budget keeps one trip from blocking the server (and other readers) for long. A user
     is never split across trips: a user bigger than the budget goes alone.
     """
@@ -693,7 +730,7 @@ class RedisProjectionStore:
     async def _eval_each(
         self, script: _Script, calls: list[tuple[list[str], list[str | bytes]]]
     ) -> list[Any]:
-        """`script` once per (keys, args) call, pipelined; a reply per call, errors in place.
+        """`script` once per (keys, args) call, in one round trip; a reply per call, errors in place.
 
         Calls that failed in a way that passes (connection reset, failover, TRYAGAIN, ...; the
         whole pipeline or single calls) are re-sent, and only those, with backoff within the
@@ -719,8 +756,10 @@ class RedisProjectionStore:
             lost = [i for i in todo if isinstance(replies[i], NoScriptError)]
             passing = [i for i in todo if is_transient(replies[i])]
             if lost and not reloaded:
-                sha = await self._guard("script load", lambda: self.client.script_load(script.text))
-                script.sha = _text(sha)
+                for loaded in (script, script.batched):
+                    if loaded is not None:
+                        load = functools.partial(self.client.script_load, loaded.text)
+                        loaded.sha = _text(await self._guard("script load", load))
                 reloaded = True  # once at once; a NOSCRIPT again (a node just promoted) waits
                 todo = sorted(lost + passing)  # in call order: a user twice in a trip
                 if not passing:
@@ -796,30 +835,34 @@ class RedisProjectionStore:
     async def _evalsha_packed(
         self, script: _Script, calls: list[tuple[list[str], list[str | bytes]]]
     ) -> list[Any]:
-        """One server: the trip packed once (app/stores/resp.py) and written with one call on a
-        pooled connection; the replies read in order, a script error in place of its reply (as
-        the pipeline's raise_on_error=False). A connection that failed mid-trip is dropped (its
-        unread replies would answer the next user of the socket) and the error raised: the
-        caller retries the trip (`_eval_each`; the scripts are conditional on the version)."""
+        """One server: the whole trip is one EVALSHA of the script's batched form, packed once
+        (app/stores/resp.py) and written on a pooled connection; its reply holds one reply per
+        call, a call's error in place. An error for the whole command (NOSCRIPT: the server lost
+        the batched script) stands in place of every call's reply (`_eval_each` loads the
+        scripts again and re-sends). A connection that failed mid-trip is dropped (its unread
+        reply would answer the next user of the socket) and the error raised: the caller retries
+        the trip (`_eval_each`; the scripts are conditional on the version)."""
         client = self.client
         assert not isinstance(client, RedisCluster)  # a cluster's trips go per master (above)
-        buffer = pack_evalsha(script.sha, calls)
+        batched = script.batched
+        assert batched is not None
+        buffer = pack_evalsha_batch(batched.sha, calls)
         pool = client.connection_pool
         connection = await pool.get_connection()  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
         try:
             await connection.send_packed_command(buffer)
-            replies: list[Any] = []
-            for _ in calls:
-                try:
-                    replies.append(await connection.read_response())
-                except ResponseError as exc:
-                    replies.append(exc)
-            return replies
+            try:
+                reply = await connection.read_response()
+            except ResponseError as exc:
+                return [exc] * len(calls)
         except BaseException:
             await connection.disconnect()
             raise
         finally:
             await pool.release(connection)
+        if not isinstance(reply, list) or len(reply) != len(calls):
+            raise ResponseError(f"a batched script call answered {reply!r:.200} for {len(calls)} calls")
+        return reply
 
     def _by_master(self, calls: list[tuple[list[str], list[str | bytes]]]) -> list[list[int]]:
         """Call indexes grouped by the master that owns their slot, as the cluster client knows

@@ -377,14 +377,25 @@ async def test_redis_layout_uses_namespaced_hash_tagged_keys(
     }
 
 
+def forget_digests(script: Any) -> None:
+    """As after a restart or SCRIPT FLUSH: digests the server does not know (the script's and
+    its batched form's)."""
+    script.sha = script.batched.sha = "0" * 40
+
+
+def digests_forgotten(script: Any) -> bool:
+    return "0" * 40 in (script.sha, script.batched.sha)
+
+
 @redis_only
 async def test_redis_falls_back_when_the_server_lost_the_script(redis_store: RedisProjectionStore) -> None:
     # As after a restart or SCRIPT FLUSH: the digest the store holds is unknown to the server.
     # (A bogus digest instead of SCRIPT FLUSH, which would disturb other tests on the server.)
-    redis_store._write_script.sha = "0" * 40
+    # Both forms: a cluster runs the script per user, a single server its batched form.
+    forget_digests(redis_store._write_script)
     assert await redis_store.write([flush(7, 2, [conv(1)]), flush(8, 2, [conv(1)])]) == [0, 0]
     assert await redis_store.versions([7, 8]) == [2, 2]
-    assert redis_store._write_script.sha != "0" * 40  # reloaded: the next write goes by digest again
+    assert not digests_forgotten(redis_store._write_script)  # reloaded: the next write goes by digest
 
 
 @redis_only
@@ -392,11 +403,11 @@ async def test_redis_correction_survives_a_server_that_lost_its_script(
     redis_store: RedisProjectionStore,
 ) -> None:
     await redis_store.write([flush(7, 2, [conv(1)]), flush(8, 2, [conv(1)])])
-    redis_store._correct_script.sha = "0" * 40  # as in the write test: a digest the server does not know
+    forget_digests(redis_store._correct_script)  # as in the write test
     fixes = [Correction(u, 2, [row(u, conv(1), 2, unread_count=0)], Badge()) for u in (7, 8)]
     assert await redis_store.correct(fixes) == [True, True]
     assert [(await redis_store.load(u)).rows[conv(1)]["unread_count"] for u in (7, 8)] == [0, 0]
-    assert redis_store._correct_script.sha != "0" * 40  # reloaded
+    assert not digests_forgotten(redis_store._correct_script)  # reloaded
 
 
 @redis_only
@@ -481,6 +492,24 @@ async def test_redis_errors_become_projection_store_errors(
             await RedisProjectionStore(down, "x").write([flush(7, 2, [conv(1)])])
     finally:
         await down.aclose()
+
+
+@redis_only
+async def test_redis_a_failing_user_in_a_trip_leaves_the_others_written(
+    redis_client: redis.Redis, redis_store: RedisProjectionStore
+) -> None:
+    # One trip of three users (on a single server one batched script call): the middle one's
+    # rows key is wrong-typed. Its error is reported; the users before and after it are written,
+    # as each is its own atomic script call, whatever carries the trip.
+    await redis_client.set(redis_store.rows_key(8), b"not a hash")
+    try:
+        with pytest.raises(ProjectionStoreError, match="writing user 8"):
+            await redis_store.write([flush(u, 2, [conv(1)]) for u in (7, 8, 9)])
+        assert await redis_store.versions([7, 8, 9]) == [2, 0, 2]
+    finally:
+        await redis_client.delete(redis_store.rows_key(8))
+    # The written users' retry answers "already stored"; the failed one is written now.
+    assert await redis_store.write([flush(u, 2, [conv(1)]) for u in (7, 8, 9)]) == [None, 0, None]
 
 
 @redis_only

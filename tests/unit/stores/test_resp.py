@@ -1,4 +1,5 @@
-"""The packed EVALSHA trip (app/stores/resp.py) is byte for byte what redis-py would send."""
+"""The packed EVALSHA trip (app/stores/resp.py) is byte for byte what redis-py would send for the
+batched script's single call."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio.connection import Connection
 
-from app.stores.resp import pack_evalsha
+from app.stores.resp import pack_evalsha_batch
 
 texts = st.text(min_size=0, max_size=30)
 calls = st.lists(
@@ -22,8 +23,10 @@ calls = st.lists(
 @given(calls=calls)
 def test_the_packed_trip_is_what_redis_py_packs(calls: list[tuple[list[str], list[str | bytes]]]) -> None:
     sha = "a" * 40
-    connection = Connection()
-    expected = b"".join(
-        connection.pack_commands([("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls])
-    )
-    assert pack_evalsha(sha, calls) == expected
+    keys = [key for call_keys, _ in calls for key in call_keys]
+    counts = [str(len(calls))]
+    for call_keys, call_args in calls:
+        counts += [str(len(call_keys)), str(len(call_args))]
+    args = [arg for _, call_args in calls for arg in call_args]
+    expected = b"".join(Connection().pack_command("EVALSHA", sha, len(keys), *keys, *counts, *args))
+    assert pack_evalsha_batch(sha, calls) == expected
