@@ -66,8 +66,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # worker-base: the worker of another commit (--base-ref: before/after in one run);
 # worker-compiled: this checkout's mypyc-compiled build (--compiled-site; what `pip install .`
 # deploys where a C compiler is present), the editable install being pure Python.
-CONTENDERS = ("worker", "aiokafka", "naive", "worker-gcoff", "worker-base", "worker-compiled")
-WORKERS = ("worker", "worker-gcoff", "worker-base", "worker-compiled")
+CONTENDERS = ("worker", "aiokafka", "naive", "worker-gcoff", "worker-base", "worker-compiled", "worker-lw")
+WORKERS = ("worker", "worker-gcoff", "worker-base", "worker-compiled", "worker-lw")
+# worker-lw: the same worker with the latency phases' window (--latency-window-ms) instead of
+# --window-ms: its throughput on the backlog is the capacity the latency phases run against.
 GC_OFF_ENV = {"PROJECTOR_WORKER_GC_THRESHOLD": "0", "PROJECTOR_WORKER_GC_FREEZE": "false"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -546,7 +548,8 @@ class Bench:
         partitions = a.partitions
         cwd = ROOT
         if contender in WORKERS:
-            env = self.worker_env(name, a.window_ms, self.input_topic)
+            window_ms = a.latency_window_ms if contender == "worker-lw" else a.window_ms
+            env = self.worker_env(name, window_ms, self.input_topic)
             progress = env["PROJECTOR_TOPIC_DEAD_LETTER"]
             await self.kafka.create(
                 [env["PROJECTOR_TOPIC_SESSION_DELTA"], env["PROJECTOR_TOPIC_BADGE"], progress], partitions
@@ -966,7 +969,9 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"{key:32s} wall {value:7.3f}  cpu {cpu:7.3f}{mark}")
     for lat in report.get("latencies") or []:
         goal = ""
-        if lat["window_ms"] == 100 and lat["rate_chosen"].startswith("0.5 x"):
+        # Issue 14's target is stated for 0.5 x the worker's own (5 s window) throughput; the
+        # worker-lw phases are reported beside it, without the mark.
+        if lat["window_ms"] == 100 and lat["rate_chosen"].startswith("0.5 x worker median"):
             met = lat["p99_ms"] <= 200 and lat["p50_ms"] <= 120
             goal = f"  (target p99 <= 200, p50 <= 120: {'met' if met else 'NOT met'})"
         print(
@@ -1034,6 +1039,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated shares of the worker's median throughput, one latency phase each",
     )
     p.add_argument(
+        "--latency-lw-loads",
+        default=os.environ.get("WBENCH_LATENCY_LW_LOADS", "0.5"),
+        help="comma-separated shares of contender worker-lw's median throughput (the worker with the "
+        "latency window), one latency phase each, when worker-lw runs",
+    )
+    p.add_argument(
         "--latency-fixed-rates",
         default=os.environ.get("WBENCH_LATENCY_FIXED_RATES", "4000"),
         help="comma-separated fixed entries/s, one latency phase each (runs compare across changes)",
@@ -1094,6 +1105,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         c.strip() for c in args.latency_contenders.split(",") if c.strip() in args.contenders
     ]
     args.latency_loads = [float(x) for x in args.latency_loads.split(",") if x.strip()]
+    args.latency_lw_loads = [float(x) for x in args.latency_lw_loads.split(",") if x.strip()]
     args.latency_fixed_rates = [float(x) for x in args.latency_fixed_rates.split(",") if x.strip()]
     if args.latency_rate > 0:
         args.latency_fixed_rates.append(args.latency_rate)
@@ -1136,6 +1148,11 @@ async def amain(args: argparse.Namespace) -> int:
             for load in args.latency_loads:
                 rate = max(100.0, load * measured) if not math.isnan(measured) else 500.0
                 phases.append((rate, f"{load:g} x worker median entries/s"))
+            # Shares of what the worker does with the phases' own window (worker-lw), if it ran.
+            at_window = median([r.entries_per_s for r in runs if r.ok and r.contender == "worker-lw"])
+            for load in args.latency_lw_loads if not math.isnan(at_window) else []:
+                label = f"{load:g} x worker-lw median entries/s (window {args.latency_window_ms} ms)"
+                phases.append((max(100.0, load * at_window), label))
             phases += [(rate, "fixed") for rate in args.latency_fixed_rates]
             for i, (rate, label) in enumerate(phases):
                 order = args.latency_contenders[i % len(args.latency_contenders) :]

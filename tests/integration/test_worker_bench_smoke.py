@@ -33,6 +33,8 @@ def test_worker_bench_toy_run_writes_a_report(tmp_path: Path) -> None:
         "--latency-seconds": "2",
         "--latency-loads": "",
         "--latency-fixed-rates": "200",
+        # and one phase at half of what the worker does with the latency window (worker-lw)
+        "--latency-lw-loads": "0.5",
         "--latency-contenders": "worker",
         # the worker of a commit as a contender of its own (before/after in one run)
         "--base-ref": "HEAD",
@@ -51,7 +53,14 @@ def test_worker_bench_toy_run_writes_a_report(tmp_path: Path) -> None:
     assert b"worker_over_naive" in done.stdout and b"latency worker" in done.stdout
     data = orjson.loads(report.read_bytes())
     assert data["stream"]["entries"] > 0
-    assert set(data["summary"]) == {"worker", "aiokafka", "naive", "worker-gcoff", "worker-base"}
+    assert set(data["summary"]) == {
+        "worker",
+        "aiokafka",
+        "naive",
+        "worker-gcoff",
+        "worker-base",
+        "worker-lw",
+    }
     for figures in data["summary"].values():
         assert figures["runs"] == 1 and figures["entries_per_s"]["median"] > 0
     assert {
@@ -61,7 +70,7 @@ def test_worker_bench_toy_run_writes_a_report(tmp_path: Path) -> None:
         "worker_over_worker_base",
         "worker_over_worker_gcoff",
     } <= set(data["ratios"])
-    for name in ("worker", "worker-gcoff", "worker-base"):
+    for name in ("worker", "worker-gcoff", "worker-base", "worker-lw"):
         worker_run = next(r for r in data["runs"] if r["contender"] == name)
         assert worker_run["ok"] and worker_run["extra"]["all_users_reached_last_seq"]
     # The GC's cost is measured in the worker's own log line, tuned and not (Python's thresholds).
@@ -69,9 +78,13 @@ def test_worker_bench_toy_run_writes_a_report(tmp_path: Path) -> None:
     plain = next(r for r in data["runs"] if r["contender"] == "worker-gcoff")["extra"]["gc"]
     assert tuned["thresholds"].startswith("50000/") and plain["thresholds"] == "700/10/10"
     assert tuned["frozen"] > 0 and plain["frozen"] == 0
-    [latency] = data["latencies"]
-    assert latency["contender"] == "worker" and latency["rate_entries_per_s"] == 200
-    assert latency["window_ms"] == 100 and latency["entries"] > 0
-    assert 0 <= latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
+    at_window, fixed = data["latencies"]
+    assert fixed["contender"] == "worker" and fixed["rate_entries_per_s"] == 200
+    lw_rate = data["summary"]["worker-lw"]["entries_per_s"]["median"]
+    assert at_window["rate_chosen"].startswith("0.5 x worker-lw")
+    assert at_window["rate_entries_per_s"] == pytest.approx(max(100.0, 0.5 * lw_rate))
+    for latency in (at_window, fixed):
+        assert latency["window_ms"] == 100 and latency["entries"] > 0
+        assert 0 <= latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
     # everything private to the run is gone
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
