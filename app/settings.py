@@ -188,19 +188,17 @@ class Settings:
     # start-up and a partition's restore allocated out of the collector's reach (gc.freeze).
     worker_gc_threshold: int = bounded(50_000, 0, 10_000_000)
     worker_gc_freeze: bool = True
-    # Flushes overlap the intake (issue 14): a persist awaits the changelog without holding up
-    # batches, and batches leave their flushes to the flush scheduler (lower latency, bench
-    # figures in bench/README.md). Off by default until the full-size crash runs are understood:
-    # with it on they failed 2 of 4 runs on a loaded machine (main: 0 of 2), 1-2 rows staler
-    # than replay, the signature of the changelog-recovery hole fixed on 2026-12-02. Since that
-    # fix, with it on: 8 of 8 CI-size crash runs pass, and of 2 full-size runs (20 kills) one
-    # passes and one had 0 rows/badges differing but a worker's local pending table holding one
-    # released entry its changelog had deleted: the signature of the standby hole fixed later
-    # that day (faust cleared changelog records unapplied: tables/state.WorkerTable), which
-    # serial runs also had. Not re-run with the flag on since that fix.
-    # false = serial: a batch publishes its own flushes, a persist holds the intake until the
-    # changelog has it.
-    worker_overlap_flushes: bool = False
+    # Flushes overlap the intake (issue 14, item 5): a persist awaits the changelog without
+    # holding up batches, and batches leave their flushes to the flush scheduler, so the next
+    # window is read and applied while the previous flush is persisted and written (lower
+    # latency; bench figures in bench/README.md). On by default since 2026-12-02: it had been
+    # opt-in while crash runs with it failed; both causes found since were faust behaviours that
+    # serial runs had too (a superseded recovery's completion, changelog records faust cleared
+    # unapplied: tables/state.py), and with both fixed every crash run with it on passed (CI-size,
+    # the harder 16-kill variant, the full-size SIGKILL scenario and full-size crash runs; counts
+    # in CHANGELOG.md). false = serial: a batch publishes its own flushes, a persist holds the
+    # intake until the changelog has it.
+    worker_overlap_flushes: bool = True
     # Dead letters are always counted and always sent to their topic; their log lines are capped
     # at this many per second (the rest summed up in one "N more suppressed" line a second at most;
     # 0 = only those summaries).
