@@ -550,6 +550,14 @@ class Bench:
         if contender in WORKERS:
             window_ms = a.latency_window_ms if contender == "worker-lw" else a.window_ms
             env = self.worker_env(name, window_ms, self.input_topic)
+            if contender == "worker-lw" and a.lw_batch_records:
+                # (never larger than --worker-batch-records: a toy stream needs its small batches)
+                # A batch is applied as a unit and flushes after it: with the product's batches
+                # (20,000 records, ~2 s of work) a backlog would be flushed once per batch, not
+                # at the window's cadence, and its "capacity" would be ~1.6x what the worker
+                # sustains with live traffic (measured). Small batches keep the cadence.
+                limits = [a.lw_batch_records] + ([a.worker_batch_records] if a.worker_batch_records else [])
+                env["PROJECTOR_INTAKE_BATCH_MAX_RECORDS"] = str(min(limits))
             progress = env["PROJECTOR_TOPIC_DEAD_LETTER"]
             await self.kafka.create(
                 [env["PROJECTOR_TOPIC_SESSION_DELTA"], env["PROJECTOR_TOPIC_BADGE"], progress], partitions
@@ -1043,6 +1051,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=os.environ.get("WBENCH_LATENCY_LW_LOADS", "0.5"),
         help="comma-separated shares of contender worker-lw's median throughput (the worker with the "
         "latency window), one latency phase each, when worker-lw runs",
+    )
+    p.add_argument(
+        "--lw-batch-records",
+        type=int,
+        default=env_int("WBENCH_LW_BATCH_RECORDS", 500),
+        help="worker-lw's PROJECTOR_INTAKE_BATCH_MAX_RECORDS (0: as the other workers)",
     )
     p.add_argument(
         "--latency-fixed-rates",
