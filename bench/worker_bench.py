@@ -69,7 +69,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CONTENDERS = ("worker", "aiokafka", "naive", "worker-gcoff", "worker-base", "worker-compiled", "worker-lw")
 WORKERS = ("worker", "worker-gcoff", "worker-base", "worker-compiled", "worker-lw")
 # worker-lw: the same worker with the latency phases' window (--latency-window-ms) instead of
-# --window-ms: its throughput on the backlog is the capacity the latency phases run against.
+# --window-ms, and small fetch batches (--lw-batch-records): its throughput on the backlog is the
+# capacity the latency phases run against.
 GC_OFF_ENV = {"PROJECTOR_WORKER_GC_THRESHOLD": "0", "PROJECTOR_WORKER_GC_FREEZE": "false"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -551,11 +552,11 @@ class Bench:
             window_ms = a.latency_window_ms if contender == "worker-lw" else a.window_ms
             env = self.worker_env(name, window_ms, self.input_topic)
             if contender == "worker-lw" and a.lw_batch_records:
-                # (never larger than --worker-batch-records: a toy stream needs its small batches)
                 # A batch is applied as a unit and flushes after it: with the product's batches
                 # (20,000 records, ~2 s of work) a backlog would be flushed once per batch, not
                 # at the window's cadence, and its "capacity" would be ~1.6x what the worker
-                # sustains with live traffic (measured). Small batches keep the cadence.
+                # sustains with live traffic (measured). Small batches keep the cadence; never
+                # larger than --worker-batch-records (a toy stream needs its small batches).
                 limits = [a.lw_batch_records] + ([a.worker_batch_records] if a.worker_batch_records else [])
                 env["PROJECTOR_INTAKE_BATCH_MAX_RECORDS"] = str(min(limits))
             progress = env["PROJECTOR_TOPIC_DEAD_LETTER"]
