@@ -209,7 +209,9 @@ def build_core(
         ),
         tables=tables,
         outbox=outbox,
-        state_writer=UserConversationStateWriter(session, settings.cassandra_keyspace),
+        state_writer=UserConversationStateWriter(
+            session, settings.cassandra_keyspace, batch_partitions=settings.cassandra_batch_partitions
+        ),
         metrics=metrics,
         # A failing store write holds the flush and retries it: the worker never dies of it.
         store_backoff=Backoff(max_delay_ms=settings.worker_store_retry_max_ms),

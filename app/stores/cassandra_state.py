@@ -37,10 +37,11 @@ waited for before the state is persisted), so the writer is built for that rhyth
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 from app.stores.cassandra_exec import (
+    BATCH_PARTITIONS,
     CONCURRENCY,
     StoreError,
     Write,
@@ -48,6 +49,7 @@ from app.stores.cassandra_exec import (
     execute_all,
     execute_all_async,
     group_by_partition,
+    replica_sets,
 )
 from app.stores.schema import GROUP_MEMBERS, USER_CONVERSATION_STATE, check_user_id
 
@@ -149,12 +151,23 @@ class StateStaging:
 class UserConversationStateWriter(StateStaging):
     """Stages per-(user, conversation) state and member rows; writes them in one flush."""
 
-    def __init__(self, session: Any, keyspace: str, *, concurrency: int = CONCURRENCY) -> None:
+    def __init__(
+        self,
+        session: Any,
+        keyspace: str,
+        *,
+        concurrency: int = CONCURRENCY,
+        batch_partitions: int = BATCH_PARTITIONS,
+    ) -> None:
         from cassandra import ConsistencyLevel
 
         self.session = session
         self.keyspace = ks = checked_keyspace(keyspace)
         self.concurrency = concurrency
+        # Most users' rows in a round are one or two rows of one partition: alone, each was a
+        # request of its own (app/stores/cassandra_exec.py says what that cost).
+        self.batch_partitions = batch_partitions
+        self._replica_set = _partition_replicas(session, ks)
         super().__init__()
         # The share of the round being written (asyncio flush): owed until acknowledged.
         self._in_flight: _Staged | None = None
@@ -339,7 +352,9 @@ class UserConversationStateWriter(StateStaging):
             # Keyed apart from group_members: same uuid, but another table is another partition.
             params = (cid, user_id, record, mention, seq, seq)
             writes.append((("member_stats", cid), self._upsert_member_stats, params))
-        return group_by_partition(writes)
+        return group_by_partition(
+            writes, batch_partitions=self.batch_partitions, replica_set=self._replica_set
+        )
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -364,6 +379,21 @@ class UserConversationStateWriter(StateStaging):
             return list(self.session.execute(statement, params))  # pages are fetched as needed
         except Exception as exc:  # driver errors have no common base worth naming
             raise StoreError(f"cassandra {what} failed: {type(exc).__name__}: {exc}") from None
+
+
+def _partition_replicas(session: Any, keyspace: str) -> Callable[[Hashable], Hashable]:
+    """A `_statements` partition key -> the nodes holding that partition. Every table here has a
+    one-column partition key, a user id (varint) or a conversation id (uuid): its routing key is
+    that value serialized as the driver does."""
+    from cassandra.marshal import varint_pack
+
+    replica_set = replica_sets(session, keyspace)
+
+    def replicas(key: Hashable) -> Hashable:
+        value = key[1] if isinstance(key, tuple) else key  # ("member_stats", cid): keyed apart
+        return replica_set(value.bytes if isinstance(value, uuid.UUID) else varint_pack(value))
+
+    return replicas
 
 
 def _merge_older(into: _Staged, older: _Staged) -> None:

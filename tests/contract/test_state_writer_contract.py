@@ -94,6 +94,10 @@ class SwitchableSession:
         self.session = session
         self.down = False
 
+    @property
+    def cluster(self) -> Any:  # the ring the writer groups its batches by
+        return self.session.cluster
+
     def prepare(self, cql: str) -> Any:
         return self.session.prepare(cql)
 

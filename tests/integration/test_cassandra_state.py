@@ -6,6 +6,7 @@ contract suite's, run on this writer and on its test double: tests/contract/test
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +27,10 @@ class CountingSession:
     def __init__(self, session: Any) -> None:
         self.session = session
         self.requests = 0
+
+    @property
+    def cluster(self) -> Any:  # the ring the writer groups its batches by
+        return self.session.cluster
 
     def prepare(self, cql: str) -> Any:
         return self.session.prepare(cql)
@@ -69,6 +74,24 @@ def conv(n: int) -> str:
     return str(uuid.UUID(int=(_RUN << 64) + n))
 
 
+async def test_single_row_users_go_ten_partitions_to_a_request_without_server_warnings(
+    writer: UserConversationStateWriter, counting: CountingSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The mirror's usual round: one row for each of many users. Alone, each was a request of
+    its own; ten partitions per unlogged batch is where Cassandra starts warning."""
+    users = list(range(300_001, 300_251))
+    cid = conv(7)
+    for user in users:
+        writer.stage(user, cid, {"membership": "active", "read_conversation_seq": user})
+    counting.requests = 0
+    with caplog.at_level(logging.WARNING):
+        assert await writer.flush() == len(users)
+    assert counting.requests == len(users) // 10
+    assert not [r for r in caplog.records if "warning" in r.getMessage().lower()]
+    for user in (users[0], users[137], users[-1]):
+        assert writer.load_user(user)[0]["read_conversation_seq"] == user
+
+
 def by_conversation(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {row["conversation_id"]: row for row in rows}
 
@@ -94,8 +117,9 @@ async def test_stage_many_flush_once_read_back(
     counting.requests = 0
     assert await writer.flush() == expected_rows
     assert writer.staged == 0
-    # Batched: one request per user partition here (5 rows fit one batch), 3 for the heavy one.
-    assert counting.requests == len(users) + 3
+    # Batched: a user's 5 rows stay together, 8 users fill a batch's 40 rows; the heavy user's
+    # 100 rows go in 3 batches of their own.
+    assert counting.requests == len(users) // 8 + 3
 
     rows = by_conversation(writer.load_user(100_017))
     assert sorted(rows) == sorted(conversations)
