@@ -12,7 +12,8 @@ Shared by the MessageStore and the UserConversationState adapters. Two rules sha
   per request and ~40 us per row in a ten-partition batch (measured on one node, 5,000 rows):
   the state mirror writes one or two rows per user, and its requests were ~30% of the worker's
   CPU at a 100 ms window. Cassandra warns about unlogged batches over more than
-  ``unlogged_batch_across_partitions_warn_threshold`` partitions (10 by default).
+  ``unlogged_batch_across_partitions_warn_threshold`` partitions (10 by default) and over
+  ``batch_size_warn_threshold`` (5 KiB): a batch also stops at ``batch_bytes`` (estimated).
 * Concurrency is bounded (``execute_concurrent``'s window), so a flush of 100,000 rows never
   puts 100,000 requests in flight at once.
 
@@ -25,11 +26,20 @@ import asyncio
 import re
 import threading
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-# Rows per batch. Cassandra warns above `batch_size_warn_threshold` (5 KiB by default); our rows
-# are < 100 bytes, so 40 rows stay well below it.
+# Rows per batch.
 BATCH_ROWS = 40
+# Estimated bytes per batch (`estimated_size`). Cassandra warns (a log line on the server, per
+# batch) above `batch_size_warn_threshold` (5 KiB by default) and refuses a batch above
+# `batch_size_fail_threshold` (50 KiB): a state row written whole counts 340 bytes, so ten users'
+# new rows (with their first-seen marks) crossed the first. The estimate counts from above.
+BATCH_BYTES = 4096
+# What Cassandra 5 counts per row and per cell (its warnings' sizes for batches of known rows: a
+# row with no cell 66 bytes, each cell 20 bytes plus its value: a bigint 28, "active" 26).
+ROW_BYTES = 66
+CELL_BYTES = 20
 # Partitions per batch when the caller groups by replica set: Cassandra's default warn threshold.
 BATCH_PARTITIONS = 10
 # Requests in flight per call. The driver's own default (100) with one node is fine; 64 leaves
@@ -75,36 +85,89 @@ def group_by_partition(
     writes: Iterable[Write],
     batch_rows: int = BATCH_ROWS,
     *,
+    batch_bytes: int = BATCH_BYTES,
     batch_partitions: int = 1,
     replica_set: Callable[[Hashable], Hashable] | None = None,
 ) -> list[tuple[Any, Any]]:
     """``(statement, params)`` pairs to execute: several writes to one partition folded into
-    UNLOGGED batches of at most ``batch_rows`` rows, a single write alone. With
-    ``batch_partitions`` > 1, a batch also takes other partitions' rows (at most that many
-    partitions, still at most ``batch_rows`` rows), only partitions for which ``replica_set``
-    (partition key -> its replicas; None: every key alike, for one node) answers the same. A
-    partition's rows stay in one batch unless they alone exceed ``batch_rows``."""
+    UNLOGGED batches of at most ``batch_rows`` rows and ``batch_bytes`` (`estimated_size`), a
+    single write alone. With ``batch_partitions`` > 1, a batch also takes other partitions'
+    rows (at most that many partitions, within the same bounds), only partitions for which
+    ``replica_set`` (partition key -> its replicas; None: every key alike, for one node) answers
+    the same. A partition's rows stay in one batch unless they alone exceed a bound. (The
+    MessageStore's writes and single-partition batches obey the byte bound too: a conversation's
+    40 member rows once crossed the size warning.)"""
+    from cassandra.query import UNSET_VALUE
+
     by_partition: dict[Hashable, _Rows] = {}
     for partition, statement, params in writes:
         by_partition.setdefault(partition, []).append((statement, params))
     out: list[tuple[Any, Any]] = []
-    # Per replica set, the batch being filled: its rows and how many partitions they belong to.
-    filling: dict[Hashable, tuple[_Rows, list[int]]] = {}
+    # Per replica set, the batch being filled.
+    filling: dict[Hashable, _Filling] = {}
     for partition, items in by_partition.items():
-        if batch_partitions <= 1 or len(items) >= batch_rows:
-            for start in range(0, len(items), batch_rows):
-                out.append(_request(items[start : start + batch_rows]))
+        sizes = [estimated_size(params, UNSET_VALUE) for _, params in items]
+        size = sum(sizes)
+        if batch_partitions <= 1 or len(items) > batch_rows or size > batch_bytes:
+            out.extend(_chunks(items, sizes, batch_rows, batch_bytes))
             continue
         group = None if replica_set is None else replica_set(partition)
         batch = filling.get(group)
-        if batch is not None and (batch[1][0] >= batch_partitions or len(batch[0]) + len(items) > batch_rows):
-            out.append(_request(batch[0]))
+        if batch is not None and (
+            batch.partitions >= batch_partitions
+            or len(batch.rows) + len(items) > batch_rows
+            or batch.size + size > batch_bytes
+        ):
+            out.append(_request(batch.rows))
             batch = None
         if batch is None:
-            batch = filling[group] = ([], [0])
-        batch[0].extend(items)
-        batch[1][0] += 1
-    out.extend(_request(rows) for rows, _ in filling.values())
+            batch = filling[group] = _Filling()
+        batch.rows.extend(items)
+        batch.partitions += 1
+        batch.size += size
+    out.extend(_request(batch.rows) for batch in filling.values())
+    return out
+
+
+@dataclass(slots=True)
+class _Filling:
+    rows: _Rows = field(default_factory=list)
+    partitions: int = 0
+    size: int = 0
+
+
+def estimated_size(params: Sequence[Any], unset: Any = None) -> int:
+    """What Cassandra counts of one statement's row against ``batch_size_warn_threshold`` (the
+    mutation's data size), from above: ``ROW_BYTES`` and, per bound value, ``CELL_BYTES`` and
+    the value's bytes (an ``unset`` value writes nothing). Key values count as cells too (they
+    are not), and two statements on one row count its overhead twice: the estimate stays above."""
+    size = ROW_BYTES
+    for value in params:
+        if value is unset:
+            continue
+        if isinstance(value, str):
+            size += CELL_BYTES + len(value.encode())
+        elif isinstance(value, bytes):
+            size += CELL_BYTES + len(value)
+        else:  # numbers (8 bytes; a varint up to 9 is only ever a key), uuids, booleans, null
+            size += CELL_BYTES + 16
+    return size
+
+
+def _chunks(items: _Rows, sizes: list[int], batch_rows: int, batch_bytes: int) -> list[tuple[Any, Any]]:
+    """One partition's rows in order, in requests within both bounds (a row over ``batch_bytes``
+    alone)."""
+    out: list[tuple[Any, Any]] = []
+    rows: _Rows = []
+    size = 0
+    for item, item_size in zip(items, sizes, strict=True):
+        if rows and (len(rows) >= batch_rows or size + item_size > batch_bytes):
+            out.append(_request(rows))
+            rows, size = [], 0
+        rows.append(item)
+        size += item_size
+    if rows:
+        out.append(_request(rows))
     return out
 
 

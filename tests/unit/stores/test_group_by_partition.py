@@ -13,7 +13,7 @@ from cassandra.query import BatchStatement, SimpleStatement
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.stores.cassandra_exec import group_by_partition
+from app.stores.cassandra_exec import estimated_size, group_by_partition
 
 # A plain statement whose bound text is its values: a batch keeps that text, so the test reads
 # back which rows each request carries (a prepared statement needs a server).
@@ -57,19 +57,45 @@ def test_partitions_on_other_replicas_are_never_batched_together() -> None:
     assert sorted(len(rows_of(r)) for r in requests) == [4, 4, 4]
 
 
+WIDE = SimpleStatement("WIDE %s %s %s")
+
+
+def statements_in(request: tuple[Any, Any]) -> int:
+    statement = request[0]
+    return len(statement._statements_and_parameters) if isinstance(statement, BatchStatement) else 1
+
+
+def test_wide_rows_share_a_batch_only_as_far_as_its_bytes_allow() -> None:
+    wide = [(key, WIDE, (key, key, "x" * 500)) for key in range(10)]
+    per_row = estimated_size(wide[0][2])
+    requests = group_by_partition(wide, batch_partitions=10, batch_bytes=4 * per_row)
+    assert [statements_in(r) for r in requests] == [4, 4, 2]
+
+
+def test_a_row_over_the_bytes_goes_alone() -> None:
+    rows = [(1, STATEMENT, (1, 0)), (2, WIDE, (2, 1, "x" * 5000)), (3, STATEMENT, (3, 2))]
+    requests = group_by_partition(rows, batch_partitions=10, batch_bytes=1000)
+    assert [statements_in(r) for r in requests] == [1, 2]
+    assert requests[0][0] is WIDE
+
+
 @given(
     keys=st.lists(st.integers(0, 30), max_size=300),
     batch_rows=st.integers(1, 12),
+    batch_rows_bytes=st.integers(1, 12),
     batch_partitions=st.integers(1, 6),
     replicas=st.integers(1, 4),
 )
 def test_every_row_goes_once_within_the_bounds(
-    keys: list[int], batch_rows: int, batch_partitions: int, replicas: int
+    keys: list[int], batch_rows: int, batch_rows_bytes: int, batch_partitions: int, replicas: int
 ) -> None:
     writes = writes_for(keys)
+    row_bytes = estimated_size(writes[0][2]) if writes else 0  # every test row has the same size
+    batch_bytes = batch_rows_bytes * row_bytes
     requests = group_by_partition(
         writes,
         batch_rows,
+        batch_bytes=batch_bytes,
         batch_partitions=batch_partitions,
         replica_set=lambda key: int(str(key)) % replicas,
     )
@@ -80,11 +106,11 @@ def test_every_row_goes_once_within_the_bounds(
     for n, request in enumerate(requests):
         rows = rows_of(request)
         partitions = {v[0] for _, v in rows}
-        assert len(rows) <= batch_rows
+        assert len(rows) <= min(batch_rows, batch_rows_bytes)
         assert len(partitions) <= batch_partitions
         assert len({p % replicas for p in partitions}) == 1
         for partition in partitions:
-            if per_partition[partition] <= batch_rows:  # fits one request: never split
+            if per_partition[partition] <= min(batch_rows, batch_rows_bytes):  # fits: never split
                 assert seen_in.setdefault(partition, n) == n
     # a partition's rows keep their order (its later write wins in a split partition's chunks)
     for key in per_partition:
