@@ -149,6 +149,8 @@ def estimated_size(params: Sequence[Any], unset: Any = None) -> int:
             size += CELL_BYTES + len(value.encode())
         elif isinstance(value, bytes):
             size += CELL_BYTES + len(value)
+        elif isinstance(value, (set, frozenset, list, tuple)):  # a cell per element (mentions)
+            size += CELL_BYTES + len(value) * (CELL_BYTES + 16)
         else:  # numbers (8 bytes; a varint up to 9 is only ever a key), uuids, booleans, null
             size += CELL_BYTES + 16
     return size

@@ -13,7 +13,7 @@ from cassandra.query import BatchStatement, SimpleStatement
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.stores.cassandra_exec import estimated_size, group_by_partition
+from app.stores.cassandra_exec import CELL_BYTES, estimated_size, group_by_partition
 
 # A plain statement whose bound text is its values: a batch keeps that text, so the test reads
 # back which rows each request carries (a prepared statement needs a server).
@@ -77,6 +77,11 @@ def test_a_row_over_the_bytes_goes_alone() -> None:
     requests = group_by_partition(rows, batch_partitions=10, batch_bytes=1000)
     assert [statements_in(r) for r in requests] == [1, 2]
     assert requests[0][0] is WIDE
+
+
+def test_a_collection_counts_a_cell_per_element() -> None:
+    # A message mentioning 300 users writes 300 cells of its set: never a small row.
+    assert estimated_size((set(range(300)),)) > 300 * CELL_BYTES
 
 
 @given(
