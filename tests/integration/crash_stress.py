@@ -213,6 +213,8 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
         report.mismatched_rows = _differences(rows, rows_expected, ("user_id", "conversation_id"))
         report.mismatched_badges = _differences(badges, badges_expected, ("user_id",))
         report.lost_unread, report.double_counted = unread_drift(rows, rows_expected)
+        if report.mismatched_rows or report.mismatched_badges:
+            _print_partition_history(stack, plan.workers, _differing_users(rows, rows_expected))
         log = "".join(
             (stack.tmp / f"worker-{w}.log").read_text(errors="replace")
             for w in range(plan.workers)
@@ -419,6 +421,58 @@ def _crash_line(stack: Stack, index: int) -> str:
         if not line.startswith((" ", "\t")) and ("Error" in line or "Exception" in line):
             return line.strip()[:200]
     return lines[-1][:200] if lines else "(empty log)"
+
+
+# Worker log lines that tell a partition's story in a crash run (printed when a run fails: CI keeps
+# only the test's output, and a loss that shows up once in thirty runs must be diagnosable from it).
+_HISTORY_MARKS = (
+    "restored partition",
+    "starting at offset",
+    "released partitions",
+    "refused a batch",
+    "would skip",
+    "nothing is on its way",
+    "entries missing",
+    "faust cleared",
+    "not applied",
+    "superseded",
+    "held but not assigned",
+    "seek interrupted",
+    "Heartbeat",
+    "Joined group",
+    "starting projector",
+    "Restore complete",
+)
+
+
+def _differing_users(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> set[int]:
+    mine = {(r["user_id"], r["conversation_id"]): r for r in got}
+    theirs = {(r["user_id"], r["conversation_id"]): r for r in want}
+    return {k[0] for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)}
+
+
+def _print_partition_history(stack: Stack, workers: int, users: set[int], limit: int = 120) -> None:
+    """Each differing user's mailbox partition, and the workers' log lines about it and about
+    the group (restores, hand-overs, refused or re-read fetches, dropped changelog records)."""
+    from app.kafka.ops import partition_for
+
+    partitions = {partition_for(str(u).encode(), stack.settings.topic_partitions) for u in sorted(users)[:5]}
+    for w in range(workers):
+        path = stack.tmp / f"worker-{w}.log"
+        if not path.exists():
+            continue
+        lines = [
+            line[:240]
+            for line in path.read_text(errors="replace").splitlines()
+            if any(mark in line for mark in _HISTORY_MARKS)
+            and (
+                "partition" not in line
+                or "partitions" in line
+                or any(f"partition {p}" in line for p in partitions)
+            )
+        ]
+        print(f"worker {w}, partitions {sorted(partitions)} (last {limit} of {len(lines)} lines):")
+        print("\n".join(f"  {line}" for line in lines[-limit:]))
 
 
 def _differences(got: list[dict[str, Any]], want: list[dict[str, Any]], key: tuple[str, ...]) -> int:
