@@ -462,6 +462,19 @@ class WorkerCore:
                     expected,
                 )
                 return Admission(Verdict.GAP)
+            if hole is not None:
+                # Confirmed by a second read from `expected`: offsets with no record for us
+                # (transaction markers, compaction, retention). A log written by plain
+                # producers has none, so each is said (an entry skipped here is never applied).
+                log.warning(
+                    "partition %d: offsets from %d on hold no record (read twice from %d): "
+                    "%d skipped up to %d",
+                    partition,
+                    hole,
+                    expected,
+                    _holes(expected, fresh, fetch_to),
+                    fetch_to,
+                )
             state.hole_seen = None
             self.stats.intake_records_skipped += admission.start
             self.stats.intake_hole_offsets += _holes(state.next_offset, fresh, fetch_to)

@@ -431,6 +431,7 @@ _HISTORY_MARKS = (
     "released partitions",
     "refused a batch",
     "would skip",
+    "hold no record",
     "nothing is on its way",
     "entries missing",
     "faust cleared",

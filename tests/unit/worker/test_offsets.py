@@ -5,6 +5,9 @@ loss: an empty fetch whose positions straddled a seek moved a partition 7,571 of
 from __future__ import annotations
 
 import asyncio
+import logging
+
+import pytest
 
 from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
@@ -28,7 +31,9 @@ def _batch(offsets: list[int]) -> list[RawRecord]:
     return [RawRecord("mailbox-tail", 0, offset, b"k", b"not json") for offset in offsets]
 
 
-def test_a_hole_is_taken_only_when_a_read_from_the_expected_offset_shows_it_again() -> None:
+def test_a_hole_is_taken_only_when_a_read_from_the_expected_offset_shows_it_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     core = make_core(
         1, MemoryTables(), InMemoryMessageStore(), InMemoryProjectionStore(), RecordingOutbox(), ManualClock()
     )
@@ -48,8 +53,14 @@ def test_a_hole_is_taken_only_when_a_read_from_the_expected_offset_shows_it_agai
         holey = _batch([20, 21, 23])
         assert (await core.on_batch(0, holey, 20, 24)).verdict is Verdict.GAP
         assert core.expected_offset(0) == 20
-        assert (await core.on_batch(0, holey, 20, 24)).verdict is Verdict.APPLY
+        with caplog.at_level(logging.WARNING, logger="projector.worker"):
+            assert (await core.on_batch(0, holey, 20, 24)).verdict is Verdict.APPLY
         assert core.expected_offset(0) == 24
+        # Taking it is said: on a log of plain producers a hole is never expected.
+        taken = [r.getMessage() for r in caplog.records if "hold no record" in r.getMessage()]
+        assert taken == [
+            "partition 0: offsets from 22 on hold no record (read twice from 20): 1 skipped up to 24"
+        ]
         # Contiguous batches never need a second read.
         assert (await core.on_batch(0, _batch([24, 25]), 24, 26)).verdict is Verdict.APPLY
         assert core.expected_offset(0) == 26
