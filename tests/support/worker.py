@@ -7,8 +7,10 @@ behaviour), projections in the in-memory projection store, the MessageStore in m
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -193,3 +195,23 @@ def pin_batch(offset: int) -> list[RawRecord]:
         RawRecord("mailbox-tail", 0, 2 * offset, b"k", orjson.dumps(pin)),
         RawRecord("mailbox-tail", 0, 2 * offset + 1, b"k", orjson.dumps(mark)),
     ]
+
+
+async def flush_scheduler(
+    core: WorkerCore,
+    clock: ManualClock,
+    rnd: random.Random,
+    stop: asyncio.Event,
+    on_tick: Callable[[], None] | None = None,
+) -> None:
+    """The worker's flush scheduler in tests: woken by a batch's flushes or at once, flushes what
+    is due, then `on_tick` (an offset commit, say), then yields a few event-loop turns."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(core.publish_wanted.wait(), 0)
+        core.publish_wanted.clear()
+        await core.flush_due(clock.now)
+        if on_tick is not None:
+            on_tick()
+        for _ in range(rnd.randint(1, 3)):
+            await asyncio.sleep(0)

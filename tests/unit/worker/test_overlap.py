@@ -32,7 +32,7 @@ from tests.support.builders import StreamBuilder as Builder
 from tests.support.clock import ManualClock
 from tests.support.projection_files import as_replay_files
 from tests.support.strategies import Stream, scenarios, streams
-from tests.support.worker import RecordingOutbox, message_store_for, records
+from tests.support.worker import RecordingOutbox, flush_scheduler, message_store_for, records
 
 
 class SlowTables(MemoryTables):
@@ -233,16 +233,7 @@ def test_overlapping_flushes_and_batches_stay_durable_before_visible_and_end_as_
         """Feed batches while a scheduler task flushes; stop after `steps` batches (a kill)."""
         stop = asyncio.Event()
 
-        async def scheduler() -> None:
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(core.publish_wanted.wait(), 0)
-                core.publish_wanted.clear()
-                await core.flush_due(clock.now)
-                for _ in range(rnd.randint(1, 3)):
-                    await asyncio.sleep(0)
-
-        task = asyncio.create_task(scheduler())
+        task = asyncio.create_task(flush_scheduler(core, clock, rnd, stop))
         i = done = 0
         while i < len(recs) and (steps is None or done < steps):
             size = rnd.randint(1, 12)

@@ -23,7 +23,7 @@ from app.worker.core import WorkerCore
 from app.worker.ports import COMMIT_STEPS, commit_step
 from tests.support.projection_files import as_replay_files
 from tests.support.strategies import Stream, scenarios, streams
-from tests.support.worker import WHOLE_STREAMS, StreamRig
+from tests.support.worker import WHOLE_STREAMS, StreamRig, flush_scheduler
 
 
 class TearingTables(MemoryTables):
@@ -84,18 +84,11 @@ def test_kills_at_random_moments_with_flushes_overlapping_lose_nothing(
             core.start_at(0, committed[-1] if committed else 0)
         stop = asyncio.Event()
 
-        async def scheduler() -> None:
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(core.publish_wanted.wait(), 0)
-                core.publish_wanted.clear()
-                await core.flush_due(clock.now)
-                durable = core.durable_offsets()
-                if durable and rnd.random() < 0.5:
-                    committed.append(durable[0])
-                    core.offsets_committed(durable)
-                for _ in range(rnd.randint(1, 3)):
-                    await asyncio.sleep(0)
+        def commit_offsets() -> None:  # the intake's commit timer, now and then
+            durable = core.durable_offsets()
+            if durable and rnd.random() < 0.5:
+                committed.append(durable[0])
+                core.offsets_committed(durable)
 
         async def intake() -> None:
             done = 0
@@ -111,7 +104,10 @@ def test_kills_at_random_moments_with_flushes_overlapping_lose_nothing(
                 for _ in range(rnd.randint(0, 3)):
                     await asyncio.sleep(0)
 
-        tasks = [asyncio.create_task(scheduler()), asyncio.create_task(intake())]
+        tasks = [
+            asyncio.create_task(flush_scheduler(core, clock, rnd, stop, commit_offsets)),
+            asyncio.create_task(intake()),
+        ]
         if kill_after is None:
             await tasks[1]
             stop.set()
