@@ -77,7 +77,8 @@ class WorkerTable(faust.Table[bytes, bytes]):
     active restored its rows from that store: rows missing there were created again, empty (a
     crash run: a pin, a join, a read and a deletion lost from four early rows). The queue's
     clear is watched (`changelog_records_dropped`): the partition's persisted offset goes back
-    below the hole and stays there, so the next recovery reads through it."""
+    below the hole and stays there (every later apply writes it below the hole in the same write
+    as its records), so the next recovery reads through it."""
 
     local_guard: LocalStoreGuard
 
@@ -104,11 +105,39 @@ class WorkerTable(faust.Table[bytes, bytes]):
                 max(older),
             )
         if kept:
-            super().apply_changelog_batch(kept)
-            for partition in {event.message.partition for event in kept}:
-                hole = guard.holes.get((name, partition))
-                if hole is not None:
-                    self._persisted_below(partition, hole)
+            self._write_applied(kept)
+
+    def _write_applied(self, events: list[Any]) -> None:
+        """faust's RocksDB apply (a partition's records in one write batch; its persisted offset
+        the highest one applied), with the persisted offset written IN that write batch and kept
+        below a noted hole. faust sets the offset with a put of its own after the batch, and this
+        table used to lower it after that: a SIGKILL between the two left the offset past the
+        hole on disk, the next start (data dir kept) read the changelog from there, and the local
+        store kept the hole for good (a partition restored from it lacked those records; nothing
+        showed it once the rows were written again)."""
+        store: Any = self.data
+        holes = self.local_guard.holes
+        batches: dict[int, WriteBatch] = {}
+        highest: dict[int, int] = {}
+        for event in events:
+            message = event.message
+            partition = message.partition
+            batch = batches.get(partition)
+            if batch is None:
+                batch = batches[partition] = WriteBatch(raw_mode=True)
+            if message.value is None:
+                batch.delete(message.key)
+            else:
+                batch.put(message.key, message.value)
+            if message.offset > highest.get(partition, -1):
+                highest[partition] = message.offset
+        for partition, batch in batches.items():
+            offset = highest[partition]
+            hole = holes.get((self.name, partition))
+            if hole is not None and offset >= hole:
+                offset = hole - 1  # read again from below the hole at the next recovery
+            batch.put(store.offset_key, str(offset).encode())
+            store._db_for_partition(partition).write(batch)
 
     def changelog_records_dropped(self, partition: int, offset: int) -> None:
         """faust dropped a record of this table's changelog at `offset` before applying it."""

@@ -151,3 +151,37 @@ def test_a_drop_in_a_partition_nothing_was_applied_to_yet_leaves_it_read_from_th
     rows.apply_changelog_batch([changelog_event(topic, 3, offset, b"k", b"v") for offset in (0, 93, 95)])
     assert rows.data.persisted_offset(TP(topic, 3)) == 93  # below the hole, whatever comes
     assert guard.holes == {("rows", 3): 94}
+
+
+def test_records_and_the_offset_below_a_hole_reach_the_disk_in_one_write(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A SIGKILL may land between any two writes. faust's apply writes the records, then puts
+    the persisted offset at the highest one; lowered below a hole only after that, a kill in
+    between left the offset past the hole on disk and the next start never read it again. Here
+    no write happens but one per partition, holding the records and the offset already below
+    the hole (faust's separate offset put is never called)."""
+    tables, guard = worker_tables(tmp_path)
+    rows = tables["rows"]
+    topic = rows.changelog_topic.get_topic_name()
+    store = rows.data
+    db = store._db_for_partition(1)
+    rows.apply_changelog_batch(
+        [changelog_event(topic, 1, offset, b"k%d" % offset, b"v") for offset in range(5)]
+    )
+    rows.changelog_records_dropped(1, 5)  # 5..6 cleared from faust's queue, never applied
+    writes: list[Any] = []
+    real_write = type(db).write
+    monkeypatch.setattr(store, "set_persisted_offset", lambda *_: writes.append("separate offset put"))
+    monkeypatch.setattr(
+        type(db), "write", lambda self, batch: (writes.append(batch.len()), real_write(self, batch))
+    )
+
+    rows.apply_changelog_batch(
+        [changelog_event(topic, 1, offset, b"k%d" % offset, b"v") for offset in (7, 8)]
+    )
+
+    assert writes == [3]  # two records and the offset key, in one write batch
+    assert store.persisted_offset(TP(topic, 1)) == 4  # the next recovery reads 5.. again
+    assert db.get(b"k8") == b"v"
+    assert guard.holes == {("rows", 1): 5}
