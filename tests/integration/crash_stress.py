@@ -210,11 +210,13 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
             if proc.poll() is None:
                 report.peak_rss_kib = max(report.peak_rss_kib, peak_rss_kib(proc.pid))
         rows, badges = await stack.projection(sorted(versions))
-        report.mismatched_rows = _differences(rows, rows_expected, ("user_id", "conversation_id"))
-        report.mismatched_badges = _differences(badges, badges_expected, ("user_id",))
+        differing_rows = _differences(rows, rows_expected, ("user_id", "conversation_id"))
+        differing_badges = _differences(badges, badges_expected, ("user_id",))
+        report.mismatched_rows, report.mismatched_badges = len(differing_rows), len(differing_badges)
         report.lost_unread, report.double_counted = unread_drift(rows, rows_expected)
-        if report.mismatched_rows or report.mismatched_badges:
-            _print_partition_history(stack, plan.workers, _differing_users(rows, rows_expected))
+        if differing_rows or differing_badges:
+            users = {int(k[0]) for k in (*differing_rows, *differing_badges)}
+            _print_partition_history(stack, plan.workers, users)
         log = "".join(
             (stack.tmp / f"worker-{w}.log").read_text(errors="replace")
             for w in range(plan.workers)
@@ -446,12 +448,6 @@ _HISTORY_MARKS = (
 )
 
 
-def _differing_users(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> set[int]:
-    mine = {(r["user_id"], r["conversation_id"]): r for r in got}
-    theirs = {(r["user_id"], r["conversation_id"]): r for r in want}
-    return {k[0] for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)}
-
-
 def _print_partition_history(stack: Stack, workers: int, users: set[int], limit: int = 120) -> None:
     """Each differing user's mailbox partition, and the workers' log lines about it and about
     the group (restores, hand-overs, refused or re-read fetches, dropped changelog records)."""
@@ -476,10 +472,13 @@ def _print_partition_history(stack: Stack, workers: int, users: set[int], limit:
         print("\n".join(f"  {line}" for line in lines[-limit:]))
 
 
-def _differences(got: list[dict[str, Any]], want: list[dict[str, Any]], key: tuple[str, ...]) -> int:
+def _differences(
+    got: list[dict[str, Any]], want: list[dict[str, Any]], key: tuple[str, ...]
+) -> list[tuple[Any, ...]]:
+    """The keys whose items differ (or exist on one side only); the first five are printed."""
     mine = {tuple(item[k] for k in key): item for item in got}
     theirs = {tuple(item[k] for k in key): item for item in want}
     differing = [k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)]
     for k in sorted(differing, key=str)[:5]:  # what differs, for the failure's diagnosis
         print(f"differs {k}:\n  store  {mine.get(k)}\n  replay {theirs.get(k)}")
-    return len(differing)
+    return differing
