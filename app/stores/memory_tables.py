@@ -64,12 +64,18 @@ class MemoryTables:
         then it raises `TornCommit`."""
         self._tear = rnd
 
-    async def commit(self) -> None:
+    def take_steps(self) -> list[list[tuple[int, str, bytes, bytes | None]]]:
+        """What is staged, taken: the last write of each key, in the faust tables' delivery steps
+        (`StateTables.commit`)."""
         staged, self._staged = self._staged, []
         steps: list[list[tuple[int, str, bytes, bytes | None]]] = [[] for _ in range(COMMIT_STEPS)]
         last = {(item[0], item[1], item[2]): item for item in staged}  # the last write wins
-        for item in last.values():  # the faust tables' order (StateTables.commit)
+        for item in last.values():
             steps[commit_step(item[1], item[2], item[3])].append(item)
+        return steps
+
+    async def commit(self) -> None:
+        steps = self.take_steps()
         rnd, self._tear = self._tear, None
         if rnd is not None:
             dies_in = rnd.randrange(len(steps))

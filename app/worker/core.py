@@ -462,6 +462,7 @@ class WorkerCore:
                     expected,
                 )
                 return Admission(Verdict.GAP)
+            holes = _holes(expected, fresh, fetch_to)
             if hole is not None:
                 # Confirmed by a second read from `expected`: offsets with no record for us
                 # (transaction markers, compaction, retention). A log written by plain
@@ -472,12 +473,12 @@ class WorkerCore:
                     partition,
                     hole,
                     expected,
-                    _holes(expected, fresh, fetch_to),
+                    holes,
                     fetch_to,
                 )
             state.hole_seen = None
             self.stats.intake_records_skipped += admission.start
-            self.stats.intake_hole_offsets += _holes(state.next_offset, fresh, fetch_to)
+            self.stats.intake_hole_offsets += holes
             step = processor.on_records([r.value for r in fresh], now)
             # The gate record carries the offset: it is persisted with the state it describes.
             state.next_offset = admission.next_offset

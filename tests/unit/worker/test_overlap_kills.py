@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from app.stores.memory_tables import MemoryTables
 from app.worker.core import WorkerCore
-from app.worker.ports import COMMIT_STEPS, commit_step
 from tests.support.projection_files import as_replay_files
 from tests.support.strategies import Stream, scenarios, streams
 from tests.support.worker import WHOLE_STREAMS, StreamRig, flush_scheduler
@@ -35,12 +34,7 @@ class TearingTables(MemoryTables):
         self.rnd = rnd
 
     async def commit(self) -> None:
-        staged, self._staged = self._staged, []
-        steps: list[list[tuple[int, str, bytes, bytes | None]]] = [[] for _ in range(COMMIT_STEPS)]
-        last = {(item[0], item[1], item[2]): item for item in staged}  # the last write wins
-        for item in last.values():
-            steps[commit_step(item[1], item[2], item[3])].append(item)
-        for step in steps:
+        for step in self.take_steps():
             if not step:
                 continue
             try:
