@@ -25,9 +25,10 @@ mailbox_seq (the time to that frame, which includes the last compaction window, 
 well). Repetitions are interleaved, the order rotating (A B C, B C A, ...); medians and the
 median of per-repetition ratios are reported.
 
-Latency: a fresh worker (window --latency-window-ms, default 100) on a fresh topic; once it is
-ready, the stream's first entries are produced at a fixed rate (--latency-rate entries/s, ticks
-of --latency-tick-ms, each tick's entries followed by the lane's marker). Latency of an entry =
+Latency: a fresh worker (window --latency-window-ms, default 100) on a fresh topic; once it has
+published the set-up (every set-up user's frame is out), the stream's first entries are produced
+at a fixed rate (--latency-rate entries/s, ticks of --latency-tick-ms, each tick's entries
+followed by the lane's marker). Latency of an entry =
 the timestamp of the first SESSION_DELTA of its user whose projection_mailbox_seq >= its
 mailbox_seq, minus the entry's produce timestamp (both Kafka CreateTime, same clock).
 
@@ -734,6 +735,21 @@ class Bench:
             await asyncio.gather(*acks)
             acks.clear()
             await wait_dead(a.partitions)  # the worker is assigned and past the set-up
+            # ... and has published it: the set-up is a burst of every user's first entries (cold
+            # caches, a first flush of every user), not traffic at the phase's rate. Pacing before
+            # its flush was out started the phase behind a backlog the warm-up did not always
+            # drain (a bimodal p50 at one rate: ~0.4 s in some runs, ~2.5 s in others).
+            setup_seq = dict(last_seq)
+            while True:
+                top = await self.top_frames(deltas)
+                if all(top.get(u, 0) >= s for u, s in setup_seq.items()):
+                    break
+                if proc.poll() is not None:
+                    raise RuntimeError(f"latency worker exited {proc.returncode}: {tail(log_path)}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError("latency: the set-up's frames never came out")
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(3 * a.latency_window_ms / 1000)  # its persists and writes settle
             tick_s = a.latency_tick_ms / 1000
             per_tick = rate * tick_s
             sent = 0
@@ -759,9 +775,7 @@ class Bench:
             # every user's last frame (the last window closes after the last entry)
             while True:
                 frames = [orjson.loads(r.value) | {"_ts": r.timestamp} for r in await self.kafka.read(deltas)]
-                top: dict[int, int] = {}
-                for f in frames:
-                    top[f["user_id"]] = max(top.get(f["user_id"], 0), f["projection_mailbox_seq"])
+                top = self.top_versions(frames)
                 if all(top.get(u, 0) >= s for u, s in last_seq.items()):
                     break
                 if time.monotonic() > deadline:
@@ -820,6 +834,17 @@ class Bench:
             # a lag that grows through the phase means the rate was above capacity
             "kept_up": last_q <= max(2 * first_q, first_q + 2 * a.latency_window_ms),
         }
+
+    async def top_frames(self, deltas: str) -> dict[int, int]:
+        """Every user's highest projection_mailbox_seq in the SESSION_DELTA topic so far."""
+        return self.top_versions([orjson.loads(r.value) for r in await self.kafka.read(deltas)])
+
+    @staticmethod
+    def top_versions(frames: list[dict[str, Any]]) -> dict[int, int]:
+        top: dict[int, int] = {}
+        for f in frames:
+            top[f["user_id"]] = max(top.get(f["user_id"], 0), f["projection_mailbox_seq"])
+        return top
 
     # -- cleanup ---------------------------------------------------------------------------------
 
