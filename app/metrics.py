@@ -79,6 +79,10 @@ WORKER_METRICS: Final = (
     "projector_intake_gaps_refused_total",
     "projector_intake_records_skipped_total",
     "projector_intake_hole_offsets_total",
+    # The tables' local-store guard (tables/state.py, issue 11): changelog records faust offered
+    # out of order, or cleared unapplied.
+    "projector_changelog_records_refused_total",
+    "projector_changelog_queue_clears_total",
     # Per-partition figures of the operator console's fleet view (issue 17).
     "projector_watermark_hi",
     "projector_watermark_lane",
@@ -176,6 +180,14 @@ class _Seen:
         self.values[name] = total
         # A total below what was seen (a new core after a restart in the same process) restarts.
         return total - before if total >= before else total
+
+
+class LocalStoreCounts(Protocol):
+    """What the worker's metrics read from the guard of its tables' local stores
+    (tables/state.LocalStoreGuard)."""
+
+    dropped: int
+    holes_seen: int
 
 
 class WorkerMetrics:
@@ -304,6 +316,21 @@ class WorkerMetrics:
             "compacted or expired records)",
             registry=r,
         )
+        # The local stores' guard (tables/state.py): both are handled (nothing is lost), and
+        # counted so an operator sees how often faust's recovery needed it.
+        self.changelog_records_refused = Counter(
+            "projector_changelog_records_refused",
+            "Changelog records faust's applier offered from below this worker's own latest commit "
+            "to their partition (older values): not applied to the local store",
+            registry=r,
+        )
+        self.changelog_queue_clears = Counter(
+            "projector_changelog_queue_clears",
+            "Changelog records faust cleared from its queue unapplied (one per table and partition "
+            "and clear): the partition's local store reads them again at its next recovery",
+            registry=r,
+        )
+        self._local_stores: LocalStoreCounts | None = None
         add_process_metrics(r)
         # Per partition, for the operator console's fleet view: the gate (hi and each lane's
         # last marker), what waits above it, and rows still owing Cassandra mirror writes.
@@ -393,10 +420,18 @@ class WorkerMetrics:
         self.flush_latency.observe(seconds)
         self.last_flush.set(time.time())
 
+    def watch_local_stores(self, guard: LocalStoreCounts) -> None:
+        """Count what the tables' local-store guard refuses and notes (`sync` reads it)."""
+        self._local_stores = guard
+
     def sync(self, core: WorkerCore) -> None:
         """Pull the core's totals and gauges into the metrics (cheap: a few dict reads)."""
         stats = core.stats
         seen = self._seen
+        guard = self._local_stores
+        if guard is not None:
+            self.changelog_records_refused.inc(seen.delta("changelog_refused", guard.dropped))
+            self.changelog_queue_clears.inc(seen.delta("changelog_clears", guard.holes_seen))
         self.entries_in.inc(seen.delta("entries", stats.entries))
         self.entries_applied.inc(seen.delta("applied", stats.applied))
         self.entries_duplicate.inc(seen.delta("duplicates", stats.duplicates))

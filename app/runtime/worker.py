@@ -68,6 +68,8 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
     tables = FaustStateTables(declare_tables(app, settings.topic_partitions), sender)
     app.track_recoveries()
     metrics = WorkerMetrics() if settings.worker_metrics_port > 0 else None
+    if metrics is not None:
+        metrics.watch_local_stores(tables.guard)
     core = build_core(settings, tables, KafkaOutbox(sender, settings), metrics)
 
     intake = MailboxIntake(app, core, settings.topic_mailbox_tail)

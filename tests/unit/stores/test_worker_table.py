@@ -12,9 +12,16 @@ from typing import Any
 from faust.types import TP
 
 from app.kafka.batches import BatchSender
+from app.metrics import WorkerMetrics, sample
 from app.runtime.app import new_faust_app
 from app.settings import Settings
+from app.stores.memory_messages import InMemoryMessageStore
+from app.stores.memory_projection import InMemoryProjectionStore
+from app.stores.memory_tables import MemoryTables
 from tables.state import FaustStateTables, LocalStoreGuard, declare_tables
+from tests.support.clock import ManualClock
+from tests.support.metrics import scrape
+from tests.support.worker import RecordingOutbox, make_core
 
 
 def changelog_event(topic: str, partition: int, offset: int, key: bytes, value: bytes | None) -> Any:
@@ -185,3 +192,30 @@ def test_records_and_the_offset_below_a_hole_reach_the_disk_in_one_write(
     assert store.persisted_offset(TP(topic, 1)) == 4  # the next recovery reads 5.. again
     assert db.get(b"k8") == b"v"
     assert guard.holes == {("rows", 1): 5}
+
+
+def test_what_the_guard_refuses_and_notes_is_counted_in_the_workers_metrics(tmp_path: Path) -> None:
+    """Both are handled (nothing lost); the counters show an operator how often."""
+    tables, guard = worker_tables(tmp_path)
+    rows, users = tables["rows"], tables["users"]
+    metrics = WorkerMetrics()
+    metrics.watch_local_stores(FaustStateTables(tables, BatchSender(lambda: None)).guard)
+    core = make_core(
+        2, MemoryTables(), InMemoryMessageStore(), InMemoryProjectionStore(), RecordingOutbox(), ManualClock()
+    )
+
+    def counted() -> tuple[float | None, float | None]:
+        text = scrape(metrics, core)
+        return (
+            sample(text, "projector_changelog_records_refused_total"),
+            sample(text, "projector_changelog_queue_clears_total"),
+        )
+
+    assert counted() == (0, 0)
+    guard.since[("rows", 0)] = 40
+    topic = rows.changelog_topic.get_topic_name()
+    rows.apply_changelog_batch([changelog_event(topic, 0, offset, b"row", b"old") for offset in (30, 31, 41)])
+    users.changelog_records_dropped(0, 4)
+    assert counted() == (2, 1)
+    users.changelog_records_dropped(1, 9)
+    assert counted() == (2, 2)
