@@ -286,7 +286,8 @@ def evaluate_row(pair: tuple[int, str], entries: list[dict[str, Any]]) -> dict[s
         elif t in ("mute", "unmute"):
             muted = t == "mute"
 
-    visible = [s for s in received if membership == "active" or s <= left_at]
+    # Not active: a leave set left_at (membership and left_at change together above).
+    visible = [s for s in received if membership == "active" or (left_at is not None and s <= left_at)]
     latest = max(visible, default=None)
     head = received[latest] if latest is not None else None
     base = max(read, hidden, joined_at, deleted)
@@ -323,12 +324,13 @@ def evaluate_row(pair: tuple[int, str], entries: list[dict[str, Any]]) -> dict[s
 
 
 def base_of(row: dict[str, Any]) -> int:
-    return max(
+    base: int = max(
         row["read_conversation_seq"],
         row["hidden_before_conversation_seq"],
         row["joined_at_conversation_seq"],
         row["deleted_before_conversation_seq"],
     )
+    return base
 
 
 def badge_of(user: int, rows: Iterable[dict[str, Any]], version: int, include_muted: bool) -> dict[str, Any]:

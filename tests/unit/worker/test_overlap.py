@@ -69,7 +69,7 @@ class CheckedStore(InMemoryProjectionStore):
     def __init__(self, tables: MemoryTables) -> None:
         super().__init__()
         self.tables = tables
-        self.versions: list[tuple[int, int]] = []
+        self.published: list[tuple[int, int]] = []
 
     async def write(self, batches: Sequence[UserFlush]) -> list[int | None]:
         for batch in batches:
@@ -80,7 +80,7 @@ class CheckedStore(InMemoryProjectionStore):
                 f"user {batch.user_id}: version {batch.projection_mailbox_seq} published, "
                 f"the changelog holds {persisted}"
             )
-            self.versions.append((batch.user_id, batch.projection_mailbox_seq))
+            self.published.append((batch.user_id, batch.projection_mailbox_seq))
         return await super().write(batches)
 
 
@@ -144,16 +144,16 @@ def test_a_batch_goes_on_while_a_flush_waits_for_the_changelog_and_its_own_flush
         await asyncio.wait_for(core.on_records(records(third, len(first) + len(second))), 10)
         state = core.partitions[0]
         assert len(state.unpublished) == 2 and core.publish_wanted.is_set()
-        assert projections.versions == []  # nothing visible before its persist is in
+        assert projections.published == []  # nothing visible before its persist is in
         tables.hold.set()
         tables.hold = None
         await asyncio.wait_for(flushing, 10)
         # The first flush went out; the second was queued after that persist's snapshot, so it
         # waits for a persist of its own (the scheduler's next round).
-        assert [v for _, v in projections.versions] == [1]
+        assert [v for _, v in projections.published] == [1]
         assert len(state.unpublished) == 1
         await core.flush_due(clock.now)
-        assert sorted(projections.versions) == [(7, 1), (7, 2)]
+        assert sorted(projections.published) == [(7, 1), (7, 2)]
         await core.flush_all()
         rows, badges = await as_replay_files(projections, [7, 8])
         assert rows == expected.projections and badges == expected.badges
@@ -188,7 +188,7 @@ def test_nothing_of_a_released_partition_is_written_after_its_hand_over() -> Non
         await core.flush_due(clock.now + 1000)  # the scheduler's round, too late
         await core.persist(core.partitions[0])
         assert {name: dict(table) for name, table in tables.data[0].items()} == handed_over
-        assert projections.versions == []
+        assert projections.published == []
         core.forget([0])
         owner = background_core(1, tables, store, projections, clock)
         await owner.restore_assigned([0])
