@@ -12,8 +12,8 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any, Protocol
 
 import faust
 from aiohttp import web
@@ -88,25 +88,13 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
 
     app.before_consumer_stop.append(gc_summary)
 
+    on_rebalance = RebalanceCompletion(
+        app, intake, tables, settings.topic_mailbox_tail, gc_policy, gc_monitor
+    )
+
     @app.on_rebalance_complete.connect  # type: ignore[arg-type]  # mode's signal stubs want sync
     async def on_rebalance_complete(sender: Any, **_: Any) -> None:
-        if not app.recovery_is_current:
-            log.info(
-                "a superseded table recovery completed (generation %s; the consumer's is %s, "
-                "revoked %s): the partitions are restored when the current one completes",
-                app.recovering_generation,
-                app.consumer_generation_id,
-                app.revoked_generation,
-            )
-            return
-        assigned = [
-            tp.partition for tp in app.assignor.assigned_actives() if tp.topic == settings.topic_mailbox_tail
-        ]
-        await intake.assign(assigned)
-        tables.recovered(assigned)
-        # What the restore read is long-lived: out of the collector's reach from now on.
-        gc_policy.settle("assignment")
-        gc_monitor.install()
+        await on_rebalance()
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # same
     async def on_revoked(sender: Any, revoked: Any, **_: Any) -> None:
@@ -190,6 +178,75 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
         await audit_tick(core, audit, wall_clock_ms())
 
     return app, core
+
+
+class AssignedActives(Protocol):
+    def assigned_actives(self) -> Iterable[Any]: ...  # faust TPs: .topic, .partition
+
+
+class RecoveringApp(Protocol):
+    """What a rebalance's completion reads from the faust app (agents/batch_intake.ProjectorApp)."""
+
+    @property
+    def recovery_is_current(self) -> bool: ...
+
+    @property
+    def assignor(self) -> AssignedActives: ...
+
+    recovering_generation: int | None
+    consumer_generation_id: int
+    revoked_generation: int | None
+
+
+class PartitionIntake(Protocol):
+    async def assign(self, partitions: Sequence[int]) -> None: ...
+
+
+class RecoveredTables(Protocol):
+    def recovered(self, partitions: Collection[int]) -> None: ...
+
+
+class RebalanceCompletion:
+    """faust's `on_rebalance_complete`: the mailbox partitions assigned to this worker (active,
+    not standby) are restored by the intake, their tables told they were recovered, and what
+    the restore read moved out of the collector's reach. Nothing happens for a superseded
+    recovery (`ProjectorApp.recovery_is_current`): the current one completes later."""
+
+    def __init__(
+        self,
+        app: RecoveringApp,
+        intake: PartitionIntake,
+        tables: RecoveredTables,
+        topic: str,
+        gc_policy: GcPolicy,
+        gc_monitor: GcMonitor,
+    ) -> None:
+        self.app = app
+        self.intake = intake
+        self.tables = tables
+        self.topic = topic
+        self.gc_policy = gc_policy
+        self.gc_monitor = gc_monitor
+
+    async def __call__(self) -> list[int] | None:
+        """The partitions restored (None: a superseded recovery, nothing done)."""
+        app = self.app
+        if not app.recovery_is_current:
+            log.info(
+                "a superseded table recovery completed (generation %s; the consumer's is %s, "
+                "revoked %s): the partitions are restored when the current one completes",
+                app.recovering_generation,
+                app.consumer_generation_id,
+                app.revoked_generation,
+            )
+            return None
+        assigned = [tp.partition for tp in app.assignor.assigned_actives() if tp.topic == self.topic]
+        await self.intake.assign(assigned)
+        self.tables.recovered(assigned)
+        # What the restore read is long-lived: out of the collector's reach from now on.
+        self.gc_policy.settle("assignment")
+        self.gc_monitor.install()
+        return assigned
 
 
 def build_core(
