@@ -23,13 +23,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 
 def run(path: Path) -> dict[str, object]:
     store: dict[tuple[int, str], bytes] = {}
-    rows: dict[tuple[int, str], dict[str, object]] = {}
+    rows: dict[tuple[int, str], dict[str, Any]] = {}
     writes_per_row: dict[tuple[int, str], int] = {}
     user_seq: dict[int, int] = {}
     entries = applied = duplicates = markers = writes = 0
