@@ -88,8 +88,9 @@ lint: setup ## ruff + import rules (the domain core stays pure)
 	.venv/bin/ruff check app agents tables tests bench
 	.venv/bin/lint-imports
 
-typecheck: setup ## mypy --strict on the code
+typecheck: setup ## mypy --strict on the code, then on the tests and the benchmarks
 	.venv/bin/mypy
+	.venv/bin/mypy tests bench
 
 check: lint typecheck test ## What CI runs, plus lint and types
 

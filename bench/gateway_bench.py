@@ -308,7 +308,7 @@ class Bench:
         plain_ms: list[float] = []
 
         class Timed(LiveSessionList):
-            async def apply(self, frame: Any) -> Any:  # type: ignore[override]
+            async def apply(self, frame: Any) -> Any:
                 result = await super().apply(frame)
                 now = time.time_ns()
                 if frame.get("type") == "SESSION_DELTA" and result.applied:

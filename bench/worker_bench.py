@@ -997,9 +997,9 @@ def print_table(report: dict[str, Any]) -> None:
     for key, value in ratios.items():
         if key.startswith("cpu_"):
             continue  # printed beside the wall ratio
-        goal = targets.get(key)
+        target = targets.get(key)
         cpu = ratios.get(f"cpu_{key}", math.nan)
-        mark = f"  (target >= {goal:g}: {'met' if value >= goal else 'NOT met'})" if goal else ""
+        mark = f"  (target >= {target:g}: {'met' if value >= target else 'NOT met'})" if target else ""
         print(f"{key:32s} wall {value:7.3f}  cpu {cpu:7.3f}{mark}")
     for lat in report.get("latencies") or []:
         goal = ""

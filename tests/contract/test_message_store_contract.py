@@ -13,7 +13,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import pytest
 
@@ -46,7 +46,7 @@ class MemoryWriter:
 
     def given(self, messages: Iterable[NewMessage]) -> None:
         for m in messages:
-            for mentioned in sorted(m.mentions) or [None]:
+            for mentioned in cast("list[int | None]", sorted(m.mentions)) or [None]:
                 self.memory.record_message(
                     m.conversation_id,
                     m.conversation_seq,

@@ -533,7 +533,7 @@ async def test_redis_delete_all_keeps_other_keys_and_namespaces(
 class _RepeatingScan(redis.Redis):
     """A real client whose SCAN returns every key twice, as Redis may while it resizes its table."""
 
-    async def scan_iter(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    async def scan_iter(self, *args: Any, **kwargs: Any) -> Any:
         async for key in super().scan_iter(*args, **kwargs):
             yield key
             yield key

@@ -245,7 +245,7 @@ class Caller:
         # one is schema-valid but not valid, and its 400/401 is right. Those the server issued
         # (followed along a link) must be accepted.
         self.issued: set[str] = set()
-        self.ticket_owner: dict[str, str] = {}
+        self.ticket_owner: dict[str, str | None] = {}
         # A cursor is bound to the user it was issued to: another user's sending it (a link
         # followed with the other token) is rightly a 400, not a valid request refused.
         self.cursor_owner: dict[str, int] = {}
@@ -265,7 +265,7 @@ class Caller:
 
     def _excluded_checks(self, case: Any, caller: User) -> list[Any]:
         query = case.query or {}
-        excluded = []
+        excluded: list[Any] = []
         cursor = query.get("cursor")
         if any(isinstance(v, str) and v not in self.issued for v in (cursor, query.get("access_token"))) or (
             isinstance(cursor, str) and self.cursor_owner.get(cursor, caller.user_id) != caller.user_id

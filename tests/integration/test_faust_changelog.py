@@ -126,7 +126,9 @@ async def test_table_state_recovers_from_changelog_after_local_store_loss(
         "reports": str(reports),
     }
 
-    adds = [(f"user-{i % 7}", {"op": "add", "n": i}, None) for i in range(1, 64)]
+    adds: list[tuple[str, dict[str, Any], int | None]] = [
+        (f"user-{i % 7}", {"op": "add", "n": i}, None) for i in range(1, 64)
+    ]
     expected: dict[str, int] = {}
     for key, value, _ in adds:
         expected[key] = expected.get(key, 0) + value["n"]

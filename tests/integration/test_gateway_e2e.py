@@ -25,7 +25,11 @@ from tests.integration.stack import PROJECTOR, ROOT, Stack, read_jsonl
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-GATEWAY = {"push_window_ms": 500, "gateway_heartbeat_ms": 1000, "gateway_presence_ttl_ms": 6000}
+GATEWAY: dict[str, Any] = {
+    "push_window_ms": 500,
+    "gateway_heartbeat_ms": 1000,
+    "gateway_presence_ttl_ms": 6000,
+}
 
 
 async def run_async(stack: Stack, *args: str) -> None:
@@ -77,6 +81,7 @@ async def test_two_instances_stream_online_users_and_push_offline_ones(
     make_stack: Callable[..., Stack], tmp_path: Path
 ) -> None:
     stack = make_stack("gwe", partitions=2)
+    sim: tuple[str, ...]
     sim = ("--users", "24", "--conversations", "10", "--group-size", "12", "--messages", "300")
     sim += ("--lanes", "2", "--seed", "5", "--progress", "never")
     # The same seed gives the same users: learn them first (nothing written anywhere).
@@ -91,8 +96,10 @@ async def test_two_instances_stream_online_users_and_push_offline_ones(
         gateway_instance(stack.settings, gateway_partitions="1", **GATEWAY) as second,
     ):
         instances = [first, second]
+        assert first.gateway.partition_of is not None  # open_gateway sets it
 
         def home(user: int) -> Instance:
+            assert first.gateway.partition_of is not None
             return instances[first.gateway.partition_of(user)]
 
         # One push group over the badge topic: each partition (so each user) has one producer.
@@ -124,8 +131,8 @@ async def test_two_instances_stream_online_users_and_push_offline_ones(
             for _, _, follow in clients.values():
                 await follow.until(lambda f=follow: f.synced, 60)  # type: ignore[misc]
             for index, instance in enumerate(instances):
-                mine = {u for u in online if first.gateway.partition_of(u) == index}
-                assert set(instance.gateway.hub.connected_users()) == mine
+                served = {u for u in online if first.gateway.partition_of(u) == index}
+                assert set(instance.gateway.hub.connected_users()) == served
             client = redis.Redis.from_url(stack.settings.redis_url)
             presence = RedisPresence(client, stack.settings.projection_namespace, "probe", 6000)
             try:

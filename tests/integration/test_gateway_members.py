@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
+from typing import cast
 
 import aiohttp
 import orjson
@@ -73,8 +74,8 @@ async def test_member_notices_make_the_other_members_directories_re_read(
                     "it", str(user), HttpMemberSource(gw.url, token(user), http)
                 )
                 registry.subscribe(group)
-                directory = registry.directory(group)
-                directory.on_history_invalidated = lambda d, u=user: history_dropped.append((u, d.key.group))  # type: ignore[misc]
+                subscribed = registry.directory(group)
+                subscribed.on_history_invalidated = lambda d, u=user: history_dropped.append((u, d.key.group))
                 follow = LiveStream(
                     LiveSessionList(api, user), on_notice=members_to(registry), read_timeout_s=20
                 )
@@ -100,7 +101,13 @@ async def test_member_notices_make_the_other_members_directories_re_read(
             for user in devices:
                 again = reads[user] + 1
                 await asyncio.wait_for(
-                    directory(user).until(lambda d, n=again: d.counters.traversals_completed == n), 60
+                    directory(user).until(
+                        cast(
+                            "Callable[[MemberDirectory], bool]",
+                            lambda d, n=again: d.counters.traversals_completed == n,
+                        )
+                    ),
+                    60,
                 )
                 assert carol in directory(user).members and len(directory(user).members) == 501
             assert history_dropped == []

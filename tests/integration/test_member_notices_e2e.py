@@ -16,7 +16,7 @@ import asyncio
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
@@ -133,7 +133,7 @@ async def test_joins_and_leaves_reach_the_members_directories_through_worker_and
                     "it", str(user), HttpMemberSource(gw.url, token(user), http)
                 )
                 registry.subscribe(GROUP)
-                registry.directory(GROUP).on_history_invalidated = lambda d, u=user: history_dropped.append(u)  # type: ignore[misc]
+                registry.directory(GROUP).on_history_invalidated = lambda d, u=user: history_dropped.append(u)
                 follow = LiveStream(
                     LiveSessionList(api, user), on_notice=members_to(registry), read_timeout_s=20
                 )
@@ -161,7 +161,13 @@ async def test_joins_and_leaves_reach_the_members_directories_through_worker_and
             for user in devices:
                 again = reads[user] + 1
                 await asyncio.wait_for(
-                    directory(user).until(lambda d, n=again: d.counters.traversals_completed == n), WAIT_S
+                    directory(user).until(
+                        cast(
+                            "Callable[[MemberDirectory], bool]",
+                            lambda d, n=again: d.counters.traversals_completed == n,
+                        )
+                    ),
+                    WAIT_S,
                 )
                 # The re-read roster holds Carol: the worker wrote it before it sent the notice.
                 assert CAROL in directory(user).members and len(directory(user).members) == 501
@@ -194,7 +200,13 @@ async def test_joins_and_leaves_reach_the_members_directories_through_worker_and
             for user in devices:
                 again = reads[user] + 2
                 await asyncio.wait_for(
-                    directory(user).until(lambda d, n=again: d.counters.traversals_completed == n), WAIT_S
+                    directory(user).until(
+                        cast(
+                            "Callable[[MemberDirectory], bool]",
+                            lambda d, n=again: d.counters.traversals_completed == n,
+                        )
+                    ),
+                    WAIT_S,
                 )
                 assert gone not in directory(user).members and len(directory(user).members) == 500
                 assert stream(user).stats.notices == 2

@@ -32,7 +32,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
@@ -125,7 +125,7 @@ async def check_http_security(base: str) -> None:
             assert "CSRF" in (await resp.json())["error"]["message"]
 
 
-def pick_victim(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def pick_victim(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A listed row with unread, of a user with several rows (a visible, ordinary case)."""
     by_user: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
@@ -192,7 +192,7 @@ async def test_console_in_a_real_browser(make_stack: Callable[..., Stack], tmp_p
                 await expect(page.locator("#whoami")).to_have_text("operator: ci-operator", timeout=WAIT_MS)
 
                 # Drift in Redis, then the inspector.
-                wrong = {**right, "unread_count": right["unread_count"] + 7}
+                wrong = {**right, "unread_count": cast(int, right["unread_count"]) + 7}
                 await store.client.hset(store.rows_key(user_id), cid, orjson.dumps(wrong))
                 await page.fill("#user-id", str(user_id))
                 await page.click("#inspect")
@@ -246,9 +246,9 @@ async def test_console_in_a_real_browser(make_stack: Callable[..., Stack], tmp_p
                 # The fleet while the worker runs.
                 await page.goto(base + "/ops/#fleet")
                 for partition in range(stack.settings.topic_partitions):
-                    row = page.locator(f'#partitions tr[data-partition="{partition}"]')
-                    await expect(row.locator("td.owner")).to_have_text(metrics_url, timeout=WAIT_MS)
-                    await expect(row.locator("td.lag")).to_have_text("0", timeout=WAIT_MS)
+                    partition_row = page.locator(f'#partitions tr[data-partition="{partition}"]')
+                    await expect(partition_row.locator("td.owner")).to_have_text(metrics_url, timeout=WAIT_MS)
+                    await expect(partition_row.locator("td.lag")).to_have_text("0", timeout=WAIT_MS)
                 await expect(page.locator("#serving")).to_have_text(stack.settings.projection_namespace)
                 # At least 3 samples in the charts (the page's CSP forbids eval: no wait_for_function).
                 await expect(page.locator("#tab-fleet")).to_have_attribute(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -40,7 +40,7 @@ def auditable(row: dict[str, Any]) -> bool:
         row["deleted_before_conversation_seq"],
     )
     latest = row["latest_conversation_seq"] or 0
-    return row["unread_count"] > 0 and row["unread_exact"] and latest - base <= LIMIT
+    return cast(bool, row["unread_count"] > 0 and row["unread_exact"] and latest - base <= LIMIT)
 
 
 async def test_drift_injected_into_redis_is_found_corrected_and_reported(
@@ -83,7 +83,7 @@ async def test_drift_injected_into_redis_is_found_corrected_and_reported(
 
     # Drift, as Redis could have it: wrong unread, a lost mention, a lost row, a wrong badge.
     store = RedisProjectionStore.from_settings(stack.settings, stack.settings.projection_namespace)
-    client: redis.Redis = store.client
+    client: redis.Redis | redis.RedisCluster = store.client
     by_user: dict[int, list[dict[str, Any]]] = {}
     for row in eligible:
         by_user.setdefault(row["user_id"], []).append(row)

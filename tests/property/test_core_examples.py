@@ -3,7 +3,7 @@ hand-computed values. Each stream is small enough to read."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -26,7 +26,7 @@ def check(lines: list[bytes], lanes: int = 1, **opts: Any) -> tuple[Any, Any]:
 
 def core_row(res: Any, user: int = A, conv: str = C) -> dict[str, Any]:
     (row,) = [r for r in res.projections if (r["user_id"], r["conversation_id"]) == (user, conv)]
-    return row
+    return cast(dict[str, Any], row)
 
 
 def counts(row: dict[str, Any]) -> tuple[Any, ...]:

@@ -76,7 +76,7 @@ def test_valid_records_at_the_edges_decode_as_the_model_reads_them(raw: bytes) -
         assert (out.lane, out.watermark) == value
         return
     assert verdict == "entry", (verdict, value)
-    decoded = msgspec.structs.asdict(out)  # type: ignore[arg-type]
+    decoded = msgspec.structs.asdict(out)
     expected = {name: value[name] for name in fields_of(value["type"])}
     expected["conversation_id"] = value["conversation_id"].lower()
     if value["type"] == "join":

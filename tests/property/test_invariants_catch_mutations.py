@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -29,11 +29,13 @@ def _stream() -> list[bytes]:
 
 
 def _first_row(res: Any) -> dict[str, Any]:
-    return next(r for r in res.projections if r["user_id"] == 1 and r["conversation_id"] == C)
+    return cast(
+        dict[str, Any], next(r for r in res.projections if r["user_id"] == 1 and r["conversation_id"] == C)
+    )
 
 
 def _last_delta(res: Any) -> dict[str, Any]:
-    return [f for f in res.frames if f["type"] == "SESSION_DELTA"][-1]
+    return cast(dict[str, Any], [f for f in res.frames if f["type"] == "SESSION_DELTA"][-1])
 
 
 def _bump_unread(res: Any) -> None:

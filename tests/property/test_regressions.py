@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.replay import ReplayOptions, run_replay
+from app.replay import ReplayOptions, ReplayResult, run_replay
 from tests.property import invariants as inv
 from tests.property.model import run_model
 from tests.support.strategies import Builder, dumps
@@ -72,8 +72,8 @@ def test_reconcile_does_not_change_the_value_when_a_recall_missed_a_former_membe
             b.add("mailbox_dirty", a, C)
         return b.finish()
 
-    def row_of_a(res: object) -> dict[str, object]:
-        (row,) = [r for r in res.projections if r["user_id"] == 1]  # type: ignore[attr-defined]
+    def row_of_a(res: ReplayResult) -> dict[str, object]:
+        (row,) = [r for r in res.projections if r["user_id"] == 1]
         return row
 
     plain = row_of_a(run_replay(lines(False), ReplayOptions()))

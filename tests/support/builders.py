@@ -6,6 +6,7 @@ applicable. (The property tests draw whole streams from tests/support/strategies
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -109,7 +110,7 @@ class StreamBuilder:
         return part
 
 
-def rows_by_key(projections: list[dict[str, Any]]) -> dict[tuple[int, str], dict[str, Any]]:
+def rows_by_key(projections: Iterable[dict[str, Any]]) -> dict[tuple[int, str], dict[str, Any]]:
     return {(row["user_id"], row["conversation_id"]): row for row in projections}
 
 

@@ -546,7 +546,7 @@ class GarbageMaker:
         self.rnd = random.Random(seed)
         self.lanes = lanes
         self.names = list(WEIGHTS)
-        self.weights = [WEIGHTS[name] for name in self.names]
+        self.weights: list[float] = [WEIGHTS[name] for name in self.names]
         if huge_share is not None:
             total = sum(w for n, w in WEIGHTS.items() if n != "huge")
             self.weights[self.names.index("huge")] = max(0.0, huge_share * total / (1 - huge_share))

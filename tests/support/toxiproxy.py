@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -128,7 +128,7 @@ class Toxiproxy:
     def version(self) -> str:
         request = urllib.request.Request(self.api + "/version")
         with urllib.request.urlopen(request, timeout=5) as response:
-            return response.read().decode().strip()
+            return cast(bytes, response.read()).decode().strip()
 
     def proxy(self, name: str, upstream: str, listen: str = "127.0.0.1:0") -> Proxy:
         """A new proxy to `upstream` (HOST:PORT); port 0 lets toxiproxy pick the listen port."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -320,7 +320,7 @@ async def test_every_route_is_described(api: Api) -> None:
         doc = await resp.json()
     served = {
         (route.resource.canonical, route.method.lower())
-        for route in api.client.server.app.router.routes()
+        for route in cast(TestServer, api.client.server).app.router.routes()
         if route.resource is not None
     }
     described = {(path, method) for path, ops in doc["paths"].items() for method in ops}

@@ -6,6 +6,7 @@ import io
 import math
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -16,7 +17,7 @@ from bench.gen_j1 import CONVERSATION_ID, Params, generate, write
 SMALL = Params(members=20, messages=30, lanes=4)
 
 
-def records(params: Params) -> list[dict[str, object]]:
+def records(params: Params) -> list[dict[str, Any]]:
     return list(generate(params))
 
 

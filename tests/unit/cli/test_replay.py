@@ -9,7 +9,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -42,15 +42,18 @@ def read_outputs(out: Path) -> dict[str, Any]:
 def expected(lines: list[bytes], opts: ReplayOptions) -> dict[str, Any]:
     res = run_replay(lines, opts)
     # through JSON, as the files are (tuples, ints > 2^63 and floats compare the same way)
-    return json.loads(
-        json.dumps(
-            {
-                "projections": res.projections,
-                "badges": res.badges,
-                "frames": res.frames,
-                "stats": res.stats,
-            }
-        )
+    return cast(
+        dict[str, Any],
+        json.loads(
+            json.dumps(
+                {
+                    "projections": res.projections,
+                    "badges": res.badges,
+                    "frames": res.frames,
+                    "stats": res.stats,
+                }
+            )
+        ),
     )
 
 

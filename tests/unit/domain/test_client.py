@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import cast
 
 import pytest
 from hypothesis import given, settings
@@ -207,7 +208,7 @@ def test_merge_window_keeps_the_newest_row_per_conversation_and_never_sums() -> 
     assert merged["projection_mailbox_seq"] == 3
     assert merged["prev_projection_mailbox_seq"] == 0
     assert merged["driving_event_id"] == "e3"
-    rows = {r["conversation_id"]: r for r in merged["conversations"]}
+    rows = {r["conversation_id"]: r for r in cast("list[dict[str, object]]", merged["conversations"])}
     assert set(rows) == {C1, C2, C3}
     assert rows[C1]["unread_count"] == 5  # the newest row, not 3 + 5
     assert rows[C2]["unread_count"] == 1
@@ -221,7 +222,7 @@ def test_merge_keeps_the_newest_row_when_frames_arrive_out_of_order() -> None:
     (merged,) = merger.flush()
     assert merged["prev_projection_mailbox_seq"] == 0
     assert merged["projection_mailbox_seq"] == 2
-    rows = {r["conversation_id"]: r for r in merged["conversations"]}
+    rows = {r["conversation_id"]: r for r in cast("list[dict[str, object]]", merged["conversations"])}
     assert rows[C1]["unread_count"] == 5
     assert rows[C2]["unread_count"] == 1
 
@@ -304,9 +305,9 @@ def state_after(frames: list[dict[str, object]], upto: int) -> dict[str, Mapping
     """The list as the server holds it after the frames with version <= upto (the truth)."""
     rows: dict[str, Mapping[str, object]] = {}
     for frame in frames:
-        if frame["projection_mailbox_seq"] <= upto:
-            for r in frame["conversations"]:
-                rows[r["conversation_id"]] = r
+        if cast(int, frame["projection_mailbox_seq"]) <= upto:
+            for r in cast("list[dict[str, object]]", frame["conversations"]):
+                rows[cast(str, r["conversation_id"])] = r
     return rows
 
 
@@ -325,7 +326,7 @@ def test_any_interleaving_gives_the_final_state_or_a_repull(
     case: tuple[list[dict[str, object]], list[int]],
 ) -> None:
     frames, order = case
-    versions = [0] + [f["projection_mailbox_seq"] for f in frames]
+    versions = [0] + [cast(int, f["projection_mailbox_seq"]) for f in frames]
     final = state_after(frames, versions[-1])
     view = SessionView(USER)
     repull = False
@@ -348,7 +349,7 @@ def test_a_caller_that_repulls_on_gaps_always_converges(
     newest_sent = 0
     for index in order:
         frame = frames[index]
-        newest_sent = max(newest_sent, frame["projection_mailbox_seq"])
+        newest_sent = max(newest_sent, cast(int, frame["projection_mailbox_seq"]))
         if view.apply(frame).needs_repull:
             # The server has at least everything it has pushed so far.
             view.reset(state_after(frames, newest_sent).values(), newest_sent)
@@ -375,4 +376,4 @@ def test_merging_then_applying_gives_the_final_state_or_a_repull(
     for frame in out:
         repull = repull or view.apply(frame).needs_repull
         assert view.known() == state_after(frames, view.version)
-    assert repull or view.known() == state_after(frames, frames[-1]["projection_mailbox_seq"])
+    assert repull or view.known() == state_after(frames, cast(int, frames[-1]["projection_mailbox_seq"]))

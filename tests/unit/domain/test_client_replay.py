@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -36,7 +37,7 @@ def mailbox(seed: int, count: int = 400) -> Iterator[dict[str, object]]:
         if roll < 0.55 or not sent[conversation]:
             conversation_seq[conversation] += 1
             n = conversation_seq[conversation]
-            facts = {
+            facts: dict[str, object] = {
                 "conversation_seq": n,
                 "sender_id": rng.choice(USERS),
                 "counts_unread": rng.random() < 0.9,
@@ -102,7 +103,7 @@ def mailbox(seed: int, count: int = 400) -> Iterator[dict[str, object]]:
     yield {"type": "watermark", "lane": 0, "watermark": seq, "ts": T0 + 40 * count}
 
 
-def read_jsonl(path: Path) -> list[dict[str, object]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
@@ -122,15 +123,15 @@ def replayed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     rows: dict[int, dict[str, dict[str, object]]] = {}
     for r in read_jsonl(out / "projections.jsonl"):
         rows.setdefault(r["user_id"], {})[r["conversation_id"]] = r
-    badges = {b["user_id"]: b for b in read_jsonl(out / "badges.jsonl")}
+    badges: dict[int, object] = {b["user_id"]: b for b in read_jsonl(out / "badges.jsonl")}
     assert any(not r["listed"] for per_user in rows.values() for r in per_user.values())
     return frames, rows, badges
 
 
-Replayed = tuple[list[dict[str, object]], dict[int, dict[str, dict[str, object]]], dict[int, object]]
+Replayed = tuple[list[dict[str, Any]], dict[int, dict[str, dict[str, object]]], dict[int, object]]
 
 
-def frames_of(frames: list[dict[str, object]], user: int) -> list[dict[str, object]]:
+def frames_of(frames: list[dict[str, Any]], user: int) -> list[dict[str, Any]]:
     return [f for f in frames if f["user_id"] == user]
 
 
@@ -199,10 +200,10 @@ def test_frames_through_the_merge_window_reproduce_rows(replayed: Replayed) -> N
         now = now + 5  # a flush's frames arrive together; flushes ~40 ms apart
         for out in merger.offer(frame, now):
             merged_count = merged_count + 1
-            assert views[out["user_id"]].apply(out).applied
+            assert views[cast(int, out["user_id"])].apply(out).applied
     for out in merger.flush():
         merged_count = merged_count + 1
-        assert views[out["user_id"]].apply(out).applied
+        assert views[cast(int, out["user_id"])].apply(out).applied
     assert merged_count < len(frames)  # the window did merge
     for user, view in views.items():
         assert_matches(view, rows[user], badges[user])

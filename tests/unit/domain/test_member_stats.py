@@ -16,7 +16,7 @@ ME = 7
 
 
 def entries(stream: StreamBuilder) -> list[Entry]:
-    out = []
+    out: list[Entry] = []
     for raw in stream.lines:
         decoded = decode_record(raw, 1)
         if isinstance(decoded, MessageEntry | RecallEntry | DeleteMessageEntry):

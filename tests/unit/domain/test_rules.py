@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from app.replay import ReplayOptions, run_replay
 from tests.support.builders import CONV_A, CONV_B, StreamBuilder, rows_by_key
@@ -137,7 +137,7 @@ def test_badge_rules_archived_muted_and_left() -> None:
     assert badge["total_unread"] == 1  # active, not archived, not muted
     assert badge["total_mention"] == 3  # active conversations, muted included
     assert badge["muted_unread"] == 1
-    muted = run_replay(s.lines, ReplayOptions(include_muted=True)).badges[0]
+    muted = cast(list[Any], run_replay(s.lines, ReplayOptions(include_muted=True)).badges)[0]
     assert muted["total_unread"] == 2
 
 
@@ -207,12 +207,12 @@ def test_watermark_gate_holds_entries_above_min_over_lanes_j3() -> None:
     s.marker(1, 1)  # lane 1 has only written up to 1: hi = 1
     partial = run_replay(list(s.lines), ReplayOptions(lanes=2))
     assert partial.stats["applied"] == 1 and partial.stats["pending"] == 1
-    assert partial.projections[0]["unread_count"] == 1
+    assert cast(list[Any], partial.projections)[0]["unread_count"] == 1
     s.lines.append(held)
     s.marker(1, retry + 1)
     result = run_replay(s.lines, ReplayOptions(lanes=2))
     assert result.stats["applied"] == 3 and result.stats["pending"] == 0
-    assert result.projections[0]["unread_count"] == 3  # the late entry counted exactly once
+    assert cast(list[Any], result.projections)[0]["unread_count"] == 3  # the late entry counted exactly once
 
 
 def test_no_marker_no_application() -> None:

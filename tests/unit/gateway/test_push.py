@@ -50,6 +50,7 @@ def test_one_record_per_user_per_window_with_the_newest_badge() -> None:
 def test_corrections_and_malformed_frames_are_not_pushed() -> None:
     window = PushCoalescer()
     assert window.offer(badge(1, 5, 2, correction=True), 0)  # valid, but restates version 5
+    bad: object
     for bad in (
         None,
         [],

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -104,7 +104,7 @@ async def test_the_diff_reports_rows_added_removed_changed_per_field_and_badges(
     fresh = await rebuilt(replayer, result)
     stored = await live.load(ME)
     rows = dict(stored.rows)
-    wrong = dict(rows[CONV_A], unread_count=rows[CONV_A]["unread_count"] + 5)  # drift
+    wrong = dict(rows[CONV_A], unread_count=cast(int, rows[CONV_A]["unread_count"]) + 5)  # drift
     del rows[CONV_B]  # the live namespace lost a row
     extra = dict(wrong, conversation_id="0c0c0c0c-0000-4000-8000-00000000000c")  # and holds a stray one
     badge = Badge(stored.total_unread + 5, stored.total_mention, stored.muted_unread)
@@ -118,7 +118,7 @@ async def test_the_diff_reports_rows_added_removed_changed_per_field_and_badges(
     assert diff["badges_differing"] == 1
     assert diff["examples"]["changed"][0]["fields"]["unread_count"] == [
         wrong["unread_count"],
-        wrong["unread_count"] - 5,
+        cast(int, wrong["unread_count"]) - 5,
     ]
     assert diff["examples"]["added"] == [{"user_id": ME, "conversation_id": CONV_B}]
 

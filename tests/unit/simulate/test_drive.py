@@ -32,7 +32,7 @@ class FakeBroker:
 
     def __init__(self, log: Log, partitions: Sequence[int] = (0, 1, 2), seed: int = 0, fail_at: int = -1):
         self.log = log
-        self.partitions = list(partitions)
+        self.partitions: Sequence[int] = list(partitions)
         self.rng = random.Random(seed)
         self.sent: list[tuple[bytes, bytes | None, int | None]] = []
         self.unacked: dict[int, set[int]] = {}  # lane -> indexes into `sent` not acknowledged yet

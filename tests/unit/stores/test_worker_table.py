@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from faust.types import TP
 
@@ -181,7 +181,9 @@ def test_records_and_the_offset_below_a_hole_reach_the_disk_in_one_write(
     real_write = type(db).write
     monkeypatch.setattr(store, "set_persisted_offset", lambda *_: writes.append("separate offset put"))
     monkeypatch.setattr(
-        type(db), "write", lambda self, batch: (writes.append(batch.len()), real_write(self, batch))
+        type(db),
+        "write",
+        lambda self, batch: (cast(object, writes.append(batch.len())), real_write(self, batch)),
     )
 
     rows.apply_changelog_batch(

@@ -19,8 +19,8 @@ from app.domain.client import Badge, SessionView
 from app.replay import ReplayOptions, run_replay
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.memory_tables import MemoryTables
-from app.worker.core import WorkerCore
-from app.worker.restore import DONE, RESTORING, ProjectionRestorer, RestoreConfig
+from app.worker.core import PartitionState, WorkerCore
+from app.worker.restore import DONE, RESTORING, ProjectionRestorer, RestoreConfig, RestoreReport
 from tests.support.builders import CONV_A, CONV_B
 from tests.support.builders import StreamBuilder as Builder
 from tests.support.clock import ManualClock as Clock
@@ -314,12 +314,12 @@ def test_a_crash_in_the_middle_of_a_restore_is_finished_by_the_next_worker() -> 
         chunks = 0
         real = restorer._chunk
 
-        async def counted(*args: Any) -> bool:
+        async def counted(state: PartitionState, chunk: list[int], report: RestoreReport) -> bool:
             nonlocal chunks
             chunks += 1
             if chunks > 2:
                 raise asyncio.CancelledError
-            return await real(*args)
+            return await real(state, chunk, report)
 
         restorer._chunk = counted  # type: ignore[method-assign]
         with contextlib.suppress(asyncio.CancelledError):
