@@ -126,7 +126,9 @@ async def check_http_security(base: str) -> None:
 
 
 def pick_victim(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A listed row with unread, of a user with several rows (a visible, ordinary case)."""
+    """The listed rows with unread, users with several rows first (visible, ordinary cases), in
+    the order the test tries them (it takes the first whose projection agrees with the
+    recompute)."""
     by_user: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         by_user.setdefault(row["user_id"], []).append(row)
