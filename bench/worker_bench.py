@@ -722,6 +722,24 @@ class Bench:
                         raise RuntimeError("latency worker: timed out")
                     await asyncio.sleep(0.1)
 
+            async def frames_reaching(want: dict[int, int], what: str) -> list[dict[str, Any]]:
+                """The SESSION_DELTA topic's frames (with their timestamps, "_ts") once every
+                user in `want` has a frame at or past its seq."""
+                while True:
+                    frames = [
+                        orjson.loads(r.value) | {"_ts": r.timestamp} for r in await self.kafka.read(deltas)
+                    ]
+                    top: dict[int, int] = {}
+                    for f in frames:
+                        top[f["user_id"]] = max(top.get(f["user_id"], 0), f["projection_mailbox_seq"])
+                    if all(top.get(u, 0) >= s for u, s in want.items()):
+                        return frames
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"latency worker exited {proc.returncode}: {tail(log_path)}")
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"latency: {what}")
+                    await asyncio.sleep(0.2)
+
             acks: list[Any] = []
             last_seq: dict[int, int] = {}
             for key, value, user, seq in setup:
@@ -739,16 +757,7 @@ class Bench:
             # caches, a first flush of every user), not traffic at the phase's rate. Pacing before
             # its flush was out started the phase behind a backlog the warm-up did not always
             # drain (a bimodal p50 at one rate: ~0.4 s in some runs, ~2.5 s in others).
-            setup_seq = dict(last_seq)
-            while True:
-                top = await self.top_frames(deltas)
-                if all(top.get(u, 0) >= s for u, s in setup_seq.items()):
-                    break
-                if proc.poll() is not None:
-                    raise RuntimeError(f"latency worker exited {proc.returncode}: {tail(log_path)}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError("latency: the set-up's frames never came out")
-                await asyncio.sleep(0.2)
+            await frames_reaching(dict(last_seq), "the set-up's frames never came out")
             await asyncio.sleep(3 * a.latency_window_ms / 1000)  # its persists and writes settle
             tick_s = a.latency_tick_ms / 1000
             per_tick = rate * tick_s
@@ -773,14 +782,7 @@ class Bench:
             await asyncio.gather(*acks)
             await wait_dead(2 * a.partitions)
             # every user's last frame (the last window closes after the last entry)
-            while True:
-                frames = [orjson.loads(r.value) | {"_ts": r.timestamp} for r in await self.kafka.read(deltas)]
-                top = self.top_versions(frames)
-                if all(top.get(u, 0) >= s for u, s in last_seq.items()):
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError("latency: frames never reached the last seqs")
-                await asyncio.sleep(0.3)
+            frames = await frames_reaching(last_seq, "frames never reached the last seqs")
         finally:
             await producer.stop()
             self.stop(proc)
@@ -834,17 +836,6 @@ class Bench:
             # a lag that grows through the phase means the rate was above capacity
             "kept_up": last_q <= max(2 * first_q, first_q + 2 * a.latency_window_ms),
         }
-
-    async def top_frames(self, deltas: str) -> dict[int, int]:
-        """Every user's highest projection_mailbox_seq in the SESSION_DELTA topic so far."""
-        return self.top_versions([orjson.loads(r.value) for r in await self.kafka.read(deltas)])
-
-    @staticmethod
-    def top_versions(frames: list[dict[str, Any]]) -> dict[int, int]:
-        top: dict[int, int] = {}
-        for f in frames:
-            top[f["user_id"]] = max(top.get(f["user_id"], 0), f["projection_mailbox_seq"])
-        return top
 
     # -- cleanup ---------------------------------------------------------------------------------
 
