@@ -36,6 +36,8 @@ def test_worker_bench_toy_run_writes_a_report(tmp_path: Path) -> None:
         # and one phase at half of what the worker does with the latency window (worker-lw)
         "--latency-lw-loads": "0.5",
         "--latency-contenders": "worker",
+        # every phase twice: the report's summary line per phase is the median of its runs
+        "--latency-reps": "2",
         # the worker of a commit as a contender of its own (before/after in one run)
         "--base-ref": "HEAD",
         "--timeout": "180",
@@ -78,13 +80,21 @@ def test_worker_bench_toy_run_writes_a_report(tmp_path: Path) -> None:
     plain = next(r for r in data["runs"] if r["contender"] == "worker-gcoff")["extra"]["gc"]
     assert tuned["thresholds"].startswith("50000/") and plain["thresholds"] == "700/10/10"
     assert tuned["frozen"] > 0 and plain["frozen"] == 0
-    at_window, fixed = data["latencies"]
+    assert [lat["rep"] for lat in data["latencies"]] == [0, 0, 1, 1]
+    at_window, fixed = data["latencies"][:2]
     assert fixed["contender"] == "worker" and fixed["rate_entries_per_s"] == 200
     lw_rate = data["summary"]["worker-lw"]["entries_per_s"]["median"]
     assert at_window["rate_chosen"].startswith("0.5 x worker-lw")
     assert at_window["rate_entries_per_s"] == pytest.approx(max(100.0, 0.5 * lw_rate))
-    for latency in (at_window, fixed):
+    for latency in data["latencies"]:
         assert latency["window_ms"] == 100 and latency["entries"] > 0
         assert 0 <= latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
+    # one summary line per phase, over both of its runs, at the rate both ran at
+    summary = data["latency_summary"]
+    assert [(line["rate_entries_per_s"], line["runs"]) for line in summary] == [
+        (at_window["rate_entries_per_s"], 2),
+        (200, 2),
+    ]
+    assert b"median of 2 run(s)" in done.stdout
     # everything private to the run is gone
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
