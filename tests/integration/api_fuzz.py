@@ -245,7 +245,7 @@ class Caller:
         # one is schema-valid but not valid, and its 400/401 is right. Those the server issued
         # (followed along a link) must be accepted.
         self.issued: set[str] = set()
-        self.ticket_owner: dict[str, str | None] = {}
+        self.ticket_owner: dict[str, str] = {}
         # A cursor is bound to the user it was issued to: another user's sending it (a link
         # followed with the other token) is rightly a 400, not a valid request refused.
         self.cursor_owner: dict[str, int] = {}
@@ -287,7 +287,9 @@ class Caller:
             if status == 200 and isinstance(body.get("next_cursor"), str):
                 self.cursor_owner[body["next_cursor"]] = caller.user_id
             if isinstance(body.get("ticket"), str):
-                self.ticket_owner[body["ticket"]] = body.get("user_id")
+                # Issued to the caller, whatever the body says: the schema check reports a
+                # missing or wrong `user_id`; following the ticket must not fail on it.
+                self.ticket_owner[body["ticket"]] = str(caller.user_id)
 
     def send(self, case: Any, who: int, own_token: bool = True) -> Any:
         """`own_token`: the caller's real token replaces whatever Authorization the case has;

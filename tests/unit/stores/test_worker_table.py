@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 from faust.types import TP
 
@@ -180,11 +180,12 @@ def test_records_and_the_offset_below_a_hole_reach_the_disk_in_one_write(
     writes: list[Any] = []
     real_write = type(db).write
     monkeypatch.setattr(store, "set_persisted_offset", lambda *_: writes.append("separate offset put"))
-    monkeypatch.setattr(
-        type(db),
-        "write",
-        lambda self, batch: (cast(object, writes.append(batch.len())), real_write(self, batch)),
-    )
+
+    def counted_write(self: Any, batch: Any) -> None:
+        writes.append(batch.len())
+        real_write(self, batch)
+
+    monkeypatch.setattr(type(db), "write", counted_write)
 
     rows.apply_changelog_batch(
         [changelog_event(topic, 1, offset, b"k%d" % offset, b"v") for offset in (7, 8)]
