@@ -822,6 +822,9 @@ class Bench:
             "achieved_rate_entries_per_s": count / produce_s,
             "tick_ms": a.latency_tick_ms,
             "warmup_entries_not_measured": warm,
+            # the measured part's length: the stream (--messages) runs out first at high rates
+            "measured_seconds": (count - warm) / rate,
+            "asked_seconds": a.latency_seconds,
             "setup_entries_not_measured": len(setup),
             "entries": len(latencies),
             "frames": len(frames),
@@ -1039,6 +1042,11 @@ def print_table(report: dict[str, Any]) -> None:
             f"{lat['p50_last_quarter_ms']:.0f} ms"
             + ("" if lat["kept_up"] else "  (lag grew: the rate was above capacity, raise nothing from this)")
         )
+        if lat.get("measured_seconds", math.inf) < lat.get("asked_seconds", 0) / 2:
+            print(
+                f"  measured {lat['measured_seconds']:.1f} s of the {lat['asked_seconds']:g} s asked:"
+                " the stream ran out at this rate (raise --messages), so whether a lag grows is barely seen"
+            )
         print("  p50 per second of the phase: " + " ".join(f"{v:.0f}" for v in lat["p50_by_second_ms"]))
     for line in report.get("latency_summary") or []:
         met = line["goal_met"]
