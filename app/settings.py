@@ -135,6 +135,13 @@ class Settings:
     # source topic always agree (faust's co-partitioning requirement).
     topic_partitions: int = bounded(4, 1)
     topic_replication_factor: int = bounded(1, 1)
+    # Workers that keep a standby copy of each partition's tables (faust's standby replicas).
+    # None by default: a partition that moves is read from its changelogs by the new owner's
+    # table recovery before it applies anything. faust's standby reading runs beside the
+    # rebalances and clears its changelog queue at several points of each; in the crash runs a
+    # standby copy promoted to a partition's state twice lacked records its changelog held
+    # (README "Failover": what 1 costs and buys).
+    table_standby_replicas: int = bounded(0, 0, 8)
 
     # --- processing (docs/contract.md §2-§3) ----------------------------------------------------------
     lanes: int = bounded(1, 1)

@@ -28,6 +28,7 @@ def new_faust_app(settings: Settings) -> ProjectorApp:
         datadir=datadir,
         topic_partitions=settings.topic_partitions,
         topic_replication_factor=settings.topic_replication_factor,
+        table_standby_replicas=settings.table_standby_replicas,
         topic_disable_leader=True,
         key_serializer="raw",
         value_serializer="raw",

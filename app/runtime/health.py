@@ -3,7 +3,7 @@
 Ready when every check answers ``ok``:
 
 * ``assignment``: the worker has joined its group and no rebalance is under way (an empty
-  assignment, settled, counts: more workers than partitions leaves warm standbys);
+  assignment, settled, counts: more workers than partitions leaves spares);
 * ``kafka`` and ``source_topic``: a metadata request answers and names mailbox-tail (one request
   for both, app/kafka/health.py);
 * ``redis``: PING on the projection store's client; ``store_writes``: no failure streak of the

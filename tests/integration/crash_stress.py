@@ -217,6 +217,7 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
         if differing_rows or differing_badges:
             users = {int(k[0]) for k in (*differing_rows, *differing_badges)}
             _print_partition_history(stack, plan.workers, users)
+            await write_forensics(stack, tmp / "forensics.txt", users)
         log = "".join(
             (stack.tmp / f"worker-{w}.log").read_text(errors="replace")
             for w in range(plan.workers)
@@ -278,7 +279,8 @@ async def local_tables_against_changelogs(
                     keys = [k for k in local.keys() | want.keys() if local.get(k) != want.get(k)]
                     differing += len(keys)
                     details += [
-                        f"worker {w} {name}-{partition} key {k.hex()}: local "
+                        f"worker {w} {name}-{partition} key {k.hex()} "
+                        f"(changelog offset {_LAST_OFFSETS.get((name, partition, k))}): local "
                         f"{_summary(local.get(k))}, changelog {_summary(want.get(k))}"
                         for k in keys[:5]
                     ]
@@ -289,6 +291,10 @@ async def local_tables_against_changelogs(
                 print(f"local table differs: {line}")
             return checked, differing
         await asyncio.sleep(1.0)
+
+
+# (table, partition, key) -> the offset of the key's last record in its changelog (diagnosis).
+_LAST_OFFSETS: dict[tuple[str, int, bytes], int] = {}
 
 
 async def _fold_changelog(stack: Stack, table: str) -> dict[int, dict[bytes, bytes]]:
@@ -316,6 +322,7 @@ async def _fold_changelog(stack: Stack, table: str) -> dict[int, dict[bytes, byt
                         folded[tp.partition].pop(record.key, None)
                     else:
                         folded[tp.partition][record.key] = record.value
+                    _LAST_OFFSETS[(table, tp.partition, record.key)] = record.offset
         return folded
     finally:
         await consumer.stop()
@@ -446,6 +453,67 @@ _HISTORY_MARKS = (
     "starting projector",
     "Restore complete",
 )
+
+
+async def _read_topic(stack: Stack, topic: str) -> list[tuple[int, int, bytes | None, bytes | None]]:
+    """Every record of the topic still in the log: (partition, offset, key, value)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.kafka_bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in range(stack.settings.topic_partitions)]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        ends = await consumer.end_offsets(parts)
+        out: list[tuple[int, int, bytes | None, bytes | None]] = []
+        while any([await consumer.position(tp) < ends[tp] for tp in parts]):
+            for tp, records in (await consumer.getmany(timeout_ms=1000)).items():
+                out += [(tp.partition, r.offset, r.key, r.value) for r in records if r.offset < ends[tp]]
+        return out
+    finally:
+        await consumer.stop()
+
+
+def _decoded(value: bytes | None) -> Any:
+    import msgspec
+
+    if value is None:
+        return None
+    try:
+        return msgspec.msgpack.decode(value)
+    except msgspec.DecodeError:
+        try:
+            return msgspec.json.decode(value)
+        except msgspec.DecodeError:
+            return value[:60].hex()
+
+
+async def write_forensics(stack: Stack, path: Path, users: set[int]) -> None:
+    """For a failure's diagnosis: every version the changelogs still hold of the differing
+    users' records (rows, users, waiting entries) and of their partitions' gates, each with its
+    changelog offset, and where each of their mailbox entries sits in the mailbox log. The logs
+    are not compacted during a test run, so this is the whole history: it tells an entry never
+    persisted from one persisted and later overwritten (a restore from a store with a hole)."""
+    from app.kafka.ops import partition_for
+
+    wanted = {u.to_bytes(8, "big") for u in users}
+    partitions = {partition_for(str(u).encode(), stack.settings.topic_partitions) for u in users}
+    lines: list[str] = []
+    for partition, offset, _key, value in await _read_topic(stack, stack.settings.topic_mailbox_tail):
+        entry = _decoded(value)
+        if isinstance(entry, dict) and entry.get("user_id") in users:
+            lines.append(f"mailbox p{partition}@{offset}: {entry}")
+    for table in TABLES:
+        topic = f"{stack.settings.app_id}-{table}-changelog"
+        for partition, offset, key, value in await _read_topic(stack, topic):
+            if key is None:
+                continue
+            if (table == "gates" and partition in partitions) or key[:8] in wanted:
+                summary = str(_decoded(value))
+                lines.append(f"{table} p{partition}@{offset} key {key.hex()}: {summary[:400]}")
+    path.write_text("\n".join(lines) + "\n")
+    print(f"forensics: {len(lines)} lines in {path}")
 
 
 def _print_partition_history(stack: Stack, workers: int, users: set[int], limit: int = 120) -> None:

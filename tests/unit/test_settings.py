@@ -308,6 +308,18 @@ def test_kafka_group_settings_reach_the_faust_consumer() -> None:
     assert (defaults.kafka_session_timeout_ms, defaults.kafka_heartbeat_interval_ms) == (30_000, 3_000)
 
 
+@pytest.mark.parametrize(("value", "replicas"), [(None, 0), ("0", 0), ("2", 2)])
+def test_table_standby_replicas_reach_faust(value: str | None, replicas: int) -> None:
+    """No standby copies unless asked for: a partition that moves is read from its changelog by
+    the new owner's recovery (README "Failover"); the setting reaches faust's assignor."""
+    from app.runtime.app import new_faust_app
+
+    env = {} if value is None else {"PROJECTOR_TABLE_STANDBY_REPLICAS": value}
+    settings = Settings.from_env(env)
+    assert settings.table_standby_replicas == replicas
+    assert new_faust_app(settings).conf.table_standby_replicas == replicas
+
+
 @pytest.mark.parametrize(
     ("env", "fragment"),
     [
