@@ -298,34 +298,18 @@ _LAST_OFFSETS: dict[tuple[str, int, bytes], int] = {}
 
 
 async def _fold_changelog(stack: Stack, table: str) -> dict[int, dict[bytes, bytes]]:
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    topic = f"{stack.settings.app_id}-{table}-changelog"
-    consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.kafka_bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        parts = [TopicPartition(topic, p) for p in range(stack.settings.topic_partitions)]
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        ends = await consumer.end_offsets(parts)
-        folded: dict[int, dict[bytes, bytes]] = {p.partition: {} for p in parts}
-
-        async def behind() -> bool:
-            return any([await consumer.position(tp) < ends[tp] for tp in parts])
-
-        while await behind():
-            for tp, records in (await consumer.getmany(timeout_ms=1000)).items():
-                for record in records:
-                    if record.offset >= ends[tp] or record.key is None:
-                        continue
-                    if record.value is None:
-                        folded[tp.partition].pop(record.key, None)
-                    else:
-                        folded[tp.partition][record.key] = record.value
-                    _LAST_OFFSETS[(table, tp.partition, record.key)] = record.offset
-        return folded
-    finally:
-        await consumer.stop()
+    """The table's changelog folded per partition (last write wins, a tombstone deletes)."""
+    folded: dict[int, dict[bytes, bytes]] = {p: {} for p in range(stack.settings.topic_partitions)}
+    records = await _read_topic(stack, f"{stack.settings.app_id}-{table}-changelog")
+    for partition, offset, key, value in records:
+        if key is None:
+            continue
+        if value is None:
+            folded[partition].pop(key, None)
+        else:
+            folded[partition][key] = value
+        _LAST_OFFSETS[(table, partition, key)] = offset
+    return folded
 
 
 def _summary(value: bytes | None) -> str:
