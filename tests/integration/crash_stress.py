@@ -22,6 +22,7 @@ from typing import Any, cast
 
 from tests.integration.stack import Stack, read_jsonl
 from tests.support.probes import peak_rss_kib
+from tests.support.topic_log import LogRecord, read_topic
 
 
 @dataclass(frozen=True)
@@ -439,24 +440,9 @@ _HISTORY_MARKS = (
 )
 
 
-async def _read_topic(stack: Stack, topic: str) -> list[tuple[int, int, bytes | None, bytes | None]]:
+async def _read_topic(stack: Stack, topic: str) -> list[LogRecord]:
     """Every record of the topic still in the log: (partition, offset, key, value)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.kafka_bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        parts = [TopicPartition(topic, p) for p in range(stack.settings.topic_partitions)]
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        ends = await consumer.end_offsets(parts)
-        out: list[tuple[int, int, bytes | None, bytes | None]] = []
-        while any([await consumer.position(tp) < ends[tp] for tp in parts]):
-            for tp, records in (await consumer.getmany(timeout_ms=1000)).items():
-                out += [(tp.partition, r.offset, r.key, r.value) for r in records if r.offset < ends[tp]]
-        return out
-    finally:
-        await consumer.stop()
+    return await read_topic(stack.settings.kafka_bootstrap, topic, stack.settings.topic_partitions)
 
 
 def _decoded(value: bytes | None) -> Any:

@@ -30,6 +30,7 @@ from app.domain.residency import ROW_STATE_KEY
 from app.worker.ports import row_key, user_key
 from tests.integration.stack import Stack, free_port, read_jsonl, scrape_until, store_messages
 from tests.support.builders import CONV_A, CONV_B, StreamBuilder
+from tests.support.topic_log import read_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -231,27 +232,14 @@ async def test_cross_device_read_to_a_non_latest_seq_yields_the_exact_recomputed
 
 async def changelog_latest(stack: Stack, table: str, key: bytes) -> tuple[int, dict[str, Any]]:
     """(partition, decoded value) of the last record for `key` in a worker table's changelog."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
     topic = f"{stack.settings.app_id}-{table}-changelog"
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=stack.settings.kafka_bootstrap, group_id=None, enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        # faust creates a table's changelog with the source topic's partition count.
-        tps = [TopicPartition(topic, p) for p in range(stack.settings.topic_partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        end = await consumer.end_offsets(tps)
-        found: tuple[int, bytes] | None = None
-        while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                for record in records:
-                    if record.key == key and record.value is not None:
-                        found = (record.partition, record.value)
-    finally:
-        await consumer.stop()
+    # faust creates a table's changelog with the source topic's partition count.
+    found: tuple[int, bytes] | None = None
+    for partition, _offset, record_key, value in await read_topic(
+        stack.settings.kafka_bootstrap, topic, stack.settings.topic_partitions
+    ):
+        if record_key == key and value is not None:
+            found = (partition, value)
     assert found is not None, f"{key!r} not in {topic}"
     return found[0], msgspec.msgpack.decode(found[1])
 
