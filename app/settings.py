@@ -136,7 +136,7 @@ class Settings:
     topic_partitions: int = bounded(4, 1)
     topic_replication_factor: int = bounded(1, 1)
     # Workers that keep a standby copy of each partition's tables (faust's standby replicas).
-    # None by default: a partition that moves is read from its changelogs by the new owner's
+    # 0 by default: a partition that moves is read from its changelogs by the new owner's
     # table recovery before it applies anything. faust's standby reading runs beside the
     # rebalances and clears its changelog queue at several points of each; in the crash runs a
     # standby copy promoted to a partition's state twice lacked records its changelog held
