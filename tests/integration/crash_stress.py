@@ -276,12 +276,13 @@ async def local_tables_against_changelogs(
                     local = _read_local_table(stack, w, name, partition)
                     if local is None:
                         continue  # not opened yet
-                    want = folded[name].get(partition, {})
+                    values, last_offsets = folded[name]
+                    want = values.get(partition, {})
                     keys = [k for k in local.keys() | want.keys() if local.get(k) != want.get(k)]
                     differing += len(keys)
                     details += [
                         f"worker {w} {name}-{partition} key {k.hex()} "
-                        f"(changelog offset {_LAST_OFFSETS.get((name, partition, k))}): local "
+                        f"(changelog offset {last_offsets.get((partition, k))}): local "
                         f"{_summary(local.get(k))}, changelog {_summary(want.get(k))}"
                         for k in keys[:5]
                     ]
@@ -294,13 +295,15 @@ async def local_tables_against_changelogs(
         await asyncio.sleep(1.0)
 
 
-# (table, partition, key) -> the offset of the key's last record in its changelog (diagnosis).
-_LAST_OFFSETS: dict[tuple[str, int, bytes], int] = {}
+# Per partition, each key's folded value; per (partition, key), the offset of its last record.
+FoldedChangelog = tuple[dict[int, dict[bytes, bytes]], dict[tuple[int, bytes], int]]
 
 
-async def _fold_changelog(stack: Stack, table: str) -> dict[int, dict[bytes, bytes]]:
-    """The table's changelog folded per partition (last write wins, a tombstone deletes)."""
+async def _fold_changelog(stack: Stack, table: str) -> FoldedChangelog:
+    """The table's changelog folded per partition (last write wins, a tombstone deletes), and
+    where each key was last written (for a diagnosis line)."""
     folded: dict[int, dict[bytes, bytes]] = {p: {} for p in range(stack.settings.topic_partitions)}
+    last_offsets: dict[tuple[int, bytes], int] = {}
     records = await _read_topic(stack, f"{stack.settings.app_id}-{table}-changelog")
     for partition, offset, key, value in records:
         if key is None:
@@ -309,21 +312,15 @@ async def _fold_changelog(stack: Stack, table: str) -> dict[int, dict[bytes, byt
             folded[partition].pop(key, None)
         else:
             folded[partition][key] = value
-        _LAST_OFFSETS[(table, partition, key)] = offset
-    return folded
+        last_offsets[(partition, key)] = offset
+    return folded, last_offsets
 
 
 def _summary(value: bytes | None) -> str:
-    """A record for a diagnosis line: absent, or its size and the start of its msgpack."""
+    """A record for a diagnosis line: absent, or its size and the start of what it decodes to."""
     if value is None:
         return "absent"
-    import msgspec
-
-    try:
-        decoded = str(msgspec.msgpack.decode(value))
-    except msgspec.DecodeError:
-        decoded = value[:40].hex()
-    return f"{len(value)} B {decoded[:160]}"
+    return f"{len(value)} B {str(_decoded(value))[:160]}"
 
 
 def _read_local_table(stack: Stack, worker: int, table: str, partition: int) -> dict[bytes, bytes] | None:

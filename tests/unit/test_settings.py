@@ -328,6 +328,14 @@ def test_table_standby_replicas_reach_faust(value: str | None, replicas: int) ->
             "PROJECTOR_KAFKA_SESSION_TIMEOUT_MS: 5000 is not in 6000..1800000",
         ),
         (
+            {"PROJECTOR_TABLE_STANDBY_REPLICAS": "9"},
+            "PROJECTOR_TABLE_STANDBY_REPLICAS: 9 is not in 0..8",
+        ),
+        (
+            {"PROJECTOR_TABLE_STANDBY_REPLICAS": "-1"},
+            "PROJECTOR_TABLE_STANDBY_REPLICAS: -1 is not in 0..8",
+        ),
+        (
             {"PROJECTOR_KAFKA_SESSION_TIMEOUT_MS": "abc"},
             "PROJECTOR_KAFKA_SESSION_TIMEOUT_MS: expected a decimal integer, got 'abc'",
         ),
