@@ -74,7 +74,10 @@ class DirtySet:
         self.row_count = 0
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass sets each field through object.__setattr__ (1.5 µs for these
+# eight, against 0.35 µs), and one is built per flushed user (at a 100 ms window, about one per
+# entry). Nothing changes a batch once built.
+@dataclass(slots=True)
 class UserFlush:
     """One user's atomic batch: changed rows, badge and version go to the store together."""
 

@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
+from app.domain.conversation_ids import conversation_uuid
 from app.stores.cassandra_exec import (
     BATCH_PARTITIONS,
     CONCURRENCY,
@@ -326,7 +327,7 @@ class UserConversationStateWriter(StateStaging):
 
         writes: list[Write] = []
         for (user_id, conversation_id), fields in state.items():
-            cid = uuid.UUID(conversation_id)
+            cid = conversation_uuid(conversation_id)
             first_seen = fields.get("first_seen_mailbox_seq")
             if first_seen is None or any(name in fields for name in STATE_FIELDS):
                 # An INSERT even with nothing else staged: the row is known, its marker must exist.
@@ -344,11 +345,11 @@ class UserConversationStateWriter(StateStaging):
                 )
                 writes.append((user_id, self._first_seen, params))
         for (conversation_id, user_id), row in members.items():
-            cid = uuid.UUID(conversation_id)
+            cid = conversation_uuid(conversation_id)
             params = (cid, user_id, *(row[name] for name in MEMBER_FIELDS))
             writes.append((cid, self._upsert_member, params))
         for (conversation_id, user_id), (record, mention, seq) in (member_stats or {}).items():
-            cid = uuid.UUID(conversation_id)
+            cid = conversation_uuid(conversation_id)
             # Keyed apart from group_members: same uuid, but another table is another partition.
             params = (cid, user_id, record, mention, seq, seq)
             writes.append((("member_stats", cid), self._upsert_member_stats, params))

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 U64_LIMIT = 1 << 64
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: see UserFlush (one per flushed user)
 class EncodedBatch:
     """One user's batch, validated and serialized: what one atomic store write needs."""
 

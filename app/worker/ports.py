@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
+
+from app.domain.conversation_ids import conversation_uuid_bytes
 
 
 class RawRecord(NamedTuple):
@@ -65,7 +66,7 @@ def user_key(user_id: int) -> bytes:
 
 
 def row_key(user_id: int, conversation_id: str) -> bytes:
-    return user_id.to_bytes(8, "big") + uuid.UUID(conversation_id).bytes
+    return user_id.to_bytes(8, "big") + conversation_uuid_bytes(conversation_id)
 
 
 def pending_key(user_id: int, mailbox_seq: int) -> bytes:
