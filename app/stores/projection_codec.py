@@ -40,14 +40,15 @@ def _check_int(name: str, value: object, low: int, high: int = U64_LIMIT) -> int
     return value
 
 
-def _encode_rows(where: str, rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, bytes]]:
-    """(conversation_id, row JSON) per row, in order; `where` names the user in the error."""
+def _encode_rows(user_id: int, rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, bytes]]:
+    """(conversation_id, row JSON) per row, in order; `user_id` names the user in the error."""
     encoded: list[tuple[str, bytes]] = []
+    dumps = orjson.dumps
     for row in rows:
         conversation_id = row.get("conversation_id")
         if not isinstance(conversation_id, str) or not conversation_id:
-            raise ValueError(f"{where}: every row needs a conversation_id string, got {row!r}")
-        encoded.append((conversation_id, orjson.dumps(row)))
+            raise ValueError(f"user {user_id}: every row needs a conversation_id string, got {row!r}")
+        encoded.append((conversation_id, dumps(row)))
     return encoded
 
 
@@ -71,14 +72,38 @@ def encode_batches(batches: Sequence[UserFlush]) -> list[EncodedBatch]:
     """
     encoded: list[EncodedBatch] = []
     for batch in batches:
-        user_id = _check_int("user_id", batch.user_id, 0)
-        where = f"user {user_id}"
-        rows = _encode_rows(where, batch.rows)
-        # The stored version starts at 0 ("nothing stored"), so a version must be >= 1 to be
-        # writable at all; mailbox_seq is positive by contract (docs/contract.md §2).
-        version = _check_int(f"{where}: projection_mailbox_seq", batch.projection_mailbox_seq, 1)
-        structure_version = _check_int(f"{where}: structure_version", batch.structure_version, 0)
-        total_unread, total_mention, muted_unread = _check_badge(where, batch.badge)
+        user_id = batch.user_id
+        version = batch.projection_mailbox_seq
+        structure_version = batch.structure_version
+        badge = batch.badge
+        total_unread = badge.total_unread
+        total_mention = badge.total_mention
+        muted_unread = badge.muted_unread
+        # One flush encodes a batch per user: plain ints in range pass in one test; anything
+        # else takes the checks one by one, which name what is wrong (and accept an int
+        # subclass other than bool, as they always did).
+        if not (
+            type(user_id) is int
+            and 0 <= user_id < U64_LIMIT
+            and type(version) is int
+            # The stored version starts at 0 ("nothing stored"), so a version must be >= 1 to
+            # be writable at all; mailbox_seq is positive by contract (docs/contract.md §2).
+            and 1 <= version < U64_LIMIT
+            and type(structure_version) is int
+            and 0 <= structure_version < U64_LIMIT
+            and type(total_unread) is int
+            and -U64_LIMIT <= total_unread < U64_LIMIT
+            and type(total_mention) is int
+            and -U64_LIMIT <= total_mention < U64_LIMIT
+            and type(muted_unread) is int
+            and -U64_LIMIT <= muted_unread < U64_LIMIT
+        ):
+            user_id = _check_int("user_id", user_id, 0)
+            where = f"user {user_id}"
+            _encode_rows(user_id, batch.rows)  # a bad row is said first, as it always was
+            version = _check_int(f"{where}: projection_mailbox_seq", version, 1)
+            structure_version = _check_int(f"{where}: structure_version", structure_version, 0)
+            total_unread, total_mention, muted_unread = _check_badge(where, badge)
         encoded.append(
             EncodedBatch(
                 user_id=user_id,
@@ -87,7 +112,7 @@ def encode_batches(batches: Sequence[UserFlush]) -> list[EncodedBatch]:
                 total_unread=total_unread,
                 total_mention=total_mention,
                 muted_unread=muted_unread,
-                rows=rows,
+                rows=_encode_rows(user_id, batch.rows),
             )
         )
     return encoded
@@ -111,7 +136,7 @@ def encode_corrections(corrections: Sequence[Correction]) -> list[EncodedCorrect
     for correction in corrections:
         user_id = _check_int("user_id", correction.user_id, 0)
         where = f"user {user_id}"
-        rows = _encode_rows(where, correction.rows)
+        rows = _encode_rows(user_id, correction.rows)
         version = _check_int(f"{where}: version", correction.version, 1)
         total_unread, total_mention, muted_unread = _check_badge(where, correction.badge)
         encoded.append(

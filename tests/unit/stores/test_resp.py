@@ -30,3 +30,20 @@ def test_the_packed_trip_is_what_redis_py_packs(calls: list[tuple[list[str], lis
     args = [arg for _, call_args in calls for arg in call_args]
     expected = b"".join(Connection().pack_command("EVALSHA", sha, len(keys), *keys, *counts, *args))
     assert pack_evalsha_batch(sha, calls) == expected
+
+
+def test_counts_past_the_table_of_small_ones_are_packed_too() -> None:
+    # A heavy user's flush: hundreds of rows, two args each (the small-count table stops at 255).
+    sha = "b" * 40
+    calls: list[tuple[list[str], list[str | bytes]]] = [
+        (["rows", "meta"], [str(n) for n in range(600)]),
+        (["k"], []),
+        ([f"key{n}" for n in range(256)], [b"x"] * 255),
+    ]
+    keys = [key for call_keys, _ in calls for key in call_keys]
+    counts = [str(len(calls))]
+    for call_keys, call_args in calls:
+        counts += [str(len(call_keys)), str(len(call_args))]
+    args = [arg for _, call_args in calls for arg in call_args]
+    expected = b"".join(Connection().pack_command("EVALSHA", sha, len(keys), *keys, *counts, *args))
+    assert pack_evalsha_batch(sha, calls) == expected
