@@ -20,16 +20,20 @@ calls = st.lists(
 )
 
 
-@given(calls=calls)
-def test_the_packed_trip_is_what_redis_py_packs(calls: list[tuple[list[str], list[str | bytes]]]) -> None:
-    sha = "a" * 40
+def _redis_py_packs(sha: str, calls: list[tuple[list[str], list[str | bytes]]]) -> bytes:
+    """The batched script's single EVALSHA as redis-py packs it."""
     keys = [key for call_keys, _ in calls for key in call_keys]
     counts = [str(len(calls))]
     for call_keys, call_args in calls:
         counts += [str(len(call_keys)), str(len(call_args))]
     args = [arg for _, call_args in calls for arg in call_args]
-    expected = b"".join(Connection().pack_command("EVALSHA", sha, len(keys), *keys, *counts, *args))
-    assert pack_evalsha_batch(sha, calls) == expected
+    return b"".join(Connection().pack_command("EVALSHA", sha, len(keys), *keys, *counts, *args))
+
+
+@given(calls=calls)
+def test_the_packed_trip_is_what_redis_py_packs(calls: list[tuple[list[str], list[str | bytes]]]) -> None:
+    sha = "a" * 40
+    assert pack_evalsha_batch(sha, calls) == _redis_py_packs(sha, calls)
 
 
 def test_counts_past_the_table_of_small_ones_are_packed_too() -> None:
@@ -40,10 +44,4 @@ def test_counts_past_the_table_of_small_ones_are_packed_too() -> None:
         (["k"], []),
         ([f"key{n}" for n in range(256)], [b"x"] * 255),
     ]
-    keys = [key for call_keys, _ in calls for key in call_keys]
-    counts = [str(len(calls))]
-    for call_keys, call_args in calls:
-        counts += [str(len(call_keys)), str(len(call_args))]
-    args = [arg for _, call_args in calls for arg in call_args]
-    expected = b"".join(Connection().pack_command("EVALSHA", sha, len(keys), *keys, *counts, *args))
-    assert pack_evalsha_batch(sha, calls) == expected
+    assert pack_evalsha_batch(sha, calls) == _redis_py_packs(sha, calls)
