@@ -4,7 +4,8 @@ checked field by field, with the same errors in the same order as always (a bad 
 from __future__ import annotations
 
 import enum
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -71,5 +72,10 @@ def test_an_int_subclass_other_than_bool_is_still_accepted() -> None:
     ],
 )
 def test_a_bad_field_is_named(overrides: dict[str, Any], message: str) -> None:
+    # The bad batch is a stand-in with UserFlush's attributes: in the compiled build UserFlush
+    # itself refuses a str where an int belongs, and keeps True as the int 1; the codec's own
+    # checks are what is tested here, in both builds.
+    fields = {name: getattr(_flush(), name) for name in UserFlush.__dataclass_fields__}
+    bad = cast(UserFlush, SimpleNamespace(**{**fields, **overrides}))
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
-        encode_batches([_flush(), _flush(**overrides)])
+        encode_batches([_flush(), bad])
