@@ -81,8 +81,9 @@ def encode_batches(batches: Sequence[UserFlush]) -> list[EncodedBatch]:
         muted_unread = badge.muted_unread
         # One flush encodes a batch per user: plain ints in range pass in one test; anything
         # else takes the checks one by one, which name what is wrong (and accept an int
-        # subclass other than bool, as they always did).
-        if not (
+        # subclass other than bool, as they always did), in their old order: the user id, the
+        # rows, then the numbers.
+        plain = (
             type(user_id) is int
             and 0 <= user_id < U64_LIMIT
             and type(version) is int
@@ -97,10 +98,12 @@ def encode_batches(batches: Sequence[UserFlush]) -> list[EncodedBatch]:
             and -U64_LIMIT <= total_mention < U64_LIMIT
             and type(muted_unread) is int
             and -U64_LIMIT <= muted_unread < U64_LIMIT
-        ):
+        )
+        if not plain:
             user_id = _check_int("user_id", user_id, 0)
+        rows = _encode_rows(user_id, batch.rows)
+        if not plain:
             where = f"user {user_id}"
-            _encode_rows(user_id, batch.rows)  # a bad row is said first, as it always was
             version = _check_int(f"{where}: projection_mailbox_seq", version, 1)
             structure_version = _check_int(f"{where}: structure_version", structure_version, 0)
             total_unread, total_mention, muted_unread = _check_badge(where, badge)
@@ -112,7 +115,7 @@ def encode_batches(batches: Sequence[UserFlush]) -> list[EncodedBatch]:
                 total_unread=total_unread,
                 total_mention=total_mention,
                 muted_unread=muted_unread,
-                rows=_encode_rows(user_id, batch.rows),
+                rows=rows,
             )
         )
     return encoded

@@ -13,7 +13,6 @@ recall may come first.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import msgspec
 from rocksdict import Rdict, WriteBatch
 
+from app.domain.conversation_ids import conversation_uuid_bytes
 from app.domain.ports import StoredMessage
 
 # A message's record, in the order the value holds it: [message_id, activity_id, sender_id,
@@ -30,13 +30,9 @@ _SEQ_BYTES = 8
 _SEQ_MAX = (1 << 64) - 1
 
 
-def _prefix(conversation_id: str) -> bytes:
-    return uuid.UUID(conversation_id).bytes
-
-
 def _key(conversation_id: str, seq: int) -> bytes:
     # Conversation then seq, big-endian: a conversation's messages are one ordered key range.
-    return _prefix(conversation_id) + seq.to_bytes(_SEQ_BYTES, "big")
+    return conversation_uuid_bytes(conversation_id) + seq.to_bytes(_SEQ_BYTES, "big")
 
 
 def _blank() -> list[Any]:
@@ -137,7 +133,7 @@ class RocksMessageStore:
         if upto_seq < first or first > _SEQ_MAX:
             return []
         self.commit()  # one ordered scan of the database then sees everything learned
-        prefix = _prefix(conversation_id)
+        prefix = conversation_uuid_bytes(conversation_id)
         start = prefix + first.to_bytes(_SEQ_BYTES, "big")
         out = []
         decode = self._decode
