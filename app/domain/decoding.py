@@ -56,7 +56,10 @@ def decode_chunk(raws: Sequence[bytes], lanes: int) -> tuple[list[Record | DeadL
     append = decoded.append
     # The ids of the last message accepted here: a message fans out to every member, one record
     # each, so the next record most often names the same ones (a compare, not a set lookup).
-    last_conversation = last_activity = ""
+    # None until a message is accepted: any str sentinel is a value a record can carry (an empty
+    # conversation_id and activity_id matched a "" sentinel and were applied, unchecked).
+    last_conversation: str | None = None
+    last_activity: str | None = None
     for raw in raws:
         if not raw or len(raw) > _MAX_BYTES:
             stops.append(len(decoded))  # a dead letter

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.domain.decoding import decode_chunk
 from app.domain.entries import DEAD_LETTER_KINDS, ENTRY_TYPES, DeadLetter, WatermarkMarker, decode_record
 from app.domain.processor import PartitionProcessor
 from app.domain.projector import ProjectorConfig
@@ -324,3 +325,40 @@ def test_ten_thousand_garbage_records_in_one_batch() -> None:
     step = processor.on_records(records, 1)
     assert len(step.dead_letters) == len(records)
     assert processor.stats.applied == 0 and not processor.users
+
+
+# --------------------------------------------------------------------------- regressions
+
+
+def _message_with(**fields: Any) -> bytes:
+    record = dict(msgspec.json.decode(_message_bytes()))
+    record.update(fields)
+    return msgspec.json.encode(record)
+
+
+@pytest.mark.parametrize(
+    ("fields", "kind"),
+    [
+        ({"conversation_id": "", "activity_id": ""}, "bad_conversation_id"),
+        ({"activity_id": ""}, "bad_activity_id"),
+        ({"conversation_id": ""}, "bad_conversation_id"),
+    ],
+)
+def test_empty_ids_are_refused_first_in_a_chunk_and_after_a_valid_message(
+    fields: dict[str, Any], kind: str
+) -> None:
+    """Was (issue 30, hypothesis seed 322565824778361833737782352520352977366): decode_chunk's fast
+    path remembered the last accepted ids in variables that started as "", so a message with an
+    empty conversation_id / activity_id matched them and was applied unchecked, in both builds
+    (the compiled suite's seed found it first): first in a chunk with both ids empty, and after
+    a valid message of the same conversation with the activity id empty."""
+    bad = _message_with(**fields)
+    good = _message_bytes()
+    for chunk in ([bad], [good, bad], [good, good, bad, good]):
+        decoded = decode_chunk(chunk, LANES)[0]
+        letters = [out for raw, out in zip(chunk, decoded, strict=True) if raw is bad]
+        assert letters and all(isinstance(out, DeadLetter) and out.kind == kind for out in letters)
+        assert all(not isinstance(out, DeadLetter) for raw, out in zip(chunk, decoded, strict=True) if raw is good)
+    stream = [good, bad, b'{"type":"watermark","lane":0,"watermark":1,"ts":2}']
+    res = run_replay(stream, ReplayOptions(lanes=1))
+    assert res.stats["dead_letters"] == 1 and res.stats["applied"] == 1
