@@ -356,9 +356,10 @@ def test_empty_ids_are_refused_first_in_a_chunk_and_after_a_valid_message(
     good = _message_bytes()
     for chunk in ([bad], [good, bad], [good, good, bad, good]):
         decoded = decode_chunk(chunk, LANES)[0]
-        letters = [out for raw, out in zip(chunk, decoded, strict=True) if raw is bad]
+        pairs = list(zip(chunk, decoded, strict=True))
+        letters = [out for raw, out in pairs if raw is bad]
         assert letters and all(isinstance(out, DeadLetter) and out.kind == kind for out in letters)
-        assert all(not isinstance(out, DeadLetter) for raw, out in zip(chunk, decoded, strict=True) if raw is good)
+        assert all(not isinstance(out, DeadLetter) for raw, out in pairs if raw is good)
     stream = [good, bad, b'{"type":"watermark","lane":0,"watermark":1,"ts":2}']
     res = run_replay(stream, ReplayOptions(lanes=1))
     assert res.stats["dead_letters"] == 1 and res.stats["applied"] == 1
