@@ -19,6 +19,8 @@ import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
+from app.domain.conversation import ConversationState
+from app.domain.projector import UserState
 from tests.property.test_core_vs_model import options
 from tests.property.test_garbage import edge_streams, garbled_streams
 from tests.support.build_diff import Differential
@@ -128,3 +130,49 @@ def valid_stream(seed: int) -> Stream:
         settings=settings(database=None, max_examples=1000),
         random=random.Random(seed),
     )
+
+
+WRONG_VALUES: list[Any] = [True, False, 1, 0, 1.0, -1, 2**64, "1", None, b"x", [1], {"a": 1}]
+
+
+def state_records() -> list[tuple[str, Any]]:
+    """A valid record of each loader, then each field of each replaced by every wrong value."""
+    row = ConversationState(7, "00000000-0000-0000-0000-000000000001")
+    row.head_seq, row.pin_rank, row.mention_first = 5, 3, 4
+    user = UserState(7)
+    user.total_unread, user.projection_mailbox_seq = 4, 9
+    valid: list[tuple[str, Any]] = [
+        ("row", row.dump()),
+        ("user", user.dump()),
+        ("gate", {"marks": [3, None, 5], "hi": 5}),
+        (
+            "arrivals",
+            {
+                "counted": [1, 2, 3],
+                "covered": [1, -1, 2],
+                "expected": [None, 4, 2],
+                "base": [0, 0, 0],
+                "unbased": [False, True, False],
+            },
+        ),
+    ]
+    out = list(valid)
+    for what, record in valid:
+        if isinstance(record, list):
+            for index in range(1, len(record)):
+                for value in WRONG_VALUES:
+                    out.append((what, [*record[:index], value, *record[index + 1 :]]))
+        else:
+            for key in record:
+                for value in WRONG_VALUES:
+                    out.append((what, {**record, key: value}))
+                    if isinstance(record[key], list):
+                        out.append((what, {**record, key: [value, *record[key][1:]]}))
+    return out
+
+
+def test_state_records_of_the_wrong_types(differential: Differential) -> None:
+    """Changelog records with a bool for an int, an int for a bool, a float, a string, null...:
+    both builds refuse (or, where the value is of an allowed type, take) exactly the same ones
+    with the same error. A compiled class would keep True as 1 where the pure one kept True."""
+    assert_same(differential, {"mode": "load", "lines": [], "loads": state_records()})

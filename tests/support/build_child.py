@@ -4,9 +4,10 @@ wheel), then answers requests on stdin with canonical bytes of everything the co
 
 Run as `python -P -m tests.support.build_child`; the parent starts one per build. Frames on both
 pipes: 4-byte big-endian length + a pickled request / the response bytes. A request is a dict:
-  mode      "replay" (the replay driver, event time) or "processor" (PartitionProcessor.on_records
+  mode      "replay" (the replay driver, event time), "processor" (PartitionProcessor.on_records
             in batches on processing time, as the worker calls it, with a persist after every
-            batch and a restore from the snapshot half-way: the crash/replay path)
+            batch and a restore from the snapshot half-way: the crash/replay path) or "load"
+            (`loads`: state records through their loaders, for records of the wrong types)
   lines     the raw records
   options   ReplayOptions' fields
   seed      the batch sizes and clock steps of the processor mode
@@ -29,8 +30,11 @@ import msgspec
 import orjson
 
 from app.build import build_info
+from app.domain.arrivals import ArrivalLedger
+from app.domain.conversation import ConversationState
 from app.domain.processor import PartitionProcessor
-from app.domain.projector import ProjectorConfig
+from app.domain.projector import ProjectorConfig, UserState
+from app.domain.watermark import WatermarkGate
 from app.replay import Replayer, ReplayOptions, run_replay
 from app.stores.memory_messages import InMemoryMessageStore
 
@@ -142,6 +146,27 @@ def processor_outputs(request: dict[str, Any]) -> Any:
     return out
 
 
+def load_outputs(request: dict[str, Any]) -> Any:
+    """Each state record through its loader (`loads`: [(what, record)]), and what came out: the
+    loaded object's own record again, or the error it raised."""
+    out: list[Any] = []
+    for what, record in request["loads"]:
+        try:
+            if what == "row":
+                out.append(ConversationState.load(record, 7, "00000000-0000-0000-0000-000000000001").dump())
+            elif what == "user":
+                out.append(UserState.load(record, []).dump())
+            elif what == "gate":
+                out.append(WatermarkGate.load(3, record, []).dump())
+            elif what == "arrivals":
+                out.append(ArrivalLedger.load(3, record, [None, None, None], []).dump())
+            else:
+                raise AssertionError(f"no loader {what!r}")
+        except (ValueError, TypeError, KeyError) as exc:
+            out.append(f"{type(exc).__name__}: {exc}")
+    return out
+
+
 def _read_frame(stream: IO[bytes]) -> bytes | None:
     head = stream.read(4)
     if len(head) < 4:
@@ -158,7 +183,9 @@ def main() -> None:
     while (frame := _read_frame(source)) is not None:
         request = pickle.loads(frame)
         try:
-            run = replay_outputs if request["mode"] == "replay" else processor_outputs
+            run = {"replay": replay_outputs, "processor": processor_outputs, "load": load_outputs}[
+                request["mode"]
+            ]
             answer = orjson.dumps({"ok": plain(run(request))})
         except Exception as exc:  # the harness compares failures too: an exception is an output
             answer = orjson.dumps({"raised": f"{type(exc).__name__}: {exc}"})
