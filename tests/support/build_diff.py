@@ -118,19 +118,25 @@ class Verdict:
 
 
 def _first_difference(a: Any, b: Any, path: str) -> str:
+    # Compared as bytes, not with ==: True == 1 in Python, and that is the kind of difference
+    # looked for.
     if type(a) is not type(b):
         return f"{path}: pure {a!r:.300} / compiled {b!r:.300}"
     if isinstance(a, dict):
         for key in sorted(set(a) | set(b)):
-            if key not in a or key not in b or a[key] != b[key]:
+            if key not in a or key not in b or _differ(a[key], b[key]):
                 return _first_difference(a.get(key), b.get(key), f"{path}.{key}")
     if isinstance(a, list):
         for index, (x, y) in enumerate(zip(a, b, strict=False)):
-            if x != y:
+            if _differ(x, y):
                 return _first_difference(x, y, f"{path}[{index}]")
         if len(a) != len(b):
             return f"{path}: pure has {len(a)} items, compiled {len(b)}"
     return f"{path}: pure {a!r:.300} / compiled {b!r:.300}"
+
+
+def _differ(a: Any, b: Any) -> bool:
+    return orjson.dumps(a) != orjson.dumps(b)
 
 
 class Differential:
