@@ -57,7 +57,7 @@ run: services-up ## Set up, start the servers and run the main job (worker fed b
 	bash scripts/run.sh
 
 # The worker tests that decide correctness, run a second time with the workers on the compiled build.
-COMPILED_WORKER_TESTS := tests/integration/test_crash_safety.py tests/integration/test_worker_acceptance.py tests/integration/test_garbage_worker.py
+COMPILED_WORKER_TESTS := tests/integration/test_crash_safety.py tests/integration/test_worker_acceptance.py tests/integration/test_worker_j1.py tests/integration/test_garbage_worker.py
 
 test: services-up tools ## Set up, start the servers, install the test tools and run the whole test suite (chaos tests apart; the pure and compiled builds compared), then the unit and property suites and the deciding worker tests against the compiled build
 	$(PY) -m pytest -q -m "not chaos"
