@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import find, given, settings
+from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
 from app.domain.conversation import ConversationState
@@ -103,10 +103,10 @@ def test_values_at_the_edges(
 
 @pytest.mark.parametrize("mode", ["replay", "processor"])
 def test_the_garbage_corpus(differential: Differential, mode: str) -> None:
-    """100,000 garbage records from every family (DIFF_SCALE / 10 corpora of them at full
+    """100,000 garbage records from every family (DIFF_SCALE / 5 corpora of them at full
     size), made from a valid stream's own entries (same users, same mailbox_seqs) and
     interleaved with it."""
-    corpora = max(1, round(SCALE / 10))
+    corpora = max(1, round(SCALE / 5))
     for corpus in range(corpora):
         rnd = random.Random(30_000 + corpus)
         stream = valid_stream(rnd.randrange(2**32))
@@ -128,7 +128,8 @@ def valid_stream(seed: int) -> Stream:
     return find(
         streams(scenarios(lanes=3, min_steps=30, max_steps=40), full=True, bad=False, blanks=False),
         lambda stream: len(stream.scenario.entries) >= 60,
-        settings=settings(database=None, max_examples=1000),
+        # No shrinking: any stream that fits will do, and shrinking one took five minutes.
+        settings=settings(database=None, max_examples=1000, phases=[Phase.generate]),
         random=random.Random(seed),
     )
 
