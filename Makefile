@@ -6,7 +6,7 @@ VENV_OK := .venv/.installed
 
 .PHONY: help setup tools run test test-fast test-compiled chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api \
 	redis-cluster-up redis-cluster-down redis-cluster-status kafka-cluster-up kafka-cluster-down kafka-cluster-status \
-	chaos-infra-check chaos
+	chaos-infra-check chaos sdk
 
 help: ## List the targets with what they do
 	@awk 'BEGIN {FS = ":.*?## "} /^[a-zA-Z_-]+:.*?## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -56,9 +56,16 @@ chaos-infra-check: services-up tools ## The chaos tooling's own tests (-m chaos)
 run: services-up ## Set up, start the servers and run the main job (worker fed by the simulator)
 	bash scripts/run.sh
 
-test: services-up tools ## Set up, start the servers, install the test tools and run the whole test suite (chaos tests apart), then the unit and property suites against the compiled build
+test: services-up tools sdk ## Set up, start the servers, install the test tools, build and test the TypeScript SDK, and run the whole test suite (chaos tests apart, the SDK's outside consumer included), then the unit and property suites against the compiled build
 	$(PY) -m pytest -q -m "not chaos"
 	bash scripts/test_compiled.sh
+
+SDK_PACK := .local/sdk
+sdk: ## The TypeScript SDK (sdk-ts/): strict tsc build, its unit tests (node --test), npm pack into .local/sdk/ (node, npm, tsc: scripts/tools.d/node.sh)
+	bash scripts/tools.sh node
+	cd sdk-ts && npm test --silent
+	@mkdir -p $(SDK_PACK)
+	cd sdk-ts && npm pack --silent --pack-destination ../$(SDK_PACK)
 
 test-fast: setup ## Run the unit, property and contract tests only (no servers)
 	$(PY) -m pytest -q -m "not integration and not chaos"
