@@ -251,9 +251,11 @@ export class MembersClient {
     this.http = options instanceof HttpClient ? options : new HttpClient(options);
   }
 
-  /** What this backend serves, from its public description (/openapi.json). */
+  /** What this backend serves, from its description (/openapi.json; public on this API, the
+   * token goes along for a gateway in front that authenticates every path). A backend with no
+   * description at that address serves none of these. */
   async probe(options: CallOptions = {}): Promise<Capabilities> {
-    const response = await this.http.send("GET", "/openapi.json", { signal: options.signal, auth: false });
+    const response = await this.http.send("GET", "/openapi.json", { signal: options.signal });
     const payload = await readJson(response, options.signal);
     if (response.status === 404 || response.status === 405) {
       return { membersPage: false, presentation: false, readReceipts: false, liveStream: false };

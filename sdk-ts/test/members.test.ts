@@ -38,9 +38,9 @@ test("a backend without the paging API answers a clear request error", async () 
   await assert.rejects(client.presentation({ group: GROUP, memberRefs: ["1"] }), MemberApiMissingError);
 });
 
-test("the capability probe reads the public description, without a token", async () => {
+test("the capability probe reads the API's description", async () => {
   const fetch = fakeFetch((call) => {
-    assert.equal(call.headers["Authorization"], undefined);
+    assert.equal(call.path, "/openapi.json");
     return { status: 200, json: { paths: { "/api/v1/chats/members/page": { post: { operationId: "membersPage" } }, "/v1/stream": { get: { operationId: "stream" } } } } };
   });
   const client = new MembersClient({ baseUrl: "http://api", token: "t", fetch });

@@ -67,12 +67,18 @@ def _need_node() -> None:
         )
 
 
-def _run(args: list[str], cwd: Path, log: Path, timeout: float = 300, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run(args, cwd=cwd, capture_output=True, timeout=timeout, check=False, env=env, text=True)
+def _run(
+    args: list[str], cwd: Path, log: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> str:
+    done = subprocess.run(
+        args, cwd=cwd, capture_output=True, timeout=timeout, check=False, env=env, text=True
+    )
     with log.open("a") as out:
         out.write(f"$ {' '.join(args)}  (in {cwd})\n{done.stdout}\n{done.stderr}\n")
     if done.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} exited {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+        raise AssertionError(
+            f"{' '.join(args)} exited {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+        )
     return done.stdout
 
 
@@ -97,12 +103,24 @@ def install_consumer(tgz: Path, into: Path, log: Path) -> Path:
     # Only the public entry point: a deep import into the package does not resolve.
     probe = into / "deep"
     probe.mkdir()
-    (probe / "deep.ts").write_text('import { MemberStore } from "@session-projector/sdk/dist/store.js";\nexport { MemberStore };\n')
+    (probe / "deep.ts").write_text(
+        'import { MemberStore } from "@session-projector/sdk/dist/store.js";\nexport { MemberStore };\n'
+    )
     (probe / "tsconfig.json").write_text(
-        json.dumps({"extends": "../tsconfig.json", "compilerOptions": {"rootDir": ".", "noEmit": True}, "include": ["deep.ts"]})
+        json.dumps(
+            {
+                "extends": "../tsconfig.json",
+                "compilerOptions": {"rootDir": ".", "noEmit": True},
+                "include": ["deep.ts"],
+            }
+        )
     )
     deep = subprocess.run(
-        ["npx", "--no-install", "tsc", "-p", "deep/tsconfig.json"], cwd=into, capture_output=True, text=True, check=False
+        ["npx", "--no-install", "tsc", "-p", "deep/tsconfig.json"],
+        cwd=into,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert deep.returncode != 0 and "TS2307" in deep.stdout, deep.stdout + deep.stderr
     return into
@@ -167,7 +185,9 @@ class Projection:
         self.producer: Any = None
 
     def badge(self) -> Badge:
-        counted = [r for r in self.rows.values() if r["listed"] and not r["archived"] and r["membership"] == "active"]
+        counted = [
+            r for r in self.rows.values() if r["listed"] and not r["archived"] and r["membership"] == "active"
+        ]
         return Badge(total_unread=sum(r["unread_count"] for r in counted), total_mention=0, muted_unread=0)
 
     async def seed(self, rows: list[dict[str, Any]], version: int) -> None:
@@ -199,7 +219,9 @@ class Projection:
         assert written is not None
         key = str(USER).encode()
         settings = self.stack.settings
-        await self.producer.send_and_wait(settings.topic_session_delta, orjson.dumps(batch.session_delta()), key=key)
+        await self.producer.send_and_wait(
+            settings.topic_session_delta, orjson.dumps(batch.session_delta()), key=key
+        )
         await self.producer.send_and_wait(settings.topic_badge, orjson.dumps(batch.badge_update()), key=key)
         self.version = version
         return batch
@@ -292,10 +314,17 @@ async def test_an_outside_consumer_installs_the_tgz_and_runs_against_a_real_api(
         "SP_EXPECT": json.dumps(expect),
     }
     proc = await asyncio.create_subprocess_exec(
-        "node", "--test", "--test-reporter=spec", "build/consumer.test.js",
-        cwd=consumer, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        "node",
+        "--test",
+        "--test-reporter=spec",
+        "build/consumer.test.js",
+        cwd=consumer,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
     try:
+
         async def drive() -> None:
             await until_file(control / "live", proc)
             await projection.step([moved])
@@ -311,7 +340,9 @@ async def test_an_outside_consumer_installs_the_tgz_and_runs_against_a_real_api(
         if driver.done() and driver.exception() is not None:
             raise driver.exception()  # type: ignore[misc]
         driver.cancel()
-        assert proc.returncode == 0, f"the consumer's tests failed:\n{text[-8000:]}\napi log:\n{api.log.read_text()[-3000:]}"
+        assert proc.returncode == 0, (
+            f"the consumer's tests failed:\n{text[-8000:]}\napi log:\n{api.log.read_text()[-3000:]}"
+        )
         for name in (
             "walks the user's list with cursors",
             "reads the badge",
