@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Node.js and npm (Debian's packages when missing) and the TypeScript SDK's dev dependencies
-# (sdk-ts/: typescript and @types/node, pinned in its package.json and package-lock.json,
-# installed with `npm ci` from the npm registry). The SDK's build, unit tests and `npm pack`
+# (sdk-ts/: typescript, @types/node and better-sqlite3 for the host cache's tests, pinned in its
+# package.json and package-lock.json, installed with `npm ci` from the npm registry; better-sqlite3
+# compiles its addon with node-gyp when no prebuilt one is reachable: g++, make and python3, about
+# a minute of CPU, once per lockfile change). The SDK's build, unit tests and `npm pack`
 # (make sdk) and the outside consumer's test (tests/integration/test_sdk_consumer.py) need them.
 # Idempotent: quick when node >= 18, npm and an install matching the lockfile are present.
 set -euo pipefail

@@ -6,6 +6,9 @@ against a real `projector api` subprocess on the local servers:
 
 * the user's list walked page by page with cursors (every row once, in order, the u64 user id
   an exact string) and the badge;
+* the browser's view of the package: a page using the member store and the avatar loader
+  compiles with the DOM lib and without Node's types; the host entry point
+  (`@session-projector/sdk/host`, the SQLite cache) is importable;
 * the member directory: capability probe, pages of 50 with an AbortSignal (and one aborted in
   flight), presentation, read receipts (basicOnly), the member store (merged, cached, 2001
   clears it), and a backend without the paging API answering a clear request error;
@@ -123,6 +126,8 @@ def install_consumer(tgz: Path, into: Path, log: Path) -> Path:
         check=False,
     )
     assert deep.returncode != 0 and "TS2307" in deep.stdout, deep.stdout + deep.stderr
+    # A browser page's use compiles with the DOM lib and without Node's types.
+    _run(["npx", "--no-install", "tsc", "-p", "browser/tsconfig.json"], into, log)
     return into
 
 
@@ -348,6 +353,7 @@ async def test_an_outside_consumer_installs_the_tgz_and_runs_against_a_real_api(
             "reads the badge",
             "probes the member API and pages the directory with an AbortSignal",
             "one member store per account/group",
+            "the host entry point: the SQLite cache takes any database of better-sqlite3's shape",
             "a backend without the paging API is a clear request error",
             "the live stream: hello, frames by the rule, then a resume with Last-Event-ID",
         ):

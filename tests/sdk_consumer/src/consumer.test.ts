@@ -23,6 +23,7 @@ import {
   type MemberPage,
   type StoreMember,
 } from "@session-projector/sdk";
+import { SqliteMemberCache, type SqliteDatabaseLike } from "@session-projector/sdk/host";
 
 interface Expect {
   main: string[];
@@ -146,6 +147,19 @@ test("one member store per account/group: pages merged by memberRef, cached, 200
   assert.equal(stranger.error.code, "2001");
   assert.equal(stranger.size, 0);
   stranger.close();
+});
+
+test("the host entry point: the SQLite cache takes any database of better-sqlite3's shape", () => {
+  const statements: string[] = [];
+  const db: SqliteDatabaseLike = {
+    exec: (sql) => statements.push(sql.trim().split(/\s+/).slice(0, 2).join(" ")),
+    prepare: () => ({ run: () => undefined, get: () => ({ n: 0, b: 0 }), all: () => [] }),
+  };
+  const cache = new SqliteMemberCache(db, "a-runtime-key-of-16+-bytes");
+  assert.deepEqual(cache.limits, { maxGroups: 100, maxTotalBytes: 32 * 1024 * 1024, maxGroupMembers: 20_000, maxGroupBytes: 4_000_000, expiryMs: 14 * 86_400_000 });
+  assert.equal(cache.usage().rosters, 0);
+  assert.deepEqual(statements, ["CREATE TABLE"]);
+  assert.throws(() => new SqliteMemberCache(db, "short"), RangeError);
 });
 
 test("a backend without the paging API is a clear request error", async () => {
