@@ -375,3 +375,76 @@ async def until_file(path: Path, proc: asyncio.subprocess.Process, timeout: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"the consumer did not write {path.name} within {timeout}s")
         await asyncio.sleep(0.05)
+
+
+HOST_CACHE_SCRIPT = """
+import Database from "better-sqlite3";
+import { SqliteMemberCache } from "./dist/host/index.js";
+const [path, mode, key] = process.argv.slice(1);
+const cache = new SqliteMemberCache(new Database(path), key);
+const where = { environment: "prod", account: "11982011376358104761", group: "g-1" };
+if (mode === "write") {
+  const member = (id, name, stats) => ({
+    memberRef: id, userId: id, role: id === "5" ? "admin" : "member", state: "active",
+    joinedAt: 3, leftAt: null,
+    displayName: name, remark: null, avatarUrl: name ? "https://cdn/" + id : null,
+    recordCount: stats ? 7 : null, mentionCount: stats ? 1 : null, statsKnown: stats,
+    profileFailed: false, presented: true,
+  });
+  const members = [member("18446744073709551615", "Zoë", true), member("5", null, false)];
+  const ok = await cache.store(where, members);
+  console.log(JSON.stringify({ ok }));
+} else {
+  const roster = await cache.load(where);
+  const row = (m) => [m.userId, m.role, m.displayName, m.recordCount, m.statsKnown];
+  const rows = roster && roster.members.map(row);
+  console.log(JSON.stringify(rows));
+}
+"""
+
+
+async def test_the_host_cache_reads_and_writes_the_python_hosts_format(tmp_path: Path) -> None:
+    """sdk-ts's SqliteMemberCache and app/members/cache.py share one file format and signature:
+    a roster the one writes, the other reads (and a different runtime key is a miss)."""
+    _need_node()
+    from app.members.cache import CacheKey as PyKey
+    from app.members.cache import SqliteMemberCache as PyCache
+    from app.members.model import Member
+
+    log = tmp_path / "npm.log"
+    _run(["npm", "run", "--silent", "build"], SDK, log)
+    key = "runtime-key-0123456789abcdef"
+    where = PyKey("prod", "11982011376358104761", "g-1")
+
+    def node(path: Path, mode: str, signing: str = key) -> Any:
+        out = _run(
+            ["node", "--input-type=module", "-e", HOST_CACHE_SCRIPT, str(path), mode, signing], SDK, log
+        )
+        return json.loads(out.strip().splitlines()[-1])
+
+    written = tmp_path / "from-node.sqlite"
+    assert node(written, "write") == {"ok": True}
+    py = PyCache(written, key.encode(), clock_ms=lambda: int(time.time() * 1000))
+    try:
+        roster = await py.load(where)
+    finally:
+        await py.close()
+    assert roster is not None
+    got = [(m.user_id, m.role, m.display_name, m.record_count, m.stats_known) for m in roster.members]
+    assert got == [(5, "admin", None, None, False), (2**64 - 1, "member", "Zoë", 7, True)]
+
+    from_python = tmp_path / "from-python.sqlite"
+    py = PyCache(from_python, key.encode(), clock_ms=lambda: int(time.time() * 1000))
+    try:
+        members = [
+            Member(user_id=2**64 - 1, display_name="Zoë", record_count=7, mention_count=1, stats_known=True),
+            Member(user_id=5, role="owner"),
+        ]
+        assert await py.store(where, members)
+    finally:
+        await py.close()
+    assert node(from_python, "read") == [
+        ["5", "owner", None, None, False],
+        ["18446744073709551615", "member", "Zoë", 7, True],
+    ]
+    assert node(from_python, "read", "another-runtime-key-00000") is None
