@@ -144,7 +144,8 @@ export class MemoryMemberCache implements MemberCache {
     return JSON.stringify([key.environment, key.account, key.group]);
   }
 
-  async load(key: CacheKey): Promise<CachedRoster | null> {
+  async load(key: CacheKey, options: CallOptions = {}): Promise<CachedRoster | null> {
+    options.signal?.throwIfAborted();
     const found = this.rosters.get(MemoryMemberCache.keyText(key));
     if (found === undefined || found.version !== CACHE_FORMAT_VERSION) return null;
     const members: StoreMember[] = [];

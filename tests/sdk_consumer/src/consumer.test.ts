@@ -130,7 +130,11 @@ test("one member store per account/group: pages merged by memberRef, cached, 200
   assert.equal(store.selfRole, "owner");
   assert.ok(store.counters.pages >= 2 && store.counters.maxPresentationInFlight <= 2);
   sub.close();
-  assert.equal((await cache.load(key))?.members.length, EXPECT.members.length);
+  // source.members.cached: this account/group's display cache and its time, or null.
+  const cached = await cache.load(key, { signal: AbortSignal.timeout(5_000) });
+  assert.equal(cached?.members.length, EXPECT.members.length);
+  assert.ok(cached !== null && cached.cachedAtMillis <= Date.now());
+  assert.equal(await cache.load({ ...key, group: "another-group" }), null);
 
   // The cache is shown first on the next start, never as fresh, and the server still answers.
   const again = new MemberStore(key, members, { cache });
