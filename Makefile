@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup tools run test test-fast test-compiled chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api \
+.PHONY: help setup tools run test test-fast test-compiled test-differential chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api \
 	redis-cluster-up redis-cluster-down redis-cluster-status kafka-cluster-up kafka-cluster-down kafka-cluster-status \
 	chaos-infra-check chaos sdk
 
@@ -56,9 +56,13 @@ chaos-infra-check: services-up tools ## The chaos tooling's own tests (-m chaos)
 run: services-up ## Set up, start the servers and run the main job (worker fed by the simulator)
 	bash scripts/run.sh
 
-test: services-up tools sdk ## Set up, start the servers, install the test tools, build and test the TypeScript SDK, and run the whole test suite (chaos tests apart, the SDK's outside consumer included), then the unit and property suites against the compiled build
+# The worker tests that decide correctness, run a second time with the workers on the compiled build.
+COMPILED_WORKER_TESTS := tests/integration/test_crash_safety.py tests/integration/test_worker_acceptance.py tests/integration/test_worker_j1.py tests/integration/test_garbage_worker.py
+
+test: services-up tools sdk ## Set up, start the servers, install the test tools, build and test the TypeScript SDK, and run the whole test suite (chaos tests apart; the pure and compiled builds compared; the SDK's outside consumer included), then the unit and property suites and the deciding worker tests against the compiled build
 	$(PY) -m pytest -q -m "not chaos"
 	bash scripts/test_compiled.sh
+	SESSION_PROJECTOR_TEST_BUILD=compiled $(PY) -m pytest -q -m "not chaos" -p no:cacheprovider $(COMPILED_WORKER_TESTS)
 
 SDK_PACK := .local/sdk
 sdk: ## The TypeScript SDK (sdk-ts/): strict tsc build, its unit tests (node --test), npm pack into .local/sdk/ (node, npm, tsc: scripts/tools.d/node.sh)
@@ -67,11 +71,16 @@ sdk: ## The TypeScript SDK (sdk-ts/): strict tsc build, its unit tests (node --t
 	@mkdir -p $(SDK_PACK)
 	cd sdk-ts && npm pack --silent --pack-destination ../$(SDK_PACK)
 
-test-fast: setup ## Run the unit, property and contract tests only (no servers)
-	$(PY) -m pytest -q -m "not integration and not chaos"
+test-fast: setup ## Run the unit, property and contract tests only (no servers, no compiled build)
+	$(PY) -m pytest -q -m "not integration and not chaos and not compiled"
 
 test-compiled: setup ## The unit and property suites against the mypyc-compiled build (builds it when the code changed; issue 14)
 	bash scripts/test_compiled.sh
+
+DIFF_SCALE ?= 25
+test-differential: setup ## The pure and compiled builds compared at full size (DIFF_SCALE x CI's examples, >= 1,000,000 lines; issue 30)
+	DIFF_SCALE=$(DIFF_SCALE) $(PY) -m pytest -q -p no:cacheprovider tests/differential
+	@cat .local/differential/last.json; echo
 
 CHAOS_RUNS ?= 20
 CHAOS_SCENARIOS ?=

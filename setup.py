@@ -38,6 +38,7 @@ COMPILED_MODULES = [
     "app/domain/flush.py",
     "app/domain/processor.py",
     "app/domain/projector.py",
+    "app/domain/record_fields.py",
     "app/domain/seqs.py",
     "app/domain/unread.py",
     "app/domain/watermark.py",

@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 from app.domain.entries import Entry
+from app.domain.record_fields import bool_field, int_field, list_field, optional_int_field
 
 # No marker of the lane seen yet (a watermark is >= 0).
 NO_MARK: Final = -1
@@ -186,16 +187,23 @@ class ArrivalLedger:
             ledger.covered = _fit([NO_MARK if mark is None else int(mark) for mark in marks], lanes, NO_MARK)
         else:
             ledger = cls(lanes)
-            ledger.counted = _fit([int(v) for v in state["counted"]], lanes, 0)
-            ledger.covered = _fit([int(v) for v in state["covered"]], lanes, NO_MARK)
-            ledger.expected = _fit([None if v is None else int(v) for v in state["expected"]], lanes, None)
-            ledger.base = _fit([int(v) for v in state["base"]], lanes, 0)
-            ledger.unbased = _fit([bool(v) for v in state["unbased"]], lanes, False)
+            ledger.counted = _fit(_ints(state, "counted"), lanes, 0)
+            ledger.covered = _fit(_ints(state, "covered"), lanes, NO_MARK)
+            expected = list_field(state["expected"], "expected")
+            ledger.expected = _fit([optional_int_field(v, "expected") for v in expected], lanes, None)
+            ledger.base = _fit(_ints(state, "base"), lanes, 0)
+            ledger.unbased = _fit(
+                [bool_field(v, "unbased") for v in list_field(state["unbased"], "unbased")], lanes, False
+            )
         for entry in waiting:
             lane = entry.lane
             if lane < lanes and entry.mailbox_seq > ledger.covered[lane]:
                 insort(ledger.above[lane], entry.mailbox_seq)
         return ledger
+
+
+def _ints(state: dict[str, Any], name: str) -> list[int]:
+    return [int_field(v, name) for v in list_field(state[name], name)]
 
 
 def _fit(values: list[Any], lanes: int, fill: Any) -> list[Any]:

@@ -28,6 +28,14 @@ from app.domain.entries import (
     UnpinEntry,
 )
 from app.domain.ports import MessageStore
+from app.domain.record_fields import (
+    bool_field,
+    int_field,
+    optional_bytes_field,
+    optional_int_field,
+    optional_str_field,
+    str_field,
+)
 from app.domain.unread import derive_from_hand, prune_to_base, recompute, settle
 
 
@@ -409,42 +417,65 @@ class ConversationState:
             raise ValueError(f"a row record has {_RECORD_LENGTH} fields, not {len(record)}")
         # The constructor, not cls.__new__(cls): the compiled build (mypyc) needs it.
         row = cls(user_id, sys.intern(conversation_id))
-        # One unpacking, not a setattr per field: rows are read on every first touch of a user
-        # after a restart or an eviction (a loop of setattr cost ~2x). Same order as _PLAIN_FIELDS
-        # (checked below the class).
+        # One unpacking into locals, then each value checked for its type as it is set
+        # (app/domain/record_fields.py: both builds refuse the same records). Same order as
+        # _PLAIN_FIELDS (checked below the class).
         (
             _,
-            row.archived,
-            row.base,
-            row.changed_at,
-            row.deleted_before,
-            row.floor,
+            archived,
+            base,
+            changed_at,
+            deleted_before,
+            floor,
             head_activity_id,
             head_message_id,
-            row.head_seq,
-            row.hidden_before,
-            row.joined_at,
-            row.left_at,
-            row.membership,
-            row.mention_count,
-            row.mention_first,
-            row.muted,
-            row.pin_rank,
-            row.read_seq,
-            row.role,
-            row.unread_count,
-            row.unread_exact,
-            row.version,
-            row.writes,
+            head_seq,
+            hidden_before,
+            joined_at,
+            left_at,
+            membership,
+            mention_count,
+            mention_first,
+            muted,
+            pin_rank,
+            read_seq,
+            role,
+            unread_count,
+            unread_exact,
+            version,
+            writes,
             received,
             counting,
             mentioning,
             recalled,
         ) = record
-        row.head_ids = pack_head_ids(head_message_id, head_activity_id)
+        row.archived = bool_field(archived, "archived")
+        row.base = int_field(base, "base")
+        row.changed_at = int_field(changed_at, "changed_at")
+        row.deleted_before = int_field(deleted_before, "deleted_before")
+        row.floor = int_field(floor, "floor")
+        row.head_ids = pack_head_ids(
+            optional_str_field(head_message_id, "head_message_id"),
+            optional_str_field(head_activity_id, "head_activity_id"),
+        )
+        row.head_seq = optional_int_field(head_seq, "head_seq")
+        row.hidden_before = int_field(hidden_before, "hidden_before")
+        row.joined_at = int_field(joined_at, "joined_at")
+        row.left_at = optional_int_field(left_at, "left_at")
         # Decoded strings are new objects: one "active" and one "member" per row cost ~110 bytes.
-        row.membership = sys.intern(row.membership)
-        row.role = sys.intern(row.role)
+        row.membership = sys.intern(str_field(membership, "membership"))
+        row.mention_count = int_field(mention_count, "mention_count")
+        row.mention_first = optional_int_field(mention_first, "mention_first")
+        row.muted = bool_field(muted, "muted")
+        row.pin_rank = optional_int_field(pin_rank, "pin_rank")
+        row.read_seq = int_field(read_seq, "read_seq")
+        row.role = sys.intern(str_field(role, "role"))
+        row.unread_count = int_field(unread_count, "unread_count")
+        row.unread_exact = bool_field(unread_exact, "unread_exact")
+        row.version = int_field(version, "version")
+        row.writes = int_field(writes, "writes")
+        for name, data in zip(_BITMAP_FIELDS, (received, counting, mentioning, recalled), strict=True):
+            optional_bytes_field(data, name)
         load = seqs.load
         row.received = received_seqs = load(received)
         # Every seq received counts (the common case: nothing read yet) gives two equal sets: one

@@ -17,6 +17,7 @@ from app.domain.conversation import STRUCTURAL_ENTRIES, ConversationState
 from app.domain.entries import Entry, MailboxDirtyEntry, MessageEntry, ReadEntry
 from app.domain.flush import DirtySet, FlushPolicy, UserFlush
 from app.domain.ports import MessageStore
+from app.domain.record_fields import int_field, list_field, str_field
 from app.domain.unread import UNREAD_PRECISE_LIMIT
 
 # The bounds of the processing configuration, declared once (the settings and the replay
@@ -111,12 +112,15 @@ class UserState:
     def load(cls, state: dict[str, Any], rows: Iterable[ConversationState]) -> UserState:
         """A user from its record; `rows` are the ones read with it (`complete` is the caller's
         to say)."""
-        user = cls(int(state["user_id"]))
-        user.projection_mailbox_seq = int(state["projection_mailbox_seq"])
-        user.flushed_seq = int(state["flushed_seq"])
-        user.driving_event_id = str(state["driving_event_id"])
-        user.badge = Badge(*state["badge"])
-        user.structure_version = int(state["structure_version"])
+        user = cls(int_field(state["user_id"], "user_id"))
+        user.projection_mailbox_seq = int_field(state["projection_mailbox_seq"], "projection_mailbox_seq")
+        user.flushed_seq = int_field(state["flushed_seq"], "flushed_seq")
+        user.driving_event_id = str_field(state["driving_event_id"], "driving_event_id")
+        badge = list_field(state["badge"], "badge")
+        if len(badge) != 3:
+            raise ValueError(f"badge: expected 3 counts, got {len(badge)}")
+        user.total_unread, user.total_mention, user.muted_unread = (int_field(n, "badge") for n in badge)
+        user.structure_version = int_field(state["structure_version"], "structure_version")
         user.rows = {row.conversation_id: row for row in rows}
         return user
 

@@ -9,6 +9,7 @@ from operator import attrgetter
 from typing import Any, Final
 
 from app.domain.entries import Entry, WatermarkMarker
+from app.domain.record_fields import int_field, list_field, optional_int_field
 
 _SEQ: Final = attrgetter("mailbox_seq")
 
@@ -155,9 +156,9 @@ class WatermarkGate:
     @classmethod
     def load(cls, lanes: int, state: dict[str, Any], waiting: list[Entry]) -> WatermarkGate:
         gate = cls(lanes)
-        marks = list(state["marks"])[:lanes]
+        marks = [optional_int_field(mark, "marks") for mark in list_field(state["marks"], "marks")][:lanes]
         gate._marks = marks + [None] * (lanes - len(marks))
-        gate.hi = int(state["hi"])
+        gate.hi = int_field(state["hi"], "hi")
         for entry in waiting:
             gate.offer(entry)
         return gate
