@@ -75,7 +75,10 @@ export class ProtocolError extends SdkError {}
 /** A walk past its page bound (seed 004: at most 200 pages), or restarted too often. */
 export class TraversalLimitError extends SdkError {}
 
-/** Whether `error` is the rejection of an aborted call (the signal's reason, or an AbortError). */
-export function isAbort(error: unknown): boolean {
-  return typeof error === "object" && error !== null && (error as { name?: unknown }).name === "AbortError";
+/** Whether `error` is the rejection of an aborted call: an AbortError, a TimeoutError
+ * (AbortSignal.timeout), or the reason the given signal was aborted with. */
+export function isAbort(error: unknown, signal?: AbortSignal): boolean {
+  if (signal?.aborted && error === signal.reason) return true;
+  const name = typeof error === "object" && error !== null ? (error as { name?: unknown }).name : undefined;
+  return name === "AbortError" || name === "TimeoutError";
 }

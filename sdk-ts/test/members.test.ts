@@ -102,6 +102,12 @@ test("every call takes an AbortSignal: the request gets it and an abort rejects 
     await assert.rejects(pending, (e: unknown) => isAbort(e));
     assert.equal(fetch.calls[fetch.calls.length - 1]?.signal, controller.signal);
   }
+  const custom = new AbortController();
+  const reason = { why: "the drawer closed" };
+  const pendingCustom = client.page({ group: GROUP, signal: custom.signal });
+  custom.abort(reason);
+  await assert.rejects(pendingCustom, (e: unknown) => e === reason && isAbort(e, custom.signal));
+  await assert.rejects(client.page({ group: GROUP, signal: AbortSignal.timeout(5) }), (e: unknown) => isAbort(e));
   const aborted = AbortSignal.abort();
   const before = fetch.calls.length;
   await assert.rejects(client.page({ group: GROUP, signal: aborted }), (e: unknown) => isAbort(e));
