@@ -412,10 +412,13 @@ export class MemberStore {
   // -- machinery ------------------------------------------------------------------------------
 
   private async load(gen: number): Promise<void> {
+    // The first page request goes out first, then the cache read starts (a host's SQLite read is
+    // synchronous: it must not hold the request back); whichever answers first is shown first.
+    const traversal = this.traverse(gen);
     let restore: Promise<void> | null = null;
-    if (this.options.cache !== undefined && this.map.size === 0) restore = this.restore(gen); // with the first page
+    if (this.options.cache !== undefined && this.map.size === 0) restore = this.restore(gen);
     try {
-      await this.traverse(gen);
+      await traversal;
     } catch (error) {
       if (error instanceof Stale || (isAbort(error) && gen !== this.generation)) return;
       if (error instanceof MemberAccessDeniedError) {

@@ -269,3 +269,28 @@ test("idle stores stay within the group and member bounds, oldest idle out first
   }
   assert.deepEqual(small.idleGroupsHeld(), ["b"]);
 });
+
+test("the first page request goes out before the cache read starts, and the cache still shows first", async () => {
+  const order: string[] = [];
+  const source = new FakeSource([1, 2]);
+  const hold = gate();
+  source.pageGate = hold.promise;
+  const page = source.page.bind(source);
+  source.page = (req) => {
+    order.push("page");
+    return page(req);
+  };
+  const memory = new MemoryMemberCache();
+  const first = new MemberStore(KEY, new FakeSource([1, 2, 3]), { cache: memory });
+  first.subscribe();
+  await first.settled();
+  const cache = { load: (key: CacheKey) => (order.push("cache"), memory.load(key)), store: memory.store.bind(memory), delete: memory.delete.bind(memory) };
+  const store = new MemberStore(KEY, source, { cache });
+  store.subscribe();
+  assert.deepEqual(order, ["page", "cache"]);
+  await store.until((s) => s.counters.cacheHits === 1);
+  assert.equal(store.size, 3);
+  hold.open();
+  await store.settled();
+  assert.deepEqual([...store.members.keys()].sort(), ["1", "2"]); // 3: confirmed gone by the server
+});
