@@ -6,7 +6,7 @@ VENV_OK := .venv/.installed
 
 .PHONY: help setup tools run test test-fast test-compiled test-differential chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api \
 	redis-cluster-up redis-cluster-down redis-cluster-status kafka-cluster-up kafka-cluster-down kafka-cluster-status \
-	chaos-infra-check chaos
+	chaos-infra-check chaos sdk
 
 help: ## List the targets with what they do
 	@awk 'BEGIN {FS = ":.*?## "} /^[a-zA-Z_-]+:.*?## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -59,10 +59,17 @@ run: services-up ## Set up, start the servers and run the main job (worker fed b
 # The worker tests that decide correctness, run a second time with the workers on the compiled build.
 COMPILED_WORKER_TESTS := tests/integration/test_crash_safety.py tests/integration/test_worker_acceptance.py tests/integration/test_worker_j1.py tests/integration/test_garbage_worker.py
 
-test: services-up tools ## Set up, start the servers, install the test tools and run the whole test suite (chaos tests apart; the pure and compiled builds compared), then the unit and property suites and the deciding worker tests against the compiled build
+test: services-up tools sdk ## Set up, start the servers, install the test tools, build and test the TypeScript SDK, and run the whole test suite (chaos tests apart; the pure and compiled builds compared; the SDK's outside consumer included), then the unit and property suites and the deciding worker tests against the compiled build
 	$(PY) -m pytest -q -m "not chaos"
 	bash scripts/test_compiled.sh
 	SESSION_PROJECTOR_TEST_BUILD=compiled $(PY) -m pytest -q -m "not chaos" -p no:cacheprovider $(COMPILED_WORKER_TESTS)
+
+SDK_PACK := .local/sdk
+sdk: ## The TypeScript SDK (sdk-ts/): strict tsc build, its unit tests (node --test), npm pack into .local/sdk/ (node, npm, tsc: scripts/tools.d/node.sh)
+	bash scripts/tools.sh node
+	cd sdk-ts && npm test --silent
+	@mkdir -p $(SDK_PACK)
+	cd sdk-ts && npm pack --silent --pack-destination ../$(SDK_PACK)
 
 test-fast: setup ## Run the unit, property and contract tests only (no servers, no compiled build)
 	$(PY) -m pytest -q -m "not integration and not chaos and not compiled"

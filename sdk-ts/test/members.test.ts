@@ -1,0 +1,123 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+
+import {
+  MemberAccessDeniedError,
+  MemberApiMissingError,
+  MembersClient,
+  RequestError,
+  UnavailableError,
+  isAbort,
+} from "../src/index.js";
+import { fakeFetch } from "./fakes.js";
+
+const GROUP = "5f0c7d5e-0000-4000-8000-000000000001";
+const BIG = "18446744073709551615";
+
+function error(status: number, code: string, message = "") {
+  return { status, json: { error: { status, code, message } } };
+}
+
+test("2001 and 2002 are access denials; nothing else is", async () => {
+  for (const [answer, kind] of [
+    [error(403, "2001"), MemberAccessDeniedError],
+    [error(403, "2002"), MemberAccessDeniedError],
+    [error(409, "conflict"), RequestError],
+    [error(400, "bad_request"), RequestError],
+    [error(503, "unavailable"), UnavailableError],
+    [error(429, "rate_limited"), UnavailableError],
+  ] as const) {
+    const client = new MembersClient({ baseUrl: "http://api", token: "t", fetch: fakeFetch(() => answer) });
+    await assert.rejects(client.page({ group: GROUP }), (e: unknown) => e instanceof kind && !(kind !== MemberAccessDeniedError && e instanceof MemberAccessDeniedError));
+  }
+});
+
+test("a backend without the paging API answers a clear request error", async () => {
+  const client = new MembersClient({ baseUrl: "http://old", token: "t", fetch: fakeFetch(() => error(404, "not_found", "Not Found")) });
+  await assert.rejects(client.page({ group: GROUP }), (e: unknown) => e instanceof MemberApiMissingError && e instanceof RequestError && /members page/.test(e.message));
+  await assert.rejects(client.presentation({ group: GROUP, memberRefs: ["1"] }), MemberApiMissingError);
+});
+
+test("the capability probe reads the API's description", async () => {
+  const fetch = fakeFetch((call) => {
+    assert.equal(call.path, "/openapi.json");
+    return { status: 200, json: { paths: { "/api/v1/chats/members/page": { post: { operationId: "membersPage" } }, "/v1/stream": { get: { operationId: "stream" } } } } };
+  });
+  const client = new MembersClient({ baseUrl: "http://api", token: "t", fetch });
+  assert.deepEqual(await client.probe(), { membersPage: true, presentation: false, readReceipts: false, liveStream: true });
+  const none = new MembersClient({ baseUrl: "http://api", token: "t", fetch: fakeFetch(() => error(404, "not_found")) });
+  assert.deepEqual(await none.probe(), { membersPage: false, presentation: false, readReceipts: false, liveStream: false });
+});
+
+test("pages keep u64 ids as strings and pass the next reference back", async () => {
+  const fetch = fakeFetch((call) => {
+    const body = call.body as Record<string, unknown>;
+    if (body["after_user_id"] === undefined) {
+      return { status: 200, json: { items: [{ user_id: BIG, role: "owner", state: "active", active: true }], has_more: true, next_user_id: BIG, self_role: "owner" } };
+    }
+    assert.equal(body["after_user_id"], BIG); // the string, untouched
+    return { status: 200, json: { items: [], has_more: false, next_user_id: null, self_role: "owner" } };
+  });
+  const client = new MembersClient({ baseUrl: "http://api", token: "t", fetch });
+  const first = await client.page({ group: GROUP });
+  assert.equal(first.items[0]?.memberRef, BIG);
+  assert.equal(first.next, BIG);
+  const second = await client.page({ group: GROUP, after: first.next });
+  assert.equal(second.next, null);
+  await assert.rejects(client.page({ group: GROUP, limit: 101 }), RangeError);
+});
+
+test("statistics are known only as two non-negative safe integers", async () => {
+  const items = [
+    { user_id: "1", record_count: 3, mention_count: 0 },
+    { user_id: "2", record_count: -1, mention_count: 2 },
+    { user_id: "3", record_count: 2 ** 53, mention_count: 1 },
+    { user_id: "4", record_count: 1.5, mention_count: 1 },
+    { user_id: "5" },
+  ];
+  const fetch = fakeFetch(() => ({ status: 200, json: { items, missing_user_ids: ["6"], stats_included: true, self_role: "member" } }));
+  const client = new MembersClient({ baseUrl: "http://api", token: "t", fetch });
+  const result = await client.presentation({ group: GROUP, memberRefs: ["1", "2", "3", "4", "5", "6"] });
+  assert.deepEqual(result.items.map((m) => [m.memberRef, m.statsKnown, m.recordCount, m.mentionCount]), [
+    ["1", true, 3, 0], ["2", false, null, null], ["3", false, null, null], ["4", false, null, null], ["5", false, null, null],
+  ]);
+  assert.deepEqual(result.missingRefs, ["6"]);
+  assert.equal((fetch.calls[0]?.body as Record<string, unknown>)["include_stats"], true);
+  await assert.rejects(client.presentation({ group: GROUP, memberRefs: Array.from({ length: 51 }, (_, i) => String(i)) }), RangeError);
+});
+
+test("every call takes an AbortSignal: the request gets it and an abort rejects with its reason", async () => {
+  const fetch = fakeFetch(() => new Promise(() => undefined)); // never answers
+  const client = new MembersClient({ baseUrl: "http://api", token: "t", fetch });
+  const calls = [
+    (signal: AbortSignal) => client.page({ group: GROUP, signal }),
+    (signal: AbortSignal) => client.presentation({ group: GROUP, memberRefs: ["1"], signal }),
+    (signal: AbortSignal) => client.readReceipts({ group: GROUP, conversationSeq: 8, basicOnly: true, signal }),
+    (signal: AbortSignal) => client.probe({ signal }),
+  ];
+  for (const call of calls) {
+    const controller = new AbortController();
+    const pending = call(controller.signal);
+    controller.abort();
+    await assert.rejects(pending, (e: unknown) => isAbort(e));
+    assert.equal(fetch.calls[fetch.calls.length - 1]?.signal, controller.signal);
+  }
+  const custom = new AbortController();
+  const reason = { why: "the drawer closed" };
+  const pendingCustom = client.page({ group: GROUP, signal: custom.signal });
+  custom.abort(reason);
+  await assert.rejects(pendingCustom, (e: unknown) => e === reason && isAbort(e, custom.signal));
+  await assert.rejects(client.page({ group: GROUP, signal: AbortSignal.timeout(5) }), (e: unknown) => isAbort(e));
+  const aborted = AbortSignal.abort();
+  const before = fetch.calls.length;
+  await assert.rejects(client.page({ group: GROUP, signal: aborted }), (e: unknown) => isAbort(e));
+  assert.equal(fetch.calls.length, before, "an already aborted call sends nothing");
+});
+
+test("read receipts: basicOnly asks for ids and counts only", async () => {
+  const fetch = fakeFetch(() => ({ status: 200, json: { conversation_seq: 8, sender_id: "20", read_user_ids: ["5", "21"], unread_user_ids: ["22"], read_count: 2, unread_count: 1, basic_only: true, self_role: "member" } }));
+  const client = new MembersClient({ baseUrl: "http://api", token: "t", fetch });
+  const receipts = await client.readReceipts({ group: GROUP, conversationSeq: 8, basicOnly: true });
+  assert.equal(fetch.calls[0]?.path, `/api/v1/chats/${GROUP}/messages/8/readers?basic_only=true`);
+  assert.deepEqual([receipts.readRefs, receipts.unreadRefs, receipts.senderId, receipts.read], [["5", "21"], ["22"], "20", undefined]);
+});

@@ -1,0 +1,204 @@
+// An outside consumer of the SDK: it knows the package only by its name and public entry point
+// (a deep import fails: the package's "exports" serves "." alone), compiles under strict
+// TypeScript without the DOM lib, and runs against a real `projector api` that
+// tests/integration/test_sdk_consumer.py started and seeded. Control files in SP_CONTROL order
+// the live-stream steps with the test, which writes the frames a worker would.
+
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { existsSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+
+import {
+  LiveSessionList,
+  LiveStream,
+  MemberAccessDeniedError,
+  MemberApiMissingError,
+  MemberStore,
+  MembersClient,
+  MemoryMemberCache,
+  SessionsClient,
+  isAbort,
+  isUserId,
+  type MemberPage,
+  type StoreMember,
+} from "@session-projector/sdk";
+import { SqliteMemberCache, type SqliteDatabaseLike } from "@session-projector/sdk/host";
+
+interface Expect {
+  main: string[];
+  archived: string[];
+  version: number;
+  badge: { total_unread: number; total_mention: number; muted_unread: number };
+  members: string[];
+  stranger_token: string;
+  message_seq: number;
+  readers: string[];
+  unreaders: string[];
+  delta: { conversation_id: string; unread_count: number; total_unread: number };
+  resumed: { conversation_id: string; unread_count: number; total_unread: number };
+}
+
+function env(name: string): string {
+  const value = process.env[name];
+  if (value === undefined || value === "") throw new Error(`${name} is not set (run through tests/integration/test_sdk_consumer.py)`);
+  return value;
+}
+
+const API = env("SP_API_URL");
+const TOKEN = env("SP_TOKEN");
+const USER = env("SP_USER_ID");
+const GROUP = env("SP_GROUP");
+const CONTROL = env("SP_CONTROL");
+const EXPECT = JSON.parse(env("SP_EXPECT")) as Expect;
+
+function signal(name: string, body: unknown = {}): void {
+  writeFileSync(join(CONTROL, name), JSON.stringify(body));
+}
+
+async function waitFor(name: string, timeoutMs = 120_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!existsSync(join(CONTROL, name))) {
+    if (Date.now() > deadline) throw new Error(`no ${name} from the test`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
+const sessions = new SessionsClient({ baseUrl: API, token: TOKEN });
+const members = new MembersClient({ baseUrl: API, token: TOKEN });
+
+test("walks the user's list with cursors: every row once, in order, ids as exact strings", async () => {
+  const main = await sessions.walk({ folder: "main", limit: 7 });
+  assert.deepEqual(main.rows.map((r) => r.conversation_id), EXPECT.main);
+  assert.equal(main.pages, Math.ceil(EXPECT.main.length / 7));
+  assert.equal(main.restarts, 0);
+  assert.equal(main.version, EXPECT.version);
+  assert.ok(main.rows.every((r) => r.user_id === USER && isUserId(r.user_id)));
+  const archived = await sessions.walk({ folder: "archived", limit: 50 });
+  assert.deepEqual(archived.rows.map((r) => r.conversation_id), EXPECT.archived);
+});
+
+test("reads the badge", async () => {
+  const badge = await sessions.badge();
+  assert.deepEqual(badge, { ...EXPECT.badge, version: EXPECT.version });
+});
+
+test("probes the member API and pages the directory with an AbortSignal", async () => {
+  const caps = await members.probe();
+  assert.deepEqual(caps, { membersPage: true, presentation: true, readReceipts: true, liveStream: true });
+  const controller = new AbortController();
+  const ids: string[] = [];
+  let after: string | null = null;
+  let pages = 0;
+  let selfRole = "";
+  for (;;) {
+    const page: MemberPage = await members.page({ group: GROUP, after, limit: 50, signal: controller.signal });
+    pages += 1;
+    selfRole = page.selfRole;
+    ids.push(...page.items.map((m) => m.memberRef));
+    if (page.next === null) break;
+    after = page.next;
+  }
+  assert.deepEqual(ids, EXPECT.members);
+  assert.equal(pages, Math.ceil(EXPECT.members.length / 50));
+  assert.equal(selfRole, "owner");
+  // Aborted in flight: the call rejects with the abort, nothing half-applied.
+  const abort = new AbortController();
+  const pending = members.page({ group: GROUP, signal: abort.signal });
+  abort.abort();
+  await assert.rejects(pending, (e: unknown) => isAbort(e));
+
+  const shown = await members.presentation({ group: GROUP, memberRefs: EXPECT.members.slice(0, 50), signal: controller.signal });
+  assert.equal(shown.items.length, 50);
+  assert.deepEqual(shown.missingRefs, []);
+  for (const m of shown.items) assert.equal(m.statsKnown, m.recordCount !== null && m.mentionCount !== null);
+
+  const receipts = await members.readReceipts({ group: GROUP, conversationSeq: EXPECT.message_seq, basicOnly: true, signal: controller.signal });
+  assert.deepEqual([...receipts.readRefs], EXPECT.readers);
+  assert.deepEqual([...receipts.unreadRefs], EXPECT.unreaders);
+});
+
+test("one member store per account/group: pages merged by memberRef, cached, 2001 clears it", async () => {
+  const cache = new MemoryMemberCache();
+  const key = { environment: "consumer", account: USER, group: GROUP };
+  const store = new MemberStore(key, members, { cache });
+  const seen: StoreMember[][] = [];
+  const sub = store.subscribe((s) => seen.push([...s.sorted()]));
+  await store.settled();
+  assert.ok(store.fresh && store.error === null, String(store.error));
+  assert.deepEqual(store.sorted().map((m) => m.memberRef), EXPECT.members);
+  assert.equal(store.selfRole, "owner");
+  assert.ok(store.counters.pages >= 2 && store.counters.maxPresentationInFlight <= 2);
+  sub.close();
+  // source.members.cached: this account/group's display cache and its time, or null.
+  const cached = await cache.load(key, { signal: AbortSignal.timeout(5_000) });
+  assert.equal(cached?.members.length, EXPECT.members.length);
+  assert.ok(cached !== null && cached.cachedAtMillis <= Date.now());
+  assert.equal(await cache.load({ ...key, group: "another-group" }), null);
+
+  // The cache is shown first on the next start, never as fresh, and the server still answers.
+  const again = new MemberStore(key, members, { cache });
+  again.subscribe();
+  await again.settled();
+  assert.equal(again.counters.cacheHits + again.counters.lateCacheDropped, 1);
+  assert.ok(again.fresh);
+  again.close();
+
+  const stranger = new MemberStore({ ...key, account: "stranger" }, new MembersClient({ baseUrl: API, token: EXPECT.stranger_token }), { cache });
+  stranger.subscribe();
+  await stranger.settled();
+  assert.ok(stranger.error instanceof MemberAccessDeniedError);
+  assert.equal(stranger.error.code, "2001");
+  assert.equal(stranger.size, 0);
+  stranger.close();
+});
+
+test("the host entry point: the SQLite cache takes any database of better-sqlite3's shape", () => {
+  const statements: string[] = [];
+  const db: SqliteDatabaseLike = {
+    exec: (sql) => statements.push(sql.trim().split(/\s+/).slice(0, 2).join(" ")),
+    prepare: () => ({ run: () => undefined, get: () => ({ n: 0, b: 0 }), all: () => [] }),
+  };
+  const cache = new SqliteMemberCache(db, "a-runtime-key-of-16+-bytes");
+  assert.deepEqual(cache.limits, { maxGroups: 100, maxTotalBytes: 32 * 1024 * 1024, maxGroupMembers: 20_000, maxGroupBytes: 4_000_000, expiryMs: 14 * 86_400_000 });
+  assert.equal(cache.usage().rosters, 0);
+  assert.deepEqual(statements, ["CREATE TABLE"]);
+  assert.throws(() => new SqliteMemberCache(db, "short"), RangeError);
+});
+
+test("a backend without the paging API is a clear request error", async () => {
+  // The same server under a prefix it does not route: what a backend predating the paging API answers.
+  const old = new MembersClient({ baseUrl: `${API}/legacy-chat`, token: TOKEN });
+  await assert.rejects(old.page({ group: GROUP }), (e: unknown) => e instanceof MemberApiMissingError && e.status === 404);
+  assert.deepEqual(await old.probe(), { membersPage: false, presentation: false, readReceipts: false, liveStream: false });
+});
+
+test("the live stream: hello, frames by the rule, then a resume with Last-Event-ID", async () => {
+  const list = new LiveSessionList(sessions, USER, { limit: 50 });
+  const stream = new LiveStream(list, { reconnectMs: 200 });
+  const first = new AbortController();
+  let running = stream.run({ signal: first.signal });
+  await stream.until(() => stream.synced, { timeoutMs: 60_000 });
+  assert.equal(list.view.version, EXPECT.version);
+  assert.deepEqual(list.view.main().map((r) => r.conversation_id), EXPECT.main);
+  signal("live");
+  await stream.until(() => list.view.version === EXPECT.version + 1 && list.view.badge?.version === EXPECT.version + 1, { timeoutMs: 60_000 });
+  assert.equal(list.view.row(EXPECT.delta.conversation_id)?.unread_count, EXPECT.delta.unread_count);
+  assert.equal(list.view.main()[0]?.conversation_id, EXPECT.delta.conversation_id, "the conversation moved to the top");
+  assert.equal(list.view.badge?.total_unread, EXPECT.delta.total_unread);
+  first.abort();
+  await running;
+  const syncs = list.syncs;
+
+  signal("stopped");
+  await waitFor("go"); // a frame was written while this client was away
+  const second = new AbortController();
+  running = stream.run({ signal: second.signal });
+  await stream.until(() => list.view.version === EXPECT.version + 2, { timeoutMs: 60_000 });
+  assert.equal(stream.stats.hellos["resumed"], 1, JSON.stringify(stream.stats));
+  assert.equal(list.syncs, syncs, "a resume pulls nothing");
+  assert.equal(list.view.row(EXPECT.resumed.conversation_id)?.unread_count, EXPECT.resumed.unread_count);
+  await stream.until(() => list.view.badge?.total_unread === EXPECT.resumed.total_unread, { timeoutMs: 60_000 });
+  second.abort();
+  await running;
+});
