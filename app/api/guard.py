@@ -39,7 +39,9 @@ BUCKETS_MAX: Final = 100_000
 
 
 def runner_args(settings: Settings) -> dict[str, Any]:
-    """``handler_args`` for the AppRunner: aiohttp's parser limits above the API's own."""
+    """Keyword arguments of ``web.AppRunner`` (and ``TestServer``), which passes them to every
+    request handler: aiohttp's parser limits above the API's own. Not ``handler_args=``: the
+    runner takes them as its own keywords (tests/integration/test_api_server_args.py)."""
     line = max(PARSER_LINE_MAX, settings.api_max_header_bytes + 1)
     return {"max_line_size": line, "max_field_size": line, "max_headers": PARSER_HEADERS_MAX}
 
