@@ -85,14 +85,16 @@ async def run_api(settings: Settings, schema: str, access_log: bool) -> tuple[li
         ]
         for extra in cases:
             # A connection each: the WARNING came once per connection (handler creation).
-            async with aiohttp.ClientSession() as http:
-                async with http.get(f"{match[0]}/v1/sessions", headers={**auth, **extra}) as resp:
-                    raw = await resp.read()
-                    try:  # ours is JSON; aiohttp's own parser refusal is a bare 400
-                        code = str(orjson.loads(raw).get("error", {}).get("code", ""))
-                    except (orjson.JSONDecodeError, AttributeError):
-                        code = "not json"
-                    results.append((resp.status, code))
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(f"{match[0]}/v1/sessions", headers={**auth, **extra}) as resp,
+            ):
+                raw = await resp.read()
+                try:  # ours is JSON; aiohttp's own parser refusal is a bare 400
+                    code = str(orjson.loads(raw).get("error", {}).get("code", ""))
+                except (orjson.JSONDecodeError, AttributeError):
+                    code = "not json"
+                results.append((resp.status, code))
     finally:
         proc.terminate()
         _, err = await asyncio.to_thread(proc.communicate, timeout=60)
