@@ -552,8 +552,23 @@ class ApiMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.rate_limited = Counter(
+            "projector_api_rate_limited",
+            "Requests refused 429 by the fleet's per-user rate limit",
+            registry=r,
+        )
+        self.rate_limit_store_errors = Counter(
+            "projector_api_rate_limit_store_errors",
+            "Rate checks the projection store could not answer (let through or 503: "
+            "PROJECTOR_API_RATE_LIMIT_ON_STORE_ERROR)",
+            registry=r,
+        )
         add_process_metrics(r)
         self._seen = _Seen()
+
+    def sync_rate(self, limited: int, store_errors: int) -> None:
+        self.rate_limited.inc(self._seen.delta("rate_limited", limited))
+        self.rate_limit_store_errors.inc(self._seen.delta("rate_store_errors", store_errors))
 
     def observe_request(self, route: str, method: str, code: int, seconds: float) -> None:
         self.requests.labels(route, method, str(code)).inc()

@@ -20,9 +20,11 @@ from typing import Any, NamedTuple, Protocol
 
 import orjson
 
+from app.api.fleet import FleetState, memory_fleet
 from app.domain.projection_store import StoredProjection
 from app.domain.rebuild import Head, row_from_state
 from app.stores.memory_projection import InMemoryProjectionStore
+from app.stores.redis_fleet import RedisFleetState
 from app.stores.redis_projection import (
     META_FIELDS,
     SERVING_RECHECK_S,
@@ -53,6 +55,8 @@ class LoadedRows(NamedTuple):
 
 
 class ProjectionReader(Protocol):
+    fleet: FleetState  # what the API instances over this store share (app/api/fleet.py)
+
     async def load_rows(self, user_id: int) -> LoadedRows: ...
 
     async def meta(self, user_id: int) -> StoreMeta: ...
@@ -69,6 +73,7 @@ class RedisProjectionReader:
 
     def __init__(self, store: RedisProjectionStore) -> None:
         self.store = store
+        self.fleet: FleetState = RedisFleetState(store)
 
     async def load_rows(self, user_id: int) -> LoadedRows:
         # As RedisProjectionStore.load (rows and meta of the same instant: MULTI, or one script
@@ -88,6 +93,7 @@ class MemoryProjectionReader:
 
     def __init__(self, store: InMemoryProjectionStore) -> None:
         self.store = store
+        self.fleet: FleetState = memory_fleet(store)
 
     async def load_rows(self, user_id: int) -> LoadedRows:
         s = await self.store.load(user_id)

@@ -160,6 +160,12 @@ _NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 SERVING_RECHECK_S = 1.0
 
 
+def own_key(namespace: str) -> re.Pattern[str]:
+    """The names of a namespace's keys: a user's rows, meta and write counts, and what the API
+    fleet keeps there (app/stores/redis_fleet.py: rate buckets, snapshot records)."""
+    return re.compile(rf"{re.escape(namespace)}:(rows|meta|writes|rate|snap):\{{(\d+)\}}(?::r\d+)?")
+
+
 def serving_key(base: str) -> str:
     """The key naming the namespace that serves for this base (see the module docstring)."""
     return f"{base}:serving"
@@ -320,6 +326,10 @@ class _Script:
         self.batched = _Script(_BATCH_LUA.replace("BODY", text), batch=False) if batch else None
 
 
+# The name other store modules use (app/stores/redis_fleet.py).
+Script = _Script
+
+
 class ProjectionStoreError(RuntimeError):
     """The projection store could not do what was asked (server down, timeout, bad data)."""
 
@@ -369,7 +379,7 @@ class RedisProjectionStore:
         self._read_script = _Script(READ_SCRIPT)
         self._owns_client = False
         # Only keys of exactly this layout are ever deleted by delete_all.
-        self._own_key = re.compile(rf"{re.escape(namespace)}:(rows|meta|writes):\{{(\d+)\}}")
+        self._own_key = own_key(namespace)
         # Following the serving key (from_settings without a namespace): the base it belongs to.
         self.base: str | None = None
         self._checked_at = float("-inf")
@@ -422,7 +432,7 @@ class RedisProjectionStore:
         target = self.base if raw is None else _text(raw)
         if target != self.namespace and _NAMESPACE_RE.fullmatch(target):
             self.namespace = target
-            self._own_key = re.compile(rf"{re.escape(target)}:(rows|meta|writes):\{{(\d+)\}}")
+            self._own_key = own_key(target)
         return self.namespace
 
     async def aclose(self) -> None:
@@ -601,6 +611,19 @@ class RedisProjectionStore:
             script.sha = _text(await self.client.script_load(script.text))
             reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
         return list(reply)
+
+    async def run_script(self, what: str, script: _Script, keys: list[str], args: list[str]) -> Any:
+        """One call of `script` (by digest, loaded again if the server lost it), guarded like every
+        other call: for scripts of other modules over one user's keys (app/stores/redis_fleet.py)."""
+
+        async def call() -> Any:
+            try:
+                return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                script.sha = _text(await self.client.script_load(script.text))
+                return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+
+        return await self._guard(what, call)
 
     async def correct(self, corrections: Sequence[Correction]) -> list[bool]:
         encoded = encode_corrections(corrections)  # ValueError/TypeError before any I/O
