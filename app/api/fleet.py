@@ -2,7 +2,10 @@
 (app/stores/redis_fleet.py) and an in-memory one for unit tests (shared by every app over the same
 InMemoryProjectionStore, as instances over one Redis share theirs).
 
-* :meth:`FleetState.take_token`: the per-user token bucket, one atomic step per request.
+* :meth:`FleetState.take_token`: the per-user token bucket, one atomic step per request;
+* :attr:`FleetState.snapshots`: the walks' frozen records (app/api/snapshots.py): ``publish``
+  gives a new snapshot its revision (the user's counter, fleet-wide) and makes it the live one;
+  ``record`` is what any instance reads to serve a cursor of a snapshot it does not hold.
 """
 
 from __future__ import annotations
@@ -46,10 +49,47 @@ class RateLimiter:
         return wait
 
 
+class SnapshotRecords(Protocol):
+    async def publish(self, user_id: int, snapshot_id: int, header: str, record: bytes, ttl_ms: int) -> int:
+        """Store `record` (kept `ttl_ms`), make `header` the user's live snapshot; the new revision."""
+        ...
+
+    async def record(self, user_id: int, snapshot_id: int) -> bytes | None:
+        """The record of that snapshot, None when it is gone (expired, replaced twice)."""
+        ...
+
+
 class FleetState(Protocol):
+    @property
+    def snapshots(self) -> SnapshotRecords: ...
+
     async def take_token(self, user_id: int, burst: float, per_s: float, now_ms: int) -> int:
         """0: the request may go (a token was taken); else the ms until the user's next token."""
         ...
+
+
+class MemorySnapshots:
+    """redis_fleet.RedisSnapshots in a dict: the live header per user, two records per user.
+    Records do not expire here (each process's cache applies the TTL on its injected clock)."""
+
+    def __init__(self) -> None:
+        self._revisions: dict[int, int] = {}
+        self._live: dict[int, str] = {}
+        self._records: dict[int, list[tuple[int, bytes]]] = {}  # user -> [(id, record)], oldest first
+
+    async def publish(self, user_id: int, snapshot_id: int, header: str, record: bytes, ttl_ms: int) -> int:
+        revision = self._revisions.get(user_id, 0) + 1
+        self._revisions[user_id] = revision
+        records = [r for r in self._records.get(user_id, []) if r[0] != snapshot_id]
+        self._records[user_id] = [*records[-1:], (snapshot_id, record)]
+        self._live[user_id] = f"{revision}:{header}"
+        return revision
+
+    async def record(self, user_id: int, snapshot_id: int) -> bytes | None:
+        return next((r for i, r in self._records.get(user_id, []) if i == snapshot_id), None)
+
+    def live(self, user_id: int) -> str | None:
+        return self._live.get(user_id)
 
 
 class MemoryFleetState:
@@ -58,6 +98,7 @@ class MemoryFleetState:
     def __init__(self) -> None:
         self._buckets: dict[tuple[float, float], RateLimiter] = {}
         self._now = 0
+        self.snapshots = MemorySnapshots()
 
     async def take_token(self, user_id: int, burst: float, per_s: float, now_ms: int) -> int:
         limiter = self._buckets.get((burst, per_s))

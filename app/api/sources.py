@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, Protocol
 
 import orjson
@@ -24,9 +24,9 @@ from app.api.fleet import FleetState, memory_fleet
 from app.domain.projection_store import StoredProjection
 from app.domain.rebuild import Head, row_from_state
 from app.stores.memory_projection import InMemoryProjectionStore
-from app.stores.redis_fleet import RedisFleetState
+from app.stores.redis_fleet import RedisFleetState, live_meta
 from app.stores.redis_projection import (
-    META_FIELDS,
+    SERVED_FIELDS,
     SERVING_RECHECK_S,
     ProjectionStoreError,
     RedisProjectionStore,
@@ -37,13 +37,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class StoreMeta:
-    """A user's meta hash: version (projection_mailbox_seq), structure_version and the badge."""
+    """A user's meta hash: version (projection_mailbox_seq), structure_version, the badge, how
+    many times rows were rewritten without a new version (corrections), and the fleet's live
+    snapshot header (app/api/snapshots.py; None when there is none or it was not read)."""
 
     version: int
     structure_version: int
     total_unread: int
     total_mention: int
     muted_unread: int
+    corrections: int = 0
+    live: str | None = None
 
 
 class LoadedRows(NamedTuple):
@@ -55,7 +59,10 @@ class LoadedRows(NamedTuple):
 
 
 class ProjectionReader(Protocol):
-    fleet: FleetState  # what the API instances over this store share (app/api/fleet.py)
+    @property
+    def fleet(self) -> FleetState:
+        """What the API instances over this store share (app/api/fleet.py)."""
+        ...
 
     async def load_rows(self, user_id: int) -> LoadedRows: ...
 
@@ -84,8 +91,10 @@ class RedisProjectionReader:
         return LoadedRows(_meta(user_id, raw_meta), list(raw_rows.values()))
 
     async def meta(self, user_id: int) -> StoreMeta:
+        # The meta and the fleet's live snapshot header in one script call (one round trip).
         await self.store.follow_serving(SERVING_RECHECK_S)
-        return _meta(user_id, await self.store.read_meta(user_id))
+        raw, live = await live_meta(self.store, user_id)
+        return _meta(user_id, raw, None if live is None else _text(live))
 
 
 class MemoryProjectionReader:
@@ -93,26 +102,39 @@ class MemoryProjectionReader:
 
     def __init__(self, store: InMemoryProjectionStore) -> None:
         self.store = store
-        self.fleet: FleetState = memory_fleet(store)
+        fleet = memory_fleet(store)
+        self.fleet: FleetState = fleet
+        self.fleet_snapshots = fleet.snapshots
 
     async def load_rows(self, user_id: int) -> LoadedRows:
         s = await self.store.load(user_id)
+        meta = _meta_of(s, self.store.corrections(user_id))
         # Exact-size copies: these bytes are held in snapshots (see snapshots.held_json).
-        return LoadedRows(_meta_of(s), [bytes(memoryview(orjson.dumps(row))) for row in s.rows.values()])
+        return LoadedRows(meta, [bytes(memoryview(orjson.dumps(row))) for row in s.rows.values()])
 
     async def meta(self, user_id: int) -> StoreMeta:
-        return _meta_of(await self.store.load(user_id))
+        meta = _meta_of(await self.store.load(user_id), self.store.corrections(user_id))
+        return replace(meta, live=self.fleet_snapshots.live(user_id))
 
 
-def _meta_of(s: StoredProjection) -> StoreMeta:
+def _meta_of(s: StoredProjection, corrections: int = 0) -> StoreMeta:
     return StoreMeta(
-        s.projection_mailbox_seq, s.structure_version, s.total_unread, s.total_mention, s.muted_unread
+        s.projection_mailbox_seq,
+        s.structure_version,
+        s.total_unread,
+        s.total_mention,
+        s.muted_unread,
+        corrections,
     )
 
 
-def _meta(user_id: int, raw: list[Any]) -> StoreMeta:
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _meta(user_id: int, raw: list[Any], live: str | None = None) -> StoreMeta:
     try:
-        by_name = {name: 0 if v is None else int(v) for name, v in zip(META_FIELDS, raw, strict=True)}
+        by_name = {name: 0 if v is None else int(v) for name, v in zip(SERVED_FIELDS, raw, strict=True)}
     except ValueError as exc:  # an unreadable int: the store's data, not the request, is bad
         raise ProjectionStoreError(f"projection store: unreadable meta for user {user_id}: {exc}") from None
     return StoreMeta(
@@ -121,6 +143,8 @@ def _meta(user_id: int, raw: list[Any]) -> StoreMeta:
         total_unread=by_name["total_unread"],
         total_mention=by_name["total_mention"],
         muted_unread=by_name["muted_unread"],
+        corrections=by_name["corrections"],
+        live=live,
     )
 
 

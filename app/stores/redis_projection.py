@@ -172,6 +172,11 @@ def serving_key(base: str) -> str:
 
 
 META_FIELDS = ("version", "structure_version", "total_unread", "total_mention", "muted_unread")
+# What readers get: META_FIELDS, then `corrections`: how many times rows were rewritten without
+# a new version (a correction, a restore at the stored version), so that a snapshot loaded
+# before such a write is known to be stale (issue 32; app/api/snapshots.py). Written by
+# CORRECT_SCRIPT and RESTORE_SCRIPT only (HINCRBY), absent (0) until then.
+SERVED_FIELDS = (*META_FIELDS, "corrections")
 
 # How many fixed ARGV precede the (conversation_id, row) pairs in the write script.
 _FIXED_ARGS = 6
@@ -239,6 +244,7 @@ local last = #ARGV
 {_HSET_ROWS_LUA}
 redis.call('HSET', KEYS[2], 'structure_version', ARGV[2], 'total_unread', ARGV[3],
   'total_mention', ARGV[4], 'muted_unread', ARGV[5], 'version', incoming)
+redis.call('HINCRBY', KEYS[2], 'corrections', 1)
 return stored
 """
 
@@ -247,7 +253,8 @@ return stored
 # audit compared against, total_unread, total_mention, muted_unread, then conversation_id, row
 # JSON, ... Written only while the stored version is exactly that one (a flush in between, or a
 # store that never held it, refuses it: the next audit looks again); the version and the
-# structure version are left alone, so the flush path's "newer versions only" rule is untouched.
+# structure version are left alone, so the flush path's "newer versions only" rule is untouched;
+# `corrections` counts the rewrite (a snapshot the API loaded before it is stale: issue 32).
 # Same canonical decimal strings as WRITE_SCRIPT, and the same row write.
 CORRECT_SCRIPT = f"""
 local stored = redis.call('HGET', KEYS[2], 'version')
@@ -258,6 +265,7 @@ local first = 5
 local last = #ARGV
 {_HSET_ROWS_LUA}
 redis.call('HSET', KEYS[2], 'total_unread', ARGV[2], 'total_mention', ARGV[3], 'muted_unread', ARGV[4])
+redis.call('HINCRBY', KEYS[2], 'corrections', 1)
 return 1
 """
 
@@ -281,7 +289,7 @@ else
   end
 end
 return {rows, redis.call('HMGET', KEYS[2], META)}
-""".replace("META", ", ".join(f"'{name}'" for name in META_FIELDS))
+""".replace("META", ", ".join(f"'{name}'" for name in SERVED_FIELDS))
 
 
 # One EVALSHA for a whole trip on a single server: `body` (any of the scripts above: it reads
@@ -513,7 +521,7 @@ class RedisProjectionStore:
     async def load(self, user_id: int) -> StoredProjection:
         raw_rows, meta = await self.read_user(user_id)
         try:
-            values = [0 if value is None else int(_text(value)) for value in meta]
+            values = [0 if value is None else int(_text(value)) for value in meta[: len(META_FIELDS)]]
             rows = decode_rows({_text(k): v for k, v in raw_rows.items()})
         except ValueError as exc:  # a bad int or bad JSON (orjson.JSONDecodeError is a ValueError)
             raise ProjectionStoreError(
@@ -538,7 +546,7 @@ class RedisProjectionStore:
         )
         try:
             version, _, total_unread, total_mention, muted_unread = (
-                0 if value is None else int(_text(value)) for value in meta
+                0 if value is None else int(_text(value)) for value in meta[: len(META_FIELDS)]
             )
             present = {cid: raw for cid, raw in zip(wanted, raw_rows, strict=True) if raw is not None}
             decoded = decode_rows(present)
@@ -557,7 +565,7 @@ class RedisProjectionStore:
         )
 
     async def read_user(self, user_id: int) -> tuple[dict[Any, bytes], list[Any]]:
-        """Every row of the user (conversation id -> row JSON, as stored) and the META_FIELDS
+        """Every row of the user (conversation id -> row JSON, as stored) and the SERVED_FIELDS
         values (bytes or None), from the same instant: a flush between two separate reads would
         pair old rows with a new badge."""
         if isinstance(self.client, RedisCluster):
@@ -567,7 +575,7 @@ class RedisProjectionStore:
         async def multi() -> list[Any]:
             pipe = self.client.pipeline(transaction=True)
             pipe.hgetall(self.rows_key(user_id))
-            pipe.hmget(self.meta_key(user_id), list(META_FIELDS))
+            pipe.hmget(self.meta_key(user_id), list(SERVED_FIELDS))
             return list(await pipe.execute())
 
         raw_rows, meta = await self._guard("load", multi)
@@ -584,16 +592,16 @@ class RedisProjectionStore:
         async def multi() -> list[Any]:
             pipe = self.client.pipeline(transaction=True)
             pipe.hmget(self.rows_key(user_id), list(wanted))
-            pipe.hmget(self.meta_key(user_id), list(META_FIELDS))
+            pipe.hmget(self.meta_key(user_id), list(SERVED_FIELDS))
             return list(await pipe.execute())
 
         rows, meta = await self._guard("load_rows", multi)
         return rows, meta
 
     async def read_meta(self, user_id: int) -> list[Any]:
-        """The META_FIELDS values of the user (one HMGET: atomic on its own)."""
+        """The SERVED_FIELDS values of the user (one HMGET: atomic on its own)."""
         meta: list[Any] = await self._guard(
-            "meta", lambda: self.client.hmget(self.meta_key(user_id), list(META_FIELDS))
+            "meta", lambda: self.client.hmget(self.meta_key(user_id), list(SERVED_FIELDS))
         )
         return meta
 
@@ -612,7 +620,9 @@ class RedisProjectionStore:
             reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
         return list(reply)
 
-    async def run_script(self, what: str, script: _Script, keys: list[str], args: list[str]) -> Any:
+    async def run_script(
+        self, what: str, script: _Script, keys: list[str], args: Sequence[str | bytes]
+    ) -> Any:
         """One call of `script` (by digest, loaded again if the server lost it), guarded like every
         other call: for scripts of other modules over one user's keys (app/stores/redis_fleet.py)."""
 

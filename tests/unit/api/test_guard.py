@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from app.api import Deps, create_app
 from app.api.cursor import Cursor, CursorCodec, CursorError
+from app.api.fleet import MemorySnapshots
 from app.api.guard import RateLimiter, RedactedAccessLogger, runner_args
 from app.api.sources import MemoryProjectionReader
 from app.api.tokens import TokenError, TokenSigner
@@ -52,7 +53,7 @@ def test_a_cursor_signed_with_the_previous_secret_still_pages() -> None:
         user_id=ME,
         folder=Folder.MAIN,
         position=Position.checked(Zone.NORMAL, 0, None, b"\x01" * 16),
-        epoch=1,
+        snapshot_id=1,
     )
     text = CursorCodec(OLD).encode(cursor)
     assert CursorCodec(NEW, previous=OLD).decode(text, ME, Folder.MAIN).revision == 3
@@ -142,7 +143,7 @@ async def test_the_api_accepts_both_secrets_while_rotating(rotating: Served) -> 
             user_id=ME,
             folder=Folder.MAIN,
             position=Position.checked(Zone.NORMAL, 0, None, b"\0" * 16),
-            epoch=1,
+            snapshot_id=1,
         )
     )
     async with client.get("/v1/sessions", params={"cursor": old_cursor}, headers=rotating.auth()) as resp:
@@ -220,7 +221,9 @@ def test_the_access_log_keeps_no_query_and_no_header(caplog: pytest.LogCaptureFi
 
 
 class _DownFleet:
-    """A fleet state whose store does not answer."""
+    """A fleet state whose store does not answer the rate check."""
+
+    snapshots = MemorySnapshots()
 
     async def take_token(self, user_id: int, burst: float, per_s: float, now_ms: int) -> int:
         raise ProjectionStoreError("projection store (test) unreachable during rate limit")

@@ -32,6 +32,7 @@ class Switch:
         self.up = True
         self.hang = False
         self.inner = MemoryProjectionReader(InMemoryProjectionStore())
+        self.fleet = self.inner.fleet
 
     async def _gate(self) -> None:
         if self.hang:
