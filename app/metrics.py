@@ -512,6 +512,7 @@ class SnapshotSource(Protocol):
 
     hits: int
     loads: int
+    adoptions: int
 
     @property
     def evictions(self) -> int: ...
@@ -526,6 +527,12 @@ class ApiMetrics:
         )
         self.snapshot_loads = Counter(
             "projector_snapshot_loads", "Snapshots loaded from the projection store", registry=r
+        )
+        self.snapshot_adoptions = Counter(
+            "projector_snapshot_adoptions",
+            "Snapshots another API instance built, taken from the fleet's record (a cursor or a new "
+            "walk of the live snapshot this process did not hold)",
+            registry=r,
         )
         self.snapshot_evictions = Counter(
             "projector_snapshot_evictions", "Snapshots evicted by the LRU row bound", registry=r
@@ -578,6 +585,7 @@ class ApiMetrics:
         self.snapshot_hits.inc(self._seen.delta("hits", source.hits))
         self.snapshot_loads.inc(self._seen.delta("loads", source.loads))
         self.snapshot_evictions.inc(self._seen.delta("evictions", source.evictions))
+        self.snapshot_adoptions.inc(self._seen.delta("adoptions", source.adoptions))
 
 
 # -- operator console -----------------------------------------------------------------------------
