@@ -172,9 +172,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     proc = procs[0]
     try:
         bases = []
-        for started in procs:
-            assert started.stdout is not None
-            line = await asyncio.wait_for(asyncio.to_thread(started.stdout.readline), timeout=60)
+        for api_proc in procs:
+            assert api_proc.stdout is not None
+            line = await asyncio.wait_for(asyncio.to_thread(api_proc.stdout.readline), timeout=60)
             match = re.search(r"http://127\.0\.0\.1:\d+", line)
             if match is None:
                 raise RuntimeError(f"projector api did not start: {line!r}")
@@ -252,9 +252,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             elapsed = time.perf_counter() - started
             throughput_cpu_s = (cpu_ms(proc.pid) - cpu_before) / 1000
     finally:
-        for started in procs:
-            started.terminate()
-            started.wait(timeout=30)
+        for api_proc in procs:
+            api_proc.terminate()
+            api_proc.wait(timeout=30)
         await store.delete_all()
         await client.aclose()
         await asyncio.to_thread(_drop_keyspace, settings, keyspace)
