@@ -17,8 +17,9 @@ Lifecycle, and why:
   same-numbered other one (a counter that restarted after its key expired, a store that lost
   data), and no process's identity: any instance honours it.
 * The in-process snapshot is a cache in front of the record. An instance asked for a cursor of
-  a snapshot it does not hold *adopts* it: reads the record and puts the user's current rows
-  in its frozen order. The next page is then exact under J-5 wherever it is served: the same
+  a snapshot it does not hold *adopts* it: reads the record (its frozen order) and, page by
+  page, the rows of each page it serves (one HMGET; a page once read is held like any other).
+  A snapshot filled from Cassandra state is adopted whole (store rows plus the fill again). The next page is then exact under J-5 wherever it is served: the same
   order, the same keyset position, so no duplicate and no gap; a row a message changed since
   the load may be served as it is now (newer than the page's ``projection_mailbox_seq``, which
   the client's merge rule accepts: a newer whole row overwrites). A frozen row missing from the
@@ -49,11 +50,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import uuid
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import msgspec
 import orjson
@@ -84,7 +86,9 @@ class FolderSnapshot:
     a cursor's position is rebuilt from the key of a page's last row."""
 
     keys: list[SortKey]  # precomputed: a page is one bisect
-    payloads: list[bytes]  # each row as JSON
+    # Each row as JSON. None: not read yet (a snapshot adopted from the fleet's record reads the
+    # rows of a page when it serves that page: SessionLists._fill).
+    payloads: list[bytes | None]
 
     def __len__(self) -> int:
         return len(self.payloads)
@@ -122,7 +126,8 @@ class Page:
 
     @property
     def items(self) -> list[bytes]:
-        return self.snapshot.folders[self.folder].payloads[self.start : self.end]
+        # Filled by SessionLists.page before a Page is handed out (no None in the range).
+        return cast("list[bytes]", self.snapshot.folders[self.folder].payloads[self.start : self.end])
 
     @property
     def has_more(self) -> bool:
@@ -276,22 +281,50 @@ class SessionLists:
             if snap is None and cursor.snapshot_id:  # made somewhere in the fleet: its record, if kept
                 snap = await self._adopt(user_id, cursor.revision, cursor.snapshot_id)
             if snap is not None and snap.structure_version == meta.structure_version:
-                self.hits += held_here
                 listing = snap.folders[folder]
                 start = listing.after(cursor.position)
-                return Page(snap, folder, start, min(start + limit, len(listing)), True)
+                end = min(start + limit, len(listing))
+                if await self._fill(snap, folder, start, end):
+                    self.hits += held_here
+                    return Page(snap, folder, start, end, True)
         # A new walk: the first page of the fleet's live snapshot if it is current, else of a new one.
         live = None
         header = LiveHeader.parse(meta.live)
         if header is not None and header.current(meta):
             live = next((s for s in held if s.snapshot_id == header.snapshot_id), None)
-            if live is not None:
-                self.hits += 1
-            else:
+            held_here = live is not None
+            if live is None:
                 live = await self._adopt(user_id, header.revision, header.snapshot_id)
+            if live is not None and not await self._fill(
+                live, folder, 0, min(limit, len(live.folders[folder]))
+            ):
+                live = None
+            elif held_here:
+                self.hits += 1
         if live is None:
             live = await self._load(user_id)
         return Page(live, folder, 0, min(limit, len(live.folders[folder])), cursor is None)
+
+    async def _fill(self, snapshot: Snapshot, folder: Folder, start: int, end: int) -> bool:
+        """Reads the rows of a page an adopted snapshot has not read yet (one round trip); False
+        when the store lacks one of them (the frozen order cannot be served without a gap)."""
+        payloads = snapshot.folders[folder].payloads
+        missing = [i for i in range(start, end) if payloads[i] is None]
+        if not missing:
+            return True
+        keys = snapshot.folders[folder].keys
+        wanted = [str(uuid.UUID(bytes=keys[i][4])) for i in missing]
+        rows = await self.projections.some_rows(snapshot.user_id, wanted)
+        if any(row is None for row in rows):
+            log.warning(
+                "user %d: snapshot %d names rows the store lacks: not served (the walk restarts)",
+                snapshot.user_id,
+                snapshot.revision,
+            )
+            return False
+        for i, row in zip(missing, rows, strict=True):
+            payloads[i] = row_json_to_client(bytes(cast(bytes, row)))
+        return True
 
     async def _load(self, user_id: int) -> Snapshot:
         snapshot = await self._shared((user_id, 0), lambda: self._build(user_id))
@@ -381,7 +414,9 @@ class SessionLists:
             loaded_at_ms=now,
             version=meta.version,
             structure_version=meta.structure_version,
-            folders={f: FolderSnapshot(o.keys, o.rows) for f, o in folders.items()},
+            folders={
+                f: FolderSnapshot(o.keys, cast("list[bytes | None]", o.rows)) for f, o in folders.items()
+            },
             filled_from_state=filled,
             dropped=dropped,
             snapshot_id=snapshot_id,
@@ -404,6 +439,12 @@ class SessionLists:
             return None
         if self.cache.clock_ms() - record.created_ms >= self.cache.ttl_ms:
             return None
+        if not record.filled_from_state:  # the rows are the store's: each page reads its own
+            lazy = {
+                folder: FolderSnapshot(list(keys), [None] * len(keys))
+                for folder, keys in ((Folder.MAIN, record.main), (Folder.ARCHIVED, record.archived))
+            }
+            return self._adopted(user_id, revision, snapshot_id, record, lazy)
         _, items, _ = await self._items(user_id, record.filled_from_state)
         by_conversation: dict[bytes, bytes] = {}
         for fields, payload in items:
@@ -423,7 +464,17 @@ class SessionLists:
                     len(payloads) - len(present),
                 )
                 return None
-            folders[folder] = FolderSnapshot(list(keys), present)
+            folders[folder] = FolderSnapshot(list(keys), cast("list[bytes | None]", present))
+        return self._adopted(user_id, revision, snapshot_id, record, folders)
+
+    def _adopted(
+        self,
+        user_id: int,
+        revision: int,
+        snapshot_id: int,
+        record: FrozenRecord,
+        folders: dict[Folder, FolderSnapshot],
+    ) -> Snapshot:
         snapshot = Snapshot(
             user_id=user_id,
             revision=revision,

@@ -68,6 +68,10 @@ class ProjectionReader(Protocol):
 
     async def meta(self, user_id: int) -> StoreMeta: ...
 
+    async def some_rows(self, user_id: int, conversation_ids: list[str]) -> list[bytes | None]:
+        """These rows as stored (None where the store has none): one round trip."""
+        ...
+
 
 class StateFiller(Protocol):
     async def rows(self, user_id: int, known: Collection[str]) -> list[dict[str, Any]]:
@@ -90,6 +94,11 @@ class RedisProjectionReader:
         raw_rows, raw_meta = await self.store.read_user(user_id)  # ProjectionStoreError: 503
         return LoadedRows(_meta(user_id, raw_meta), list(raw_rows.values()))
 
+    async def some_rows(self, user_id: int, conversation_ids: list[str]) -> list[bytes | None]:
+        await self.store.follow_serving(SERVING_RECHECK_S)
+        rows, _ = await self.store.read_some(user_id, conversation_ids)
+        return [None if row is None else bytes(row) for row in rows]
+
     async def meta(self, user_id: int) -> StoreMeta:
         # The meta and the fleet's live snapshot header in one script call (one round trip).
         await self.store.follow_serving(SERVING_RECHECK_S)
@@ -111,6 +120,10 @@ class MemoryProjectionReader:
         meta = _meta_of(s, self.store.corrections(user_id))
         # Exact-size copies: these bytes are held in snapshots (see snapshots.held_json).
         return LoadedRows(meta, [bytes(memoryview(orjson.dumps(row))) for row in s.rows.values()])
+
+    async def some_rows(self, user_id: int, conversation_ids: list[str]) -> list[bytes | None]:
+        rows = (await self.store.load(user_id)).rows
+        return [None if (row := rows.get(c)) is None else orjson.dumps(row) for c in conversation_ids]
 
     async def meta(self, user_id: int) -> StoreMeta:
         meta = _meta_of(await self.store.load(user_id), self.store.corrections(user_id))

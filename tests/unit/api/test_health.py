@@ -48,6 +48,10 @@ class Switch:
         await self._gate()
         return await self.inner.meta(user_id)
 
+    async def some_rows(self, user_id: int, conversation_ids: list[str]) -> list[bytes | None]:
+        await self._gate()
+        return await self.inner.some_rows(user_id, conversation_ids)
+
     async def check(self) -> None:
         await self._gate()
 
