@@ -19,11 +19,12 @@ Lifecycle, and why:
 * The in-process snapshot is a cache in front of the record. An instance asked for a cursor of
   a snapshot it does not hold *adopts* it: reads the record (its frozen order) and, page by
   page, the rows of each page it serves (one HMGET; a page once read is held like any other).
-  A snapshot filled from Cassandra state is adopted whole (store rows plus the fill again). The next page is then exact under J-5 wherever it is served: the same
-  order, the same keyset position, so no duplicate and no gap; a row a message changed since
-  the load may be served as it is now (newer than the page's ``projection_mailbox_seq``, which
-  the client's merge rule accepts: a newer whole row overwrites). A frozen row missing from the
-  store (a lost projection) cannot be placed: the walk restarts rather than skip it.
+  A snapshot filled from Cassandra state is adopted whole (store rows plus the fill again).
+  The next page is then exact under J-5 wherever it is served: the same order, the same keyset
+  position, so no duplicate and no gap; a row a message changed since the load may be served as
+  it is now (newer than the page's ``projection_mailbox_seq``, which the client's merge rule
+  accepts: a newer whole row overwrites). A frozen row missing from the store (a lost
+  projection) cannot be placed: the walk restarts rather than skip it.
 * A cursor is served from its revision only while that snapshot is held or its record kept,
   younger than the TTL, and the store's ``structure_version`` (read per request with the live
   header: one script call) has not moved. Pin,
