@@ -1,7 +1,8 @@
 """Issue 32, item 2: HAProxy round robin (Debian's haproxy, scripts/tools.d/haproxy.sh) in front of
-three `projector api` processes on one projection store. Walks through the balancer equal one
-instance's walks, and an instance SIGKILLed mid-walk and one added mid-walk change nothing for
-the walk in flight (no restart, no duplicate, no gap)."""
+three `projector api` processes on one projection store. Walks through the balancer (20 small
+users at 3 and 7 a page, a 5,000-conversation user at 50 and at 3) equal one instance's walks,
+and an instance SIGKILLed mid-walk and one added mid-walk change nothing for the walk in flight
+(no restart, no duplicate, no gap)."""
 
 from __future__ import annotations
 
@@ -178,6 +179,13 @@ async def test_round_robin_walks_survive_an_instance_killed_and_one_added_mid_wa
                 assert len(ids(big)) == len(set(ids(big)))
                 pages_walked += len(big)
                 assert await requests_served(http, ports[3]) > 0  # the added instance served pages
+                # And at 3 a page (~1,400 pages) over the three instances left in the rotation.
+                for folder in Folder:
+                    balanced = await walk(http, lb.url, BIG, 3, folder.value)
+                    single = await walk(http, direct, BIG, 3, folder.value)
+                    assert summary(balanced) == summary(single), folder
+                    assert ids(balanced) == expected_order(big_rows, folder)
+                    pages_walked += len(balanced)
                 assert lb.servers_up()["api1"].startswith("DOWN")
                 print(f"\nbalanced pages: {pages_walked} (the 5,000 walk: {len(big)}), restarts: {restarts}")
     finally:
