@@ -273,6 +273,7 @@ class SessionLists:
     async def page(self, user_id: int, folder: Folder, limit: int, cursor: Cursor | None) -> Page:
         meta = await self.projections.meta(user_id)  # with the fleet's live header: one round trip
         held = self.cache.held(user_id)
+        unservable = 0  # a snapshot whose rows the store no longer has: not the live one either
         if cursor is not None:
             snap = next(
                 (s for s in held if s.revision == cursor.revision and s.snapshot_id == cursor.snapshot_id),
@@ -288,10 +289,11 @@ class SessionLists:
                 if await self._fill(snap, folder, start, end):
                     self.hits += held_here
                     return Page(snap, folder, start, end, True)
+                unservable = snap.snapshot_id
         # A new walk: the first page of the fleet's live snapshot if it is current, else of a new one.
         live = None
         header = LiveHeader.parse(meta.live)
-        if header is not None and header.current(meta):
+        if header is not None and header.current(meta) and header.snapshot_id != unservable:
             live = next((s for s in held if s.snapshot_id == header.snapshot_id), None)
             held_here = live is not None
             if live is None:
@@ -315,7 +317,9 @@ class SessionLists:
             return True
         keys = snapshot.folders[folder].keys
         wanted = [str(uuid.UUID(bytes=keys[i][4])) for i in missing]
-        rows = await self.projections.some_rows(snapshot.user_id, wanted)
+        rows, meta = await self.projections.some_rows(snapshot.user_id, wanted)
+        if meta.structure_version != snapshot.structure_version:
+            return False  # a pin, archive, ... since the request's first read: the walk restarts
         if any(row is None for row in rows):
             log.warning(
                 "user %d: snapshot %d names rows the store lacks: not served (the walk restarts)",

@@ -68,8 +68,11 @@ class ProjectionReader(Protocol):
 
     async def meta(self, user_id: int) -> StoreMeta: ...
 
-    async def some_rows(self, user_id: int, conversation_ids: list[str]) -> list[bytes | None]:
-        """These rows as stored (None where the store has none): one round trip."""
+    async def some_rows(
+        self, user_id: int, conversation_ids: list[str]
+    ) -> tuple[list[bytes | None], StoreMeta]:
+        """These rows as stored (None where the store has none) and the meta of the same instant:
+        one round trip."""
         ...
 
 
@@ -94,10 +97,12 @@ class RedisProjectionReader:
         raw_rows, raw_meta = await self.store.read_user(user_id)  # ProjectionStoreError: 503
         return LoadedRows(_meta(user_id, raw_meta), list(raw_rows.values()))
 
-    async def some_rows(self, user_id: int, conversation_ids: list[str]) -> list[bytes | None]:
+    async def some_rows(
+        self, user_id: int, conversation_ids: list[str]
+    ) -> tuple[list[bytes | None], StoreMeta]:
         await self.store.follow_serving(SERVING_RECHECK_S)
-        rows, _ = await self.store.read_some(user_id, conversation_ids)
-        return [None if row is None else bytes(row) for row in rows]
+        rows, meta = await self.store.read_some(user_id, conversation_ids)
+        return [None if row is None else bytes(row) for row in rows], _meta(user_id, meta)
 
     async def meta(self, user_id: int) -> StoreMeta:
         # The meta and the fleet's live snapshot header in one script call (one round trip).
@@ -121,9 +126,12 @@ class MemoryProjectionReader:
         # Exact-size copies: these bytes are held in snapshots (see snapshots.held_json).
         return LoadedRows(meta, [bytes(memoryview(orjson.dumps(row))) for row in s.rows.values()])
 
-    async def some_rows(self, user_id: int, conversation_ids: list[str]) -> list[bytes | None]:
-        rows = (await self.store.load(user_id)).rows
-        return [None if (row := rows.get(c)) is None else orjson.dumps(row) for c in conversation_ids]
+    async def some_rows(
+        self, user_id: int, conversation_ids: list[str]
+    ) -> tuple[list[bytes | None], StoreMeta]:
+        s = await self.store.load(user_id)
+        rows = [None if (row := s.rows.get(c)) is None else orjson.dumps(row) for c in conversation_ids]
+        return rows, _meta_of(s, self.store.corrections(user_id))
 
     async def meta(self, user_id: int) -> StoreMeta:
         meta = _meta_of(await self.store.load(user_id), self.store.corrections(user_id))

@@ -209,3 +209,31 @@ async def test_a_console_reconcile_is_served_by_every_instance_at_once(
                 mismatches += sum(served[str(r["conversation_id"])] != r["unread_count"] for r in good[u])
                 assert all(p["projection_complete"] for p in walk)
         assert mismatches == 0
+
+
+async def test_a_row_lost_from_the_store_restarts_the_walk_once_on_a_new_revision(
+    servers: Settings, unique_name: Callable[..., str]
+) -> None:
+    """A row of the frozen order gone from the store without a new version (a key lost, a field
+    deleted by hand): an instance that did not build the snapshot cannot place it, so it
+    restarts the walk rather than leave a gap, on a new revision built from the store as it is
+    (not the same snapshot again, which would restart the walk again and again)."""
+    me = 4949
+    rows = [make_row(me, n, act=n) for n in range(1, 21)]
+    async with fleet(no_rate_limit(servers), unique_name("lost"), 2) as f:
+        await f.store.write([flush(me, rows, 1, 1)])
+        status, first = await f.get(0, "/v1/sessions", me, limit=5)
+        await f.store.client.hdel(f.store.rows_key(me), cid(13))  # in the second page (16..12)
+        status, second = await f.get(1, "/v1/sessions", me, limit=5, cursor=first["next_cursor"])
+        assert status == 200 and second["projection_complete"] is False and second["snapshot_revision"] == 2
+        walk = [second]
+        while walk[-1]["next_cursor"]:
+            k = len(walk)
+            walk.append((await f.get(k % 2, "/v1/sessions", me, limit=5, cursor=walk[-1]["next_cursor"]))[1])
+        assert ids(walk) == [cid(n) for n in range(20, 0, -1) if n != 13]
+        assert {p["snapshot_revision"] for p in walk} == {2} and all(
+            p["projection_complete"] for p in walk[1:]
+        )
+        # The instance that built revision 1 still serves its frozen rows to its own cursor.
+        status, held = await f.get(0, "/v1/sessions", me, limit=5, cursor=first["next_cursor"])
+        assert held["snapshot_revision"] == 1 and cid(13) in [r["conversation_id"] for r in held["items"]]

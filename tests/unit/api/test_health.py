@@ -48,7 +48,7 @@ class Switch:
         await self._gate()
         return await self.inner.meta(user_id)
 
-    async def some_rows(self, user_id: int, conversation_ids: list[str]) -> list[bytes | None]:
+    async def some_rows(self, user_id: int, conversation_ids: list[str]) -> Any:
         await self._gate()
         return await self.inner.some_rows(user_id, conversation_ids)
 

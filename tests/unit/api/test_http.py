@@ -299,7 +299,7 @@ async def test_a_broken_store_is_503_not_500() -> None:
         async def meta(self, user_id: int) -> Any:
             raise ProjectionStoreError("down")
 
-        async def some_rows(self, user_id: int, conversation_ids: list[str]) -> list[bytes | None]:
+        async def some_rows(self, user_id: int, conversation_ids: list[str]) -> Any:
             raise ProjectionStoreError("down")
 
     app = create_app(SETTINGS, Deps(projections=Down(), clock_ms=ManualClock(T0)))

@@ -107,8 +107,10 @@ async def test_a_failed_load_fails_its_waiters_and_the_next_request_retries() ->
         async def meta(self, user_id: int) -> StoreMeta:
             return StoreMeta(0, 0, 0, 0, 0)
 
-        async def some_rows(self, user_id: int, conversation_ids: list[str]) -> list[bytes | None]:
-            return [None] * len(conversation_ids)
+        async def some_rows(
+            self, user_id: int, conversation_ids: list[str]
+        ) -> tuple[list[bytes | None], StoreMeta]:
+            return [None] * len(conversation_ids), StoreMeta(0, 0, 0, 0, 0)
 
         async def load_rows(self, user_id: int) -> LoadedRows:
             nonlocal calls
