@@ -512,6 +512,7 @@ class SnapshotSource(Protocol):
 
     hits: int
     loads: int
+    adoptions: int
 
     @property
     def evictions(self) -> int: ...
@@ -526,6 +527,12 @@ class ApiMetrics:
         )
         self.snapshot_loads = Counter(
             "projector_snapshot_loads", "Snapshots loaded from the projection store", registry=r
+        )
+        self.snapshot_adoptions = Counter(
+            "projector_snapshot_adoptions",
+            "Snapshots another API instance built, taken from the fleet's record (a cursor or a new "
+            "walk of the live snapshot this process did not hold)",
+            registry=r,
         )
         self.snapshot_evictions = Counter(
             "projector_snapshot_evictions", "Snapshots evicted by the LRU row bound", registry=r
@@ -552,8 +559,23 @@ class ApiMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.rate_limited = Counter(
+            "projector_api_rate_limited",
+            "Requests refused 429 by the fleet's per-user rate limit",
+            registry=r,
+        )
+        self.rate_limit_store_errors = Counter(
+            "projector_api_rate_limit_store_errors",
+            "Rate checks the projection store could not answer (let through or 503: "
+            "PROJECTOR_API_RATE_LIMIT_ON_STORE_ERROR)",
+            registry=r,
+        )
         add_process_metrics(r)
         self._seen = _Seen()
+
+    def sync_rate(self, limited: int, store_errors: int) -> None:
+        self.rate_limited.inc(self._seen.delta("rate_limited", limited))
+        self.rate_limit_store_errors.inc(self._seen.delta("rate_store_errors", store_errors))
 
     def observe_request(self, route: str, method: str, code: int, seconds: float) -> None:
         self.requests.labels(route, method, str(code)).inc()
@@ -563,6 +585,7 @@ class ApiMetrics:
         self.snapshot_hits.inc(self._seen.delta("hits", source.hits))
         self.snapshot_loads.inc(self._seen.delta("loads", source.loads))
         self.snapshot_evictions.inc(self._seen.delta("evictions", source.evictions))
+        self.snapshot_adoptions.inc(self._seen.delta("adoptions", source.adoptions))
 
 
 # -- operator console -----------------------------------------------------------------------------

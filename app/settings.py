@@ -29,6 +29,7 @@ ENV_PREFIX = "PROJECTOR_"
 
 _LOG_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"})
 _FILL_MODES = frozenset({"never", "empty", "always"})
+_RATE_STORE_ERROR_MODES = frozenset({"open", "closed"})
 _LOG_FORMATS = frozenset({"text", "json"})
 # HMAC-SHA256 keys shorter than this are guessable in practice; 32 chars of token_urlsafe = 192 bits.
 API_SECRET_MIN_CHARS = 32
@@ -286,12 +287,16 @@ class Settings:
     # headers over api_max_header_bytes (all of them together, the request line included) 431.
     api_max_body_bytes: int = bounded(64 * 1024, 1024, 16 * 1024 * 1024)
     api_max_header_bytes: int = bounded(16 * 1024, 1024, 1024 * 1024)
-    # Per-user request rate of this API process: a token bucket of api_rate_limit_burst requests
-    # refilled at api_rate_limit_per_s; over it, 429 with Retry-After. 0 = no limit. Each process
-    # keeps its own buckets: behind a balancer spreading a user over N processes, a user gets up
-    # to N times the rate (README, "Security").
+    # Per-user request rate of the API fleet: a token bucket of api_rate_limit_burst requests
+    # refilled at api_rate_limit_per_s; over it, 429 with Retry-After. 0 = no limit. The bucket
+    # lives in the projection store (one atomic script per request), so N API processes behind a
+    # balancer enforce this rate together, not N times it (issue 32).
     api_rate_limit_per_s: float = bounded(100.0, 0)
     api_rate_limit_burst: int = bounded(200, 1)
+    # When the store cannot answer the rate check: "open" lets the request through (default: the
+    # limit protects the store, and a store that is down answers the request 503 anyway), "closed"
+    # answers 503 with Retry-After. Either way counted (projector_api_rate_limit_store_errors).
+    api_rate_limit_on_store_error: str = "open"
     # A snapshot (one user's ordered list) lives this long after its load, then is reloaded.
     api_snapshot_ttl_ms: int = bounded(300_000, 1)
     # At most this many rows go into one user's snapshot (the seed's max_conversations_per_user).
@@ -547,6 +552,9 @@ class Settings:
                 f"api_snapshot_cache_rows: {self.api_snapshot_cache_rows} must be >= "
                 f"api_snapshot_max_rows ({self.api_snapshot_max_rows})"
             )
+        if self.api_rate_limit_on_store_error not in _RATE_STORE_ERROR_MODES:
+            mode = self.api_rate_limit_on_store_error
+            p.append(f"api_rate_limit_on_store_error: {mode!r} is not one of open, closed")
         if self.api_fill_from_state not in _FILL_MODES:
             p.append(f"api_fill_from_state: {self.api_fill_from_state!r} is not one of always, empty, never")
         p.extend(_ops_problems(self))

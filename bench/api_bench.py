@@ -9,7 +9,11 @@ keyspace). Then, against 127.0.0.1 only, in bounded loops:
   flush moves the version), so the server reloads the whole snapshot: HGETALL of 5,000 rows,
   decode, order, encode;
 * throughput: warm pages from `--concurrency` concurrent requests for `--seconds` (or at most
-  `--max-requests`).
+  `--max-requests`);
+* adopted page (issue 32): a second `projector api` on the same store is given the cursor of
+  each cold first page: it does not hold that snapshot, so it reads the fleet's frozen record
+  and the user's rows and serves the next page from them (what a walk costs on the first page
+  it meets another instance).
 
 Server-side latency comes from the `Server-Timing: app;dur=<ms>` header every response carries
 (handler time, no network or client), client-side latency is measured around each request.
@@ -155,20 +159,27 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "PROJECTOR_LOG_LEVEL": "WARNING",
         "PROJECTOR_GATEWAY_ENABLED": "false",  # pages only (bench/gateway_bench.py times the stream)
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "api", "--host", "127.0.0.1", "--port", "0"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "app", "api", "--host", "127.0.0.1", "--port", "0"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    proc = procs[0]
     try:
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout=60)
-        match = re.search(r"http://127\.0\.0\.1:\d+", line)
-        if match is None:
-            raise RuntimeError(f"projector api did not start: {line!r}")
-        base = match[0]
+        bases = []
+        for api_proc in procs:
+            assert api_proc.stdout is not None
+            line = await asyncio.wait_for(asyncio.to_thread(api_proc.stdout.readline), timeout=60)
+            match = re.search(r"http://127\.0\.0\.1:\d+", line)
+            if match is None:
+                raise RuntimeError(f"projector api did not start: {line!r}")
+            bases.append(match[0])
+        base, other = bases
         headers = {"Authorization": "Bearer " + TokenSigner(secret).mint(USER, int(time.time()) + 3600)}
         url = f"{base}/v1/sessions?limit={args.limit}"
         connector = aiohttp.TCPConnector(limit=args.concurrency)
@@ -193,6 +204,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             warm_cpu = (cpu_ms(proc.pid) - cpu_before) / args.warm
             cold_server: list[float] = []
             cold_client: list[float] = []
+            adopted_server: list[float] = []
+            adopted_client: list[float] = []
             cpu_before = cpu_ms(proc.pid)
             for _ in range(args.cold):
                 version += 1
@@ -204,6 +217,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 assert body["projection_mailbox_seq"] == version  # really reloaded
                 cold_server.append(server)
                 cold_client.append(wall)
+                # The next page of that walk on the other instance: an adoption.
+                next_url = f"{other}/v1/sessions?limit={args.limit}&cursor={body['next_cursor']}"
+                page2, server, wall = await get(http, next_url, headers)
+                assert (
+                    page2["projection_complete"] and page2["snapshot_revision"] == body["snapshot_revision"]
+                )
+                adopted_server.append(server)
+                adopted_client.append(wall)
 
             cold_cpu = (cpu_ms(proc.pid) - cpu_before) / args.cold
             # Throughput: a fresh snapshot's cursors, then a bounded loop of warm pages.
@@ -231,8 +252,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             elapsed = time.perf_counter() - started
             throughput_cpu_s = (cpu_ms(proc.pid) - cpu_before) / 1000
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        for api_proc in procs:
+            api_proc.terminate()
+            api_proc.wait(timeout=30)
         await store.delete_all()
         await client.aclose()
         await asyncio.to_thread(_drop_keyspace, settings, keyspace)
@@ -251,6 +273,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "client": summary(cold_client),
             "server_cpu_ms_per_request": round(cold_cpu, 3),
         },
+        "adopted_page": {"server": summary(adopted_server), "client": summary(adopted_client)},
         "throughput": {
             "requests": done,
             "seconds": round(elapsed, 2),
@@ -278,11 +301,12 @@ def cli() -> int:
     Path(args.report).parent.mkdir(parents=True, exist_ok=True)
     Path(args.report).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     w, c, t = report["warm_page"], report["cold_first_page"], report["throughput"]
+    a = {**report["adopted_page"], "server_cpu_ms_per_request": float("nan")}
     print(f"query API, one user with {report['conversations']} conversations, limit {report['limit']}")
     print(
         f"{'':18}{'server p50':>12}{'server p99':>12}{'client p50':>12}{'client p99':>12}{'server CPU':>12}"
     )
-    for name, part in (("warm page", w), ("cold first page", c)):
+    for name, part in (("warm page", w), ("cold first page", c), ("adopted page", a)):
         s, cl, cpu = part["server"], part["client"], part["server_cpu_ms_per_request"]
         print(
             f"{name:18}{s['p50_ms']:>10.3f}ms{s['p99_ms']:>10.3f}ms"

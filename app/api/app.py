@@ -101,16 +101,26 @@ def create_app(settings: Settings, deps: Deps) -> web.Application:
     description["paths"][OPENAPI_PATH] = {"get": dict(_OPENAPI_OPERATION, security=[])}
     # Prometheus scrapes without a token (like the description): counters and latencies only,
     # never a user id or a row. Described, so /openapi.json still names every served route.
-    serve_metrics = metrics_handler(ctx.metrics.registry, lambda: ctx.metrics.sync(lists))
+    limiter = None
+    if settings.api_rate_limit_per_s > 0:
+        limiter = guard.FleetRateLimiter(  # the fleet's bucket, in the projection store
+            deps.projections.fleet,
+            settings.api_rate_limit_per_s,
+            settings.api_rate_limit_burst,
+            deps.clock_ms,
+            settings.api_rate_limit_on_store_error,
+        )
+
+    def sync_metrics() -> None:
+        ctx.metrics.sync(lists)
+        if limiter is not None:
+            ctx.metrics.sync_rate(limiter.limited, limiter.store_errors)
+
+    serve_metrics = metrics_handler(ctx.metrics.registry, sync_metrics)
     routes.append(Route("GET", METRICS_PATH, serve_metrics, _METRICS_OPERATION, public=True))
     description["paths"][METRICS_PATH] = {"get": dict(_METRICS_OPERATION, security=[])}
 
     public = frozenset(r.path for r in routes if r.public)
-    limiter = None
-    if settings.api_rate_limit_per_s > 0:
-        limiter = guard.RateLimiter(
-            settings.api_rate_limit_per_s, settings.api_rate_limit_burst, deps.clock_ms
-        )
     app = web.Application(
         middlewares=[
             _observed,
@@ -213,13 +223,13 @@ async def _timing(request: web.Request, handler: Handler) -> web.StreamResponse:
     return response
 
 
-def _auth(ctx: ApiContext, public: frozenset[str], limiter: guard.RateLimiter | None) -> Any:
+def _auth(ctx: ApiContext, public: frozenset[str], limiter: guard.FleetRateLimiter | None) -> Any:
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in public and not ops.is_console_path(request.path):
             user_id = request[USER] = _authenticate(ctx, request.headers.get("Authorization"))
             if limiter is not None:
-                guard.rate_limited(limiter, user_id)  # per user: after we know who it is
+                await guard.rate_limited(limiter, user_id)  # per user: after we know who it is
         return await handler(request)
 
     return auth

@@ -46,7 +46,9 @@ class Cursor:
     user_id: int
     folder: Folder
     position: Position
-    epoch: int  # the server process that counted `revision` (SnapshotCache.epoch)
+    # The snapshot's random id (app/api/snapshots.py): with the revision, names one snapshot of
+    # the fleet; any instance honours it. Travels in the protobuf field `server_epoch`.
+    snapshot_id: int
 
 
 class CursorCodec:
@@ -65,7 +67,7 @@ class CursorCodec:
             conversation_id=p.conversation_id,
             user_id=cursor.user_id,
             folder=_FOLDER_TO_PB[cursor.folder],
-            server_epoch=cursor.epoch,
+            server_epoch=cursor.snapshot_id,
         ).SerializeToString()
         envelope = pb.PageCursor(position=position, mac=self._mac(position))
         return b64url_encode(envelope.SerializeToString())
@@ -112,7 +114,7 @@ class CursorCodec:
             position=Position.checked(
                 zone, position.pin_rank, activity or None, bytes(position.conversation_id)
             ),
-            epoch=position.server_epoch,
+            snapshot_id=position.server_epoch,
         )
 
     def _mac(self, position: bytes) -> bytes:

@@ -5,10 +5,11 @@
   handlers that read a body bound what they read as well) 413. aiohttp's own parser limits are
   raised above ours (:func:`runner_args`), so the answer is our clear JSON error, not its bare
   400; only a single line past ``PARSER_LINE_MAX`` still gets aiohttp's 400.
-* Request rate: a token bucket per authenticated user in this process (``api_rate_limit_per_s``
-  refill, ``api_rate_limit_burst`` capacity); an empty bucket is 429 with ``Retry-After``.
-  Buckets live in this process only: N processes behind a balancer give a user up to N times
-  the rate (README, "Security").
+* Request rate: a token bucket per authenticated user (``api_rate_limit_per_s`` refill,
+  ``api_rate_limit_burst`` capacity); an empty bucket is 429 with ``Retry-After``. The bucket is
+  the fleet's, in the projection store (:class:`FleetRateLimiter`): N processes behind a balancer
+  enforce the configured rate together, not N times it (issue 32). A store that cannot answer
+  fails open or closed (``api_rate_limit_on_store_error``), counted.
 * The access log (``PROJECTOR_API_ACCESS_LOG``): method, path *without its query* (a stream
   ticket travels in ``?access_token=``, a cursor in ``?cursor=``), status, size and time; never
   a header (the bearer token).
@@ -16,8 +17,8 @@
 
 from __future__ import annotations
 
+import logging
 import math
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -26,20 +27,25 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 
+from app.api.fleet import FleetState, RateLimiter
 from app.api.http import ApiError, Handler
 from app.settings import Settings
+from app.stores.redis_projection import ProjectionStoreError
+
+__all__ = ["FleetRateLimiter", "RateLimiter", "RedactedAccessLogger", "rate_limited", "runner_args"]
+
+log = logging.getLogger(__name__)
 
 # aiohttp's parser refuses a longer single line (request line or header) with a bare 400; ours
 # (the total) is checked after parsing, so it must be below this to be the one that answers.
 PARSER_LINE_MAX: Final = 2 * 1024 * 1024
 PARSER_HEADERS_MAX: Final = 1024
-# Buckets kept at most (the least recently used beyond it are dropped: a dropped bucket is full
-# again, which only ever errs towards letting a request through).
-BUCKETS_MAX: Final = 100_000
 
 
 def runner_args(settings: Settings) -> dict[str, Any]:
-    """``handler_args`` for the AppRunner: aiohttp's parser limits above the API's own."""
+    """Keyword arguments of ``web.AppRunner`` (and ``TestServer``), which passes them to every
+    request handler: aiohttp's parser limits above the API's own. Not ``handler_args=``: the
+    runner takes them as its own keywords (tests/integration/test_api_server_args.py)."""
     line = max(PARSER_LINE_MAX, settings.api_max_header_bytes + 1)
     return {"max_line_size": line, "max_field_size": line, "max_headers": PARSER_HEADERS_MAX}
 
@@ -69,36 +75,46 @@ def size_limits(settings: Settings) -> Any:
     return limits
 
 
-class RateLimiter:
-    """Token buckets per user: `rate` tokens a second up to `burst`; the clock (ms) is injected."""
+class FleetRateLimiter:
+    """The per-user token bucket of the whole fleet (issue 32): one atomic step in the projection
+    store per request (app/stores/redis_fleet.py), so N instances enforce the configured rate,
+    not N times it. When the store cannot answer, ``on_store_error`` decides: ``open`` lets the
+    request through, ``closed`` answers 503; either way it is counted (``store_errors``)."""
 
-    def __init__(self, rate: float, burst: int, clock_ms: Callable[[], int]) -> None:
+    def __init__(
+        self, fleet: FleetState, rate: float, burst: int, clock_ms: Callable[[], int], on_store_error: str
+    ) -> None:
+        self.fleet = fleet
         self.rate = rate
         self.burst = float(burst)
         self.clock_ms = clock_ms
-        self.buckets: OrderedDict[int, tuple[float, int]] = OrderedDict()  # user -> (tokens, at ms)
+        self.fail_open = on_store_error == "open"
         self.limited = 0
+        self.store_errors = 0
 
-    def take(self, user_id: int) -> float:
+    async def take(self, user_id: int) -> float:
         """0 when the request may go; else the seconds until the user's next token."""
-        now = self.clock_ms()
-        tokens, at = self.buckets.pop(user_id, (self.burst, now))
-        tokens = min(self.burst, tokens + max(0, now - at) * self.rate / 1000)
-        wait = 0.0
-        if tokens >= 1:
-            tokens -= 1
-        else:
-            wait = (1 - tokens) / self.rate
+        try:
+            wait_ms = await self.fleet.take_token(user_id, self.burst, self.rate, self.clock_ms())
+        except ProjectionStoreError as exc:
+            self.store_errors += 1
+            if self.fail_open:
+                log.warning("rate limit not checked (store unavailable; failing open): %s", exc)
+                return 0.0
+            raise ApiError(
+                503,
+                "unavailable",
+                "the rate limit cannot be checked (store unavailable); retry later",
+                headers={"Retry-After": "1"},
+            ) from None
+        if wait_ms > 0:
             self.limited += 1
-        self.buckets[user_id] = (tokens, now)
-        if len(self.buckets) > BUCKETS_MAX:
-            self.buckets.popitem(last=False)
-        return wait
+        return wait_ms / 1000
 
 
-def rate_limited(limiter: RateLimiter, user_id: int) -> None:
+async def rate_limited(limiter: FleetRateLimiter, user_id: int) -> None:
     """429 with Retry-After (whole seconds, at least 1) when the user's bucket is empty."""
-    wait = limiter.take(user_id)
+    wait = await limiter.take(user_id)
     if wait > 0:
         raise ApiError(
             429,

@@ -37,7 +37,7 @@ async def list_sessions(request: web.Request) -> web.Response:
     next_cursor = None
     if page.has_more:
         next_cursor = ctx.cursors.encode(
-            Cursor(snapshot.revision, user_id, folder, page.last_position, ctx.lists.cache.epoch)
+            Cursor(snapshot.revision, user_id, folder, page.last_position, snapshot.snapshot_id)
         )
     envelope = orjson.dumps(
         {

@@ -15,16 +15,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, Protocol
 
 import orjson
 
+from app.api.fleet import FleetState, memory_fleet
 from app.domain.projection_store import StoredProjection
 from app.domain.rebuild import Head, row_from_state
 from app.stores.memory_projection import InMemoryProjectionStore
+from app.stores.redis_fleet import RedisFleetState, live_meta
 from app.stores.redis_projection import (
-    META_FIELDS,
+    SERVED_FIELDS,
     SERVING_RECHECK_S,
     ProjectionStoreError,
     RedisProjectionStore,
@@ -35,13 +37,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class StoreMeta:
-    """A user's meta hash: version (projection_mailbox_seq), structure_version and the badge."""
+    """A user's meta hash: version (projection_mailbox_seq), structure_version, the badge, how
+    many times rows were rewritten without a new version (corrections), and the fleet's live
+    snapshot header (app/api/snapshots.py; None when there is none or it was not read)."""
 
     version: int
     structure_version: int
     total_unread: int
     total_mention: int
     muted_unread: int
+    corrections: int = 0
+    live: str | None = None
 
 
 class LoadedRows(NamedTuple):
@@ -53,9 +59,21 @@ class LoadedRows(NamedTuple):
 
 
 class ProjectionReader(Protocol):
+    @property
+    def fleet(self) -> FleetState:
+        """What the API instances over this store share (app/api/fleet.py)."""
+        ...
+
     async def load_rows(self, user_id: int) -> LoadedRows: ...
 
     async def meta(self, user_id: int) -> StoreMeta: ...
+
+    async def some_rows(
+        self, user_id: int, conversation_ids: list[str]
+    ) -> tuple[list[bytes | None], StoreMeta]:
+        """These rows as stored (None where the store has none) and the meta of the same instant:
+        one round trip."""
+        ...
 
 
 class StateFiller(Protocol):
@@ -69,6 +87,7 @@ class RedisProjectionReader:
 
     def __init__(self, store: RedisProjectionStore) -> None:
         self.store = store
+        self.fleet: FleetState = RedisFleetState(store)
 
     async def load_rows(self, user_id: int) -> LoadedRows:
         # As RedisProjectionStore.load (rows and meta of the same instant: MULTI, or one script
@@ -78,9 +97,18 @@ class RedisProjectionReader:
         raw_rows, raw_meta = await self.store.read_user(user_id)  # ProjectionStoreError: 503
         return LoadedRows(_meta(user_id, raw_meta), list(raw_rows.values()))
 
-    async def meta(self, user_id: int) -> StoreMeta:
+    async def some_rows(
+        self, user_id: int, conversation_ids: list[str]
+    ) -> tuple[list[bytes | None], StoreMeta]:
         await self.store.follow_serving(SERVING_RECHECK_S)
-        return _meta(user_id, await self.store.read_meta(user_id))
+        rows, meta = await self.store.read_some(user_id, conversation_ids)
+        return [None if row is None else bytes(row) for row in rows], _meta(user_id, meta)
+
+    async def meta(self, user_id: int) -> StoreMeta:
+        # The meta and the fleet's live snapshot header in one script call (one round trip).
+        await self.store.follow_serving(SERVING_RECHECK_S)
+        raw, live = await live_meta(self.store, user_id)
+        return _meta(user_id, raw, None if live is None else _text(live))
 
 
 class MemoryProjectionReader:
@@ -88,25 +116,46 @@ class MemoryProjectionReader:
 
     def __init__(self, store: InMemoryProjectionStore) -> None:
         self.store = store
+        fleet = memory_fleet(store)
+        self.fleet: FleetState = fleet
+        self.fleet_snapshots = fleet.snapshots
 
     async def load_rows(self, user_id: int) -> LoadedRows:
         s = await self.store.load(user_id)
+        meta = _meta_of(s, self.store.corrections(user_id))
         # Exact-size copies: these bytes are held in snapshots (see snapshots.held_json).
-        return LoadedRows(_meta_of(s), [bytes(memoryview(orjson.dumps(row))) for row in s.rows.values()])
+        return LoadedRows(meta, [bytes(memoryview(orjson.dumps(row))) for row in s.rows.values()])
+
+    async def some_rows(
+        self, user_id: int, conversation_ids: list[str]
+    ) -> tuple[list[bytes | None], StoreMeta]:
+        s = await self.store.load(user_id)
+        rows = [None if (row := s.rows.get(c)) is None else orjson.dumps(row) for c in conversation_ids]
+        return rows, _meta_of(s, self.store.corrections(user_id))
 
     async def meta(self, user_id: int) -> StoreMeta:
-        return _meta_of(await self.store.load(user_id))
+        meta = _meta_of(await self.store.load(user_id), self.store.corrections(user_id))
+        return replace(meta, live=self.fleet_snapshots.live(user_id))
 
 
-def _meta_of(s: StoredProjection) -> StoreMeta:
+def _meta_of(s: StoredProjection, corrections: int = 0) -> StoreMeta:
     return StoreMeta(
-        s.projection_mailbox_seq, s.structure_version, s.total_unread, s.total_mention, s.muted_unread
+        s.projection_mailbox_seq,
+        s.structure_version,
+        s.total_unread,
+        s.total_mention,
+        s.muted_unread,
+        corrections,
     )
 
 
-def _meta(user_id: int, raw: list[Any]) -> StoreMeta:
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _meta(user_id: int, raw: list[Any], live: str | None = None) -> StoreMeta:
     try:
-        by_name = {name: 0 if v is None else int(v) for name, v in zip(META_FIELDS, raw, strict=True)}
+        by_name = {name: 0 if v is None else int(v) for name, v in zip(SERVED_FIELDS, raw, strict=True)}
     except ValueError as exc:  # an unreadable int: the store's data, not the request, is bad
         raise ProjectionStoreError(f"projection store: unreadable meta for user {user_id}: {exc}") from None
     return StoreMeta(
@@ -115,6 +164,8 @@ def _meta(user_id: int, raw: list[Any]) -> StoreMeta:
         total_unread=by_name["total_unread"],
         total_mention=by_name["total_mention"],
         muted_unread=by_name["muted_unread"],
+        corrections=by_name["corrections"],
+        live=live,
     )
 
 

@@ -109,11 +109,15 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     async with open_deps(settings) as deps:
         app = create_app(settings, deps)
         # PROJECTOR_API_ACCESS_LOG: off by default, one log line per page would dominate the cost.
+        # The request handler's settings are keyword arguments of AppRunner itself (it hands them
+        # to every RequestHandler). Given as `handler_args=` (web.run_app's name), aiohttp failed to
+        # build each handler with them and fell back to its defaults: a WARNING per connection,
+        # its own access log on, its 8,190-byte line limit (issue 32).
         runner = web.AppRunner(
             app,
             access_log=access_logger(settings),
             access_log_class=RedactedAccessLogger,  # no query strings (tickets, cursors), no headers
-            handler_args=runner_args(settings),  # aiohttp's parser limits above the API's 431
+            **runner_args(settings),  # aiohttp's parser limits above the API's 431
         )
         await runner.setup()
         site = web.TCPSite(runner, host, port)

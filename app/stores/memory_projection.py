@@ -36,6 +36,7 @@ class _UserRecord:
     total_unread: int = 0
     total_mention: int = 0
     muted_unread: int = 0
+    corrections: int = 0  # rewrites without a new version (redis_projection.SERVED_FIELDS)
     rows: dict[str, bytes] = field(default_factory=dict)
     writes: dict[str, int] = field(default_factory=dict)
 
@@ -68,8 +69,14 @@ class InMemoryProjectionStore:
             record.total_unread = batch.total_unread
             record.total_mention = batch.total_mention
             record.muted_unread = batch.muted_unread
+            record.corrections += 1
             results.append(previous)
         return results
+
+    def corrections(self, user_id: int) -> int:
+        """How many times the user's rows were rewritten without a new version (correct, restore)."""
+        record = self._users.get(user_id)
+        return record.corrections if record is not None else 0
 
     async def inventory(self, user_ids: Sequence[int]) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = []
@@ -182,6 +189,7 @@ class InMemoryProjectionStore:
             record.total_unread = correction.total_unread
             record.total_mention = correction.total_mention
             record.muted_unread = correction.muted_unread
+            record.corrections += 1
             results.append(True)
         return results
 

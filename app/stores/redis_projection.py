@@ -160,12 +160,23 @@ _NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 SERVING_RECHECK_S = 1.0
 
 
+def own_key(namespace: str) -> re.Pattern[str]:
+    """The names of a namespace's keys: a user's rows, meta and write counts, and what the API
+    fleet keeps there (app/stores/redis_fleet.py: rate buckets, snapshot records)."""
+    return re.compile(rf"{re.escape(namespace)}:(rows|meta|writes|rate|snap):\{{(\d+)\}}(?::r\d+)?")
+
+
 def serving_key(base: str) -> str:
     """The key naming the namespace that serves for this base (see the module docstring)."""
     return f"{base}:serving"
 
 
 META_FIELDS = ("version", "structure_version", "total_unread", "total_mention", "muted_unread")
+# What readers get: META_FIELDS, then `corrections`: how many times rows were rewritten without
+# a new version (a correction, a restore at the stored version), so that a snapshot loaded
+# before such a write is known to be stale (issue 32; app/api/snapshots.py). Written by
+# CORRECT_SCRIPT and RESTORE_SCRIPT only (HINCRBY), absent (0) until then.
+SERVED_FIELDS = (*META_FIELDS, "corrections")
 
 # How many fixed ARGV precede the (conversation_id, row) pairs in the write script.
 _FIXED_ARGS = 6
@@ -233,6 +244,7 @@ local last = #ARGV
 {_HSET_ROWS_LUA}
 redis.call('HSET', KEYS[2], 'structure_version', ARGV[2], 'total_unread', ARGV[3],
   'total_mention', ARGV[4], 'muted_unread', ARGV[5], 'version', incoming)
+redis.call('HINCRBY', KEYS[2], 'corrections', 1)
 return stored
 """
 
@@ -241,7 +253,8 @@ return stored
 # audit compared against, total_unread, total_mention, muted_unread, then conversation_id, row
 # JSON, ... Written only while the stored version is exactly that one (a flush in between, or a
 # store that never held it, refuses it: the next audit looks again); the version and the
-# structure version are left alone, so the flush path's "newer versions only" rule is untouched.
+# structure version are left alone, so the flush path's "newer versions only" rule is untouched;
+# `corrections` counts the rewrite (a snapshot the API loaded before it is stale: issue 32).
 # Same canonical decimal strings as WRITE_SCRIPT, and the same row write.
 CORRECT_SCRIPT = f"""
 local stored = redis.call('HGET', KEYS[2], 'version')
@@ -252,6 +265,7 @@ local first = 5
 local last = #ARGV
 {_HSET_ROWS_LUA}
 redis.call('HSET', KEYS[2], 'total_unread', ARGV[2], 'total_mention', ARGV[3], 'muted_unread', ARGV[4])
+redis.call('HINCRBY', KEYS[2], 'corrections', 1)
 return 1
 """
 
@@ -275,7 +289,7 @@ else
   end
 end
 return {rows, redis.call('HMGET', KEYS[2], META)}
-""".replace("META", ", ".join(f"'{name}'" for name in META_FIELDS))
+""".replace("META", ", ".join(f"'{name}'" for name in SERVED_FIELDS))
 
 
 # One EVALSHA for a whole trip on a single server: `body` (any of the scripts above: it reads
@@ -318,6 +332,10 @@ class _Script:
         self.text = text
         self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
         self.batched = _Script(_BATCH_LUA.replace("BODY", text), batch=False) if batch else None
+
+
+# The name other store modules use (app/stores/redis_fleet.py).
+Script = _Script
 
 
 class ProjectionStoreError(RuntimeError):
@@ -369,7 +387,7 @@ class RedisProjectionStore:
         self._read_script = _Script(READ_SCRIPT)
         self._owns_client = False
         # Only keys of exactly this layout are ever deleted by delete_all.
-        self._own_key = re.compile(rf"{re.escape(namespace)}:(rows|meta|writes):\{{(\d+)\}}")
+        self._own_key = own_key(namespace)
         # Following the serving key (from_settings without a namespace): the base it belongs to.
         self.base: str | None = None
         self._checked_at = float("-inf")
@@ -422,7 +440,7 @@ class RedisProjectionStore:
         target = self.base if raw is None else _text(raw)
         if target != self.namespace and _NAMESPACE_RE.fullmatch(target):
             self.namespace = target
-            self._own_key = re.compile(rf"{re.escape(target)}:(rows|meta|writes):\{{(\d+)\}}")
+            self._own_key = own_key(target)
         return self.namespace
 
     async def aclose(self) -> None:
@@ -503,7 +521,7 @@ class RedisProjectionStore:
     async def load(self, user_id: int) -> StoredProjection:
         raw_rows, meta = await self.read_user(user_id)
         try:
-            values = [0 if value is None else int(_text(value)) for value in meta]
+            values = [0 if value is None else int(_text(value)) for value in meta[: len(META_FIELDS)]]
             rows = decode_rows({_text(k): v for k, v in raw_rows.items()})
         except ValueError as exc:  # a bad int or bad JSON (orjson.JSONDecodeError is a ValueError)
             raise ProjectionStoreError(
@@ -528,7 +546,7 @@ class RedisProjectionStore:
         )
         try:
             version, _, total_unread, total_mention, muted_unread = (
-                0 if value is None else int(_text(value)) for value in meta
+                0 if value is None else int(_text(value)) for value in meta[: len(META_FIELDS)]
             )
             present = {cid: raw for cid, raw in zip(wanted, raw_rows, strict=True) if raw is not None}
             decoded = decode_rows(present)
@@ -547,7 +565,7 @@ class RedisProjectionStore:
         )
 
     async def read_user(self, user_id: int) -> tuple[dict[Any, bytes], list[Any]]:
-        """Every row of the user (conversation id -> row JSON, as stored) and the META_FIELDS
+        """Every row of the user (conversation id -> row JSON, as stored) and the SERVED_FIELDS
         values (bytes or None), from the same instant: a flush between two separate reads would
         pair old rows with a new badge."""
         if isinstance(self.client, RedisCluster):
@@ -557,7 +575,7 @@ class RedisProjectionStore:
         async def multi() -> list[Any]:
             pipe = self.client.pipeline(transaction=True)
             pipe.hgetall(self.rows_key(user_id))
-            pipe.hmget(self.meta_key(user_id), list(META_FIELDS))
+            pipe.hmget(self.meta_key(user_id), list(SERVED_FIELDS))
             return list(await pipe.execute())
 
         raw_rows, meta = await self._guard("load", multi)
@@ -574,16 +592,16 @@ class RedisProjectionStore:
         async def multi() -> list[Any]:
             pipe = self.client.pipeline(transaction=True)
             pipe.hmget(self.rows_key(user_id), list(wanted))
-            pipe.hmget(self.meta_key(user_id), list(META_FIELDS))
+            pipe.hmget(self.meta_key(user_id), list(SERVED_FIELDS))
             return list(await pipe.execute())
 
         rows, meta = await self._guard("load_rows", multi)
         return rows, meta
 
     async def read_meta(self, user_id: int) -> list[Any]:
-        """The META_FIELDS values of the user (one HMGET: atomic on its own)."""
+        """The SERVED_FIELDS values of the user (one HMGET: atomic on its own)."""
         meta: list[Any] = await self._guard(
-            "meta", lambda: self.client.hmget(self.meta_key(user_id), list(META_FIELDS))
+            "meta", lambda: self.client.hmget(self.meta_key(user_id), list(SERVED_FIELDS))
         )
         return meta
 
@@ -601,6 +619,21 @@ class RedisProjectionStore:
             script.sha = _text(await self.client.script_load(script.text))
             reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
         return list(reply)
+
+    async def run_script(
+        self, what: str, script: _Script, keys: list[str], args: Sequence[str | bytes]
+    ) -> Any:
+        """One call of `script` (by digest, loaded again if the server lost it), guarded like every
+        other call: for scripts of other modules over one user's keys (app/stores/redis_fleet.py)."""
+
+        async def call() -> Any:
+            try:
+                return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                script.sha = _text(await self.client.script_load(script.text))
+                return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+
+        return await self._guard(what, call)
 
     async def correct(self, corrections: Sequence[Correction]) -> list[bool]:
         encoded = encode_corrections(corrections)  # ValueError/TypeError before any I/O

@@ -179,6 +179,7 @@ def test_api_defaults_follow_the_design() -> None:
     assert s.api_snapshot_max_rows == 5000  # max_conversations_per_user
     assert s.api_snapshot_cache_rows >= s.api_snapshot_max_rows
     assert s.api_fill_from_state == "empty"
+    assert s.api_rate_limit_on_store_error == "open"  # issue 32: a store outage fails open, counted
 
 
 @pytest.mark.parametrize(
@@ -190,6 +191,10 @@ def test_api_defaults_follow_the_design() -> None:
         ({"PROJECTOR_API_SNAPSHOT_MAX_ROWS": "0"}, "PROJECTOR_API_SNAPSHOT_MAX_ROWS: 0 must be >= 1"),
         ({"PROJECTOR_API_SNAPSHOT_CACHE_ROWS": "10"}, "PROJECTOR_API_SNAPSHOT_CACHE_ROWS: 10 must be >="),
         ({"PROJECTOR_API_FILL_FROM_STATE": "sometimes"}, "PROJECTOR_API_FILL_FROM_STATE: 'sometimes'"),
+        (
+            {"PROJECTOR_API_RATE_LIMIT_ON_STORE_ERROR": "ajar"},
+            "PROJECTOR_API_RATE_LIMIT_ON_STORE_ERROR: 'ajar' is not one of open, closed",
+        ),
     ],
 )
 def test_invalid_api_values_give_clear_errors(env: dict[str, str], fragment: str) -> None:

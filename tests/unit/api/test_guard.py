@@ -12,12 +12,14 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from app.api import Deps, create_app
 from app.api.cursor import Cursor, CursorCodec, CursorError
+from app.api.fleet import MemorySnapshots
 from app.api.guard import RateLimiter, RedactedAccessLogger, runner_args
 from app.api.sources import MemoryProjectionReader
 from app.api.tokens import TokenError, TokenSigner
 from app.domain.listing import Folder, Position, Zone
 from app.settings import Settings, SettingsError
 from app.stores.memory_projection import InMemoryProjectionStore
+from app.stores.redis_projection import ProjectionStoreError
 from tests.support.api import SECRET, T0
 from tests.support.clock import ManualClock
 from tests.support.rows import flush, mixed_rows
@@ -51,7 +53,7 @@ def test_a_cursor_signed_with_the_previous_secret_still_pages() -> None:
         user_id=ME,
         folder=Folder.MAIN,
         position=Position.checked(Zone.NORMAL, 0, None, b"\x01" * 16),
-        epoch=1,
+        snapshot_id=1,
     )
     text = CursorCodec(OLD).encode(cursor)
     assert CursorCodec(NEW, previous=OLD).decode(text, ME, Folder.MAIN).revision == 3
@@ -141,7 +143,7 @@ async def test_the_api_accepts_both_secrets_while_rotating(rotating: Served) -> 
             user_id=ME,
             folder=Folder.MAIN,
             position=Position.checked(Zone.NORMAL, 0, None, b"\0" * 16),
-            epoch=1,
+            snapshot_id=1,
         )
     )
     async with client.get("/v1/sessions", params={"cursor": old_cursor}, headers=rotating.auth()) as resp:
@@ -216,3 +218,70 @@ def test_the_access_log_keeps_no_query_and_no_header(caplog: pytest.LogCaptureFi
     text = caplog.text + repr([r.__dict__ for r in caplog.records])
     assert "/v1/stream" in text and "200" in text
     assert "secret-ticket" not in text and "secret-token" not in text
+
+
+class _DownFleet:
+    """A fleet state whose store does not answer the rate check."""
+
+    snapshots = MemorySnapshots()
+
+    async def take_token(self, user_id: int, burst: float, per_s: float, now_ms: int) -> int:
+        raise ProjectionStoreError("projection store (test) unreachable during rate limit")
+
+
+@pytest.mark.parametrize(("mode", "want"), [("open", 200), ("closed", 503)])
+async def test_a_store_outage_fails_the_rate_check_open_or_closed_and_counts_it(mode: str, want: int) -> None:
+    settings = Settings(
+        api_secret=SECRET,
+        api_fill_from_state="never",
+        api_rate_limit_per_s=2,
+        api_rate_limit_burst=3,
+        api_rate_limit_on_store_error=mode,
+    )
+    store = InMemoryProjectionStore()
+    await store.write([flush(ME, mixed_rows(ME, 3), version=10, structure_version=1)])
+    reader = MemoryProjectionReader(store)
+    reader.fleet = _DownFleet()
+    clock = ManualClock(T0)
+    client = TestClient(TestServer(create_app(settings, Deps(projections=reader, clock_ms=clock))))
+    await client.start_server()
+    try:
+        served = Served(client, clock)
+        for _ in range(5):  # more than the burst: the bucket is not consulted at all
+            async with client.get("/v1/badge", headers=served.auth()) as resp:
+                assert resp.status == want, await resp.text()
+                if want == 503:
+                    assert (
+                        resp.headers["Retry-After"] and (await resp.json())["error"]["code"] == "unavailable"
+                    )
+        async with client.get("/metrics") as resp:
+            assert "projector_api_rate_limit_store_errors_total 5.0" in await resp.text()
+    finally:
+        await client.close()
+
+
+async def test_apps_over_one_store_share_the_bucket() -> None:
+    """The in-memory fleet state is the store's, as Redis is every instance's."""
+    settings = Settings(
+        api_secret=SECRET, api_fill_from_state="never", api_rate_limit_per_s=2, api_rate_limit_burst=3
+    )
+    store = InMemoryProjectionStore()
+    await store.write([flush(ME, mixed_rows(ME, 3), version=10, structure_version=1)])
+    clock = ManualClock(T0)
+    clients = [
+        TestClient(
+            TestServer(create_app(settings, Deps(projections=MemoryProjectionReader(store), clock_ms=clock)))
+        )
+        for _ in range(2)
+    ]
+    for client in clients:
+        await client.start_server()
+    try:
+        statuses = []
+        for n in range(6):
+            async with clients[n % 2].get("/v1/badge", headers=Served(clients[0], clock).auth()) as resp:
+                statuses.append(resp.status)
+        assert statuses == [200, 200, 200, 429, 429, 429]
+    finally:
+        for client in clients:
+            await client.close()

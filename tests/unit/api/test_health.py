@@ -32,6 +32,7 @@ class Switch:
         self.up = True
         self.hang = False
         self.inner = MemoryProjectionReader(InMemoryProjectionStore())
+        self.fleet = self.inner.fleet
 
     async def _gate(self) -> None:
         if self.hang:
@@ -46,6 +47,10 @@ class Switch:
     async def meta(self, user_id: int) -> Any:
         await self._gate()
         return await self.inner.meta(user_id)
+
+    async def some_rows(self, user_id: int, conversation_ids: list[str]) -> Any:
+        await self._gate()
+        return await self.inner.some_rows(user_id, conversation_ids)
 
     async def check(self) -> None:
         await self._gate()

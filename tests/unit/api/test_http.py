@@ -144,21 +144,28 @@ async def test_snapshots_expire_after_the_ttl(api: Api) -> None:
     assert expired["snapshot_revision"] == 2 and expired["projection_complete"] is False
 
 
-async def test_lru_bound_evicts_other_users_and_revisions_keep_increasing(api: Api) -> None:
+async def test_lru_bound_evicts_other_users_and_an_evicted_walk_goes_on_from_the_fleet_record(
+    api: Api,
+) -> None:
     # Cache bound 5,000 rows: two users of 3,000 rows cannot both be held.
     for user in (1, 2):
         await api.store.write([flush(user, [make_row(user, n, act=n) for n in range(1, 3001)], 5, 0)])
     _, a1 = await api.get("/v1/sessions", user_id=1)
     _, b1 = await api.get("/v1/sessions", user_id=2)  # evicts user 1
     _, a2 = await api.get("/v1/sessions", user_id=1, cursor=a1["next_cursor"])
-    assert a2["projection_complete"] is False and a2["snapshot_revision"] == 2
+    # Issue 32: the snapshot's frozen order is kept in the store; the evicted walk is adopted
+    # back (the same revision, the next rows), where it used to restart.
+    assert a2["projection_complete"] is True and a2["snapshot_revision"] == 1
+    assert [r["conversation_id"] for r in a1["items"] + a2["items"]] == [
+        cid(n) for n in range(3000, 2900, -1)
+    ]
     assert b1["snapshot_revision"] == 1
 
 
-async def test_a_cursor_from_another_server_process_is_stale_not_confused(api: Api) -> None:
+async def test_a_cursor_of_a_snapshot_the_fleet_does_not_know_is_stale_not_confused(api: Api) -> None:
     await api.store.write([flush(ME, [make_row(ME, n, act=n) for n in range(1, 5)], 10, 1)])
     await api.get("/v1/sessions", limit=2)
-    foreign = Cursor(1, ME, Folder.MAIN, Position(Zone.NORMAL, 0, bytes(16), bytes(16)), epoch=12345)
+    foreign = Cursor(1, ME, Folder.MAIN, Position(Zone.NORMAL, 0, bytes(16), bytes(16)), snapshot_id=12345)
     _, body = await api.get("/v1/sessions", limit=2, cursor=CursorCodec(SECRET).encode(foreign))
     assert body["projection_complete"] is False and body["items"][0]["conversation_id"] == cid(4)
 
@@ -280,13 +287,19 @@ async def test_badge_takes_no_parameters_and_unknown_routes_are_json_404(api: Ap
 
 
 async def test_a_broken_store_is_503_not_500() -> None:
+    from app.api.fleet import MemoryFleetState
     from app.stores.redis_projection import ProjectionStoreError
 
     class Down:
+        fleet = MemoryFleetState()
+
         async def load_rows(self, user_id: int) -> Any:
             raise ProjectionStoreError("down")
 
         async def meta(self, user_id: int) -> Any:
+            raise ProjectionStoreError("down")
+
+        async def some_rows(self, user_id: int, conversation_ids: list[str]) -> Any:
             raise ProjectionStoreError("down")
 
     app = create_app(SETTINGS, Deps(projections=Down(), clock_ms=ManualClock(T0)))

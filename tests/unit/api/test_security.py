@@ -74,7 +74,7 @@ def test_signed_but_meaningless_payloads_are_refused() -> None:
 # --------------------------------------------------------------------------------------------
 
 POSITION = Position(Zone.PINNED, 3, bytes(range(16)), uuid.UUID(int=99).bytes)
-CURSOR = Cursor(revision=4, user_id=42, folder=Folder.MAIN, position=POSITION, epoch=777)
+CURSOR = Cursor(revision=4, user_id=42, folder=Folder.MAIN, position=POSITION, snapshot_id=777)
 
 
 def test_a_cursor_round_trips_as_base64url_protobuf() -> None:

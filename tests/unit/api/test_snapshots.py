@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 import app.api.snapshots as snapshots
+from app.api.fleet import MemoryFleetState
 from app.api.snapshots import SessionLists, Snapshot, SnapshotCache
 from app.api.sources import LoadedRows, MemoryProjectionReader, StoreMeta
 from app.domain.listing import Folder, Ordered
@@ -23,33 +22,38 @@ class Clock:
         return self.now
 
 
+_REVISIONS: dict[int, int] = {}
+
+
 def snap(cache: SnapshotCache, user_id: int, rows: int) -> Snapshot:
     folder = snapshots.FolderSnapshot([], [b"{}"] * rows)
     empty = snapshots.FolderSnapshot([], [])
+    revision = _REVISIONS[user_id] = _REVISIONS.get(user_id, 0) + 1
     return Snapshot(
         user_id,
-        cache.next_revision(user_id),
+        revision,
         cache.clock_ms(),
         1,
         1,
         {Folder.MAIN: folder, Folder.ARCHIVED: empty},
+        snapshot_id=revision * 1000 + user_id,
     )
 
 
-def test_revisions_start_at_1_and_only_increase_per_user() -> None:
-    cache = SnapshotCache(100, 1000, Clock())
-    assert [cache.next_revision(1) for _ in range(3)] == [1, 2, 3]
-    assert cache.next_revision(2) == 1
-
-
-def test_a_forgotten_counter_restarts_above_every_forgotten_revision(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(snapshots, "REVISION_MEMORY", 2)
-    cache = SnapshotCache(100, 1000, Clock())
-    for _ in range(5):
-        cache.next_revision(1)
-    cache.next_revision(2)
-    cache.next_revision(3)  # user 1 (at 5) is forgotten
-    assert cache.next_revision(1) == 6  # never a number user 1 already had
+async def test_revisions_start_at_1_and_only_increase_per_user_across_the_fleet() -> None:
+    """The counter is the user's in the store: two processes (two caches) over one store count
+    one sequence (issue 32), and every snapshot has an id of its own."""
+    store = InMemoryProjectionStore()
+    await store.write([flush(1, [make_row(1, n, act=n) for n in range(1, 5)], 1, 1)])
+    await store.write([flush(2, [make_row(2, n, act=n) for n in range(1, 5)], 1, 1)])
+    a, b = (
+        SessionLists(MemoryProjectionReader(store), SnapshotCache(100, 1000, Clock()), max_rows=50)
+        for _ in "ab"
+    )
+    built = [await lists._build(1) for lists in (a, b, a)]
+    assert [s.revision for s in built] == [1, 2, 3]
+    assert len({s.snapshot_id for s in built}) == 3 and all(s.snapshot_id > 0 for s in built)
+    assert (await b._build(2)).revision == 1
 
 
 def test_ttl_drops_snapshots_and_their_rows() -> None:
@@ -74,9 +78,10 @@ def test_lru_bound_counts_rows_and_keeps_the_newest_user() -> None:
 
 def test_two_revisions_per_user_are_held() -> None:
     cache = SnapshotCache(1000, 10_000, Clock())
-    for _ in range(3):
-        cache.put(snap(cache, 1, 10))
-    assert [s.revision for s in cache.held(1)] == [2, 3] and cache.held_rows == 20
+    made = [snap(cache, 1, 10) for _ in range(3)]
+    for s in made:
+        cache.put(s)
+    assert cache.held(1) == made[1:] and cache.held_rows == 20
 
 
 async def test_concurrent_cold_requests_share_one_load() -> None:
@@ -97,8 +102,15 @@ async def test_a_failed_load_fails_its_waiters_and_the_next_request_retries() ->
     calls = 0
 
     class Flaky:
+        fleet = MemoryFleetState()
+
         async def meta(self, user_id: int) -> StoreMeta:
             return StoreMeta(0, 0, 0, 0, 0)
+
+        async def some_rows(
+            self, user_id: int, conversation_ids: list[str]
+        ) -> tuple[list[bytes | None], StoreMeta]:
+            return [None] * len(conversation_ids), StoreMeta(0, 0, 0, 0, 0)
 
         async def load_rows(self, user_id: int) -> LoadedRows:
             nonlocal calls
