@@ -138,5 +138,12 @@ class InMemoryChangelog:
         log.start = max(log.start, min(offset, log.end))
         log.records = [r for r in log.records if r.offset >= log.start]
 
+    def copy(self) -> InMemoryChangelog:
+        """Another changelog holding the same records (to run several futures from one log)."""
+        other = InMemoryChangelog()
+        for number, log in self._partitions.items():
+            other._partitions[number] = _Partition(list(log.records), log.end, log.start)
+        return other
+
     def records(self, partition: int) -> list[LoggedRecord]:
         return list(self._partition(partition).records)
