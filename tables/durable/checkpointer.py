@@ -66,11 +66,19 @@ class Checkpointer:
         self.partition = partition
         self.identity = identity
         self._next: PersistId | None = None  # the id of the next persist; None: not claimed
+        self._last: PersistId | None = None  # the last persist this checkpointer wrote
+        self._torn: set[bytes] = set()  # keys to write again with the next persist
         self.round_trips = 0
 
     @property
     def claimed(self) -> bool:
         return self._next is not None
+
+    def note_torn(self, keys: frozenset[bytes] | set[bytes]) -> None:
+        """Keys another writer's refused or torn records wrote after this owner's claim (a
+        reader tailing the changelog finds them: `CaughtUp.torn_keys`): the next persist writes
+        them again with this state's values, so compaction keeps ours."""
+        self._torn |= keys
 
     async def claim(self, reader: ChangelogReader, input_start: int = 0) -> Checkpoint:
         """Take the partition: catch the store up, then persist a claim (a new epoch, above every
@@ -103,6 +111,8 @@ class Checkpointer:
                 f"{self.store.position.head} on top of {checkpoint.previous}"
             )
         self._next = PersistId(persist.epoch, 1)
+        self._last = persist
+        self._torn.clear()
         return checkpoint
 
     async def persist(self, batch: PersistBatch) -> Checkpoint:
@@ -117,8 +127,19 @@ class Checkpointer:
         if persist is None:
             raise NotClaimed(f"partition {self.partition} is not claimed by this checkpointer")
         head = self.store.position.head
+        if head != self._last:
+            self._next = None
+            raise PersistFailed(
+                f"partition {self.partition}: the store holds persist {head}, not this owner's last "
+                f"{self._last}: another writer took the partition"
+            )
         checkpoint = Checkpoint(persist, head, batch.input_next_offset, self.identity, batch.meta)
         records = batch.records(persist)
+        written = {r.key for r in records}
+        repairs = sorted(self._torn - written)
+        records += [
+            DataRecord(k, v, persist) for k, v in zip(repairs, self.store.get_many(repairs), strict=True)
+        ]
         wire = encode_persist(records, checkpoint)
         # Whatever happens next, this id is spent and the head unknown until a new claim.
         self._next = None
@@ -136,4 +157,6 @@ class Checkpointer:
             )
         self.store.apply(records, checkpoint, appended.last + 1)
         self._next = PersistId(persist.epoch, persist.seq + 1)
+        self._last = persist
+        self._torn.clear()
         return checkpoint

@@ -160,3 +160,46 @@ async def test_a_store_behind_the_changelogs_start_must_be_rebuilt(tmp_path: Pat
     changelog.delete_before(0, changelog.records(0)[-1].offset)
     with pytest.raises(StoreBehindChangelog):
         await standby.reader.catch_up()
+
+
+async def test_an_owner_whose_store_took_another_writers_claim_does_not_persist_on_top_of_it(
+    tmp_path: Path,
+) -> None:
+    changelog = InMemoryChangelog()
+    old = open_partition(tmp_path / "old", changelog)
+    new = open_partition(tmp_path / "new", changelog)
+    await old.checkpointer.claim(old.reader)
+    await old.checkpointer.persist(_batch(1, c1=b"old"))
+    await new.checkpointer.claim(new.reader)  # right after the old owner's last persist
+    await old.reader.catch_up()  # the old owner's reader tails and applies the new owner's claim
+    assert old.store.position.head == PersistId(2, 0)
+    with pytest.raises(PersistFailed, match="another writer took the partition"):
+        await old.checkpointer.persist(_batch(2, c1=b"zombie"))
+    await new.checkpointer.persist(_batch(2, c1=b"new"))
+    fresh = open_partition(tmp_path / "fresh", changelog)
+    await fresh.reader.catch_up()
+    assert state_of(fresh.store) == state_of(new.store)
+
+
+async def test_keys_a_refused_writer_left_are_written_again_by_the_owners_next_persist(
+    tmp_path: Path,
+) -> None:
+    changelog = InMemoryChangelog()
+    old = open_partition(tmp_path / "old", changelog)
+    new = open_partition(tmp_path / "new", changelog)
+    await old.checkpointer.claim(old.reader)
+    await old.checkpointer.persist(_batch(1, c1=b"old", c2=b"old"))
+    await new.checkpointer.claim(new.reader)
+    await new.checkpointer.persist(_batch(2, c1=b"new"))
+    with pytest.raises(PersistFailed):
+        await old.checkpointer.persist(_batch(3, c2=b"zombie"))  # lands, refused by every reader
+    standby = open_partition(tmp_path / "standby", changelog)
+    caught_up = await standby.reader.catch_up()
+    assert row_state_key(7, C2) in caught_up.torn_keys
+    new.checkpointer.note_torn(caught_up.torn_keys)
+    await new.checkpointer.persist(_batch(4, c1=b"new4"))
+    changelog.compact(0)  # the zombie's records are superseded by the owner's
+    rebuilt = open_partition(tmp_path / "rebuilt", changelog)
+    await rebuilt.reader.catch_up()
+    assert state_of(rebuilt.store) == state_of(new.store)
+    assert state_of(rebuilt.store)[row_state_key(7, C2)] == b"old"
