@@ -56,12 +56,15 @@ class PersistBatch:
 
 
 class Checkpointer:
-    """The one writer of a partition's changelog and local store while it owns the partition."""
+    """The one writer of a partition's changelog and local store while it owns the partition.
+    Its `reader` (the same code a standby runs) catches the store up before a claim, and decides
+    a persist whose records another writer's came between."""
 
     def __init__(
         self, store: PartitionStore, changelog: Changelog, partition: int, identity: InputIdentity
     ) -> None:
         self.store = store
+        self.reader = ChangelogReader(store, changelog, partition)
         self.changelog = changelog
         self.partition = partition
         self.identity = identity
@@ -80,12 +83,13 @@ class Checkpointer:
         them again with this state's values, so compaction keeps ours."""
         self._torn |= keys
 
-    async def claim(self, reader: ChangelogReader, input_start: int = 0) -> Checkpoint:
+    async def claim(self, input_start: int = 0) -> Checkpoint:
         """Take the partition: catch the store up, then persist a claim (a new epoch, above every
         epoch read; the torn keys written again with the store's values) and read it back: it
         is ours only if it was accepted on top of the store's persist. `input_start`: the
         mailbox-tail offset to start from when the partition has no checkpoint yet."""
         self._next = None
+        reader = self.reader
         caught_up = await reader.catch_up()
         position = self.store.position
         head = position.checkpoint
@@ -118,11 +122,12 @@ class Checkpointer:
     async def persist(self, batch: PersistBatch) -> Checkpoint:
         """One append (data, then the checkpoint), acknowledged once, then one local write.
 
-        The store takes the persist itself only when its records landed right after the store's
+        The store takes the persist itself when its records landed right after the store's
         position with nothing between them: then the log's accepted persist before them is the
-        store's, and every reader accepts this one too. Otherwise (a writer that lost the
-        partition without knowing: another owner's records came first) it raises
-        `PersistFailed` and writes nothing locally; a recovery reads what the log decided."""
+        store's, and every reader accepts this one too. When another writer's records came
+        between, the reader reads them and this persist: the store takes what the log decided,
+        and the persist stands only if every reader accepts it; otherwise `PersistFailed` (this
+        writer lost the partition without knowing)."""
         persist = self._next
         if persist is None:
             raise NotClaimed(f"partition {self.partition} is not claimed by this checkpointer")
@@ -149,14 +154,19 @@ class Checkpointer:
             appended = await self.changelog.append(self.partition, wire)
         except ChangelogUnavailable as exc:
             raise PersistFailed(f"persist {persist} of partition {self.partition}: {exc}") from exc
-        if appended.first != position or not appended.contiguous:
-            raise PersistFailed(
-                f"persist {persist} of partition {self.partition} landed at "
-                f"{appended.first}..{appended.last}, "
-                f"not right after the store's position {position}: another writer wrote the partition"
-            )
-        self.store.apply(records, checkpoint, appended.last + 1)
+        # Keys written by this persist need no repair, unless records after it wrote them again.
+        self._torn -= {r.key for r in records}
+        if appended.first == position and appended.contiguous:
+            self.store.apply(records, checkpoint, appended.last + 1)
+        else:
+            caught_up = await self.reader.catch_up()
+            if self.store.position.head != persist:
+                raise PersistFailed(
+                    f"persist {persist} of partition {self.partition} (offsets {appended.first}.."
+                    f"{appended.last}) refused: the log holds {self.store.position.head} there, "
+                    "another writer took the partition"
+                )
+            self._torn |= caught_up.torn_keys
         self._next = PersistId(persist.epoch, persist.seq + 1)
         self._last = persist
-        self._torn.clear()
         return checkpoint

@@ -29,10 +29,10 @@ class StoreBehindChangelog(Exception):
 
 @dataclass(frozen=True, slots=True)
 class CaughtUp:
-    """A catch-up's outcome: the store's position reached `end`'s neighbourhood (every persist
-    complete below `end` is applied); `torn_keys` are keys written by records after the store's
-    persist that no accepted checkpoint covers (a torn persist, or one refused), which the next
-    claim writes again so that compaction cannot keep them over an applied value."""
+    """A catch-up's outcome: every persist complete below `end` is applied. `torn_keys`: keys
+    whose last record this reader read belongs to no accepted persist (torn, refused, or
+    waiting for a checkpoint); the owner writes them again (a claim does) so that compaction
+    keeps an accepted value last. Only what this reader read since it started counts."""
 
     end: int
     torn_keys: frozenset[bytes]
@@ -52,13 +52,14 @@ class ChangelogReader:
     stats: ReaderStats = field(default_factory=ReaderStats)
     # Records read since the store's persist, in log order, waiting for their checkpoint.
     _waiting: list[DataRecord] = field(default_factory=list)
-    _refused_keys: set[bytes] = field(default_factory=set)
+    # Keys whose last record read is not an accepted persist's (torn, refused, or discarded).
+    _torn: set[bytes] = field(default_factory=set)
     _read_to: int | None = None
     _highest_epoch: int = 0
 
     def _reset(self) -> None:
         self._waiting.clear()
-        self._refused_keys.clear()
+        self._torn.clear()
         self._read_to = None
 
     async def catch_up(self) -> CaughtUp:
@@ -89,7 +90,7 @@ class ChangelogReader:
         return CaughtUp(end, frozenset(self.torn_keys()), self._highest_epoch)
 
     def torn_keys(self) -> set[bytes]:
-        return self._refused_keys | {r.key for r in self._waiting}
+        return self._torn | {r.key for r in self._waiting}
 
     def _feed(self, logged: LoggedRecord) -> None:
         try:
@@ -120,7 +121,7 @@ class ChangelogReader:
             newer = []
         else:
             self.stats.checkpoints_refused += 1
-            self._refused_keys.update(r.key for r in self._waiting if r.persist == checkpoint.persist)
+            self._torn.update(r.key for r in self._waiting if r.persist == checkpoint.persist)
             self._waiting = [r for r in self._waiting if r.persist != checkpoint.persist]
             log.warning(
                 "changelog partition %d offset %d: checkpoint %s on top of %s refused (the store holds %s)",
@@ -134,8 +135,12 @@ class ChangelogReader:
         self.store.apply(accepted, checkpoint, offset + 1)
         self.stats.persists_applied += 1
         self.stats.records_applied += len(accepted)
-        # Records of other persists before this checkpoint are never applied: their persist is
-        # torn or refused, and every later checkpoint must name this one. A claim after them
-        # wrote their keys again (`CaughtUp.torn_keys`).
+        # Records of other persists before this checkpoint are never applied (their persist is
+        # torn or refused: every later checkpoint must name this one); their keys stay torn
+        # until an accepted persist writes them again after them.
+        taken = {id(r) for r in accepted}
+        self._torn.update(
+            r.key for r in self._waiting if id(r) not in taken and r.persist <= checkpoint.persist
+        )
+        self._torn.difference_update(r.key for r in accepted)
         self._waiting = newer
-        self._refused_keys.clear()

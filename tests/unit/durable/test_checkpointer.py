@@ -29,7 +29,7 @@ def _batch(offset: int, user_value: bytes | None = b"u", **rows: bytes | None) -
 async def test_a_persist_is_one_append_ending_with_its_checkpoint(tmp_path: Path) -> None:
     changelog = InMemoryChangelog()
     owner = open_partition(tmp_path / "owner", changelog)
-    await owner.checkpointer.claim(owner.reader)
+    await owner.checkpointer.claim()
     appends = changelog.appends
     checkpoint = await owner.checkpointer.persist(_batch(10, c1=b"row1", c2=b"row2"))
     assert changelog.appends == appends + 1
@@ -55,19 +55,20 @@ async def test_a_standby_tails_the_changelog_into_the_same_state(tmp_path: Path)
     changelog = InMemoryChangelog()
     owner = open_partition(tmp_path / "owner", changelog)
     standby = open_partition(tmp_path / "standby", changelog)
-    await owner.checkpointer.claim(owner.reader)
+    await owner.checkpointer.claim()
     for offset in (1, 2, 3):
         await owner.checkpointer.persist(_batch(offset, c1=str(offset).encode(), c2=None))
         await standby.reader.catch_up()
         assert state_of(standby.store) == state_of(owner.store)
         assert standby.store.position == owner.store.position
     # Promotion: the standby claims; the old owner's store is a prefix, never ahead.
-    await standby.checkpointer.claim(standby.reader)
+    await standby.checkpointer.claim()
     assert standby.store.position.head == PersistId(2, 0)
     await standby.checkpointer.persist(_batch(4, c1=b"new owner"))
     with pytest.raises(PersistFailed, match="another writer"):
         await owner.checkpointer.persist(_batch(4, c1=b"zombie"))  # it does not know it lost the partition
-    assert state_of(owner.store)[row_state_key(7, C1)] == b"3"  # not applied locally
+    # Its store read what the log decided instead: the new owner's persist, never the zombie's.
+    assert state_of(owner.store)[row_state_key(7, C1)] == b"new owner"
     fresh = open_partition(tmp_path / "fresh", changelog)
     await fresh.reader.catch_up()
     assert state_of(fresh.store)[row_state_key(7, C1)] == b"new owner"
@@ -80,7 +81,7 @@ async def test_a_torn_persist_is_discarded_and_its_keys_written_again_by_the_nex
 ) -> None:
     changelog = InMemoryChangelog()
     owner = open_partition(tmp_path / "owner", changelog)
-    await owner.checkpointer.claim(owner.reader)
+    await owner.checkpointer.claim()
     await owner.checkpointer.persist(_batch(1, c1=b"kept"))
     before = state_of(owner.store)
     changelog.tear_next_append(2)  # the waiting entry and the row: no user, no checkpoint
@@ -92,7 +93,7 @@ async def test_a_torn_persist_is_discarded_and_its_keys_written_again_by_the_nex
     # Restart with the data dir lost: the rebuild discards the torn tail.
     owner.close()
     again = open_partition(tmp_path / "again", changelog)
-    claim = await again.checkpointer.claim(again.reader)
+    claim = await again.checkpointer.claim()
     assert state_of(again.store) == before
     assert claim.input_next_offset == 1
     # The claim wrote the torn keys again (a deleted one as a tombstone), after them in the log.
@@ -113,7 +114,7 @@ async def test_a_rebuild_from_the_compacted_changelog_equals_the_owners_store(
 ) -> None:
     changelog = InMemoryChangelog()
     owner = open_partition(tmp_path / "owner", changelog)
-    await owner.checkpointer.claim(owner.reader)
+    await owner.checkpointer.claim()
     for offset in range(1, 8):
         await owner.checkpointer.persist(
             _batch(offset, user_value=None if offset == 5 else b"u%d" % offset, c1=b"%d" % offset, c2=None)
@@ -131,7 +132,7 @@ async def test_a_claim_refused_for_a_checkpoint_that_came_first_is_lost(tmp_path
     changelog = InMemoryChangelog()
     first = open_partition(tmp_path / "first", changelog)
     second = open_partition(tmp_path / "second", changelog)
-    await first.checkpointer.claim(first.reader)
+    await first.checkpointer.claim()
     await second.reader.catch_up()
     # `first` persists after `second` read the log and before `second`'s claim lands.
     real_append = changelog.append
@@ -143,9 +144,9 @@ async def test_a_claim_refused_for_a_checkpoint_that_came_first_is_lost(tmp_path
 
     changelog.append = append_after_first_persists  # type: ignore[method-assign]
     with pytest.raises(ClaimLost):
-        await second.checkpointer.claim(second.reader)
+        await second.checkpointer.claim()
     assert not second.checkpointer.claimed
-    claim = await second.checkpointer.claim(second.reader)  # again, on top of `first`'s persist
+    claim = await second.checkpointer.claim()  # again, on top of `first`'s persist
     assert state_of(second.store)[row_state_key(7, C1)] == b"first"
     assert claim.input_next_offset == 1
 
@@ -154,7 +155,7 @@ async def test_a_store_behind_the_changelogs_start_must_be_rebuilt(tmp_path: Pat
     changelog = InMemoryChangelog()
     owner = open_partition(tmp_path / "owner", changelog)
     standby = open_partition(tmp_path / "standby", changelog)
-    await owner.checkpointer.claim(owner.reader)
+    await owner.checkpointer.claim()
     await standby.reader.catch_up()
     await owner.checkpointer.persist(_batch(1, c1=b"a"))
     changelog.delete_before(0, changelog.records(0)[-1].offset)
@@ -168,9 +169,9 @@ async def test_an_owner_whose_store_took_another_writers_claim_does_not_persist_
     changelog = InMemoryChangelog()
     old = open_partition(tmp_path / "old", changelog)
     new = open_partition(tmp_path / "new", changelog)
-    await old.checkpointer.claim(old.reader)
+    await old.checkpointer.claim()
     await old.checkpointer.persist(_batch(1, c1=b"old"))
-    await new.checkpointer.claim(new.reader)  # right after the old owner's last persist
+    await new.checkpointer.claim()  # right after the old owner's last persist
     await old.reader.catch_up()  # the old owner's reader tails and applies the new owner's claim
     assert old.store.position.head == PersistId(2, 0)
     with pytest.raises(PersistFailed, match="another writer took the partition"):
@@ -187,9 +188,9 @@ async def test_keys_a_refused_writer_left_are_written_again_by_the_owners_next_p
     changelog = InMemoryChangelog()
     old = open_partition(tmp_path / "old", changelog)
     new = open_partition(tmp_path / "new", changelog)
-    await old.checkpointer.claim(old.reader)
+    await old.checkpointer.claim()
     await old.checkpointer.persist(_batch(1, c1=b"old", c2=b"old"))
-    await new.checkpointer.claim(new.reader)
+    await new.checkpointer.claim()
     await new.checkpointer.persist(_batch(2, c1=b"new"))
     with pytest.raises(PersistFailed):
         await old.checkpointer.persist(_batch(3, c2=b"zombie"))  # lands, refused by every reader

@@ -66,7 +66,7 @@ async def _run_writer(changelog: KillingChangelog, path: Path) -> int:
     opened = open_partition(path, changelog)
     done = 0
     try:
-        await opened.checkpointer.claim(opened.reader)
+        await opened.checkpointer.claim()
         for batch in BATCHES:
             await opened.checkpointer.persist(batch)
             done += 1
@@ -81,7 +81,7 @@ async def _recover(changelog: KillingChangelog, path: Path) -> int | None:
     """A restarted worker's recovery (catch up, claim); the prefix it restored, None if killed."""
     opened = open_partition(path, changelog)
     try:
-        await opened.checkpointer.claim(opened.reader)
+        await opened.checkpointer.claim()
     except Killed:
         _assert_a_whole_prefix(opened.store)  # what a kill mid-recovery leaves on disk, too
         return None

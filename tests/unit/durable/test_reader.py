@@ -74,7 +74,7 @@ async def test_a_refused_checkpoints_records_are_reported_torn_and_not_applied(t
     assert caught_up.torn_keys == {K1, K3}
     assert reader.reader.stats.checkpoints_refused == 1
     # The next claim writes them again; then the compacted log rebuilds the same state.
-    await reader.checkpointer.claim(reader.reader)
+    await reader.checkpointer.claim()
     log.compact(0)
     rebuilt = open_partition(tmp_path / "rebuilt", log)
     await rebuilt.reader.catch_up()
