@@ -93,7 +93,7 @@ class Checkpointer:
         caught_up = await reader.catch_up()
         position = self.store.position
         head = position.checkpoint
-        persist = PersistId(caught_up.highest_epoch + 1, 0)
+        persist = PersistId(max(caught_up.highest_epoch, position.highest_epoch) + 1, 0)
         torn = sorted(caught_up.torn_keys)
         repairs = [DataRecord(k, v, persist) for k, v in zip(torn, self.store.get_many(torn), strict=True)]
         checkpoint = Checkpoint(
@@ -141,7 +141,7 @@ class Checkpointer:
         checkpoint = Checkpoint(persist, head, batch.input_next_offset, self.identity, batch.meta)
         records = batch.records(persist)
         written = {r.key for r in records}
-        repairs = sorted(self._torn - written)
+        repairs = sorted((self._torn | self.store.torn_keys()) - written)
         records += [
             DataRecord(k, v, persist) for k, v in zip(repairs, self.store.get_many(repairs), strict=True)
         ]
@@ -157,7 +157,7 @@ class Checkpointer:
         # Keys written by this persist need no repair, unless records after it wrote them again.
         self._torn -= {r.key for r in records}
         if appended.first == position and appended.contiguous:
-            self.store.apply(records, checkpoint, appended.last + 1)
+            self.store.apply(records, checkpoint, appended.last + 1, persist.epoch)
         else:
             caught_up = await self.reader.catch_up()
             if self.store.position.head != persist:

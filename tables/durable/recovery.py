@@ -58,6 +58,7 @@ class ChangelogReader:
     _highest_epoch: int = 0
 
     def _reset(self) -> None:
+        self._highest_epoch = max(self._highest_epoch, self.store.position.highest_epoch)
         self._waiting.clear()
         self._torn.clear()
         self._read_to = None
@@ -84,13 +85,11 @@ class ChangelogReader:
             for logged in batch:
                 self._feed(logged)
             self._read_to = start
-        head = self.store.position.head
-        if head is not None:
-            self._highest_epoch = max(self._highest_epoch, head.epoch)
+        self._highest_epoch = max(self._highest_epoch, self.store.position.highest_epoch)
         return CaughtUp(end, frozenset(self.torn_keys()), self._highest_epoch)
 
     def torn_keys(self) -> set[bytes]:
-        return self._torn | {r.key for r in self._waiting}
+        return set(self.store.torn_keys()) | self._torn | {r.key for r in self._waiting}
 
     def _feed(self, logged: LoggedRecord) -> None:
         try:
@@ -132,15 +131,13 @@ class ChangelogReader:
                 head,
             )
             return
-        self.store.apply(accepted, checkpoint, offset + 1)
+        # Records of other persists before this checkpoint are never applied (their persist is
+        # torn or refused: every later checkpoint must name this one); their keys stay torn, in
+        # the store, until an accepted persist writes them again.
+        kept = {id(r) for r in accepted} | {id(r) for r in newer}
+        torn = self._torn | {r.key for r in self._waiting if id(r) not in kept}
+        self.store.apply(accepted, checkpoint, offset + 1, self._highest_epoch, torn)
         self.stats.persists_applied += 1
         self.stats.records_applied += len(accepted)
-        # Records of other persists before this checkpoint are never applied (their persist is
-        # torn or refused: every later checkpoint must name this one); their keys stay torn
-        # until an accepted persist writes them again after them.
-        taken = {id(r) for r in accepted}
-        self._torn.update(
-            r.key for r in self._waiting if id(r) not in taken and r.persist <= checkpoint.persist
-        )
-        self._torn.difference_update(r.key for r in accepted)
+        self._torn = set()
         self._waiting = newer

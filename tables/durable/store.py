@@ -4,7 +4,7 @@ one database, always written together (one WriteBatch per applied persist)."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,12 @@ from tables.durable.records import (
     encode_checkpoint,
 )
 
-# Sorts before every state key (their first byte is a kind letter) and is none of them.
+# Sort before every state key (their first byte is a kind letter) and are none of them.
 POSITION_KEY = b"\x00position"
+# + a state key: a key whose last changelog record below the position belongs to no accepted
+# persist (torn or refused). The owner writes it again (a claim, or its next persist), so that
+# compaction keeps an accepted record of it last; kept here so a restart does not forget it.
+TORN_PREFIX = b"\x00torn:"
 
 
 class StoreDamaged(Exception):
@@ -34,15 +38,19 @@ class _PositionBody(msgspec.Struct, forbid_unknown_fields=True, array_like=True)
     changelog_next_offset: int
     persist: bytes  # the checkpoint's persist id
     checkpoint: bytes  # the checkpoint record's value
+    highest_epoch: int
 
 
 @dataclass(frozen=True, slots=True)
 class Position:
     """Where the store stands: every persist up to `checkpoint` is in it, and the changelog is
-    to be read on from `changelog_next_offset` (the offset after that checkpoint's record)."""
+    to be read on from `changelog_next_offset` (the offset after that checkpoint's record).
+    `highest_epoch`: the highest persist epoch of any record below that offset, accepted or not
+    (a claim takes a greater one, so a torn record's id is never given to another persist)."""
 
     changelog_next_offset: int
     checkpoint: Checkpoint | None
+    highest_epoch: int = 0
 
     @property
     def head(self) -> PersistId | None:
@@ -68,6 +76,7 @@ class PartitionStore:
         self.path = path
         self._db = db
         self._position = position
+        self._torn = {key[len(TORN_PREFIX) :] for key, _ in self._scan(TORN_PREFIX)}
 
     @classmethod
     def open(cls, path: Path) -> PartitionStore:
@@ -100,9 +109,17 @@ class PartitionStore:
         return self._position
 
     def apply(
-        self, records: Sequence[DataRecord], checkpoint: Checkpoint, changelog_next_offset: int
+        self,
+        records: Sequence[DataRecord],
+        checkpoint: Checkpoint,
+        changelog_next_offset: int,
+        highest_epoch: int = 0,
+        torn: Collection[bytes] = (),
     ) -> None:
-        """One persist, whole: its records and the position after its checkpoint in one write."""
+        """One persist, whole: its records and the position after its checkpoint in one write.
+        `highest_epoch`: of the records below `changelog_next_offset` (never lowered). `torn`:
+        keys whose last record below it is no accepted persist's (`torn_keys`); a key this
+        persist writes is no longer torn."""
         if changelog_next_offset < self._position.changelog_next_offset:
             behind = self._position.changelog_next_offset
             raise ValueError(f"position {changelog_next_offset} is behind the store's {behind}")
@@ -112,12 +129,26 @@ class PartitionStore:
                 batch.delete(record.key)
             else:
                 batch.put(record.key, record.value)
+        written = {record.key for record in records}
+        now_torn = (self._torn | set(torn)) - written
+        for key in self._torn - now_torn:
+            batch.delete(TORN_PREFIX + key)
+        for key in now_torn - self._torn:
+            batch.put(TORN_PREFIX + key, b"")
+        epoch = max(highest_epoch, checkpoint.persist.epoch, self._position.highest_epoch)
         body = _PositionBody(
-            changelog_next_offset, checkpoint.persist.encode(), encode_checkpoint(checkpoint).value or b""
+            changelog_next_offset,
+            checkpoint.persist.encode(),
+            encode_checkpoint(checkpoint).value or b"",
+            epoch,
         )
         batch.put(POSITION_KEY, _POSITION_ENCODER.encode(body))
         self._db.write(batch)
-        self._position = Position(changelog_next_offset, checkpoint)
+        self._position = Position(changelog_next_offset, checkpoint, epoch)
+        self._torn = now_torn
+
+    def torn_keys(self) -> frozenset[bytes]:
+        return frozenset(self._torn)
 
     def get(self, key: bytes) -> bytes | None:
         value: bytes | None = self._db.get(key)
@@ -129,14 +160,18 @@ class PartitionStore:
 
     def items(self, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
         """The state's (key, value) pairs in key order, those starting with `prefix`."""
+        if prefix.startswith(b"\x00"):
+            raise ValueError("state keys do not start with 0x00")
+        return self._scan(prefix or b"\x01", everything_after=not prefix)
+
+    def _scan(self, prefix: bytes, everything_after: bool = False) -> Iterator[tuple[bytes, bytes]]:
         iterator = self._db.iter()
-        iterator.seek(prefix or b"\x01")
+        iterator.seek(prefix)
         while iterator.valid():
             key: bytes = iterator.key()
-            if not key.startswith(prefix):
+            if not everything_after and not key.startswith(prefix):
                 break
-            if key != POSITION_KEY:
-                yield key, iterator.value()
+            yield key, iterator.value()
             iterator.next()
 
     def close(self) -> None:
@@ -154,4 +189,4 @@ def _read_position(raw: bytes | None) -> Position:
         raise StoreDamaged(f"position record does not decode: {exc}") from None
     if body.changelog_next_offset < 0:
         raise StoreDamaged(f"negative changelog position {body.changelog_next_offset}")
-    return Position(body.changelog_next_offset, checkpoint)
+    return Position(body.changelog_next_offset, checkpoint, body.highest_epoch)

@@ -79,3 +79,24 @@ async def test_a_refused_checkpoints_records_are_reported_torn_and_not_applied(t
     rebuilt = open_partition(tmp_path / "rebuilt", log)
     await rebuilt.reader.catch_up()
     assert state_of(rebuilt.store) == state_of(reader.store) == {K1: b"a", K2: b"claim"}
+
+
+async def test_a_claim_takes_an_epoch_above_a_torn_claims_below_the_stores_position(tmp_path: Path) -> None:
+    log = InMemoryChangelog()
+    await _persist(log, P10, None, k1=b"a")
+    await _torn(log, P20, k1=b"lost claim")  # another worker's claim, torn; the owner goes on
+    await _persist(log, PersistId(1, 1), P10, k2=b"b")
+    standby = open_partition(tmp_path / "standby", log)
+    await standby.reader.catch_up()
+    standby.close()
+    # Reopened, the store reads on from after 1.1: the torn 2.0 records are below its position.
+    again = open_partition(tmp_path / "standby", log)
+    assert again.store.position.highest_epoch == 2
+    assert again.store.torn_keys() == {K1}  # remembered across the restart
+    claim = await again.checkpointer.claim()
+    assert claim.persist == PersistId(3, 0)  # never 2.0 again: a rebuild would take the torn records as its
+    assert again.store.torn_keys() == set()  # the claim wrote k1 again, after the torn record
+    log.compact(0)
+    rebuilt = open_partition(tmp_path / "rebuilt", log)
+    await rebuilt.reader.catch_up()
+    assert state_of(rebuilt.store) == state_of(again.store) == {K1: b"a", K2: b"b"}
