@@ -262,4 +262,4 @@ class DurableWorkers(RuleBasedStateMachine):
 
 TestDurableWorkers = DurableWorkers.TestCase
 # Bounded by step count, not time (the profile in tests/conftest.py has no deadline).
-TestDurableWorkers.settings = settings(max_examples=60, stateful_step_count=40)
+TestDurableWorkers.settings = settings(max_examples=40, stateful_step_count=30)
