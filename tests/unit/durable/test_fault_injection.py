@@ -61,9 +61,9 @@ def _assert_a_whole_prefix(store: PartitionStore) -> int:
     return found[0]
 
 
-async def _run_writer(changelog: KillingChangelog, path: Path) -> int:
+async def run_writer(changelog: KillingChangelog, path: Path, partition: int = 0) -> int:
     """Claim and persist every batch; the number of persists acknowledged before a kill."""
-    opened = open_partition(path, changelog)
+    opened = open_partition(path, changelog, partition)
     done = 0
     try:
         await opened.checkpointer.claim()
@@ -77,9 +77,9 @@ async def _run_writer(changelog: KillingChangelog, path: Path) -> int:
     return done
 
 
-async def _recover(changelog: KillingChangelog, path: Path) -> int | None:
+async def recover(changelog: KillingChangelog, path: Path, partition: int = 0) -> int | None:
     """A restarted worker's recovery (catch up, claim); the prefix it restored, None if killed."""
-    opened = open_partition(path, changelog)
+    opened = open_partition(path, changelog, partition)
     try:
         await opened.checkpointer.claim()
     except Killed:
@@ -94,7 +94,7 @@ async def _recover(changelog: KillingChangelog, path: Path) -> int | None:
         reopened.close()
 
 
-def _kill_points(calls: int, append_sizes: dict[int, int]) -> list[tuple[int, int]]:
+def kill_points(calls: int, append_sizes: dict[int, int]) -> list[tuple[int, int]]:
     """(call, records delivered first) for every await: each append at every split."""
     points: list[tuple[int, int]] = []
     for call in range(calls):
@@ -102,9 +102,9 @@ def _kill_points(calls: int, append_sizes: dict[int, int]) -> list[tuple[int, in
     return points
 
 
-async def _count_writer_calls(tmp_path: Path) -> KillingChangelog:
+async def count_writer_calls(tmp_path: Path) -> KillingChangelog:
     counting = KillingChangelog(InMemoryChangelog())
-    assert await _run_writer(counting, tmp_path / "count") == len(BATCHES)
+    assert await run_writer(counting, tmp_path / "count") == len(BATCHES)
     return counting
 
 
@@ -112,17 +112,17 @@ async def _count_writer_calls(tmp_path: Path) -> KillingChangelog:
 async def test_a_kill_at_any_await_of_a_persist_restores_a_whole_prefix(
     tmp_path: Path, data_dir: str
 ) -> None:
-    counting = await _count_writer_calls(tmp_path)
-    writer_points = _kill_points(counting.calls, counting.append_sizes)
+    counting = await count_writer_calls(tmp_path)
+    writer_points = kill_points(counting.calls, counting.append_sizes)
     assert len(writer_points) > 2 * len(BATCHES)
     restored_prefixes = set()
     for run, (kill_at, delivered) in enumerate(writer_points):
         log = InMemoryChangelog()
         path = tmp_path / f"w{run}"
-        acknowledged = await _run_writer(KillingChangelog(log, kill_at, delivered), path)
+        acknowledged = await run_writer(KillingChangelog(log, kill_at, delivered), path)
         if data_dir == "lost":
             PartitionStore.destroy(path)
-        restored = await _recover(KillingChangelog(log), path)
+        restored = await recover(KillingChangelog(log), path)
         # Never older than what was acknowledged; at most the one persist in flight newer.
         assert restored is not None and acknowledged <= restored <= acknowledged + 1, (kill_at, delivered)
         restored_prefixes.add(restored)
@@ -140,27 +140,27 @@ WRITER_ENDS = [("torn", 2, 2), ("unacknowledged", 3, None), ("clean", None, 0)]
 async def test_a_kill_at_any_await_of_a_recovery_restores_a_whole_prefix(
     tmp_path: Path, data_dir: str, name: str, persist_index: int | None, delivered: int | None
 ) -> None:
-    counting = await _count_writer_calls(tmp_path)
+    counting = await count_writer_calls(tmp_path)
     appends = sorted(counting.append_sizes)  # the claim's, then one per persist
     kill_at = None if persist_index is None else appends[persist_index + 1]
     split = 0 if kill_at is None else (delivered if delivered is not None else counting.append_sizes[kill_at])
     log = InMemoryChangelog()
     path = tmp_path / "writer"
-    acknowledged = await _run_writer(KillingChangelog(log, kill_at, split), path)
+    acknowledged = await run_writer(KillingChangelog(log, kill_at, split), path)
     if data_dir == "lost":
         PartitionStore.destroy(path)
     probe = KillingChangelog(log.copy())
     _copy_dir(path, tmp_path / "probe")
-    assert await _recover(probe, tmp_path / "probe") is not None
-    recovery_points = _kill_points(probe.calls, probe.append_sizes)
+    assert await recover(probe, tmp_path / "probe") is not None
+    recovery_points = kill_points(probe.calls, probe.append_sizes)
     assert len(recovery_points) >= 4
     for run, (recovery_kill, recovery_delivered) in enumerate(recovery_points):
         attempt_log = log.copy()
         attempt_path = tmp_path / f"r{run}"
         _copy_dir(path, attempt_path)
-        await _recover(KillingChangelog(attempt_log, recovery_kill, recovery_delivered), attempt_path)
+        await recover(KillingChangelog(attempt_log, recovery_kill, recovery_delivered), attempt_path)
         # The next start after that kill restores a prefix too, no older than acknowledged.
-        final = await _recover(KillingChangelog(attempt_log), attempt_path)
+        final = await recover(KillingChangelog(attempt_log), attempt_path)
         assert final is not None and final >= acknowledged, (recovery_kill, recovery_delivered)
         PartitionStore.destroy(attempt_path)
 
