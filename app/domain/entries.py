@@ -323,7 +323,11 @@ def checked(record: Record, raw: bytes, lanes: int) -> Record | DeadLetter:
 
 _LOWER_HEX = "0123456789abcdef"
 _ANY_HEX = "0123456789abcdefABCDEF"
-_KNOWN_CONVERSATIONS_MAX = 1 << 20
+# The validated-id caches are process-wide and outlive any one state's hot set, so they are
+# small: a cache miss only costs a validation (`_is_uuid`), never a different result. At 1 << 20
+# the conversations' set held up to ~1M ids (~120 MiB) and grew with every new conversation of a
+# log, beyond `projector replay --state-dir --hot-rows`'s bound (issue 33, item 4).
+_KNOWN_CONVERSATIONS_MAX = 1 << 16
 _known_conversations: set[str] = set()  # canonical ids already validated
 _KNOWN_ACTIVITIES_MAX = 1 << 16
 _known_activities: set[str] = set()  # activity ids already validated
