@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
 import pytest
@@ -32,7 +31,3 @@ def differential() -> Iterator[Differential]:
             }
         )
     )
-
-
-def report_path() -> Path:
-    return REPORT

@@ -150,13 +150,12 @@ class Differential:
 
     def check(self, request: dict[str, Any]) -> Verdict:
         if request.get("state_dir") == "new":
-            base = Path(tempfile.mkdtemp(prefix="build-diff-"))
-            answers = [
-                build.ask({**request, "state_dir": str(base / name)})
-                for name, build in (("pure", self.pure), ("compiled", self.compiled))
-            ]
+            with tempfile.TemporaryDirectory(prefix="build-diff-") as base:
+                answers = [
+                    build.ask({**request, "state_dir": str(Path(base) / name)})
+                    for name, build in (("pure", self.pure), ("compiled", self.compiled))
+                ]
             verdict = Verdict(*answers)
-            subprocess.run(["rm", "-rf", str(base)], check=False)
         else:
             verdict = Verdict(self.pure.ask(request), self.compiled.ask(request))
         self.requests += 1
