@@ -99,7 +99,7 @@ def cpu_ms(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
-def _drop_keyspace(settings: Settings, keyspace: str) -> None:
+def drop_keyspace(settings: Settings, keyspace: str) -> None:
     from app.stores.cassandra_session import open_cluster
 
     cluster, session = open_cluster(settings)
@@ -107,6 +107,19 @@ def _drop_keyspace(settings: Settings, keyspace: str) -> None:
         session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
     finally:
         cluster.shutdown()
+
+
+async def api_bases(procs: list[subprocess.Popen[str]]) -> list[str]:
+    """Each started `projector api`'s base URL, from the line it prints once it listens."""
+    bases = []
+    for api_proc in procs:
+        assert api_proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(api_proc.stdout.readline), timeout=60)
+        match = re.search(r"http://127\.0\.0\.1:\d+", line)
+        if match is None:
+            raise RuntimeError(f"projector api did not start: {line!r}")
+        bases.append(match[0])
+    return bases
 
 
 def pct(values: list[float], q: float) -> float:
@@ -171,15 +184,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     ]
     proc = procs[0]
     try:
-        bases = []
-        for api_proc in procs:
-            assert api_proc.stdout is not None
-            line = await asyncio.wait_for(asyncio.to_thread(api_proc.stdout.readline), timeout=60)
-            match = re.search(r"http://127\.0\.0\.1:\d+", line)
-            if match is None:
-                raise RuntimeError(f"projector api did not start: {line!r}")
-            bases.append(match[0])
-        base, other = bases
+        base, other = await api_bases(procs)
         headers = {"Authorization": "Bearer " + TokenSigner(secret).mint(USER, int(time.time()) + 3600)}
         url = f"{base}/v1/sessions?limit={args.limit}"
         connector = aiohttp.TCPConnector(limit=args.concurrency)
@@ -257,7 +262,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             api_proc.wait(timeout=30)
         await store.delete_all()
         await client.aclose()
-        await asyncio.to_thread(_drop_keyspace, settings, keyspace)
+        await asyncio.to_thread(drop_keyspace, settings, keyspace)
     listed = sum(1 for r in rows if r["listed"])
     return {
         "conversations": args.conversations,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import secrets
 import subprocess
 import sys
@@ -33,18 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from app.api.tokens import TokenSigner  # noqa: E402
 from app.settings import Settings  # noqa: E402
+from bench.api_bench import api_bases, drop_keyspace  # noqa: E402
 
 USER = 777_000_002
-
-
-def _drop_keyspace(settings: Settings, keyspace: str) -> None:
-    from app.stores.cassandra_session import open_cluster
-
-    cluster, session = open_cluster(settings)
-    try:
-        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
-    finally:
-        cluster.shutdown()
 
 
 async def main(args: argparse.Namespace) -> dict[str, object]:
@@ -76,14 +66,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         for _ in range(args.instances)
     ]
     try:
-        bases = []
-        for api_proc in procs:
-            assert api_proc.stdout is not None
-            line = await asyncio.wait_for(asyncio.to_thread(api_proc.stdout.readline), timeout=60)
-            match = re.search(r"http://127\.0\.0\.1:\d+", line)
-            if match is None:
-                raise RuntimeError(f"projector api did not start: {line!r}")
-            bases.append(match[0])
+        bases = await api_bases(procs)
         headers = {"Authorization": "Bearer " + TokenSigner(secret).mint(USER, int(time.time()) + 3600)}
         statuses: list[int] = []
         async with aiohttp.ClientSession() as http:
@@ -106,7 +89,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         for api_proc in procs:
             api_proc.terminate()
             api_proc.wait(timeout=30)
-        await asyncio.to_thread(_drop_keyspace, settings, keyspace)
+        await asyncio.to_thread(drop_keyspace, settings, keyspace)
     accepted = statuses.count(200)
     return {
         "instances": args.instances,
