@@ -51,11 +51,47 @@ class Cursor:
     snapshot_id: int
 
 
+class SignedEnvelope:
+    """The signing mechanism of every opaque reference this API hands out: base64url of a
+    ``PageCursor`` envelope whose MAC (HMAC-SHA256 with the purpose's key, 16 bytes) covers the
+    payload bytes exactly as sent. Each purpose derives its own key, so a session cursor never
+    passes for a member page reference, nor the reverse; the previous secret still verifies
+    (rotation) but never signs."""
+
+    def __init__(self, secret: str, purpose: str, previous: str = "") -> None:
+        self._key = derive_key(secret, purpose)
+        self._keys = (self._key, derive_key(previous, purpose)) if previous else (self._key,)
+
+    def seal(self, payload: bytes) -> str:
+        envelope = pb.PageCursor(position=payload, mac=self.mac(payload))
+        return b64url_encode(envelope.SerializeToString())
+
+    def open(self, text: str, what: str = "cursor") -> bytes:
+        """The payload this API signed; CursorError (malformed / signature invalid) otherwise."""
+        if not text:
+            raise CursorError(f"{what} is empty (omit the parameter for the first page)")
+        if len(text) > MAX_CURSOR_CHARS:
+            raise CursorError(f"{what} is malformed (too long)")
+        try:
+            envelope = pb.PageCursor.FromString(b64url_decode(text))
+        except (ValueError, DecodeError):
+            raise CursorError(f"{what} is malformed (not a {what} this API issued)") from None
+        if len(envelope.mac) != MAC_BYTES:
+            raise CursorError(f"{what} is malformed (no signature)")
+        # Every key is tried (no early exit): the time taken does not say which one matched.
+        macs = [hmac.new(key, envelope.position, hashlib.sha256).digest()[:MAC_BYTES] for key in self._keys]
+        if not any([hmac.compare_digest(envelope.mac, mac) for mac in macs]):
+            raise CursorError(f"{what} signature is invalid (tampered, or not issued by this API)")
+        return bytes(envelope.position)
+
+    def mac(self, payload: bytes) -> bytes:
+        return hmac.new(self._key, payload, hashlib.sha256).digest()[:MAC_BYTES]
+
+
 class CursorCodec:
     def __init__(self, secret: str, previous: str = "") -> None:
-        self._key = derive_key(secret, "cursor")
         # Secret rotation: a cursor the previous secret signed still pages (until it is removed).
-        self._keys = (self._key, derive_key(previous, "cursor")) if previous else (self._key,)
+        self._envelope = SignedEnvelope(secret, "cursor", previous)
 
     def encode(self, cursor: Cursor) -> str:
         p = cursor.position
@@ -69,26 +105,13 @@ class CursorCodec:
             folder=_FOLDER_TO_PB[cursor.folder],
             server_epoch=cursor.snapshot_id,
         ).SerializeToString()
-        envelope = pb.PageCursor(position=position, mac=self._mac(position))
-        return b64url_encode(envelope.SerializeToString())
+        return self._envelope.seal(position)
 
     def decode(self, text: str, user_id: int, folder: Folder) -> Cursor:
-        if not text:
-            raise CursorError("cursor is empty (omit the parameter for the first page)")
-        if len(text) > MAX_CURSOR_CHARS:
-            raise CursorError("cursor is malformed (too long)")
-        try:
-            envelope = pb.PageCursor.FromString(b64url_decode(text))
-        except (ValueError, DecodeError):
-            raise CursorError("cursor is malformed (not a cursor this API issued)") from None
-        if len(envelope.mac) != MAC_BYTES:
-            raise CursorError("cursor is malformed (no signature)")
-        macs = [hmac.new(key, envelope.position, hashlib.sha256).digest()[:MAC_BYTES] for key in self._keys]
-        if not any([hmac.compare_digest(envelope.mac, mac) for mac in macs]):
-            raise CursorError("cursor signature is invalid (tampered, or not issued by this API)")
+        signed = self._envelope.open(text)
         # Signed by us: what follows can only fail for a cursor of another user/folder (or a bug).
         try:
-            position = pb.CursorPosition.FromString(envelope.position)
+            position = pb.CursorPosition.FromString(signed)
         except DecodeError:
             raise CursorError("cursor is malformed") from None
         if position.user_id != user_id:
@@ -118,4 +141,4 @@ class CursorCodec:
         )
 
     def _mac(self, position: bytes) -> bytes:
-        return hmac.new(self._key, position, hashlib.sha256).digest()[:MAC_BYTES]
+        return self._envelope.mac(position)
