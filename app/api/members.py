@@ -4,7 +4,11 @@
 * ``POST /api/v1/chats/members/by-user-ids`` — 1..50 members (active or not, marked), with
   statistics on request within a 2 s budget (dropped, never zeroed, when late).
 * ``GET /api/v1/chats/{chat_session_uid}/messages/{conversation_seq}/readers`` — who of the
-  active members has read up to that message.
+  active members has read up to that message, a page at a time (``limit``, ``page_ref``), within
+  a 2 s budget (503 ``timeout``); 404 for a message the group does not have.
+
+Page references are opaque (app/api/member_refs.py): signed like the session cursors and bound
+to the caller, the group and the walk.
 
 Access is checked on every call: 403 with code ``"2001"`` (the caller is not, or no longer, an
 active member) or ``"2002"`` (the conversation is disabled). These two codes mean "drop your
@@ -24,15 +28,23 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from app.api.cursor import CursorError
 from app.api.http import ApiContext, ApiError, Route, bad_request, context, current_user, or_empty, query
+from app.api.member_refs import READERS_PURPOSE, MemberPageRef, MemberRefCodec
 from app.domain.wire_ids import ID_SCHEMA, id_text
 from app.members.model import BY_IDS_MAX, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX, BaseMember, parse_user_id
-from app.members.server import MemberService
+from app.members.server import (
+    READERS_LIMIT_DEFAULT,
+    READERS_LIMIT_MAX,
+    MemberService,
+    ReadersTimeout,
+    UnknownMessage,
+)
 from app.members.source import MemberAccessDenied
 from app.settings import Settings
 
 SERVICE_KEY: Final = "members"
-_PAGE_FIELDS: Final = frozenset({"chat_session_uid", "after_user_id", "limit", "active_only"})
+_PAGE_FIELDS: Final = frozenset({"chat_session_uid", "page_ref", "limit", "active_only"})
 _BY_IDS_FIELDS: Final = frozenset({"chat_session_uid", "user_ids", "include_stats"})
 _MAX_BODY: Final = 64 * 1024  # 50 ids and a uuid fit many times over
 _SEQ_MAX: Final = 2**64 - 2
@@ -137,28 +149,52 @@ def _opt_id(user_id: int | None) -> str | None:
     return None if user_id is None else id_text(user_id)
 
 
-async def members_page(request: web.Request) -> web.Response:
-    caller = current_user(request)
-    body = await _body(request, _PAGE_FIELDS)
-    group = _group(body)
-    limit = _integral(body.get("limit", PAGE_LIMIT_DEFAULT))
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE_LIMIT_MAX:
-        raise bad_request(f"limit must be an integer from 1 to {PAGE_LIMIT_MAX}")
-    after = body.get("after_user_id")
-    after_user_id = None if after is None else _user_id(after, "after_user_id")
-    active_only = _bool(body, "active_only", False)
-    try:
-        page = await _service(request).page(group, caller, after_user_id, limit, active_only)
-    except MemberAccessDenied as exc:
-        raise _denied(exc) from None
-    return web.json_response(
-        {
-            "items": [_member_json(m) for m in page.items],
-            "has_more": page.has_more,
-            "next_user_id": _opt_id(page.next_user_id),
-            "self_role": page.self_role,
-        }
-    )
+def members_page(refs: MemberRefCodec) -> Any:
+    async def handler(request: web.Request) -> web.Response:
+        caller = current_user(request)
+        body = await _body(request, _PAGE_FIELDS)
+        group = _group(body)
+        limit = _integral(body.get("limit", PAGE_LIMIT_DEFAULT))
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE_LIMIT_MAX:
+            raise bad_request(f"limit must be an integer from 1 to {PAGE_LIMIT_MAX}")
+        active_only = _bool(body, "active_only", False)
+        after_user_id = None
+        ref_text = body.get("page_ref")
+        if ref_text is not None:
+            if not isinstance(ref_text, str):
+                raise bad_request("page_ref must be the string a previous page returned")
+            try:
+                after_user_id = refs.decode(
+                    ref_text, account=caller, group=group, active_only=active_only
+                ).after_user_id
+            except CursorError as exc:
+                raise bad_request(str(exc)) from None
+        try:
+            page = await _service(request).page(group, caller, after_user_id, limit, active_only)
+        except MemberAccessDenied as exc:
+            raise _denied(exc) from None
+        next_ref = None
+        if page.next_user_id is not None:
+            next_ref = refs.encode(MemberPageRef(caller, group, page.next_user_id, active_only))
+        return web.json_response(
+            {
+                "items": [_member_json(m) for m in page.items],
+                "has_more": page.has_more,
+                "next_page_ref": next_ref,
+                "self_role": page.self_role,
+                "capabilities": page.capabilities,
+                "join_events": [
+                    {
+                        "event_ref": event.event_ref,
+                        "joined_at_conversation_seq": event.joined_at,
+                        "invitee_refs": _ids(event.invitees),
+                    }
+                    for event in page.join_events
+                ],
+            }
+        )
+
+    return handler
 
 
 async def members_by_user_ids(request: web.Request) -> web.Response:
@@ -179,7 +215,9 @@ async def members_by_user_ids(request: web.Request) -> web.Response:
         item = _member_json(member)
         if result.stats is not None:
             # Both or neither: a response without them means "unknown", never zero.
-            item["record_count"], item["mention_count"] = result.stats.get(member.user_id, (0, 0))
+            counts = result.stats.get(member.user_id)
+            if counts is not None:
+                item["record_count"], item["mention_count"] = counts
         items.append(item)
     return web.json_response(
         {
@@ -191,53 +229,91 @@ async def members_by_user_ids(request: web.Request) -> web.Response:
     )
 
 
-async def message_readers(request: web.Request) -> web.Response:
-    caller = current_user(request)
-    params = query(request, frozenset({"basic_only"}))
-    basic = params.get("basic_only", "false")
-    if basic not in ("true", "false"):
-        raise bad_request("basic_only must be true or false")
-    group = _group({"chat_session_uid": request.match_info["chat_session_uid"]})
-    seq_text = request.match_info["conversation_seq"]
-    if not seq_text.isascii() or not seq_text.isdigit() or not 1 <= int(seq_text) <= _SEQ_MAX:
-        raise bad_request("conversation_seq must be a positive integer")
-    try:
-        readers = await _service(request).readers(group, caller, int(seq_text))
-    except MemberAccessDenied as exc:
-        raise _denied(exc) from None
-    out: dict[str, Any] = {
-        "conversation_seq": readers.conversation_seq,
-        "sender_id": _opt_id(readers.sender_id),
-        "read_user_ids": _ids(m.user_id for m in readers.read),
-        "unread_user_ids": _ids(m.user_id for m in readers.unread),
-        "read_count": len(readers.read),
-        "unread_count": len(readers.unread),
-        "basic_only": basic == "true",
-        "self_role": readers.self_role,
-    }
-    if basic == "false":
-        # The full projection adds what the server knows of each member (no profiles: those
-        # come from the client's member store, which the UI subscribes to).
-        for name, members in (("read", readers.read), ("unread", readers.unread)):
-            out[name] = [
-                {
-                    "user_id": id_text(m.user_id),
-                    "role": m.role,
-                    "read_conversation_seq": readers.read_seqs.get(m.user_id, 0),
-                }
-                for m in members
-            ]
-    return web.json_response(out)
+def message_readers(refs: MemberRefCodec) -> Any:
+    async def handler(request: web.Request) -> web.Response:
+        caller = current_user(request)
+        params = query(request, frozenset({"basic_only", "limit", "page_ref"}))
+        basic = params.get("basic_only", "false")
+        if basic not in ("true", "false"):
+            raise bad_request("basic_only must be true or false")
+        limit_text = params.get("limit", str(READERS_LIMIT_DEFAULT))
+        if (
+            not limit_text.isascii()
+            or not limit_text.isdigit()
+            or not 1 <= int(limit_text) <= READERS_LIMIT_MAX
+        ):
+            raise bad_request(f"limit must be an integer from 1 to {READERS_LIMIT_MAX}")
+        group = _group({"chat_session_uid": request.match_info["chat_session_uid"]})
+        seq_text = request.match_info["conversation_seq"]
+        if not seq_text.isascii() or not seq_text.isdigit() or not 1 <= int(seq_text) <= _SEQ_MAX:
+            raise bad_request("conversation_seq must be a positive integer")
+        after_user_id = None
+        if "page_ref" in params:
+            try:
+                after_user_id = refs.decode(
+                    params["page_ref"], account=caller, group=group, active_only=True
+                ).after_user_id
+            except CursorError as exc:
+                raise bad_request(str(exc)) from None
+        try:
+            readers = await _service(request).readers(
+                group, caller, int(seq_text), after_user_id=after_user_id, limit=int(limit_text)
+            )
+        except MemberAccessDenied as exc:
+            raise _denied(exc) from None
+        except UnknownMessage as exc:
+            raise ApiError(404, "unknown_message", str(exc)) from None
+        except ReadersTimeout as exc:
+            raise ApiError(503, "timeout", str(exc)) from None
+        next_ref = None
+        if readers.next_user_id is not None:
+            next_ref = refs.encode(MemberPageRef(caller, group, readers.next_user_id, True))
+        out: dict[str, Any] = {
+            "conversation_seq": readers.conversation_seq,
+            "sender_id": _opt_id(readers.sender_id),
+            "read_user_ids": _ids(m.user_id for m in readers.read),
+            "unread_user_ids": _ids(m.user_id for m in readers.unread),
+            "read_count": len(readers.read),
+            "unread_count": len(readers.unread),
+            "basic_only": basic == "true",
+            "self_role": readers.self_role,
+            "has_more": readers.has_more,
+            "next_page_ref": next_ref,
+        }
+        if basic == "false":
+            # The full projection adds what the server knows of each member (no profiles: those
+            # come from the client's member store, which the UI subscribes to).
+            for name, members in (("read", readers.read), ("unread", readers.unread)):
+                out[name] = [
+                    {
+                        "user_id": id_text(m.user_id),
+                        "role": m.role,
+                        "read_conversation_seq": readers.read_seqs.get(m.user_id, 0),
+                    }
+                    for m in members
+                ]
+        return web.json_response(out)
+
+    return handler
 
 
 def routes(ctx: ApiContext) -> list[Route]:
     return [
-        Route("POST", "/api/v1/chats/members/page", members_page, PAGE_OPERATION),
+        Route(
+            "POST",
+            "/api/v1/chats/members/page",
+            members_page(MemberRefCodec(ctx.settings.api_secret, ctx.settings.api_secret_previous)),
+            PAGE_OPERATION,
+        ),
         Route("POST", "/api/v1/chats/members/by-user-ids", members_by_user_ids, BY_IDS_OPERATION),
         Route(
             "GET",
             "/api/v1/chats/{chat_session_uid}/messages/{conversation_seq}/readers",
-            message_readers,
+            message_readers(
+                MemberRefCodec(
+                    ctx.settings.api_secret, ctx.settings.api_secret_previous, purpose=READERS_PURPOSE
+                )
+            ),
             READERS_OPERATION,
         ),
     ]
@@ -276,9 +352,12 @@ PAGE_OPERATION: Final[dict[str, Any]] = {
     "operationId": "membersPage",
     "summary": "One keyset page of a group's members, ascending user_id",
     "description": (
-        "Pass next_user_id as after_user_id for the next page. Every page re-checks access and "
-        "carries the caller's self_role. A traversal is not a snapshot: verify members missing "
-        "from it with by-user-ids."
+        "Pass next_page_ref as page_ref for the next page: an opaque reference signed by this API "
+        "and bound to the caller, the group and active_only (400 otherwise). Every page re-checks "
+        "access and carries the caller's self_role, the capabilities the group's settings give "
+        "that role, and the page's join events (merge them across pages by event_ref, their "
+        "invitees by memberRef). A traversal is not a snapshot: verify members missing from it "
+        "with by-user-ids."
     ),
     "requestBody": _json_body("#/components/schemas/MembersPageRequest"),
     "responses": {
@@ -289,9 +368,9 @@ PAGE_OPERATION: Final[dict[str, Any]] = {
                     "operationId": "membersPage",
                     "requestBody": {
                         "chat_session_uid": "$request.body#/chat_session_uid",
-                        "after_user_id": "$response.body#/next_user_id",
+                        "page_ref": "$response.body#/next_page_ref",
                     },
-                    "description": "The page after this one (next_user_id is null at the end)",
+                    "description": "The page after this one (next_page_ref is null at the end)",
                 },
                 "Readers": {
                     "operationId": "messageReaders",
@@ -330,8 +409,34 @@ READERS_OPERATION: Final[dict[str, Any]] = {
             "schema": {"type": "integer", "minimum": 1, "maximum": _SEQ_MAX},
         },
         {"name": "basic_only", "in": "query", "required": False, "schema": or_empty({"type": "boolean"})},
+        {
+            "name": "limit",
+            "in": "query",
+            "required": False,
+            "description": "Active members examined per page",
+            "schema": {"type": "integer", "minimum": 1, "maximum": READERS_LIMIT_MAX, "default": 100},
+        },
+        {
+            "name": "page_ref",
+            "in": "query",
+            "required": False,
+            "description": "next_page_ref of the previous page (opaque, bound to caller and group)",
+            "schema": {"type": "string"},
+        },
     ],
-    "responses": {"200": _ok("#/components/schemas/MessageReaders"), **_ERRORS},
+    "responses": {
+        "200": _ok("#/components/schemas/MessageReaders"),
+        **_ERRORS,
+        "404": {
+            "description": 'No such message in this group (code "unknown_message")',
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        },
+        "503": {
+            "description": "Not configured, or the read facts did not come within the 2 s budget "
+            '(code "timeout"): retry',
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        },
+    },
 }
 
 _MEMBER: Final[dict[str, Any]] = {
@@ -365,7 +470,7 @@ SCHEMAS: Final[dict[str, Any]] = {
         "type": "object",
         "properties": {
             "chat_session_uid": {"type": "string", "format": "uuid"},
-            "after_user_id": _UID,
+            "page_ref": {"type": "string", "description": "next_page_ref of the previous page"},
             "limit": {"type": "integer", "minimum": 1, "maximum": PAGE_LIMIT_MAX, "default": 50},
             "active_only": {"type": "boolean", "default": False},
         },
@@ -377,13 +482,30 @@ SCHEMAS: Final[dict[str, Any]] = {
         "properties": {
             "items": {"type": "array", "items": {"$ref": "#/components/schemas/Member"}},
             "has_more": {"type": "boolean"},
-            "next_user_id": {
-                **_NULLABLE_ID,
-                "description": "Pass as after_user_id for the next page (a decimal string); null at the end",
+            "next_page_ref": {
+                "type": ["string", "null"],
+                "description": "Pass as page_ref for the next page (opaque); null at the end",
             },
             "self_role": {"type": "string"},
+            "capabilities": {
+                "type": "object",
+                "description": "From the group's settings and self_role (never from a cached role)",
+                "additionalProperties": {"type": "boolean"},
+            },
+            "join_events": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "event_ref": {"type": "string"},
+                        "joined_at_conversation_seq": {"type": "integer"},
+                        "invitee_refs": {"type": "array", "items": ID_SCHEMA},
+                    },
+                    "required": ["event_ref", "joined_at_conversation_seq", "invitee_refs"],
+                },
+            },
         },
-        "required": ["items", "has_more", "next_user_id", "self_role"],
+        "required": ["items", "has_more", "next_page_ref", "self_role", "capabilities", "join_events"],
     },
     "MembersByUserIdsRequest": {
         "type": "object",
@@ -418,7 +540,9 @@ SCHEMAS: Final[dict[str, Any]] = {
             "unread_count": {"type": "integer"},
             "basic_only": {"type": "boolean"},
             "self_role": {"type": "string"},
+            "has_more": {"type": "boolean"},
+            "next_page_ref": {"type": ["string", "null"]},
         },
-        "required": ["conversation_seq", "read_user_ids", "unread_user_ids", "basic_only"],
+        "required": ["conversation_seq", "read_user_ids", "unread_user_ids", "basic_only", "has_more"],
     },
 }

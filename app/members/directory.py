@@ -36,7 +36,16 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from app.members.cache import CacheKey, SqliteMemberCache
-from app.members.model import BY_IDS_MAX, PAGE_LIMIT_DEFAULT, BaseMember, Member, PresentationResult, Profile
+from app.members.model import (
+    BY_IDS_MAX,
+    PAGE_LIMIT_DEFAULT,
+    BaseMember,
+    JoinEvent,
+    Member,
+    PresentationResult,
+    Profile,
+    merge_join_events,
+)
 from app.members.source import (
     MemberAccessDenied,
     MemberSource,
@@ -123,6 +132,10 @@ class MemberDirectory:
         # -- what subscribers read ------------------------------------------------------------
         self.members: dict[int, Member] = {}
         self.self_role: str | None = None  # from the latest page's access check, never the cache
+        # Admin entry: from the latest page (the group's settings and that page's role), never
+        # from a cached role; join events of this traversal merged by event and memberRef.
+        self.capabilities: dict[str, bool] = {}
+        self.join_events: dict[str, JoinEvent] = {}
         self.cached_at_ms: int | None = None  # set by a cache hit (memory or disk)
         self.fresh = False  # a complete server traversal of the current generation landed
         self.error: MemberSourceError | None = None
@@ -219,6 +232,8 @@ class MemberDirectory:
         self._bump()
         self.members.clear()
         self.self_role = None
+        self.capabilities = {}
+        self.join_events = {}
         self.cached_at_ms = None
         self.fresh = False
         self._notify()
@@ -267,7 +282,7 @@ class MemberDirectory:
 
     async def _traverse(self, gen: int) -> None:
         seen: set[int] = set()
-        after: int | None = None
+        after: str | None = None
         pages = 0
         while True:
             if pages >= self.max_pages:
@@ -285,6 +300,8 @@ class MemberDirectory:
             self._remote_seen_gen = gen
             self.error = None
             self.self_role = page.self_role
+            self.capabilities = dict(page.capabilities)
+            self.join_events = merge_join_events(self.join_events, page.join_events)
             self._merge_base(page.items)
             ids = [item.user_id for item in page.items]
             seen.update(ids)
@@ -293,7 +310,7 @@ class MemberDirectory:
             self._notify()
             if not page.has_more:
                 break
-            after = page.next_user_id
+            after = page.next_ref
         absent = [user_id for user_id in self.members if user_id not in seen]
         if absent:
             await self._verify_absent(gen, absent)

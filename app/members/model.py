@@ -8,7 +8,7 @@ that changed (seed 004: "不替换未变化成员对象").
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -31,6 +31,67 @@ CONVERSATION_DISABLED: Final = 2002
 ACCESS_CODES: Final = frozenset({NOT_A_MEMBER, CONVERSATION_DISABLED})
 
 ROLES: Final = frozenset({"owner", "admin", "member"})
+_RANK: Final = {"owner": 3, "admin": 2, "member": 1}
+
+# Admin capabilities come only from the group's settings (seed 004: "管理操作能力只取自
+# group.settings，不能从缓存角色推断"): each setting names the lowest role allowed to do it
+# (``owner``, ``admin``, ``member``) or ``nobody``; a group without the setting has the default.
+CAPABILITY_DEFAULTS: Final = {
+    "invite": "member",
+    "remove_members": "admin",
+    "edit_info": "admin",
+    "manage_admins": "owner",
+}
+CAPABILITY_LEVELS: Final = frozenset({"owner", "admin", "member", "nobody"})
+
+
+def capabilities(self_role: str, settings: Mapping[str, str]) -> dict[str, bool]:
+    """What the caller (with the role its access check just read) may do in the group."""
+    rank = _RANK.get(self_role, 0)
+    out: dict[str, bool] = {}
+    for name, default in CAPABILITY_DEFAULTS.items():
+        level = settings.get(name, default)
+        if level not in CAPABILITY_LEVELS:
+            level = default  # a value this server does not know never grants anything new
+        out[name] = level != "nobody" and rank >= _RANK[level]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class JoinEvent:
+    """One join event of a roster page: the members (invitees) who joined the group with the
+    same entry position. Clients merge the events of several pages by ``event_ref`` and their
+    invitees by memberRef (seed 004: "跨页同一入群事件按 memberRef 合并 invitees")."""
+
+    event_ref: str
+    joined_at: int
+    invitees: tuple[int, ...]
+
+
+def join_events(members: Sequence[BaseMember]) -> list[JoinEvent]:
+    by_seq: dict[int, list[int]] = {}
+    for member in members:
+        if member.joined_at is not None:
+            by_seq.setdefault(member.joined_at, []).append(member.user_id)
+    return [JoinEvent(f"join:{seq}", seq, tuple(ids)) for seq, ids in sorted(by_seq.items())]
+
+
+def merge_join_events(known: Mapping[str, JoinEvent], page: Sequence[JoinEvent]) -> dict[str, JoinEvent]:
+    """``known`` with a page's events merged in: one event per ``event_ref``, invitees by id
+    (never by name), first-seen order kept."""
+    out = dict(known)
+    for event in page:
+        old = out.get(event.event_ref)
+        if old is None:
+            out[event.event_ref] = event
+        else:
+            merged = tuple(dict.fromkeys((*old.invitees, *event.invitees)))
+            out[event.event_ref] = (
+                old if merged == old.invitees else dataclasses.replace(old, invitees=merged)
+            )
+    return out
+
+
 STATES: Final = frozenset({"active", "left", "removed"})
 
 
@@ -131,12 +192,15 @@ class BaseMember:
 
 @dataclass(frozen=True, slots=True)
 class MemberPage:
-    """One ``/members/page`` answer."""
+    """One ``/members/page`` answer. ``next_ref`` is opaque: the server signs it and binds it to
+    the account, the group and the walk; a client only hands it back."""
 
     items: tuple[BaseMember, ...]
     has_more: bool
-    next_user_id: int | None
+    next_ref: str | None
     self_role: str
+    capabilities: Mapping[str, bool] = dataclasses.field(default_factory=dict)
+    join_events: tuple[JoinEvent, ...] = ()
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> MemberPage:
@@ -144,14 +208,31 @@ class MemberPage:
         has_more = body.get("has_more")
         if not isinstance(has_more, bool):
             raise ValueError("page: has_more must be a boolean")
-        next_user_id = body.get("next_user_id")
-        if has_more and next_user_id is None:
-            raise ValueError("page: has_more without next_user_id")
+        next_ref = body.get("next_page_ref")
+        if next_ref is not None and not isinstance(next_ref, str):
+            raise ValueError("page: next_page_ref must be a string")
+        if has_more and not next_ref:
+            raise ValueError("page: has_more without next_page_ref")
+        raw_caps = body.get("capabilities") or {}
+        if not isinstance(raw_caps, Mapping):
+            raise ValueError("page: capabilities must be an object")
+        events = []
+        for event in body.get("join_events") or ():
+            events.append(
+                JoinEvent(
+                    event_ref=str(event["event_ref"]),
+                    joined_at=int(event["joined_at_conversation_seq"]),
+                    invitees=tuple(_user_id(u) for u in event.get("invitee_refs") or ()),
+                )
+            )
         return cls(
             items=items,
             has_more=has_more,
-            next_user_id=None if next_user_id is None else _user_id(next_user_id),
+            next_ref=next_ref if has_more else None,
             self_role=str(body.get("self_role") or "member"),
+            # Only true booleans grant anything.
+            capabilities={str(k): v is True for k, v in raw_caps.items()},
+            join_events=tuple(events),
         )
 
 

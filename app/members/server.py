@@ -21,12 +21,27 @@ from app.members.model import (
     NOT_A_MEMBER,
     PAGE_LIMIT_MAX,
     BaseMember,
+    JoinEvent,
+    capabilities,
+    join_events,
+    stats_known,
 )
 from app.members.source import MemberAccessDenied
 
 log = logging.getLogger("projector.members.server")
 
 STATS_BUDGET_S = 2.0
+READERS_BUDGET_S = 2.0
+READERS_LIMIT_DEFAULT = 100
+READERS_LIMIT_MAX = 500
+
+
+class UnknownMessage(LookupError):
+    """The group has no such message (HTTP 404): never an answer with everyone "unread"."""
+
+
+class ReadersTimeout(Exception):
+    """The read facts of a readers page did not come within the budget (HTTP 503, retry)."""
 
 
 class MemberReader(Protocol):
@@ -43,7 +58,13 @@ class MemberReader(Protocol):
     async def by_user_ids(self, conversation_id: str, user_ids: Sequence[int]) -> list[BaseMember]: ...
 
     async def stats(self, conversation_id: str, user_ids: Sequence[int]) -> dict[int, tuple[int, int]]:
-        """``{user_id: (record_count, mention_count)}``; absent = no counted message yet."""
+        """``{user_id: (record_count, mention_count)}`` aggregated at query time from the
+        group's messages (recalled and deleted ones excluded, @all as the entries say), for
+        every id asked. An id left out is unknown, never zero."""
+        ...
+
+    async def group_settings(self, conversation_id: str) -> dict[str, str]:
+        """The group's settings (``group.settings``); empty when it has none."""
         ...
 
     async def active_members(self, conversation_id: str) -> list[BaseMember]: ...
@@ -59,6 +80,8 @@ class PageResult:
     has_more: bool
     next_user_id: int | None
     self_role: str
+    capabilities: dict[str, bool] = field(default_factory=dict)
+    join_events: list[JoinEvent] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +100,21 @@ class Readers:
     unread: list[BaseMember]
     read_seqs: dict[int, int]
     self_role: str
+    has_more: bool = False
+    next_user_id: int | None = None  # the keyset position of the next page (wrapped by the API)
 
 
 class MemberService:
-    def __init__(self, reader: MemberReader, *, stats_budget_s: float = STATS_BUDGET_S) -> None:
+    def __init__(
+        self,
+        reader: MemberReader,
+        *,
+        stats_budget_s: float = STATS_BUDGET_S,
+        readers_budget_s: float = READERS_BUDGET_S,
+    ) -> None:
         self.reader = reader
         self.stats_budget_s = stats_budget_s
+        self.readers_budget_s = readers_budget_s
 
     async def _access(self, conversation_id: str, caller: int) -> str:
         me, disabled = await asyncio.gather(
@@ -119,12 +151,16 @@ class MemberService:
     ) -> PageResult:
         if not 1 <= limit <= PAGE_LIMIT_MAX:
             raise ValueError(f"limit must be 1..{PAGE_LIMIT_MAX}")
-        # limit + 1 rows: the extra one only says whether there is a next page.
-        role, rows = await self._with_access(
-            conversation_id,
-            caller,
-            self.reader.page(conversation_id, after_user_id, limit + 1, active_only),
-        )
+
+        async def read() -> tuple[list[BaseMember], dict[str, str]]:
+            # limit + 1 rows: the extra one only says whether there is a next page.
+            rows, settings = await asyncio.gather(
+                self.reader.page(conversation_id, after_user_id, limit + 1, active_only),
+                self.reader.group_settings(conversation_id),
+            )
+            return rows, settings
+
+        role, (rows, settings) = await self._with_access(conversation_id, caller, read())
         has_more = len(rows) > limit
         items = rows[:limit]
         return PageResult(
@@ -132,6 +168,10 @@ class MemberService:
             has_more=has_more,
             next_user_id=items[-1].user_id if has_more else None,
             self_role=role,
+            # From the group's settings and the role this page's access check read: never
+            # from a cached role, never waiting for the caller's own row on a later page.
+            capabilities=capabilities(role, settings),
+            join_events=join_events(items),
         )
 
     async def present(
@@ -174,31 +214,67 @@ class MemberService:
         except Exception as exc:  # a store failure: identities still go out
             log.warning("member statistics failed: %s: %s", type(exc).__name__, exc)
             return None
-        return {u: stats.get(u, (0, 0)) for u in found}
+        # Only two non-negative safe integers are known statistics; anything else is left out
+        # (unknown), never turned into a zero.
+        return {u: stats[u] for u in found if u in stats and stats_known(*stats[u])}
 
-    async def readers(self, conversation_id: str, caller: int, conversation_seq: int) -> Readers:
-        """Which active members have read up to ``conversation_seq`` and which have not.
+    async def readers(
+        self,
+        conversation_id: str,
+        caller: int,
+        conversation_seq: int,
+        *,
+        after_user_id: int | None = None,
+        limit: int = READERS_LIMIT_DEFAULT,
+    ) -> Readers:
+        """One page of who has read up to ``conversation_seq`` and who has not.
 
-        Candidates: active members who joined before the message (``joined_at < seq``: a later
-        joiner never had it unread), minus its sender."""
+        The roster is walked by the same ``user_id`` keyset as the member pages (``limit``
+        active members per page); candidates are the members who joined before the message
+        (``joined_at < seq``: a later joiner never had it unread), minus its sender. An unknown
+        message is :class:`UnknownMessage`; read facts not read within the budget are
+        :class:`ReadersTimeout` (never a guess)."""
+        if not 1 <= limit <= READERS_LIMIT_MAX:
+            raise ValueError(f"limit must be 1..{READERS_LIMIT_MAX}")
 
         async def gather() -> tuple[list[BaseMember], int | None]:
             members, sender = await asyncio.gather(
-                self.reader.active_members(conversation_id),
+                self.reader.page(conversation_id, after_user_id, limit + 1, True),
                 self.reader.message_sender(conversation_id, conversation_seq),
             )
             return members, sender
 
-        role, (members, sender) = await self._with_access(conversation_id, caller, gather())
+        role, (rows, sender) = await self._with_access(conversation_id, caller, gather())
+        if sender is None:
+            raise UnknownMessage(f"no message {conversation_seq} in this group")
+        has_more = len(rows) > limit
+        members = rows[:limit]
         candidates = [
             m
             for m in members
             if m.user_id != sender and (m.joined_at is None or m.joined_at < conversation_seq)
         ]
-        seqs = await self.reader.read_seqs(conversation_id, [m.user_id for m in candidates])
+        try:
+            seqs = await asyncio.wait_for(
+                self.reader.read_seqs(conversation_id, [m.user_id for m in candidates]),
+                self.readers_budget_s,
+            )
+        except TimeoutError:
+            raise ReadersTimeout(
+                f"read receipts of {len(candidates)} members not read within {self.readers_budget_s:.1f}s"
+            ) from None
         read = [m for m in candidates if seqs.get(m.user_id, 0) >= conversation_seq]
         unread = [m for m in candidates if seqs.get(m.user_id, 0) < conversation_seq]
-        return Readers(conversation_seq, sender, read, unread, seqs, role)
+        return Readers(
+            conversation_seq,
+            sender,
+            read,
+            unread,
+            seqs,
+            role,
+            has_more=has_more,
+            next_user_id=members[-1].user_id if has_more else None,
+        )
 
 
 @dataclass
@@ -210,8 +286,10 @@ class InMemoryMemberReader:
     stats_by_member: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     read_by_member: dict[tuple[str, int], int] = field(default_factory=dict)
     senders: dict[tuple[str, int], int] = field(default_factory=dict)
+    settings_by_group: dict[str, dict[str, str]] = field(default_factory=dict)
     stats_delay_s: float = 0.0
     stats_error: Exception | None = None
+    read_delay_s: float = 0.0
 
     def put(self, conversation_id: str, member: BaseMember) -> None:
         self.members.setdefault(conversation_id, {})[member.user_id] = member
@@ -243,17 +321,20 @@ class InMemoryMemberReader:
             await asyncio.sleep(self.stats_delay_s)
         if self.stats_error is not None:
             raise self.stats_error
-        return {
-            u: self.stats_by_member[(conversation_id, u)]
-            for u in user_ids
-            if (conversation_id, u) in self.stats_by_member
-        }
+        # The aggregate a completed query-time count gives: a member without messages has a
+        # real (0, 0).
+        return {u: self.stats_by_member.get((conversation_id, u), (0, 0)) for u in user_ids}
+
+    async def group_settings(self, conversation_id: str) -> dict[str, str]:
+        return dict(self.settings_by_group.get(conversation_id, {}))
 
     async def active_members(self, conversation_id: str) -> list[BaseMember]:
         group = self.members.get(conversation_id, {})
         return [group[u] for u in sorted(group) if group[u].state == "active"]
 
     async def read_seqs(self, conversation_id: str, user_ids: Sequence[int]) -> dict[int, int]:
+        if self.read_delay_s:
+            await asyncio.sleep(self.read_delay_s)
         return {
             u: self.read_by_member[(conversation_id, u)]
             for u in user_ids

@@ -48,9 +48,9 @@ class TraversalLimitExceeded(MemberSourceError):
 class MemberSource(Protocol):
     """What the store needs from the server (group = ``chat_session_uid``)."""
 
-    async def page(
-        self, group: str, after_user_id: int | None, limit: int, active_only: bool
-    ) -> MemberPage: ...
+    async def page(self, group: str, page_ref: str | None, limit: int, active_only: bool) -> MemberPage:
+        """One roster page; ``page_ref`` = the previous page's opaque ``next_ref`` (None: first)."""
+        ...
 
     async def by_user_ids(
         self, group: str, user_ids: Sequence[int], include_stats: bool
@@ -72,10 +72,10 @@ class HttpMemberSource:
         self.session = session  # an aiohttp.ClientSession the caller owns
         self.timeout_s = timeout_s
 
-    async def page(self, group: str, after_user_id: int | None, limit: int, active_only: bool) -> MemberPage:
+    async def page(self, group: str, page_ref: str | None, limit: int, active_only: bool) -> MemberPage:
         body: dict[str, Any] = {"chat_session_uid": group, "limit": limit, "active_only": active_only}
-        if after_user_id is not None:
-            body["after_user_id"] = after_user_id
+        if page_ref is not None:
+            body["page_ref"] = page_ref
         answer = await self._post("/api/v1/chats/members/page", body)
         try:
             return MemberPage.from_wire(answer)

@@ -20,6 +20,8 @@ from app.members.model import (
     PresentationResult,
     PresentedMember,
     Profile,
+    capabilities,
+    join_events,
 )
 from app.members.source import MemberAccessDenied, MemberRequestError, MemberUnavailable
 
@@ -93,7 +95,10 @@ class FakeMemberServer:
             raise MemberAccessDenied(NOT_A_MEMBER, "not a member")
         return me.role
 
-    async def page(self, group: str, after_user_id: int | None, limit: int, active_only: bool) -> MemberPage:
+    async def page(self, group: str, page_ref: str | None, limit: int, active_only: bool) -> MemberPage:
+        # This fake's references are the position's decimal text (opaque to the store, which
+        # only hands them back; the real server signs and binds them: app/api/member_refs.py).
+        after_user_id = None if page_ref is None else int(page_ref)
         self.page_calls.append((after_user_id, limit))
         await self.clock.sleep(self.latency_s)
         if limit > 100:
@@ -107,8 +112,10 @@ class FakeMemberServer:
         return MemberPage(
             items=tuple(chunk),
             has_more=has_more,
-            next_user_id=chunk[-1].user_id if has_more else None,
+            next_ref=str(chunk[-1].user_id) if has_more else None,
             self_role=role,
+            capabilities=capabilities(role, {}),
+            join_events=tuple(join_events(chunk)),
         )
 
     async def by_user_ids(

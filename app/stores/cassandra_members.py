@@ -1,4 +1,4 @@
-"""The member directory's reads in Cassandra (tables ``group_members``, ``member_stats``,
+"""The member directory's reads in Cassandra (tables ``group_members``, ``group_settings``,
 ``conversations_disabled``, ``user_conversation_state``, ``messages``: app/stores/schema.py).
 
 Every query names its partition (no ALLOW FILTERING, no scan across partitions):
@@ -11,8 +11,10 @@ Every query names its partition (no ALLOW FILTERING, no scan across partitions):
   table kept in step with tombstones on every leave). Departed members are few next to active
   ones, so the extra rows read stay small.
 * the access check is a point read of the caller's row plus a point read of
-  ``conversations_disabled``; statistics and identities of one presentation batch are one
-  ``user_id IN (...)`` query each (at most 50 keys, one partition);
+  ``conversations_disabled``; the identities of one presentation batch are one
+  ``user_id IN (...)`` query (at most 50 keys, one partition); its statistics are aggregated at
+  query time from the group's ``messages`` partition (driver pages of 5,000 rows, abandoned when
+  the 2 s budget ends: the statistics are then unknown, never zero);
 * read receipts read ``user_conversation_state`` by primary key (its partition is the user:
   one point read per member, bounded concurrency).
 
@@ -37,6 +39,7 @@ _MEMBER_COLUMNS = "user_id, role, state, joined_at_conversation_seq, left_at_con
 # Point reads of user_conversation_state in flight per read-receipt request.
 READ_CONCURRENCY = 64
 SCAN_FETCH = 1000
+STATS_FETCH = 5000
 
 
 class CassandraMemberReader:
@@ -79,9 +82,15 @@ class CassandraMemberReader:
         self._by_ids = prepare(
             "SELECT {cols} FROM {ks}.group_members WHERE conversation_id = ? AND user_id IN ?"
         )
-        self._stats = prepare(
-            "SELECT user_id, record_count, mention_count FROM {ks}.member_stats"
-            " WHERE conversation_id = ? AND user_id IN ?"
+        # Query-time statistics (seed 004: never the possibly stale persisted counts): the
+        # group's message partition, read in driver pages, within the caller's budget.
+        self._stats_scan = prepare(
+            "SELECT sender_id, mentions, recalled, deleted, message_id FROM {ks}.messages"
+            " WHERE conversation_id = ?"
+        )
+        self._settings = prepare("SELECT settings FROM {ks}.group_settings WHERE conversation_id = ?")
+        self._set_settings = prepare(
+            "INSERT INTO {ks}.group_settings (conversation_id, settings, updated_at) VALUES (?, ?, ?)"
         )
         self._read_seq = prepare(
             "SELECT read_conversation_seq FROM {ks}.user_conversation_state"
@@ -142,9 +151,28 @@ class CassandraMemberReader:
     async def stats(self, conversation_id: str, user_ids: Sequence[int]) -> dict[int, tuple[int, int]]:
         if not user_ids:
             return {}
-        ids = sorted({check_user_id(u) for u in user_ids})
-        rows = await self._all(self._stats, (uuid.UUID(conversation_id), ids), "stats")
-        return {int(r.user_id): (int(r.record_count or 0), int(r.mention_count or 0)) for r in rows}
+        wanted = {check_user_id(u) for u in user_ids}
+        records = dict.fromkeys(wanted, 0)
+        mentions = dict.fromkeys(wanted, 0)
+        async with contextlib.aclosing(
+            self._pages(self._stats_scan, (uuid.UUID(conversation_id),), fetch_size=STATS_FETCH, what="stats")
+        ) as pages:
+            async for rows in pages:
+                for row in rows:
+                    # A recalled or deleted message counts for nobody; a row without message_id
+                    # is a recall seen before its message (cassandra_messages.py).
+                    if row.recalled or row.deleted or row.message_id is None:
+                        continue
+                    if row.sender_id is not None and int(row.sender_id) in records:
+                        records[int(row.sender_id)] += 1
+                    for mentioned in row.mentions or ():
+                        if int(mentioned) in mentions:
+                            mentions[int(mentioned)] += 1
+        return {u: (records[u], mentions[u]) for u in wanted}
+
+    async def group_settings(self, conversation_id: str) -> dict[str, str]:
+        rows = await self._all(self._settings, (uuid.UUID(conversation_id),), "group_settings")
+        return dict(rows[0].settings or {}) if rows else {}
 
     async def active_members(self, conversation_id: str) -> list[BaseMember]:
         out: list[BaseMember] = []
@@ -183,6 +211,14 @@ class CassandraMemberReader:
 
     async def clear_disabled(self, conversation_id: str) -> None:
         await self._all(self._enable, (uuid.UUID(conversation_id),), "enable")
+
+    async def set_group_settings(
+        self, conversation_id: str, settings: dict[str, str], updated_at_ms: int
+    ) -> None:
+        """Replace the group's settings (the chat backend's administration; no mailbox entry)."""
+        await self._all(
+            self._set_settings, (uuid.UUID(conversation_id), settings, updated_at_ms), "group_settings"
+        )
 
     # -- driver bridging ----------------------------------------------------------------------
 

@@ -168,6 +168,31 @@ CONVERSATIONS_DISABLED = Table(
     comment="A row = the conversation is disabled: member reads answer 2002 (no mailbox entry carries it)",
 )
 
+GROUP_SETTINGS = Table(
+    name="group_settings",
+    columns=(
+        ("conversation_id", "uuid"),
+        # group.settings (seed 004): admin capabilities come only from here. Keys and values:
+        # app/members/model.py CAPABILITY_DEFAULTS (the lowest role allowed, or "nobody").
+        ("settings", "map<text, text>"),
+        ("updated_at", "bigint"),  # ms since epoch
+    ),
+    partition_key=("conversation_id",),
+    comment="Group settings (member directory capabilities); written by the chat backend's administration",
+)
+
+MEMBER_PROFILES = Table(
+    name="member_profiles",
+    columns=(
+        ("user_id", "varint"),
+        ("display_name", "text"),
+        ("avatar_url", "text"),
+        ("updated_at", "bigint"),  # ms since epoch
+    ),
+    partition_key=("user_id",),
+    comment="Public profiles (names, avatars) for /api/v1/users/profiles; `projector profiles load`",
+)
+
 TABLES: tuple[Table, ...] = (
     MESSAGES,
     CONVERSATION_HEADS,
@@ -175,6 +200,8 @@ TABLES: tuple[Table, ...] = (
     GROUP_MEMBERS,
     MEMBER_STATS,
     CONVERSATIONS_DISABLED,
+    GROUP_SETTINGS,
+    MEMBER_PROFILES,
 )
 
 

@@ -4,6 +4,7 @@ the statistics budget, read receipts; and the client's HTTP source against the s
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -87,13 +88,13 @@ async def walk(api: Api, group: str, **options: Any) -> list[dict[str, Any]]:
     while True:
         body = {"chat_session_uid": group, **options}
         if after is not None:
-            body["after_user_id"] = after
+            body["page_ref"] = after
         status, page = await api.post(PAGE, body)
         assert status == 200, page
         pages.append(page)
         if not page["has_more"]:
             return pages
-        after = page["next_user_id"]
+        after = page["next_page_ref"]
 
 
 async def test_500_members_page_in_10_pages_without_duplicates_or_other_groups(api: Api) -> None:
@@ -103,11 +104,14 @@ async def test_500_members_page_in_10_pages_without_duplicates_or_other_groups(a
     assert len(pages) == 10
     got = [int(item["user_id"]) for page in pages for item in page["items"]]
     assert got == sorted([*ids, ME]) and len(set(got)) == 500
-    # u64 ids go out as decimal strings (docs/contract.md §9), next_user_id too, and come back as such.
+    # u64 ids go out as decimal strings (docs/contract.md §9); the page reference is opaque: it
+    # names no user id a client could read or edit.
     assert all(isinstance(item["user_id"], str) for page in pages for item in page["items"])
-    assert all(isinstance(page["next_user_id"], str) for page in pages[:-1])
+    assert all(isinstance(page["next_page_ref"], str) for page in pages[:-1])
+    for page in pages[:-1]:
+        assert page["items"][-1]["user_id"] not in page["next_page_ref"]
     assert all(page["self_role"] == "admin" for page in pages)
-    assert pages[-1]["next_user_id"] is None
+    assert pages[-1]["next_page_ref"] is None and "next_user_id" not in pages[-1]
 
 
 async def test_active_only_skips_departed_members(api: Api) -> None:
@@ -127,8 +131,10 @@ async def test_active_only_skips_departed_members(api: Api) -> None:
         {"chat_session_uid": G1, "limit": True},
         {"chat_session_uid": G1, "limit": "50"},
         {"chat_session_uid": "not-a-uuid"},
-        {"chat_session_uid": G1, "after_user_id": -1},
-        {"chat_session_uid": G1, "after_user_id": 2**64},
+        {"chat_session_uid": G1, "after_user_id": 5},  # replaced by the opaque page_ref
+        {"chat_session_uid": G1, "page_ref": 5},
+        {"chat_session_uid": G1, "page_ref": ""},
+        {"chat_session_uid": G1, "page_ref": "not-a-reference"},
         {"chat_session_uid": G1, "active_only": "yes"},
         {"chat_session_uid": G1, "cursor": "x"},
         {},
@@ -147,7 +153,7 @@ async def test_access_is_checked_on_every_page(api: Api) -> None:
     status, body = await api.post(PAGE, {"chat_session_uid": G1}, user_id=99_999)  # never a member
     assert (status, body["error"]["code"]) == (403, "2001")
     api.reader.put(G1, BaseMember(ME, "admin", "removed", 1, 9))  # removed between two pages
-    status, body = await api.post(PAGE, {"chat_session_uid": G1, "after_user_id": first["next_user_id"]})
+    status, body = await api.post(PAGE, {"chat_session_uid": G1, "page_ref": first["next_page_ref"]})
     assert (status, body["error"]["code"]) == (403, "2001")
     api.reader.put(G1, BaseMember(ME, "admin", "active", 1, None))
     api.reader.disabled_ids.add(G1)
@@ -238,8 +244,8 @@ async def test_js_unsafe_member_ids_round_trip_exactly_as_strings(api: Api) -> N
     api.reader.read_by_member[(G1, JS_UNSAFE)] = 11
     async with api.client.post(PAGE, json={"chat_session_uid": G1, "limit": 1}, headers=api.auth()) as resp:
         first = await resp.read()
-    assert b'"next_user_id": "' + str(ME).encode() + b'"' in first
-    status, page = await api.post(PAGE, {"chat_session_uid": G1, "after_user_id": str(ME)})
+    ref = json.loads(first)["next_page_ref"]
+    status, page = await api.post(PAGE, {"chat_session_uid": G1, "page_ref": ref})
     assert status == 200 and page["items"][0]["user_id"] == "11982011376358104761"
     # A request may name the member by the string it got (or, older clients, a number).
     for named in ("11982011376358104761", JS_UNSAFE):
@@ -266,7 +272,8 @@ async def test_the_openapi_description_names_the_member_routes(api: Api) -> None
     # Ids are described as strings with the u64 note, wherever a response carries one.
     assert schemas["Member"]["properties"]["user_id"]["type"] == "string"
     assert schemas["Member"]["properties"]["user_id"]["format"] == "uint64"
-    assert schemas["MembersPage"]["properties"]["next_user_id"]["type"] == ["string", "null"]
+    assert schemas["MembersPage"]["properties"]["next_page_ref"]["type"] == ["string", "null"]
+    assert "after_user_id" not in schemas["MembersPageRequest"]["properties"]
     assert schemas["MessageReaders"]["properties"]["read_user_ids"]["items"]["format"] == "uint64"
     pattern = re.compile(schemas["SessionRow"]["properties"]["user_id"]["pattern"])
     # Exactly the canonical decimals of a u64: a fuzzer sends whatever the pattern admits.
