@@ -334,3 +334,150 @@ async def test_chunked_bodies_are_read_whole_and_oversized_ones_refused(api: Api
     huge = orjson.dumps({"chat_session_uid": G1, "padding": "x" * 70_000})
     async with api.client.post(PAGE, data=chunks(huge), headers=api.auth()) as resp:
         assert resp.status == 413
+
+
+# -- issue 34: opaque references, capabilities, join events, stats, read receipts ---------------
+
+
+async def test_page_refs_are_bound_to_account_group_and_walk(api: Api) -> None:
+    roster(api.reader, G1, 120)
+    roster(api.reader, G2, 120)
+    other = 1000  # a member of both groups
+    api.reader.put(G2, BaseMember(ME, "member", "active", 1, None))
+    status, first = await api.post(PAGE, {"chat_session_uid": G1})
+    ref = first["next_page_ref"]
+    # Honoured as issued: the page after the first one.
+    status, second = await api.post(PAGE, {"chat_session_uid": G1, "page_ref": ref})
+    assert status == 200 and second["items"][0]["user_id"] > first["items"][-1]["user_id"]
+    cases = [
+        ({"chat_session_uid": G1, "page_ref": ref}, other, "another account"),
+        ({"chat_session_uid": G2, "page_ref": ref}, ME, "another group"),
+        ({"chat_session_uid": G1, "page_ref": ref, "active_only": True}, ME, "active_only"),
+        ({"chat_session_uid": G1, "page_ref": ref[:-2] + ("AA" if ref[-2:] != "AA" else "BA")}, ME, ""),
+    ]
+    for body, user, reason in cases:
+        status, answer = await api.post(PAGE, body, user_id=user)
+        assert status == 400, (body, answer)
+        assert reason in answer["error"]["message"]
+    # A session-list cursor (same envelope, another key) is not a member page reference.
+    from app.api.cursor import SignedEnvelope
+
+    forged = SignedEnvelope(SECRET, "cursor").seal(b"\x01" + b"\x00" * 33)
+    status, answer = await api.post(PAGE, {"chat_session_uid": G1, "page_ref": forged})
+    assert status == 400 and "signature" in answer["error"]["message"]
+    # Signed with the right purpose but another server's secret: refused too.
+    alien = SignedEnvelope("z" * 40, "member-page").seal(b"\x01" + b"\x00" * 33)
+    status, answer = await api.post(PAGE, {"chat_session_uid": G1, "page_ref": alien})
+    assert status == 400 and "signature" in answer["error"]["message"]
+
+
+async def test_capabilities_come_from_the_group_settings_and_the_role_of_this_page(api: Api) -> None:
+    roster(api.reader, G1, 3)
+    status, page = await api.post(PAGE, {"chat_session_uid": G1})
+    assert status == 200
+    # Defaults for an admin: invite (member+), remove (admin+), edit (admin+), not manage admins.
+    assert page["capabilities"] == {
+        "invite": True,
+        "remove_members": True,
+        "edit_info": True,
+        "manage_admins": False,
+    }
+    api.reader.settings_by_group[G1] = {"remove_members": "owner", "invite": "nobody", "edit_info": "?"}
+    status, page = await api.post(PAGE, {"chat_session_uid": G1})
+    assert status == 200 and page["capabilities"] == {
+        "invite": False,
+        "remove_members": False,
+        "edit_info": True,  # an unknown value falls back to the default, never grants more
+        "manage_admins": False,
+    }
+    # The role is the one this page's access check read: demoted now, no admin entry now.
+    api.reader.put(G1, BaseMember(ME, "member", "active", 1, None))
+    status, page = await api.post(PAGE, {"chat_session_uid": G1})
+    assert (
+        status == 200
+        and page["self_role"] == "member"
+        and not any(page["capabilities"][k] for k in ("remove_members", "edit_info", "manage_admins"))
+    )
+
+
+async def test_join_events_come_with_pages_and_merge_across_pages_by_member_ref(api: Api) -> None:
+    from app.members.model import MemberPage, merge_join_events
+
+    # One join event at seq 40 invited 5 members whose ids straddle two pages of 3.
+    invited = [2000, 2001, 2002, 2003, 2004]
+    for user_id in invited:
+        api.reader.put(G1, BaseMember(user_id, "member", "active", 40, None))
+    api.reader.put(G1, BaseMember(1500, "member", "active", 12, None))
+    pages = await walk(api, G1, limit=3)
+    assert [e["event_ref"] for e in pages[0]["join_events"]] == ["join:1", "join:12", "join:40"]
+    merged: dict[str, Any] = {}
+    for page in pages:
+        merged = merge_join_events(merged, MemberPage.from_wire(page).join_events)
+    assert merged["join:40"].invitees == tuple(invited)
+    assert merged["join:12"].invitees == (1500,) and merged["join:1"].invitees == (ME,)
+    # Merging the same page again changes nothing (by memberRef, not appended twice).
+    again = merge_join_events(merged, MemberPage.from_wire(pages[1]).join_events)
+    assert again["join:40"] is merged["join:40"]
+
+
+async def test_statistics_are_known_only_as_two_safe_integers_and_unknown_is_never_zero() -> None:
+    class Partial(InMemoryMemberReader):
+        async def stats(self, conversation_id: str, user_ids: Any) -> dict[int, tuple[int, int]]:
+            # One member's count is missing, one is negative, one is past 2^53.
+            return {1: (3, 0), 3: (-1, 2), 4: (2**53, 0)}
+
+    reader = Partial()
+    for user_id in (ME, 1, 2, 3, 4):
+        reader.put(G1, BaseMember(user_id, "member", "active", 1, None))
+    shown = await MemberService(reader).present(G1, ME, [1, 2, 3, 4], True)
+    assert shown.stats == {1: (3, 0)}  # 2, 3, 4: unknown, left out (the API omits both fields)
+
+
+async def test_readers_page_with_a_limit_and_a_bound_reference(api: Api) -> None:
+    ids = roster(api.reader, G1, 25)
+    api.reader.senders[(G1, 10)] = ids[0]
+    api.reader.read_by_member.update({(G1, u): 10 for u in ids[1::2]})
+    read: list[str] = []
+    unread: list[str] = []
+    ref = None
+    pages = 0
+    while True:
+        path = f"/api/v1/chats/{G1}/messages/10/readers?basic_only=true&limit=7"
+        status, body = await api.get(path + ("" if ref is None else f"&page_ref={ref}"))
+        assert status == 200, body
+        pages += 1
+        read += body["read_user_ids"]
+        unread += body["unread_user_ids"]
+        if not body["has_more"]:
+            assert body["next_page_ref"] is None
+            break
+        ref = body["next_page_ref"]
+    assert pages == 4  # 26 active members, 7 a page
+    assert sorted(map(int, read)) == sorted(ids[1::2]) and len(set(read)) == len(read)
+    assert sorted(map(int, unread)) == sorted([ME, *ids[2::2]])
+    # The reference is bound: not usable by another member, nor as a member page reference.
+    status, _ = await api.get(f"/api/v1/chats/{G1}/messages/10/readers?page_ref={ref}", user_id=ids[1])
+    assert status == 400
+    status, _ = await api.post(PAGE, {"chat_session_uid": G1, "page_ref": ref, "active_only": True})
+    assert status == 400
+    for bad in ("limit=0", "limit=501", "limit=x"):
+        status, _ = await api.get(f"/api/v1/chats/{G1}/messages/10/readers?{bad}")
+        assert status == 400, bad
+
+
+async def test_readers_of_an_unknown_message_are_404_not_everyone_unread(api: Api) -> None:
+    roster(api.reader, G1, 5)
+    status, body = await api.get(f"/api/v1/chats/{G1}/messages/77/readers?basic_only=true")
+    assert (status, body["error"]["code"]) == (404, "unknown_message")
+    # Access still comes first: a stranger learns nothing about which messages exist.
+    status, body = await api.get(f"/api/v1/chats/{G1}/messages/77/readers", user_id=99_999)
+    assert (status, body["error"]["code"]) == (403, "2001")
+
+
+async def test_readers_over_the_budget_are_503_not_a_guess(api: Api) -> None:
+    roster(api.reader, G1, 5)
+    api.reader.senders[(G1, 10)] = ME
+    api.reader.read_delay_s = 1.0
+    api.service.readers_budget_s = 0.05
+    status, body = await api.get(f"/api/v1/chats/{G1}/messages/10/readers")
+    assert (status, body["error"]["code"]) == (503, "timeout")
