@@ -118,13 +118,13 @@ async def walk(live: Live, group: str, **options: Any) -> list[dict[str, Any]]:
     while True:
         body: dict[str, Any] = {"chat_session_uid": group, **options}
         if after is not None:
-            body["after_user_id"] = after
+            body["page_ref"] = after
         status, page = await live.post(PAGE, body)
         assert status == 200, page
         pages.append(page)
         if not page["has_more"]:
             return pages
-        after = page["next_user_id"]
+        after = page["next_page_ref"]
 
 
 async def test_500_members_in_10_pages_no_duplicates_no_other_group(live: Live) -> None:
@@ -137,7 +137,13 @@ async def test_500_members_in_10_pages_no_duplicates_no_other_group(live: Live) 
     got = [int(item["user_id"]) for page in pages for item in page["items"]]  # u64s as strings
     assert len(pages) == 10 and all(len(p["items"]) == 50 for p in pages)
     assert got == sorted(ids) and len(set(got)) == 500
-    assert pages[-1]["next_user_id"] is None and pages[-1]["has_more"] is False
+    assert pages[-1]["next_page_ref"] is None and pages[-1]["has_more"] is False
+    # The opaque reference is bound to the caller and the group.
+    ref = pages[0]["next_page_ref"]
+    status, body = await live.post(PAGE, {"chat_session_uid": group, "page_ref": ref}, user_id=1000)
+    assert status == 400 and "another account" in body["error"]["message"]
+    status, body = await live.post(PAGE, {"chat_session_uid": other, "page_ref": ref})
+    assert status in (400, 403), body
 
 
 async def test_u64_ids_page_in_numeric_order(live: Live) -> None:
@@ -185,9 +191,9 @@ class PagesAfter:
         self.source = source
         self.go = go
 
-    async def page(self, group: str, after_user_id: int | None, limit: int, active_only: bool) -> MemberPage:
+    async def page(self, group: str, page_ref: str | None, limit: int, active_only: bool) -> MemberPage:
         await self.go.wait()
-        return await self.source.page(group, after_user_id, limit, active_only)
+        return await self.source.page(group, page_ref, limit, active_only)
 
     async def by_user_ids(
         self, group: str, user_ids: Sequence[int], include_stats: bool
@@ -238,23 +244,57 @@ async def test_client_traversal_converges_after_a_leave_and_a_role_change(live: 
     await stranger.aclose()
 
 
-async def test_by_user_ids_with_statistics_and_seq_stamped_writes(live: Live) -> None:
+async def test_by_user_ids_statistics_are_aggregated_at_query_time(live: Live) -> None:
     group = new_group()
     await live.members(group, [CALLER, 10, 11])
     live.writer.stage_member(group, 11, "member", "removed", 1, 9)
-    live.writer.stage_member_stats(group, 10, 7, 2, mailbox_seq=500)
+    # Stale precomputed counts the answer must not use (seed 004: "不采用持久化 extra 中可能过期的计数").
+    live.writer.stage_member_stats(group, 10, 70, 20, mailbox_seq=500)
     await live.writer.flush()
-    live.writer.stage_member_stats(group, 10, 3, 1, mailbox_seq=400)  # an older state replayed
-    await live.writer.flush()
-    live.writer.stage_member_stats(group, CALLER, 1, 1, mailbox_seq=2**64 - 1)  # u64 top: clamped
-    await live.writer.flush()
-    body = {"chat_session_uid": group, "user_ids": [10, 11, 12], "include_stats": True}
+    act = "0" * 31
+    live.messages.put_messages(
+        [
+            NewMessage(group, 1, "m1", act + "1", 10, 1, True, frozenset()),
+            NewMessage(group, 2, "m2", act + "2", 10, 2, True, frozenset({CALLER})),
+            NewMessage(group, 3, "m3", act + "3", 10, 3, True, frozenset({10, CALLER})),  # @all
+            NewMessage(group, 4, "m4", act + "4", CALLER, 4, True, frozenset({10})),
+            NewMessage(group, 5, "m5", act + "5", 10, 5, True, frozenset({CALLER})),  # recalled
+        ]
+    )
+    live.messages.mark_recalled(group, 5)
+    body = {"chat_session_uid": group, "user_ids": [10, 11, 12, CALLER], "include_stats": True}
     status, answer = await live.post(BY_IDS, body)
     assert status == 200, answer
     items = {int(i["user_id"]): i for i in answer["items"]}
-    assert (items[10]["record_count"], items[10]["mention_count"]) == (7, 2)  # the newer one stayed
+    assert (items[10]["record_count"], items[10]["mention_count"]) == (3, 2)
+    assert (items[CALLER]["record_count"], items[CALLER]["mention_count"]) == (1, 2)
+    assert (items[11]["record_count"], items[11]["mention_count"]) == (0, 0)  # a real zero
     assert items[11]["active"] is False and items[11]["state"] == "removed"
     assert answer["missing_user_ids"] == ["12"] and answer["stats_included"] is True
+
+
+async def test_capabilities_from_group_settings_in_cassandra(live: Live) -> None:
+    group = new_group()
+    await live.members(group, [CALLER, 10])
+    live.writer.stage_member(group, 10, "admin", "active", 1, None)
+    await live.writer.flush()
+    status, page = await live.post(PAGE, {"chat_session_uid": group}, user_id=10)
+    assert status == 200 and page["self_role"] == "admin" and page["capabilities"]["remove_members"]
+    await live.reader.set_group_settings(group, {"remove_members": "owner", "invite": "admin"}, 1)
+    status, page = await live.post(PAGE, {"chat_session_uid": group}, user_id=10)
+    assert page["capabilities"]["remove_members"] is False and page["capabilities"]["invite"] is True
+    status, page = await live.post(PAGE, {"chat_session_uid": group})  # CALLER: a plain member
+    assert page["capabilities"]["invite"] is False
+    assert page["join_events"] == [
+        {"event_ref": "join:1", "joined_at_conversation_seq": 1, "invitee_refs": [str(CALLER), "10"]}
+    ]
+
+
+async def test_readers_of_an_unknown_message_are_404(live: Live) -> None:
+    group = new_group()
+    await live.members(group, [CALLER, 20])
+    status, body = await live.get(f"/api/v1/chats/{group}/messages/8/readers?basic_only=true")
+    assert (status, body["error"]["code"]) == (404, "unknown_message")
 
 
 async def test_readers_from_persisted_read_state(live: Live) -> None:
