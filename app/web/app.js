@@ -104,11 +104,11 @@ async function readRoster() {
     let after = null;
     for (let pages = 0; pages < 200; pages += 1) {
       const body = {chat_session_uid: conversationId, limit: 100, active_only: true};
-      if (after !== null) body.after_user_id = after; // a decimal string, as it came
+      if (after !== null) body.page_ref = after; // opaque: handed back as it came
       const page = await state.api.request("POST", "/api/v1/chats/members/page", body);
       ids.push(...page.items.map((m) => m.user_id));
       if (!page.has_more) break;
-      after = page.next_user_id;
+      after = page.next_page_ref;
     }
     if (conversationId !== state.selected) return;
     state.rosterReads += 1;

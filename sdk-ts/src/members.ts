@@ -21,6 +21,7 @@ export type MemberState = "active" | "left" | "removed";
 export const PAGE_LIMIT_DEFAULT = 50;
 export const PAGE_LIMIT_MAX = 100;
 export const PRESENTATION_MAX = 50;
+export const READERS_LIMIT_MAX = 500;
 
 /** One roster row: the member's identity and membership, no presentation. */
 export interface BaseMember {
@@ -39,6 +40,37 @@ export interface MemberPage {
   readonly next: string | null;
   /** The caller's role from this page's access check (never from a cache). */
   readonly selfRole: string;
+  /** What the caller may administer, from the group's settings and this page's role (seed 004:
+   * the admin entry comes only from group.settings, never from a cached role). */
+  readonly adminCapabilities?: Readonly<Record<string, boolean>>;
+  /** The join events of this page's members; merge them across pages with `mergeJoinEvents`. */
+  readonly joinEvents?: readonly JoinEvent[];
+}
+
+/** Members who joined with one event (same position); the same event spans pages. */
+export interface JoinEvent {
+  readonly eventRef: string;
+  readonly joinedAt: number;
+  readonly invitees: readonly MemberRef[];
+}
+
+/** `known` with a page's join events merged in: one event per eventRef, invitees merged by
+ * memberRef (never by name); an event whose invitees did not change keeps its object. */
+export function mergeJoinEvents(
+  known: ReadonlyMap<string, JoinEvent>,
+  page: readonly JoinEvent[],
+): Map<string, JoinEvent> {
+  const out = new Map(known);
+  for (const event of page) {
+    const old = out.get(event.eventRef);
+    if (old === undefined) {
+      out.set(event.eventRef, event);
+      continue;
+    }
+    const merged = [...new Set([...old.invitees, ...event.invitees])];
+    if (merged.length !== old.invitees.length) out.set(event.eventRef, { ...old, invitees: merged });
+  }
+  return out;
 }
 
 export interface PresentedMember extends BaseMember {
@@ -76,6 +108,9 @@ export interface ReadReceipts {
   /** Present unless basicOnly: what the server knows of each member (profiles come from the store). */
   readonly read?: readonly ReaderDetail[];
   readonly unread?: readonly ReaderDetail[];
+  /** More members to examine: pass `next` back as `pageRef` (opaque; null at the end). */
+  readonly hasMore?: boolean;
+  readonly next?: string | null;
 }
 
 /** What the backend serves (from its /openapi.json). */
@@ -105,6 +140,10 @@ export interface ReadReceiptsRequest extends CallOptions {
   group: string;
   conversationSeq: number;
   basicOnly?: boolean;
+  /** Active members examined per page (server default 100, at most 500). */
+  limit?: number;
+  /** The previous answer's `next`. */
+  pageRef?: string | null;
 }
 
 /** Removed or departed: the refs a presentation/verification answer confirms are gone. */
@@ -150,9 +189,8 @@ export function parsePage(body: Record<string, unknown>): MemberPage {
   if (!Array.isArray(items)) throw new ProtocolError("page without items");
   const hasMore = body["has_more"];
   if (typeof hasMore !== "boolean") throw new ProtocolError("page: has_more must be a boolean");
-  // Today's backend pages by user id (next_user_id); an opaque page reference bound to the
-  // account and group (next_page_ref) is preferred when the server sends one.
-  const ref = body["next_page_ref"] ?? body["next_user_id"] ?? null;
+  // An opaque page reference the server signed and bound to the account, group and walk.
+  const ref = body["next_page_ref"] ?? null;
   if (ref !== null && typeof ref !== "string") throw new ProtocolError("page: the next page reference must be a string");
   if (hasMore && ref === null) throw new ProtocolError("page: has_more without a next page reference");
   return {
@@ -160,7 +198,30 @@ export function parsePage(body: Record<string, unknown>): MemberPage {
     hasMore,
     next: hasMore ? ref : null,
     selfRole: typeof body["self_role"] === "string" ? body["self_role"] : "member",
+    adminCapabilities: parseAdminCapabilities(body["capabilities"]),
+    joinEvents: parseJoinEvents(body["join_events"]),
   };
+}
+
+function parseAdminCapabilities(value: unknown): Readonly<Record<string, boolean>> {
+  if (value === undefined || value === null) return {};
+  if (!isObject(value)) throw new ProtocolError("page: capabilities must be an object");
+  const out: Record<string, boolean> = {};
+  for (const [name, allowed] of Object.entries(value)) out[name] = allowed === true; // only true grants
+  return out;
+}
+
+function parseJoinEvents(value: unknown): JoinEvent[] {
+  if (value === undefined || value === null) return [];
+  if (!Array.isArray(value)) throw new ProtocolError("page: join_events must be a list");
+  return value.map((event: unknown) => {
+    if (!isObject(event) || typeof event["event_ref"] !== "string") throw new ProtocolError("page: a join event needs an event_ref");
+    const invitees = event["invitee_refs"];
+    if (!Array.isArray(invitees)) throw new ProtocolError("page: a join event needs invitee_refs");
+    const joinedAt = event["joined_at_conversation_seq"];
+    if (!isSafeCount(joinedAt)) throw new ProtocolError("page: joined_at_conversation_seq must be a safe integer");
+    return { eventRef: event["event_ref"], joinedAt, invitees: invitees.map((u: unknown) => refOf(u, "invitee_refs[]")) };
+  });
 }
 
 export function parsePresentation(body: Record<string, unknown>): PresentationResult {
@@ -223,6 +284,8 @@ function parseReaders(body: Record<string, unknown>): ReadReceipts {
     unreadCount: count("unread_count"),
     basicOnly: body["basic_only"] === true,
     selfRole: typeof body["self_role"] === "string" ? body["self_role"] : "member",
+    hasMore: body["has_more"] === true,
+    next: body["has_more"] === true && typeof body["next_page_ref"] === "string" ? body["next_page_ref"] : null,
     ...(read !== undefined ? { read } : {}),
     ...(unread !== undefined ? { unread } : {}),
   };
@@ -286,7 +349,7 @@ export class MembersClient {
       throw new RangeError(`limit must be an integer from 1 to ${PAGE_LIMIT_MAX}`);
     }
     const body: Record<string, unknown> = { chat_session_uid: request.group, limit, active_only: request.activeOnly ?? true };
-    if (request.after !== undefined && request.after !== null) body["after_user_id"] = request.after;
+    if (request.after !== undefined && request.after !== null) body["page_ref"] = request.after;
     return parsePage(await this.post("/api/v1/chats/members/page", body, "members page", request.signal));
   }
 
@@ -306,7 +369,16 @@ export class MembersClient {
       throw new RangeError("conversationSeq must be a positive safe integer");
     }
     const group = encodeURIComponent(request.group);
-    const q = request.basicOnly ? "?basic_only=true" : "";
+    const params = new URLSearchParams();
+    if (request.basicOnly) params.set("basic_only", "true");
+    if (request.limit !== undefined) {
+      if (!Number.isInteger(request.limit) || request.limit < 1 || request.limit > READERS_LIMIT_MAX) {
+        throw new RangeError(`limit must be an integer from 1 to ${READERS_LIMIT_MAX}`);
+      }
+      params.set("limit", String(request.limit));
+    }
+    if (request.pageRef !== undefined && request.pageRef !== null) params.set("page_ref", request.pageRef);
+    const q = params.size > 0 ? `?${params.toString()}` : "";
     const path = `/api/v1/chats/${group}/messages/${request.conversationSeq}/readers${q}`;
     const response = await this.http.send("GET", path, { signal: request.signal });
     return parseReaders(await this.answer(response, "read receipts", request.signal));

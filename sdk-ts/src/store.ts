@@ -20,8 +20,10 @@ import { compareUserIds, isSafeCount, type MemberRef, type UserId } from "./ids.
 import {
   PAGE_LIMIT_DEFAULT,
   PRESENTATION_MAX,
+  mergeJoinEvents,
   removedRefs,
   type BaseMember,
+  type JoinEvent,
   type MemberPage,
   type MemberState,
   type PresentationResult,
@@ -241,6 +243,10 @@ export class MemberStore {
   };
   /** The caller's role from the latest page's access check; never from the cache. */
   selfRole: string | null = null;
+  /** The admin entry: from the latest page (group.settings and that page's role), never cached. */
+  adminCapabilities: Readonly<Record<string, boolean>> = {};
+  /** The join events read, merged across pages by eventRef and invitees by memberRef. */
+  joinEvents: Map<string, JoinEvent> = new Map();
   /** Set by a cache hit: the roster shown is the cache's of that time. */
   cachedAtMillis: number | null = null;
   /** A complete server traversal of the current generation landed. */
@@ -378,6 +384,8 @@ export class MemberStore {
     this.bump();
     this.map.clear();
     this.selfRole = null;
+    this.adminCapabilities = {};
+    this.joinEvents = new Map();
     this.cachedAtMillis = null;
     this.fresh = false;
     this.changed();
@@ -471,6 +479,8 @@ export class MemberStore {
       this.remoteSeenGen = gen;
       this.error = null;
       this.selfRole = page.selfRole;
+      this.adminCapabilities = page.adminCapabilities ?? {};
+      this.joinEvents = mergeJoinEvents(this.joinEvents, page.joinEvents ?? []);
       this.mergeBase(page.items);
       const refs = page.items.map((m) => m.memberRef);
       for (const ref of refs) seen.add(ref);

@@ -8,6 +8,7 @@ import {
   RequestError,
   UnavailableError,
   isAbort,
+  mergeJoinEvents,
 } from "../src/index.js";
 import { fakeFetch } from "./fakes.js";
 
@@ -49,22 +50,70 @@ test("the capability probe reads the API's description", async () => {
   assert.deepEqual(await none.probe(), { membersPage: false, presentation: false, readReceipts: false, liveStream: false });
 });
 
-test("pages keep u64 ids as strings and pass the next reference back", async () => {
+test("pages keep u64 ids as strings and pass the opaque next reference back", async () => {
+  const REF = "CiIBAAAAAAAAAAAAAAAAAAAAAQ"; // opaque to the client: handed back untouched
   const fetch = fakeFetch((call) => {
     const body = call.body as Record<string, unknown>;
-    if (body["after_user_id"] === undefined) {
-      return { status: 200, json: { items: [{ user_id: BIG, role: "owner", state: "active", active: true }], has_more: true, next_user_id: BIG, self_role: "owner" } };
+    assert.equal(body["after_user_id"], undefined); // never the raw keyset position
+    if (body["page_ref"] === undefined) {
+      return {
+        status: 200,
+        json: {
+          items: [{ user_id: BIG, role: "owner", state: "active", active: true, joined_at_conversation_seq: 4 }],
+          has_more: true,
+          next_page_ref: REF,
+          self_role: "owner",
+          capabilities: { invite: true, remove_members: "yes" },
+          join_events: [{ event_ref: "join:4", joined_at_conversation_seq: 4, invitee_refs: [BIG] }],
+        },
+      };
     }
-    assert.equal(body["after_user_id"], BIG); // the string, untouched
-    return { status: 200, json: { items: [], has_more: false, next_user_id: null, self_role: "owner" } };
+    assert.equal(body["page_ref"], REF);
+    return {
+      status: 200,
+      json: {
+        items: [], has_more: false, next_page_ref: null, self_role: "owner", capabilities: {},
+        join_events: [{ event_ref: "join:4", joined_at_conversation_seq: 4, invitee_refs: ["5", BIG] }],
+      },
+    };
   });
   const client = new MembersClient({ baseUrl: "http://api", token: "t", fetch });
   const first = await client.page({ group: GROUP });
   assert.equal(first.items[0]?.memberRef, BIG);
-  assert.equal(first.next, BIG);
+  assert.equal(first.next, REF);
+  // Only a true boolean grants an admin capability.
+  assert.deepEqual(first.adminCapabilities, { invite: true, remove_members: false });
   const second = await client.page({ group: GROUP, after: first.next });
   assert.equal(second.next, null);
+  // Join events of two pages merge into one event, invitees by memberRef.
+  const merged = mergeJoinEvents(mergeJoinEvents(new Map(), first.joinEvents ?? []), second.joinEvents ?? []);
+  assert.deepEqual(merged.get("join:4")?.invitees, [BIG, "5"]);
   await assert.rejects(client.page({ group: GROUP, limit: 101 }), RangeError);
+});
+
+test("read receipts page with a limit and the opaque reference; an unknown message is a request error", async () => {
+  const fetch = fakeFetch((call) => {
+    if (call.url.includes("/messages/99/")) return error(404, "unknown_message");
+    const url = new URL(call.url);
+    assert.equal(url.searchParams.get("limit"), "7");
+    const more = url.searchParams.get("page_ref") === null;
+    return {
+      status: 200,
+      json: {
+        conversation_seq: 10, sender_id: "1", read_user_ids: more ? ["2"] : ["3"], unread_user_ids: [],
+        read_count: 1, unread_count: 0, basic_only: true, self_role: "member",
+        has_more: more, next_page_ref: more ? "R1" : null,
+      },
+    };
+  });
+  const client = new MembersClient({ baseUrl: "http://api", token: "t", fetch });
+  const first = await client.readReceipts({ group: GROUP, conversationSeq: 10, basicOnly: true, limit: 7 });
+  assert.equal(first.hasMore, true);
+  assert.equal(first.next, "R1");
+  const second = await client.readReceipts({ group: GROUP, conversationSeq: 10, basicOnly: true, limit: 7, pageRef: first.next ?? null });
+  assert.deepEqual([second.readRefs, second.hasMore, second.next], [["3"], false, null]);
+  await assert.rejects(client.readReceipts({ group: GROUP, conversationSeq: 99 }), RequestError);
+  await assert.rejects(client.readReceipts({ group: GROUP, conversationSeq: 10, limit: 501 }), RangeError);
 });
 
 test("statistics are known only as two non-negative safe integers", async () => {

@@ -385,7 +385,7 @@ def fuzz_stateless(schema: Any, caller: Caller, examples: int, seed: int) -> Non
 
 def fuzz_stateful(schema: Any, caller: Caller, steps: int, seed: int) -> None:
     """Sequences along the description's links (a page's next_cursor into the next page, a
-    ticket into the stream, next_user_id into the next member page)."""
+    ticket into the stream, next_page_ref into the next member page)."""
     base_machine = schema.as_state_machine()
 
     def who(case: Any) -> tuple[int, bool]:
