@@ -17,10 +17,12 @@ import {
   MemberStore,
   MembersClient,
   MemoryMemberCache,
+  RequestError,
   SessionsClient,
   isAbort,
   isUserId,
   type MemberPage,
+  type ReadReceipts,
   type StoreMember,
 } from "@session-projector/sdk";
 import { SqliteMemberCache, type SqliteDatabaseLike } from "@session-projector/sdk/host";
@@ -96,7 +98,11 @@ test("probes the member API and pages the directory with an AbortSignal", async 
     pages += 1;
     selfRole = page.selfRole;
     ids.push(...page.items.map((m) => m.memberRef));
+    // The admin entry comes with every page, from the group's settings (the owner may remove).
+    assert.equal(page.adminCapabilities?.["remove_members"], true);
     if (page.next === null) break;
+    // The next page reference is opaque: not the last member's id.
+    assert.notEqual(page.next, page.items[page.items.length - 1]?.memberRef);
     after = page.next;
   }
   assert.deepEqual(ids, EXPECT.members);
@@ -113,9 +119,29 @@ test("probes the member API and pages the directory with an AbortSignal", async 
   assert.deepEqual(shown.missingRefs, []);
   for (const m of shown.items) assert.equal(m.statsKnown, m.recordCount !== null && m.mentionCount !== null);
 
-  const receipts = await members.readReceipts({ group: GROUP, conversationSeq: EXPECT.message_seq, basicOnly: true, signal: controller.signal });
-  assert.deepEqual([...receipts.readRefs], EXPECT.readers);
-  assert.deepEqual([...receipts.unreadRefs], EXPECT.unreaders);
+  // Read receipts come a page at a time (limit, opaque pageRef), in roster order.
+  const readRefs: string[] = [];
+  const unreadRefs: string[] = [];
+  let pageRef: string | null = null;
+  let receiptPages = 0;
+  for (;;) {
+    const receipts: ReadReceipts = await members.readReceipts({
+      group: GROUP, conversationSeq: EXPECT.message_seq, basicOnly: true, limit: 50, pageRef, signal: controller.signal,
+    });
+    receiptPages += 1;
+    readRefs.push(...receipts.readRefs);
+    unreadRefs.push(...receipts.unreadRefs);
+    if (receipts.hasMore !== true || receipts.next === null || receipts.next === undefined) break;
+    pageRef = receipts.next;
+  }
+  assert.deepEqual(readRefs, EXPECT.readers);
+  assert.deepEqual(unreadRefs, EXPECT.unreaders);
+  assert.equal(receiptPages, Math.ceil(EXPECT.members.length / 50));
+  // A message the group does not have is a request error (404), never everyone "unread".
+  await assert.rejects(
+    members.readReceipts({ group: GROUP, conversationSeq: EXPECT.message_seq + 1000, basicOnly: true }),
+    (e: unknown) => e instanceof RequestError && e.status === 404,
+  );
 });
 
 test("one member store per account/group: pages merged by memberRef, cached, 2001 clears it", async () => {
