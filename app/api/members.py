@@ -20,6 +20,7 @@ see :func:`build_member_service`); without it the routes answer 503.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Mapping
@@ -42,10 +43,13 @@ from app.members.server import (
 )
 from app.members.source import MemberAccessDenied
 from app.settings import Settings
+from app.stores.cassandra_exec import StoreError
 
 SERVICE_KEY: Final = "members"
 _PAGE_FIELDS: Final = frozenset({"chat_session_uid", "page_ref", "limit", "active_only"})
 _BY_IDS_FIELDS: Final = frozenset({"chat_session_uid", "user_ids", "include_stats"})
+_PROFILE_FIELDS: Final = frozenset({"user_ids"})
+PROFILES_BUDGET_S: Final = 2.0
 _MAX_BODY: Final = 64 * 1024  # 50 ids and a uuid fit many times over
 _SEQ_MAX: Final = 2**64 - 2
 
@@ -53,10 +57,12 @@ _SEQ_MAX: Final = 2**64 - 2
 def build_member_service(settings: Settings, session: Any) -> MemberService:
     """The production service: Cassandra reads, the configured statistics budget."""
     from app.stores.cassandra_members import CassandraMemberReader
+    from app.stores.cassandra_profiles import CassandraProfileStore
 
     return MemberService(
         CassandraMemberReader(session, settings.cassandra_keyspace),
         stats_budget_s=settings.members_stats_budget_ms / 1000,
+        profiles=CassandraProfileStore(session, settings.cassandra_keyspace),
     )
 
 
@@ -297,6 +303,40 @@ def message_readers(refs: MemberRefCodec) -> Any:
     return handler
 
 
+async def user_profiles(request: web.Request) -> web.Response:
+    """Public profiles of 1..50 users (names, avatars): the member store's ProfileSource."""
+    current_user(request)
+    body = await _body(request, _PROFILE_FIELDS)
+    ids = body.get("user_ids")
+    if not isinstance(ids, list) or not 1 <= len(ids) <= BY_IDS_MAX:
+        raise bad_request(f"user_ids must be a list of 1 to {BY_IDS_MAX} user ids")
+    user_ids = list(dict.fromkeys(_user_id(u, "user_ids[]") for u in ids))
+    source = _service(request).profile_source
+    if source is None:
+        raise ApiError(503, "unavailable", "this server has no profile source")
+    try:
+        found = await asyncio.wait_for(source.profiles(user_ids), PROFILES_BUDGET_S)
+    except TimeoutError:
+        raise ApiError(503, "timeout", f"profiles not read within {PROFILES_BUDGET_S:.0f}s") from None
+    except StoreError as exc:
+        raise ApiError(503, "unavailable", str(exc)) from None
+    return web.json_response(
+        {
+            "items": [
+                {
+                    "user_id": id_text(u),
+                    "display_name": found[u].display_name,
+                    "avatar_url": found[u].avatar_url,
+                }
+                for u in user_ids
+                if u in found
+            ],
+            # No profile (or none loaded): the client marks that profile as failed.
+            "missing_user_ids": _ids(u for u in user_ids if u not in found),
+        }
+    )
+
+
 def routes(ctx: ApiContext) -> list[Route]:
     return [
         Route(
@@ -316,6 +356,7 @@ def routes(ctx: ApiContext) -> list[Route]:
             ),
             READERS_OPERATION,
         ),
+        Route("POST", "/api/v1/users/profiles", user_profiles, PROFILES_OPERATION),
     ]
 
 
@@ -439,6 +480,17 @@ READERS_OPERATION: Final[dict[str, Any]] = {
     },
 }
 
+PROFILES_OPERATION: Final[dict[str, Any]] = {
+    "operationId": "userProfiles",
+    "summary": "Public profiles (display name, avatar) of 1-50 users",
+    "description": (
+        "From the member_profiles table (loaded with `projector profiles load`). Users without a "
+        "profile are listed in missing_user_ids."
+    ),
+    "requestBody": _json_body("#/components/schemas/UserProfilesRequest"),
+    "responses": {"200": _ok("#/components/schemas/UserProfiles"), **_ERRORS},
+}
+
 _MEMBER: Final[dict[str, Any]] = {
     "type": "object",
     "properties": {
@@ -526,6 +578,31 @@ SCHEMAS: Final[dict[str, Any]] = {
             "self_role": {"type": "string"},
         },
         "required": ["items", "missing_user_ids", "stats_included", "self_role"],
+    },
+    "UserProfilesRequest": {
+        "type": "object",
+        "properties": {"user_ids": {"type": "array", "items": _UID, "minItems": 1, "maxItems": BY_IDS_MAX}},
+        "required": ["user_ids"],
+        "additionalProperties": False,
+    },
+    "UserProfiles": {
+        "type": "object",
+        "properties": {
+            "items": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "user_id": ID_SCHEMA,
+                        "display_name": {"type": ["string", "null"]},
+                        "avatar_url": {"type": ["string", "null"]},
+                    },
+                    "required": ["user_id", "display_name", "avatar_url"],
+                },
+            },
+            "missing_user_ids": {"type": "array", "items": ID_SCHEMA},
+        },
+        "required": ["items", "missing_user_ids"],
     },
     "MessageReaders": {
         "type": "object",

@@ -25,6 +25,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "api": ("app.cli.api", "Serve the query API (session list pages, badge) over HTTP"),
     "token": ("app.cli.token", "Mint a bearer token for the query API: token USER_ID [--ttl SECONDS]"),
+    "profiles": (
+        "app.cli.profiles",
+        "Load public member profiles (names, avatars) into Cassandra: profiles load FILE.jsonl",
+    ),
     "rebuild": (
         "app.cli.rebuild",
         "Rebuild projections from Cassandra state into a fresh namespace, diff with the live one, --swap",

@@ -26,7 +26,7 @@ from app.members.model import (
     join_events,
     stats_known,
 )
-from app.members.source import MemberAccessDenied
+from app.members.source import MemberAccessDenied, ProfileSource
 
 log = logging.getLogger("projector.members.server")
 
@@ -111,10 +111,14 @@ class MemberService:
         *,
         stats_budget_s: float = STATS_BUDGET_S,
         readers_budget_s: float = READERS_BUDGET_S,
+        profiles: ProfileSource | None = None,
     ) -> None:
         self.reader = reader
         self.stats_budget_s = stats_budget_s
         self.readers_budget_s = readers_budget_s
+        # Public profiles (names, avatars): Cassandra's member_profiles in production
+        # (app/stores/cassandra_profiles.py); None = this deployment serves none.
+        self.profile_source = profiles
 
     async def _access(self, conversation_id: str, caller: int) -> str:
         me, disabled = await asyncio.gather(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from app.members.model import ACCESS_CODES, MemberPage, PresentationResult, Profile
+from app.members.model import ACCESS_CODES, MemberPage, PresentationResult, Profile, parse_user_id
 
 
 class MemberSourceError(Exception):
@@ -113,6 +113,30 @@ class HttpMemberSource:
         if status == 200 and isinstance(payload, dict):
             return payload
         raise classify_error(status, payload)
+
+
+class HttpProfileSource:
+    """:class:`ProfileSource` over the projector API (``POST /api/v1/users/profiles``, 1..50 ids,
+    served from Cassandra's ``member_profiles``). A user the server has no profile for is left
+    out (that profile failed: the store keeps the old avatar); a failed call raises, and the
+    store marks the whole batch as failed."""
+
+    def __init__(self, base_url: str, token: str, session: Any, *, timeout_s: float = 10.0) -> None:
+        self._http = HttpMemberSource(base_url, token, session, timeout_s=timeout_s)
+
+    async def profiles(self, user_ids: Sequence[int]) -> dict[int, Profile]:
+        answer = await self._http._post("/api/v1/users/profiles", {"user_ids": [str(u) for u in user_ids]})
+        out: dict[int, Profile] = {}
+        try:
+            for item in answer.get("items") or ():
+                name, avatar = item.get("display_name"), item.get("avatar_url")
+                out[parse_user_id(item.get("user_id"))] = Profile(
+                    display_name=name if isinstance(name, str) else None,
+                    avatar_url=avatar if isinstance(avatar, str) else None,
+                )
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise MemberUnavailable(f"malformed profiles answer: {exc}") from None
+        return out
 
 
 def classify_error(status: int, payload: Any) -> MemberSourceError:

@@ -5,6 +5,7 @@ statistics, read receipts."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -24,10 +25,11 @@ from app.members.cache import CacheKey, SqliteMemberCache
 from app.members.directory import MemberDirectory
 from app.members.model import MemberPage, PresentationResult
 from app.members.server import MemberService
-from app.members.source import HttpMemberSource, MemberAccessDenied
+from app.members.source import HttpMemberSource, HttpProfileSource, MemberAccessDenied
 from app.settings import Settings
 from app.stores.cassandra_members import CassandraMemberReader
 from app.stores.cassandra_messages import CassandraMessageStore, NewMessage
+from app.stores.cassandra_profiles import CassandraProfileStore
 from app.stores.cassandra_state import UserConversationStateWriter
 from app.stores.memory_projection import InMemoryProjectionStore
 
@@ -91,7 +93,11 @@ async def live(schema: str, cassandra_session: Any, monkeypatch: pytest.MonkeyPa
         projections=MemoryProjectionReader(InMemoryProjectionStore()),
         # A long statistics budget: these tests check what the real reads return, and a busy CI
         # JVM may take longer than the product's 2 s (the budget itself: unit-tested).
-        extra={"members": MemberService(reader, stats_budget_s=30.0)},
+        extra={
+            "members": MemberService(
+                reader, stats_budget_s=30.0, profiles=CassandraProfileStore(cassandra_session, schema)
+            )
+        },
     )
     server = TestServer(create_app(settings, deps), host="127.0.0.1")
     await server.start_server()
@@ -308,3 +314,65 @@ async def test_readers_from_persisted_read_state(live: Live) -> None:
     assert status == 200, body
     assert body["sender_id"] == "20"
     assert body["read_user_ids"] == [str(CALLER), "21"] and body["unread_user_ids"] == ["22"]
+
+
+def test_profiles_load_cli_checks_the_whole_file_then_writes(
+    schema: str, servers: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+    import dataclasses
+
+    from app.cli import profiles as cli
+
+    settings = dataclasses.replace(servers, cassandra_keyspace=schema)
+    good = tmp_path / "profiles.jsonl"
+    good.write_text(
+        '{"user_id": "18446744073709551615", "display_name": "Zoë", "avatar_url": "https://cdn.example/z.png"}\n'
+        "\n"
+        '{"user_id": 31, "display_name": null, "avatar_url": null}\n',
+        encoding="utf-8",
+    )
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"user_id": "32", "display_name": "A"}\n{"user_id": "x"}\n', encoding="utf-8")
+    assert cli.run(settings, argparse.Namespace(action="load", file=str(bad))) == 2
+    assert "line 2" in capsys.readouterr().err
+    assert cli.run(settings, argparse.Namespace(action="load", file=str(good))) == 0
+    assert "2 profile(s) written" in capsys.readouterr().out
+    assert cli.run(settings, argparse.Namespace(action="show", user_ids=["18446744073709551615", "32"])) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines == [
+        {"user_id": "18446744073709551615", "display_name": "Zoë", "avatar_url": "https://cdn.example/z.png"},
+        {"user_id": "32", "missing": True},  # the bad file wrote nothing
+    ]
+
+
+async def test_profiles_reach_the_member_store_through_the_api(
+    live: Live, cassandra_session: Any, schema: str
+) -> None:
+    from app.stores.cassandra_profiles import ProfileRow
+
+    group = new_group()
+    await live.members(group, [CALLER, 40, 41])
+    store = CassandraProfileStore(cassandra_session, schema)
+    await store.put([ProfileRow(40, "Ada", "https://cdn.example/40.png"), ProfileRow(CALLER, "Me", None)], 1)
+    status, body = await live.post("/api/v1/users/profiles", {"user_ids": ["40", "41", str(CALLER)]})
+    assert status == 200, body
+    assert body["items"] == [
+        {"user_id": "40", "display_name": "Ada", "avatar_url": "https://cdn.example/40.png"},
+        {"user_id": str(CALLER), "display_name": "Me", "avatar_url": None},
+    ]
+    assert body["missing_user_ids"] == ["41"]
+    status, body = await live.post("/api/v1/users/profiles", {"user_ids": [str(u) for u in range(51)]})
+    assert status == 400
+    directory = MemberDirectory(
+        CacheKey("it", str(CALLER), group),
+        live.source(),
+        profiles=HttpProfileSource(live.base_url, live.token(), live.http),
+    )
+    directory.subscribe()
+    await asyncio.wait_for(directory.until(lambda d: d.fresh), 30)
+    await directory.settled()
+    assert directory.members[40].display_name == "Ada"
+    assert directory.members[40].avatar_url == "https://cdn.example/40.png"
+    assert directory.members[41].profile_failed and directory.members[41].display_name is None
+    await directory.aclose()
