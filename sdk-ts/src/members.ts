@@ -3,6 +3,7 @@
 // AbortSignal. Errors are classified once (errors.ts): 2001/2002 only from the access codes, a
 // backend without the paging API is a MemberApiMissingError, never a fallback to a full read.
 
+import type { Profile } from "./store.js";
 import {
   CONVERSATION_DISABLED,
   MemberAccessDeniedError,
@@ -382,6 +383,29 @@ export class MembersClient {
     const path = `/api/v1/chats/${group}/messages/${request.conversationSeq}/readers${q}`;
     const response = await this.http.send("GET", path, { signal: request.signal });
     return parseReaders(await this.answer(response, "read receipts", request.signal));
+  }
+
+  /** Public profiles of 1..50 members (POST /api/v1/users/profiles): the member store's
+   * ProfileSource. A member the server has no profile for is absent (that profile failed). */
+  async profiles(refs: readonly MemberRef[], options: CallOptions = {}): Promise<ReadonlyMap<MemberRef, Profile>> {
+    if (refs.length < 1 || refs.length > PRESENTATION_MAX) {
+      throw new RangeError(`refs must hold 1 to ${PRESENTATION_MAX} members`);
+    }
+    const body = await this.post("/api/v1/users/profiles", { user_ids: [...refs] }, "profiles", options.signal);
+    const items = body["items"];
+    if (!Array.isArray(items)) throw new ProtocolError("profiles without items");
+    const out = new Map<MemberRef, Profile>();
+    for (const item of items) {
+      if (!isObject(item)) throw new ProtocolError("a profile must be an object");
+      const name = item["display_name"];
+      const avatar = item["avatar_url"];
+      out.set(refOf(item["user_id"], "user_id"), {
+        displayName: typeof name === "string" ? name : null,
+        remark: null, // the viewer's own remarks are not public profile data
+        avatarUrl: typeof avatar === "string" ? avatar : null,
+      });
+    }
+    return out;
   }
 
   private async post(path: string, body: unknown, operation: string, signal: AbortSignal | undefined): Promise<Record<string, unknown>> {

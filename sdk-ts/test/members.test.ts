@@ -170,3 +170,16 @@ test("read receipts: basicOnly asks for ids and counts only", async () => {
   assert.equal(fetch.calls[0]?.path, `/api/v1/chats/${GROUP}/messages/8/readers?basic_only=true`);
   assert.deepEqual([receipts.readRefs, receipts.unreadRefs, receipts.senderId, receipts.read], [["5", "21"], ["22"], "20", undefined]);
 });
+
+test("profiles come in batches of 1..50 as the store's ProfileSource; absent = that profile failed", async () => {
+  const fetch = fakeFetch((call) => {
+    assert.equal(call.url, "http://api/api/v1/users/profiles");
+    assert.deepEqual((call.body as Record<string, unknown>)["user_ids"], [BIG, "5"]);
+    return { status: 200, json: { items: [{ user_id: BIG, display_name: "Zoë", avatar_url: "https://cdn/z.png" }], missing_user_ids: ["5"] } };
+  });
+  const client = new MembersClient({ baseUrl: "http://api", token: "t", fetch });
+  const got = await client.profiles([BIG, "5"]);
+  assert.deepEqual(got.get(BIG), { displayName: "Zoë", remark: null, avatarUrl: "https://cdn/z.png" });
+  assert.equal(got.has("5"), false);
+  await assert.rejects(client.profiles([]), RangeError);
+});

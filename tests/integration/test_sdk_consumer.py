@@ -45,6 +45,7 @@ from app.domain.badge import Badge
 from app.domain.flush import UserFlush
 from app.domain.listing import Folder
 from app.stores.cassandra_messages import CassandraMessageStore, NewMessage
+from app.stores.cassandra_profiles import CassandraProfileStore, ProfileRow
 from app.stores.cassandra_session import open_cluster
 from app.stores.cassandra_state import UserConversationStateWriter
 from app.stores.redis_projection import RedisProjectionStore
@@ -259,6 +260,10 @@ async def seed_members(stack: Stack, group: str, message_seq: int) -> tuple[list
         await writer.flush()
         message = NewMessage(group, message_seq, "m-sdk", "0" * 31 + "9", sender, 1, True, frozenset())
         await asyncio.to_thread(CassandraMessageStore(session, keyspace).put_messages, [message])
+        # One public profile (the consumer reads it through MembersClient.profiles).
+        await CassandraProfileStore(session, keyspace).put(
+            [ProfileRow(2**64 - 1, "Zoë", "https://cdn.example/max.png")], 1
+        )
     finally:
         cluster.shutdown()
     unreaders = [u for u in members if u not in readers and u != sender]

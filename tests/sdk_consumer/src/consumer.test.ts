@@ -119,6 +119,11 @@ test("probes the member API and pages the directory with an AbortSignal", async 
   assert.deepEqual(shown.missingRefs, []);
   for (const m of shown.items) assert.equal(m.statsKnown, m.recordCount !== null && m.mentionCount !== null);
 
+  // Public profiles (seeded by the Python side: one for the largest u64, none for the caller).
+  const profiles = await members.profiles(["18446744073709551615", USER], { signal: controller.signal });
+  assert.deepEqual(profiles.get("18446744073709551615"), { displayName: "Zoë", remark: null, avatarUrl: "https://cdn.example/max.png" });
+  assert.equal(profiles.has(USER), false);
+
   // Read receipts come a page at a time (limit, opaque pageRef), in roster order.
   const readRefs: string[] = [];
   const unreadRefs: string[] = [];
