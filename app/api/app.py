@@ -300,7 +300,7 @@ def openapi(routes: Sequence[Route], schemas: dict[str, Any]) -> dict[str, Any]:
                 "`Authorization: Bearer <token>` "
                 "(`projector token USER_ID` mints one). Errors are JSON: "
                 "{error: {status, code, message}}; bad input is 400, never 500. 64-bit ids "
-                "(user_id, sender_id, next_user_id, the member id lists) are decimal strings "
+                "(user_id, sender_id, the member id lists) are decimal strings "
                 "(format uint64): a JavaScript number cannot hold them exactly. Requests may name "
                 "members by that string (or by a JSON integer)."
             ),
