@@ -311,10 +311,22 @@ class FileOnlySink:
 
 
 class CassandraMessageSink:
-    """The Cassandra MessageStore, written from a worker thread (the driver is blocking)."""
+    """The Cassandra MessageStore, written from a worker thread (the driver is blocking), and
+    the public profiles of the simulated users (``member_profiles``: names, avatars)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, profiles: Any = None) -> None:
         self.store = store
+        self.profiles = profiles
+
+    async def write_profiles(self, users: Sequence[int]) -> int:
+        """One synthetic public profile per simulated user (the member directory shows names)."""
+        if self.profiles is None:
+            return 0
+        from app.stores.cassandra_profiles import ProfileRow
+
+        rows = [ProfileRow(u, f"Sim user {u:x}", f"https://avatars.invalid/{u}.png") for u in users]
+        written: int = await self.profiles.put(rows, 0)
+        return written
 
     async def write(
         self,
@@ -364,8 +376,11 @@ async def simulate(
         sink: RecordSink = FileOnlySink()
         if use_kafka:
             producer, sink = await _open_producer(settings, connect_timeout_s)
+        workload = Workload(params)
+        if isinstance(store, CassandraMessageSink):
+            await store.write_profiles(workload.users)
         return await drive(
-            Workload(params),
+            workload,
             sink,
             store,
             out=out,
@@ -395,6 +410,7 @@ def _kafka_errors() -> tuple[type[BaseException], ...]:
 
 def _open_store(settings: Any, connect_timeout_s: float) -> tuple[MessageSink, Any]:
     from app.stores.cassandra_messages import CassandraMessageStore
+    from app.stores.cassandra_profiles import CassandraProfileStore
     from app.stores.cassandra_session import CassandraUnavailable, open_cluster
 
     try:
@@ -403,10 +419,11 @@ def _open_store(settings: Any, connect_timeout_s: float) -> tuple[MessageSink, A
         raise SimulateError(f"cassandra: {exc}") from None
     try:
         store = CassandraMessageStore(session, settings.cassandra_keyspace)
+        profiles = CassandraProfileStore(session, settings.cassandra_keyspace)
     except StoreError as exc:
         cluster.shutdown()
         raise SimulateError(f"cassandra: {exc}") from None
-    return CassandraMessageSink(store), cluster
+    return CassandraMessageSink(store, profiles), cluster
 
 
 async def _open_producer(settings: Any, connect_timeout_s: float) -> tuple[Any, RecordSink]:

@@ -81,6 +81,19 @@ async def test_simulation_lands_in_kafka_and_cassandra(
         report = await simulate(settings, params, out=out, rate=0)
     assert report.messages == 300 and not report.stopped_early
 
+    # Every simulated user has a public profile the member directory can show (issue 34).
+    from app.simulate.workload import Workload
+    from app.stores.cassandra_profiles import CassandraProfileStore
+
+    users = Workload(params).users
+    cluster, session = await asyncio.to_thread(open_cluster, settings)
+    try:
+        shown = await CassandraProfileStore(session, schema).profiles(users[:50])
+    finally:
+        cluster.shutdown()
+    assert sorted(shown) == sorted(users[:50])
+    assert shown[users[0]].display_name == f"Sim user {users[0]:x}"
+
     lines = out_path.read_bytes().splitlines()
     file_records = [orjson.loads(line) for line in lines]
     by_partition = await consume_all(settings, topic)
