@@ -472,3 +472,26 @@ async def test_a_removal_receipt_updates_memory_and_disk_at_once(tmp_path: Path)
     assert directory.members == {} and await cache.load(KEY) is None
     await directory.aclose()
     await cache.close()
+
+
+async def test_admin_entry_and_join_events_come_from_the_pages_not_the_cache() -> None:
+    from app.members.model import BaseMember
+
+    clock = FakeClock()
+    server = make_server(clock, 120)
+    # One join event (seq 40) whose invitees straddle the first two pages of 50.
+    invited = sorted(server.members)[45:55]
+    for user_id in invited:
+        server.members[user_id] = BaseMember(user_id, "member", "active", 40, None)
+    directory = MemberDirectory(KEY, server)
+    directory.subscribe()
+    assert directory.capabilities == {}  # nothing granted before a page's access check
+    await clock.advance(2.0)
+    assert directory.capabilities["remove_members"] and not directory.capabilities["manage_admins"]
+    assert directory.join_events["join:40"].invitees == tuple(invited[:5])
+    await run_to_completion(clock, directory)
+    assert directory.join_events["join:40"].invitees == tuple(invited)  # merged by memberRef
+    assert sum(len(e.invitees) for e in directory.join_events.values()) == 121
+    await directory.clear()
+    assert directory.capabilities == {} and directory.join_events == {}
+    await directory.aclose()
