@@ -284,6 +284,47 @@ class PresentationResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadReceiptsPage:
+    """One page of ``/messages/{seq}/readers`` (seed 004's ``source.read-receipts.detail``):
+    the server's read facts for up to ``limit`` active members; names and avatars come from the
+    member store, not from here. ``next_ref`` is opaque (bound to the account and group)."""
+
+    conversation_seq: int
+    sender_id: int | None
+    read_user_ids: tuple[int, ...]
+    unread_user_ids: tuple[int, ...]
+    basic_only: bool
+    has_more: bool
+    next_ref: str | None
+    read_seqs: Mapping[int, int] = dataclasses.field(default_factory=dict)  # unless basic_only
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> ReadReceiptsPage:
+        seq = body.get("conversation_seq")
+        if isinstance(seq, bool) or not isinstance(seq, int):
+            raise ValueError("readers: conversation_seq must be an integer")
+        sender = body.get("sender_id")
+        has_more = body.get("has_more") is True
+        next_ref = body.get("next_page_ref")
+        if has_more and not isinstance(next_ref, str):
+            raise ValueError("readers: has_more without next_page_ref")
+        seqs: dict[int, int] = {}
+        for name in ("read", "unread"):
+            for item in body.get(name) or ():
+                seqs[_user_id(item.get("user_id"))] = int(item.get("read_conversation_seq") or 0)
+        return cls(
+            conversation_seq=seq,
+            sender_id=None if sender is None else _user_id(sender),
+            read_user_ids=tuple(_user_id(u) for u in body.get("read_user_ids") or ()),
+            unread_user_ids=tuple(_user_id(u) for u in body.get("unread_user_ids") or ()),
+            basic_only=body.get("basic_only") is True,
+            has_more=has_more,
+            next_ref=next_ref if has_more else None,
+            read_seqs=seqs,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """Public profile fields (from a profile service the host provides; optional)."""
 

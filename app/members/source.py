@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from app.members.model import ACCESS_CODES, MemberPage, PresentationResult, Profile, parse_user_id
+from app.members.model import (
+    ACCESS_CODES,
+    MemberPage,
+    PresentationResult,
+    Profile,
+    ReadReceiptsPage,
+    parse_user_id,
+)
 
 
 class MemberSourceError(Exception):
@@ -92,12 +99,43 @@ class HttpMemberSource:
         except (ValueError, TypeError) as exc:
             raise MemberUnavailable(f"malformed by-user-ids answer: {exc}") from None
 
+    async def read_receipts(
+        self,
+        group: str,
+        conversation_seq: int,
+        *,
+        basic_only: bool = True,
+        limit: int | None = None,
+        page_ref: str | None = None,
+    ) -> ReadReceiptsPage:
+        """One page of who has read message ``conversation_seq`` (404 unknown message: a
+        :class:`MemberRequestError`; over the server's budget: :class:`MemberUnavailable`)."""
+        from urllib.parse import quote, urlencode
+
+        params: dict[str, str] = {"basic_only": "true" if basic_only else "false"}
+        if limit is not None:
+            params["limit"] = str(limit)
+        if page_ref is not None:
+            params["page_ref"] = page_ref
+        path = (
+            f"/api/v1/chats/{quote(group, safe='')}/messages/{conversation_seq}/readers?{urlencode(params)}"
+        )
+        answer = await self._request("GET", path, None)
+        try:
+            return ReadReceiptsPage.from_wire(answer)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise MemberUnavailable(f"malformed readers answer: {exc}") from None
+
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._request("POST", path, body)
+
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         import aiohttp
 
         headers = {"Authorization": f"Bearer {self.token}"}
         try:
-            async with self.session.post(
+            async with self.session.request(
+                method,
                 self.base_url + path,
                 json=body,
                 headers=headers,

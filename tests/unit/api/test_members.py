@@ -481,3 +481,33 @@ async def test_readers_over_the_budget_are_503_not_a_guess(api: Api) -> None:
     api.service.readers_budget_s = 0.05
     status, body = await api.get(f"/api/v1/chats/{G1}/messages/10/readers")
     assert (status, body["error"]["code"]) == (503, "timeout")
+
+
+async def test_the_python_client_pages_read_receipts_and_gets_404_as_a_request_error(api: Api) -> None:
+    ids = roster(api.reader, G1, 30)
+    api.reader.senders[(G1, 10)] = ids[0]
+    api.reader.read_by_member.update({(G1, u): 11 for u in ids[::3]})
+    base = str(api.client.make_url("")).rstrip("/")
+    token = api.auth()["Authorization"].removeprefix("Bearer ")
+    async with aiohttp.ClientSession() as session:
+        source = HttpMemberSource(base, token, session)
+        read: list[int] = []
+        unread: list[int] = []
+        ref = None
+        pages = 0
+        while True:
+            page = await source.read_receipts(G1, 10, basic_only=False, limit=8, page_ref=ref)
+            pages += 1
+            read += page.read_user_ids
+            unread += page.unread_user_ids
+            assert all(page.read_seqs[u] == 11 for u in page.read_user_ids)
+            if not page.has_more:
+                break
+            ref = page.next_ref
+        assert pages == 4 and page.sender_id == ids[0]
+        assert sorted(read) == sorted(ids[3::3]) and sorted(unread) == sorted(
+            [ME, *(u for u in ids[1:] if u not in ids[::3])]
+        )
+        with pytest.raises(MemberRequestError) as missing:
+            await source.read_receipts(G1, 99)
+        assert missing.value.status == 404
