@@ -522,7 +522,10 @@ SCHEMAS: Final[dict[str, Any]] = {
         "type": "object",
         "properties": {
             "chat_session_uid": {"type": "string", "format": "uuid"},
-            "page_ref": {"type": "string", "description": "next_page_ref of the previous page"},
+            "page_ref": {
+                "type": ["string", "null"],
+                "description": "next_page_ref of the previous page (absent or null: the first page)",
+            },
             "limit": {"type": "integer", "minimum": 1, "maximum": PAGE_LIMIT_MAX, "default": 50},
             "active_only": {"type": "boolean", "default": False},
         },

@@ -249,6 +249,8 @@ class Caller:
         # A cursor is bound to the user it was issued to: another user's sending it (a link
         # followed with the other token) is rightly a 400, not a valid request refused.
         self.cursor_owner: dict[str, int] = {}
+        # Member page references (opaque, issue 34): what each was bound to when issued.
+        self.page_ref_binding: dict[str, tuple[object, ...]] = {}
 
     def _real_group(self, case: Any) -> None:
         """Random UUIDs name no group (always 403): half of the member cases ask about a real
@@ -263,9 +265,24 @@ class Caller:
         if case.path_parameters and "chat_session_uid" in case.path_parameters:
             case.path_parameters["chat_session_uid"] = group
 
+    @staticmethod
+    def _page_ref(case: Any) -> tuple[object, tuple[object, ...]]:
+        """The request's member page reference and what a valid one must be bound to."""
+        body, query = case.body, case.query or {}
+        if isinstance(body, dict) and "page_ref" in body:
+            binding = ("page", body.get("chat_session_uid"), body.get("active_only", False))
+            return body["page_ref"], binding
+        path = case.path_parameters or {}
+        return query.get("page_ref"), ("readers", path.get("chat_session_uid"))
+
     def _excluded_checks(self, case: Any, caller: User) -> list[Any]:
         query = case.query or {}
         excluded: list[Any] = []
+        ref, binding = self._page_ref(case)
+        if isinstance(ref, str) and self.page_ref_binding.get(ref) != (caller.user_id, *binding):
+            # A generated reference, or a real one replayed into another account, group or walk:
+            # refused (400) by design, as a foreign session cursor is.
+            excluded.append(positive_data_acceptance)
         cursor = query.get("cursor")
         if any(isinstance(v, str) and v not in self.issued for v in (cursor, query.get("access_token"))) or (
             isinstance(cursor, str) and self.cursor_owner.get(cursor, caller.user_id) != caller.user_id
@@ -279,7 +296,16 @@ class Caller:
             excluded.append(ignored_auth)
         return excluded
 
-    def _remember(self, body: Any, caller: User, status: int) -> None:
+    def _remember(self, body: Any, caller: User, status: int, case: Any) -> None:
+        if isinstance(body, dict) and status == 200 and isinstance(body.get("next_page_ref"), str):
+            request_body = case.body if isinstance(case.body, dict) else {}
+            path = case.path_parameters or {}
+            binding: tuple[object, ...] = (
+                ("page", request_body.get("chat_session_uid"), request_body.get("active_only", False))
+                if "chat_session_uid" in request_body
+                else ("readers", path.get("chat_session_uid"))
+            )
+            self.page_ref_binding[body["next_page_ref"]] = (caller.user_id, *binding)
         if isinstance(body, dict):
             for name in ("next_cursor", "ticket"):
                 if isinstance(body.get(name), str):
@@ -311,7 +337,7 @@ class Caller:
         problems: list[str] = []
         if status >= 500 and status != 503:
             problems.append(f"{operation}: {status} for {case.as_curl_command(headers=headers)}")
-        self._remember(body, caller, status)
+        self._remember(body, caller, status, case)
         if response is not None:
             try:
                 case.validate_response(
