@@ -35,6 +35,7 @@ from app.domain.arrivals import ArrivalLedger
 from app.domain.conversation import ConversationState
 from app.domain.decoding import decode_chunk
 from app.domain.entries import (
+    BadgePreferencesEntry,
     DeadLetter,
     DeleteMessageEntry,
     Entry,
@@ -409,6 +410,11 @@ class PartitionProcessor:
                     stats.duplicates += 1
                     continue
                 applied += 1
+                if kind is BadgePreferencesEntry:
+                    # User-level (docs/contract.md §10): the user's record changed, no row did.
+                    if track_changes:
+                        self.changes.users.add(entry.user_id)
+                    continue
                 if learning is not None and (kind is RecallEntry or kind is DeleteMessageEntry):
                     target: RecallEntry = entry  # type: ignore[assignment]
                     learning.record_recall(target.conversation_id, target.target_conversation_seq)

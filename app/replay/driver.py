@@ -304,7 +304,9 @@ class Replayer:
 
         def badges() -> Iterator[dict[str, Any]]:
             for _, blob in tables.users(0):
-                yield _badge_output(UserState.load(msgspec.msgpack.decode(blob), []))
+                user = UserState.load(msgspec.msgpack.decode(blob), [])
+                self.processor.projector.defaults(user)  # preferences not chosen: the deployment's
+                yield _badge_output(user)
 
         return ReplayResult(
             projections=_Rescan(projections),
@@ -322,6 +324,10 @@ def _badge_output(user: UserState) -> dict[str, Any]:
         "total_unread": user.total_unread,
         "total_mention": user.total_mention,
         "muted_unread": user.muted_unread,
+        "archived_unread": user.archived_unread,
+        "archived_mention": user.archived_mention,
+        "badge_mode": user.badge_mode,
+        "include_muted": user.include_muted,
         "projection_mailbox_seq": user.projection_mailbox_seq,
     }
 
