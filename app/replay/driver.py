@@ -38,8 +38,11 @@ class ReplayOptions:
     window_ms: int = 5000
     max_dirty_rows: int = 100_000
     include_muted: bool = False
+    badge_mode: str = "messages"  # docs/contract.md §10: the default of users without preferences
 
     def __post_init__(self) -> None:
+        if self.badge_mode not in ("messages", "conversations"):
+            raise ValueError("--badge-mode must be messages or conversations")
         if self.lanes < 1:
             raise ValueError("--lanes must be at least 1")
         if self.window_ms < WINDOW_MS_MIN:
@@ -126,6 +129,7 @@ class Replayer:
             window_ms=options.window_ms,
             max_dirty_rows=options.max_dirty_rows,
             include_muted=options.include_muted,
+            badge_mode=options.badge_mode,
         )
         extra: dict[str, Any] = {}
         if self.tables is not None:
