@@ -494,7 +494,7 @@ class PartitionProcessor:
         nothing waits for a flush."""
         projector = self.projector
         start = projector.policy.window_start
-        if start is None or not projector.dirty.row_count:
+        if start is None or not projector.dirty.rows:  # rows: users with or without dirty rows
             return None
         return start + projector.policy.window_ms
 
@@ -510,7 +510,7 @@ class PartitionProcessor:
 
     def open_window_at(self, now: int) -> None:
         """Work that survived a crash must flush within one window: open it now if it is not."""
-        if self.projector.dirty.row_count and self.projector.policy.window_start is None:
+        if self.projector.dirty.rows and self.projector.policy.window_start is None:
             self.projector.policy.window_start = now
 
     # -- persistence ----------------------------------------------------------------------------

@@ -396,7 +396,11 @@ class Projector:
     # -- flushing -------------------------------------------------------------------------------
 
     def flush_due(self, now_ms: int) -> bool:
-        return self.policy.due(now_ms, self.dirty.row_count)
+        dirty = self.dirty
+        if not dirty.row_count:
+            # Users dirty with no row (a badge_preferences entry, §10) flush at the window's end.
+            return bool(dirty.rows) and self.policy.window_elapsed(now_ms)
+        return self.policy.due(now_ms, dirty.row_count)
 
     def mark_dirty(self, user_id: int, conversation_ids: Iterable[str], now_ms: int) -> None:
         """Have these rows written again by the user's next flush (an audit's repair through the

@@ -124,3 +124,36 @@ def test_bad_values_are_dead_lettered_with_a_reason() -> None:
     assert not isinstance(decode_record(orjson.dumps(mark), 1), DeadLetter)
     got = decode_record(orjson.dumps({**mark, "type": "mark_unred"}), 1)
     assert isinstance(got, DeadLetter) and got.kind == "unknown_type"
+
+
+def test_a_preferences_entry_alone_is_due_at_the_window_end_in_processing_time() -> None:
+    """The worker's timer path (next_deadline / on_deadline): a user dirty with no row flushes."""
+    from app.domain.processor import PartitionProcessor
+    from app.domain.projector import ProjectorConfig
+    from app.stores.memory_messages import InMemoryMessageStore
+
+    processor = PartitionProcessor(ProjectorConfig(window_ms=100), InMemoryMessageStore())
+    s = StreamBuilder()
+    s.message(ME, 1)
+    processor.on_records(s.close(), now=1000)
+    assert processor.on_deadline(1100)
+    line = orjson.dumps(
+        {
+            "type": "badge_preferences",
+            "mailbox_seq": 10_000,
+            "lane": 0,
+            "ts": 5,
+            "event_id": "p",
+            "user_id": ME,
+            "conversation_id": CONV_A,
+            "badge_mode": "conversations",
+            "include_muted": False,
+        }
+    )
+    processor.on_records(
+        [line, orjson.dumps({"type": "watermark", "lane": 0, "watermark": 10_000, "ts": 5})], now=2000
+    )
+    assert processor.next_deadline() == 2100
+    (flush,) = processor.on_deadline(2100)
+    assert flush.rows == [] and flush.badge.badge_mode == "conversations"
+    assert processor.next_deadline() is None
