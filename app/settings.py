@@ -149,6 +149,9 @@ class Settings:
     projection_compaction_window_ms: int = bounded(5000, WINDOW_MS_MIN)
     max_dirty_rows: int = bounded(100_000, MAX_DIRTY_ROWS_MIN)
     include_muted: bool = False
+    # docs/contract.md §10: the badge mode of a user who sent no badge_preferences entry (with
+    # include_muted above: the deployment's defaults).
+    badge_mode: str = "messages"  # or "conversations"
     # Users written to the projection store per pipelined round trip during one flush.
     flush_batch_size: int = bounded(512, 1)
     # Worker intake: one fetch of one partition is one batch for the core. Bigger batches cost
@@ -555,6 +558,8 @@ class Settings:
         if self.api_rate_limit_on_store_error not in _RATE_STORE_ERROR_MODES:
             mode = self.api_rate_limit_on_store_error
             p.append(f"api_rate_limit_on_store_error: {mode!r} is not one of open, closed")
+        if self.badge_mode not in ("messages", "conversations"):
+            p.append(f"badge_mode: {self.badge_mode!r} is not one of messages, conversations")
         if self.api_fill_from_state not in _FILL_MODES:
             p.append(f"api_fill_from_state: {self.api_fill_from_state!r} is not one of always, empty, never")
         p.extend(_ops_problems(self))

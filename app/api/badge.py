@@ -1,4 +1,5 @@
-"""GET /v1/badge: the caller's app-icon totals from the projection store's meta (docs/contract.md §3.8)."""
+"""GET /v1/badge: the caller's app-icon totals from the projection store's meta (docs/contract.md §3.8),
+with the folder totals and the badge preferences they are in (§10)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,24 @@ from app.domain.badge import Badge, from_rows
 async def read_badge(ctx: ApiContext, user_id: int) -> tuple[Badge, int]:
     """The user's badge and the store version it is as of (also the live stream's hello)."""
     meta = await ctx.deps.projections.meta(user_id)  # one HMGET
-    badge = Badge(meta.total_unread, meta.total_mention, meta.muted_unread)
+    badge = Badge(
+        meta.total_unread,
+        meta.total_mention,
+        meta.muted_unread,
+        meta.archived_unread,
+        meta.archived_mention,
+        meta.badge_mode,
+        meta.include_muted,
+    )
     filler = ctx.lists.state
     if meta.version == 0 and filler is not None:
         # Nothing stored for the user (projection lost, or not flushed yet): a login pull's rows
         # come from UserConversationState (the fill-in). That pull is a reconcile (seed §3.4):
         # its badge is the full recompute over those rows, not the zeros of an absent meta.
         # The version stays 0: the rows are as of no flush, and any frame supersedes them.
-        badge = from_rows(await filler.rows(user_id, ()), ctx.settings.include_muted)
+        # The user's badge preferences are kept with the projection only (README: what state
+        # cannot know): the deployment's defaults apply here.
+        badge = from_rows(await filler.rows(user_id, ()), ctx.settings.include_muted, ctx.settings.badge_mode)
     return badge, meta.version
 
 
@@ -34,6 +45,10 @@ async def get_badge(request: web.Request) -> web.Response:
             "total_unread": badge.total_unread,
             "total_mention": badge.total_mention,
             "muted_unread": badge.muted_unread,
+            "archived_unread": badge.archived_unread,
+            "archived_mention": badge.archived_mention,
+            "badge_mode": badge.badge_mode,
+            "include_muted": badge.include_muted,
             "projection_mailbox_seq": version,
         }
     )
@@ -71,8 +86,25 @@ SCHEMAS: Final[dict[str, Any]] = {
             "total_unread": _COUNT,
             "total_mention": _COUNT,
             "muted_unread": _COUNT,
+            "archived_unread": {**_COUNT, "description": "The archived folder's unread (§10)"},
+            "archived_mention": {**_COUNT, "description": "The archived folder's mentions (§10)"},
+            "badge_mode": {
+                "type": "string",
+                "enum": ["messages", "conversations"],
+                "description": "messages: sums of counts; conversations: rows with a count > 0",
+            },
+            "include_muted": {"type": "boolean"},
             "projection_mailbox_seq": {"type": "integer", "minimum": 0},
         },
-        "required": ["total_unread", "total_mention", "muted_unread", "projection_mailbox_seq"],
+        "required": [
+            "total_unread",
+            "total_mention",
+            "muted_unread",
+            "archived_unread",
+            "archived_mention",
+            "badge_mode",
+            "include_muted",
+            "projection_mailbox_seq",
+        ],
     }
 }

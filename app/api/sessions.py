@@ -137,6 +137,13 @@ SCHEMAS: Final[dict[str, Any]] = {
             "pin_rank": {"type": ["integer", "null"], "minimum": 0, "maximum": 4294967295},
             "archived": {"type": "boolean"},
             "muted": {"type": "boolean"},
+            "marked_unread": {
+                "type": "boolean",
+                "description": (
+                    "Marked unread by the user (docs/contract.md §10): show it as unread; a read or "
+                    "a delete_conversation clears it. Absent on rows written before it: false."
+                ),
+            },
             "last_activity_id": {"type": ["string", "null"], "pattern": "^[0-9a-f]{32}$"},
             "latest_conversation_seq": _NULLABLE_SEQ,
             "last_message_id": {"type": ["string", "null"]},

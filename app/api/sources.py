@@ -48,6 +48,11 @@ class StoreMeta:
     muted_unread: int
     corrections: int = 0
     live: str | None = None
+    # docs/contract.md §10 (a meta written before them: 0, messages mode, muted not included)
+    archived_unread: int = 0
+    archived_mention: int = 0
+    badge_mode: str = "messages"
+    include_muted: bool = False
 
 
 class LoadedRows(NamedTuple):
@@ -146,6 +151,10 @@ def _meta_of(s: StoredProjection, corrections: int = 0) -> StoreMeta:
         s.total_mention,
         s.muted_unread,
         corrections,
+        archived_unread=s.archived_unread,
+        archived_mention=s.archived_mention,
+        badge_mode=s.badge_mode,
+        include_muted=s.include_muted,
     )
 
 
@@ -166,6 +175,10 @@ def _meta(user_id: int, raw: list[Any], live: str | None = None) -> StoreMeta:
         muted_unread=by_name["muted_unread"],
         corrections=by_name["corrections"],
         live=live,
+        archived_unread=by_name["archived_unread"],
+        archived_mention=by_name["archived_mention"],
+        badge_mode="conversations" if by_name["conversations_mode"] else "messages",
+        include_muted=bool(by_name["include_muted"]),
     )
 
 

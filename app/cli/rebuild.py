@@ -375,6 +375,7 @@ async def _rebuild(settings: Any, args: argparse.Namespace, metrics: RebuildMetr
                 target=target,
                 limit=limit,
                 include_muted=settings.include_muted,
+                badge_mode=settings.badge_mode,
                 progress=Progress(len(rest), mode=args.progress, metrics=metrics),
             )
             users = sorted(known | set(await target.user_ids()))
@@ -406,6 +407,7 @@ async def _rebuild(settings: Any, args: argparse.Namespace, metrics: RebuildMetr
                 target=target,
                 limit=settings.unread_precise_limit,
                 include_muted=settings.include_muted,
+                badge_mode=settings.badge_mode,
                 progress=Progress(len(users), mode=args.progress, metrics=metrics),
             )
             diff = await diff_namespaces(live, target, users)

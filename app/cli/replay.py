@@ -43,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--include-muted", action="store_true", help="count muted conversations in total_unread"
     )
     parser.add_argument(
+        "--badge-mode",
+        choices=("messages", "conversations"),
+        default="messages",
+        help="the badge mode of users who sent no badge_preferences entry (docs/contract.md §10)",
+    )
+    parser.add_argument(
         "--progress",
         choices=("auto", "always", "never"),
         default="auto",
@@ -109,6 +115,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         window_ms=args.window_ms,
         max_dirty_rows=args.max_dirty_rows,
         include_muted=args.include_muted,
+        badge_mode=args.badge_mode,
     )
     if args.state_dir:
         problem = scratch_folder_problem(Path(args.state_dir))

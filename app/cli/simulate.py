@@ -89,6 +89,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="chance per message of a bad record the worker must dead-letter (default 0)",
     )
     parser.add_argument(
+        "--markers",
+        type=probability,
+        default=0.0,
+        metavar="SHARE",
+        help="share of users who mark conversations unread (docs/contract.md §10; default 0)",
+    )
+    parser.add_argument(
+        "--badge-conversations",
+        type=probability,
+        default=0.0,
+        metavar="SHARE",
+        help="share of users who choose the 'conversations' badge mode (§10; default 0)",
+    )
+    parser.add_argument(
+        "--badge-messages",
+        type=probability,
+        default=0.0,
+        metavar="SHARE",
+        help="share of users who choose the 'messages' badge mode explicitly (§10; default 0)",
+    )
+    parser.add_argument(
         "--duplicates",
         type=probability,
         default=0.0,
@@ -143,7 +164,13 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             # Event time follows the requested rate; unpaced runs still advance 10 ms a message,
             # so flush windows (5 s of ts) close during a replay of the file.
             step_ms=1000.0 / rate if rate > 0 else 10.0,
-            mix=Mix(bad=args.bad_records, retry=args.duplicates),
+            mix=Mix(
+                bad=args.bad_records,
+                retry=args.duplicates,
+                markers=args.markers,
+                badge_conversations=args.badge_conversations,
+                badge_messages=args.badge_messages,
+            ),
             member_notices=args.member_notices,
         )
     except ValueError as exc:

@@ -186,7 +186,15 @@ class UserAudit:
 
 
 def stored_badge(stored: StoredRows) -> Badge:
-    return Badge(stored.total_unread, stored.total_mention, stored.muted_unread)
+    return Badge(
+        stored.total_unread,
+        stored.total_mention,
+        stored.muted_unread,
+        stored.archived_unread,
+        stored.archived_mention,
+        stored.badge_mode,
+        stored.include_muted,
+    )
 
 
 def audit_user(
@@ -224,7 +232,9 @@ def audit_user(
             stale.append(conversation_id)
         if moved or off:
             drifted.append(conversation_id)
-    full = full_recompute(user.rows.values(), include_muted)
+    # In the user's own preferences (docs/contract.md §10); `include_muted` is the deployment's
+    # default, which the projector has already given every user without preferences.
+    full = full_recompute(user.rows.values(), user.include_muted, user.badge_mode)
     judged = UserAudit(
         user.user_id,
         Repair.NONE,

@@ -1,17 +1,43 @@
-"""The app-icon badge (docs/contract.md §3.8): maintained by deltas, recomputable in full."""
+"""The app-icon badge (docs/contract.md §3.8, §10): maintained by deltas, recomputable in full.
+
+A row's contribution depends on the user's badge preferences (§10): `badge_mode` ("messages":
+sums of counts; "conversations": how many rows have a count > 0) and `include_muted`. A row
+marked unread counts as `max(unread_count, 1)` wherever an unread sum counts it (total_unread,
+muted_unread, archived_unread); mentions are never moved by the mark. The folder totals
+`archived_unread` / `archived_mention` are the same sums over active ∧ archived rows (muted
+rows by the same include_muted rule for the unread; mentions, like total_mention, over every
+active archived row)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from app.domain.conversation import ConversationState
+
+MESSAGES: Final = "messages"
+CONVERSATIONS: Final = "conversations"
+BADGE_MODES: Final = (MESSAGES, CONVERSATIONS)
 
 
 class Badge(NamedTuple):
     total_unread: int = 0
     total_mention: int = 0
     muted_unread: int = 0
+    archived_unread: int = 0
+    archived_mention: int = 0
+    badge_mode: str = MESSAGES
+    include_muted: bool = False
+
+    @property
+    def counts(self) -> tuple[int, int, int, int, int]:
+        return (
+            self.total_unread,
+            self.total_mention,
+            self.muted_unread,
+            self.archived_unread,
+            self.archived_mention,
+        )
 
     def plus(self, after: Badge, before: Badge) -> Badge:
         """This badge moved by one row's change (after - before)."""
@@ -19,80 +45,106 @@ class Badge(NamedTuple):
             self.total_unread + after.total_unread - before.total_unread,
             self.total_mention + after.total_mention - before.total_mention,
             self.muted_unread + after.muted_unread - before.muted_unread,
+            self.archived_unread + after.archived_unread - before.archived_unread,
+            self.archived_mention + after.archived_mention - before.archived_mention,
+            self.badge_mode,
+            self.include_muted,
         )
 
 
 ZERO = Badge()
 
+# What a row's contribution depends on: (unread, mention, membership, archived, muted, marked).
+RowKey = tuple[int, int, str, bool, bool, bool]
 
-def moved(
-    badge: Badge,
-    row: ConversationState,
-    before: tuple[int, int, str, bool, bool],
-    include_muted: bool,
-) -> Badge:
-    """The badge after one row changed from `before` = (unread, mention, membership, archived,
-    muted) to its current values: delta maintenance, never a re-sum."""
-    unread, mention, membership, archived, muted = before
-    if row.membership == membership and row.archived == archived and row.muted == muted:
-        # Same zone: only the counts moved (the hot path: messages and reads).
-        d_unread = row.unread_count - unread
-        d_mention = row.mention_count - mention
-        active = membership == "active"
-        return Badge(
-            badge.total_unread
-            + (d_unread if active and not archived and (include_muted or not muted) else 0),
-            badge.total_mention + (d_mention if active else 0),
-            badge.muted_unread + (d_unread if muted else 0),
-        )
-    old = _contribution(unread, mention, membership, archived, muted, include_muted)
-    return badge.plus(contribution(row, include_muted), old)
+
+def row_key(row: ConversationState) -> RowKey:
+    return (
+        row.unread_count,
+        row.mention_count,
+        row.membership,
+        row.archived,
+        row.muted,
+        row.marked_unread,
+    )
+
+
+def moved(badge: Badge, row: ConversationState, before: RowKey) -> Badge:
+    """The badge after one row changed from `before` (row_key) to its current values: delta
+    maintenance, never a re-sum. The mode and include_muted are the badge's own."""
+    mode = badge.badge_mode
+    include_muted = badge.include_muted
+    old = _contribution(*before, include_muted, mode)
+    new = _contribution(*row_key(row), include_muted, mode)
+    return badge.plus(new, old)
 
 
 def _contribution(
-    unread: int, mention: int, membership: str, archived: bool, muted: bool, include_muted: bool
+    unread: int,
+    mention: int,
+    membership: str,
+    archived: bool,
+    muted: bool,
+    marked: bool,
+    include_muted: bool,
+    mode: str,
 ) -> Badge:
+    if marked and unread < 1:
+        unread = 1  # a marked row counts as at least 1 (§10)
+    if mode == CONVERSATIONS:
+        unread = 1 if unread > 0 else 0
+        mention = 1 if mention > 0 else 0
     active = membership == "active"
-    counted = active and not archived and (include_muted or not muted)
+    counted = active and (include_muted or not muted)
     return Badge(
-        unread if counted else 0,
+        unread if counted and not archived else 0,
         mention if active else 0,  # muting only silences notifications
         unread if muted else 0,
+        unread if counted and archived else 0,
+        mention if active and archived else 0,
     )
 
 
-def contribution(row: ConversationState, include_muted: bool) -> Badge:
+def contribution(row: ConversationState, include_muted: bool, mode: str = MESSAGES) -> Badge:
     """What one row adds to its user's badge."""
-    return _contribution(
-        row.unread_count, row.mention_count, row.membership, row.archived, row.muted, include_muted
-    )
+    return _contribution(*row_key(row), include_muted, mode)
 
 
-def full_recompute(rows: Iterable[ConversationState], include_muted: bool) -> Badge:
+def full_recompute(rows: Iterable[ConversationState], include_muted: bool, mode: str = MESSAGES) -> Badge:
     """The badge from scratch: run after every reconcile to cancel any accumulated drift."""
-    return _total(contribution(row, include_muted) for row in rows)
+    return _total((contribution(row, include_muted, mode) for row in rows), include_muted, mode)
 
 
-def from_rows(rows: Iterable[Mapping[str, Any]], include_muted: bool) -> Badge:
+def from_rows(rows: Iterable[Mapping[str, Any]], include_muted: bool, mode: str = MESSAGES) -> Badge:
     """The full recompute over projection rows (docs/contract.md §4 dicts), for rows that no flush wrote
     a badge with: a login pull's rows filled from UserConversationState."""
     return _total(
-        _contribution(
-            int(row["unread_count"]),
-            int(row["mention_count"]),
-            str(row["membership"]),
-            bool(row["archived"]),
-            bool(row["muted"]),
-            include_muted,
-        )
-        for row in rows
+        (
+            _contribution(
+                int(row["unread_count"]),
+                int(row["mention_count"]),
+                str(row["membership"]),
+                bool(row["archived"]),
+                bool(row["muted"]),
+                bool(row.get("marked_unread", False)),
+                include_muted,
+                mode,
+            )
+            for row in rows
+        ),
+        include_muted,
+        mode,
     )
 
 
-def _total(parts: Iterable[Badge]) -> Badge:
-    total_unread = total_mention = muted_unread = 0
+def _total(parts: Iterable[Badge], include_muted: bool, mode: str) -> Badge:
+    total_unread = total_mention = muted_unread = archived_unread = archived_mention = 0
     for part in parts:
         total_unread += part.total_unread
         total_mention += part.total_mention
         muted_unread += part.muted_unread
-    return Badge(total_unread, total_mention, muted_unread)
+        archived_unread += part.archived_unread
+        archived_mention += part.archived_mention
+    return Badge(
+        total_unread, total_mention, muted_unread, archived_unread, archived_mention, mode, include_muted
+    )

@@ -99,6 +99,44 @@ class Badge:
     total_mention: int
     muted_unread: int
     version: int
+    # docs/contract.md §10: the archived folder's totals and the preferences the badge is in
+    # (absent from an older server: these defaults).
+    archived_unread: int = 0
+    archived_mention: int = 0
+    badge_mode: str = "messages"
+    include_muted: bool = False
+
+
+def badge_of(obj: Mapping[str, object], version: int | None = None) -> Badge:
+    """A Badge from a BADGE_UPDATE frame, a hello's badge or a /v1/badge body, every field's type
+    checked (FrameError); `version` overrides `projection_mailbox_seq` (a correction's)."""
+    mode = obj.get("badge_mode", "messages")
+    if mode not in ("messages", "conversations"):
+        raise FrameError(f"'badge_mode' must be 'messages' or 'conversations', got {mode!r}")
+    include_muted = obj.get("include_muted", False)
+    if not isinstance(include_muted, bool):
+        raise FrameError(f"'include_muted' must be a boolean, got {include_muted!r}")
+    return Badge(
+        total_unread=_int(obj, "total_unread"),
+        total_mention=_int(obj, "total_mention"),
+        muted_unread=_int(obj, "muted_unread"),
+        version=_int(obj, "projection_mailbox_seq") if version is None else version,
+        archived_unread=_int(obj, "archived_unread") if "archived_unread" in obj else 0,
+        archived_mention=_int(obj, "archived_mention") if "archived_mention" in obj else 0,
+        badge_mode=str(mode),
+        include_muted=include_muted,
+    )
+
+
+def display_count(count: int, exact: bool = True) -> str:
+    """How a count is shown (seed 000 §3.3): above 99, or inexact, "99+"."""
+    return "99+" if not exact or count > 99 else str(count)
+
+
+def shows_unread(row: Mapping[str, object]) -> bool:
+    """Whether a row shows as unread: unread messages, or marked unread (docs/contract.md §10)."""
+    unread = row.get("unread_count")
+    return (isinstance(unread, int) and unread > 0) or row.get("marked_unread") is True
 
 
 # --------------------------------------------------------------------------------------------
@@ -306,12 +344,7 @@ class SessionView:
     def _apply_badge(self, frame: Frame) -> ApplyResult:
         correction = is_correction(frame)
         version = _correction_version(frame) if correction else _int(frame, "projection_mailbox_seq")
-        badge = Badge(
-            total_unread=_int(frame, "total_unread"),
-            total_mention=_int(frame, "total_mention"),
-            muted_unread=_int(frame, "muted_unread"),
-            version=version,
-        )
+        badge = badge_of(frame, version)
         if _int(frame, "user_id") != self.user_id:
             return ApplyResult(ApplyStatus.FOREIGN, version=version)
         held = self._badge

@@ -18,6 +18,7 @@ from app.domain.entries import (
     JoinEntry,
     LeaveEntry,
     MailboxDirtyEntry,
+    MarkUnreadEntry,
     MessageEntry,
     MuteEntry,
     PinEntry,
@@ -56,6 +57,7 @@ class ConversationState:
         "hidden_before",
         "joined_at",
         "left_at",
+        "marked_unread",
         "membership",
         "mention_count",
         "mention_first",
@@ -87,6 +89,8 @@ class ConversationState:
         self.pin_rank: int | None = None
         self.archived = False
         self.muted = False
+        # docs/contract.md §10: marked unread by the user; a read or a delete_conversation clears it.
+        self.marked_unread = False
         self.head_seq: int | None = None
         # The head's message_id and activity_id packed into one bytes object (`pack_head_ids`):
         # ~56 bytes where two strings took ~145 and two entries of the interned-string table.
@@ -232,6 +236,7 @@ class ConversationState:
             self._refresh(store, limit)
 
     def _on_read(self, entry: ReadEntry, store: MessageStore, limit: int) -> None:
+        self.marked_unread = False  # any read of the conversation, whatever its value (§10)
         if entry.read_conversation_seq > self.read_seq:
             self.read_seq = entry.read_conversation_seq
             if self._rebase():
@@ -281,8 +286,12 @@ class ConversationState:
         self, entry: DeleteConversationEntry, store: MessageStore, limit: int
     ) -> None:
         self.deleted_before = max(self.deleted_before, entry.deleted_before_conversation_seq)
+        self.marked_unread = False
         if self._rebase():
             settle(self, store, limit)
+
+    def _on_mark_unread(self, entry: Entry, store: MessageStore, limit: int) -> None:
+        self.marked_unread = True
 
     def _on_mailbox_dirty(self, entry: Entry, store: MessageStore, limit: int) -> None:
         self.reconcile(store, limit)
@@ -354,6 +363,7 @@ class ConversationState:
             "pin_rank": self.pin_rank,
             "archived": self.archived,
             "muted": self.muted,
+            "marked_unread": self.marked_unread,
             "last_activity_id": self.head_activity_id,
             "latest_conversation_seq": self.head_seq,
             "last_message_id": self.head_message_id,
@@ -407,14 +417,24 @@ class ConversationState:
             dump(self.counting),
             dump(self.mentioning),
             dump(self.recalled),
+            self.marked_unread,
         ]
 
     @classmethod
     def load(cls, record: list[Any], user_id: int, conversation_id: str) -> ConversationState:
-        if record[0] != _RECORD_FORMAT:
-            raise ValueError(f"unknown row record format {record[0]!r}")
-        if len(record) != _RECORD_LENGTH:
-            raise ValueError(f"a row record has {_RECORD_LENGTH} fields, not {len(record)}")
+        record_format = record[0]
+        if record_format == _RECORD_FORMAT:
+            if len(record) != _RECORD_LENGTH:
+                raise ValueError(f"a row record has {_RECORD_LENGTH} fields, not {len(record)}")
+            marked_unread = bool_field(record[-1], "marked_unread")
+            record = record[:-1]
+        elif record_format == _RECORD_FORMAT_2:
+            # Written before marked_unread existed (docs/contract.md §10): not marked.
+            if len(record) != _RECORD_LENGTH - 1:
+                raise ValueError(f"a format-2 row record has {_RECORD_LENGTH - 1} fields, not {len(record)}")
+            marked_unread = False
+        else:
+            raise ValueError(f"unknown row record format {record_format!r}")
         # The constructor, not cls.__new__(cls): the compiled build (mypyc) needs it.
         row = cls(user_id, sys.intern(conversation_id))
         # One unpacking into locals, then each value checked for its type as it is set
@@ -467,6 +487,7 @@ class ConversationState:
         row.mention_count = int_field(mention_count, "mention_count")
         row.mention_first = optional_int_field(mention_first, "mention_first")
         row.muted = bool_field(muted, "muted")
+        row.marked_unread = marked_unread
         row.pin_rank = optional_int_field(pin_rank, "pin_rank")
         row.read_seq = int_field(read_seq, "read_seq")
         row.role = sys.intern(str_field(role, "role"))
@@ -586,8 +607,10 @@ _PLAIN_FIELDS = (
     "version",
     "writes",
 )
-_RECORD_FORMAT = 2
-_RECORD_LENGTH = 1 + len(_PLAIN_FIELDS) + len(_BITMAP_FIELDS)
+# Format 3 = format 2 + `marked_unread` (bool) last; format 2 records still load (not marked).
+_RECORD_FORMAT = 3
+_RECORD_FORMAT_2 = 2
+_RECORD_LENGTH = 1 + len(_PLAIN_FIELDS) + len(_BITMAP_FIELDS) + 1
 # `load` unpacks and `dump` writes a record in this exact order: a new field must be added to both.
 # fmt: off
 assert _PLAIN_FIELDS == (
@@ -616,4 +639,5 @@ _HANDLERS: dict[type, Callable[[ConversationState, Any, MessageStore, int], None
     ClearHistoryEntry: ConversationState._on_clear_history,
     DeleteConversationEntry: ConversationState._on_delete_conversation,
     MailboxDirtyEntry: ConversationState._on_mailbox_dirty,
+    MarkUnreadEntry: ConversationState._on_mark_unread,
 }

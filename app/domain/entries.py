@@ -132,6 +132,23 @@ class MailboxDirtyEntry(_Entry, frozen=True, tag="mailbox_dirty"):
     pass
 
 
+class MarkUnreadEntry(_Entry, frozen=True, tag="mark_unread"):
+    """docs/contract.md §10: the user marked the conversation unread (any device)."""
+
+
+BadgeMode = Literal["messages", "conversations"]
+
+
+class BadgePreferencesEntry(_Entry, frozen=True, tag="badge_preferences"):
+    """docs/contract.md §10: the user's badge preferences from this entry's mailbox_seq on.
+
+    A user-level entry: it carries a conversation_id like every entry (§2), which is validated
+    and otherwise ignored (it makes no conversation known and touches no row)."""
+
+    badge_mode: BadgeMode
+    include_muted: bool
+
+
 class WatermarkMarker(msgspec.Struct, frozen=True, tag_field="type", tag="watermark", kw_only=True, gc=False):
     """In-band control record: lane `lane` has written every entry with mailbox_seq <= watermark.
 
@@ -168,6 +185,8 @@ Entry = (
     | ClearHistoryEntry
     | DeleteConversationEntry
     | MailboxDirtyEntry
+    | MarkUnreadEntry
+    | BadgePreferencesEntry
 )
 Record = Entry | WatermarkMarker
 
@@ -187,6 +206,8 @@ ENTRY_TYPES: tuple[str, ...] = (
     "clear_history",
     "delete_conversation",
     "mailbox_dirty",
+    "mark_unread",
+    "badge_preferences",
 )
 
 

@@ -68,6 +68,13 @@ class DirtySet:
             conversations.add(conversation_id)
             self.row_count += 1
 
+    def mark_user(self, user_id: int) -> None:
+        """The user flushes next time even with no dirty row (a badge_preferences entry: the
+        badge alone changed)."""
+        if user_id not in self.rows:
+            self.users.add(user_id)
+            self.rows[user_id] = set()
+
     def clear(self) -> None:
         self.users = BitMap64()
         self.rows = {}
@@ -140,6 +147,10 @@ def badge_update_frame(user_id: int, badge: Badge, *, version: int, prev_version
         "total_unread": badge.total_unread,
         "total_mention": badge.total_mention,
         "muted_unread": badge.muted_unread,
+        "archived_unread": badge.archived_unread,
+        "archived_mention": badge.archived_mention,
+        "badge_mode": badge.badge_mode,
+        "include_muted": badge.include_muted,
         "projection_mailbox_seq": version,
         "prev_projection_mailbox_seq": prev_version,
     }

@@ -35,6 +35,7 @@ from app.domain.arrivals import ArrivalLedger
 from app.domain.conversation import ConversationState
 from app.domain.decoding import decode_chunk
 from app.domain.entries import (
+    BadgePreferencesEntry,
     DeadLetter,
     DeleteMessageEntry,
     Entry,
@@ -409,6 +410,11 @@ class PartitionProcessor:
                     stats.duplicates += 1
                     continue
                 applied += 1
+                if kind is BadgePreferencesEntry:
+                    # User-level (docs/contract.md §10): the user's record changed, no row did.
+                    if track_changes:
+                        self.changes.users.add(entry.user_id)
+                    continue
                 if learning is not None and (kind is RecallEntry or kind is DeleteMessageEntry):
                     target: RecallEntry = entry  # type: ignore[assignment]
                     learning.record_recall(target.conversation_id, target.target_conversation_seq)
@@ -488,7 +494,7 @@ class PartitionProcessor:
         nothing waits for a flush."""
         projector = self.projector
         start = projector.policy.window_start
-        if start is None or not projector.dirty.row_count:
+        if start is None or not projector.dirty.rows:  # rows: users with or without dirty rows
             return None
         return start + projector.policy.window_ms
 
@@ -504,7 +510,7 @@ class PartitionProcessor:
 
     def open_window_at(self, now: int) -> None:
         """Work that survived a crash must flush within one window: open it now if it is not."""
-        if self.projector.dirty.row_count and self.projector.policy.window_start is None:
+        if self.projector.dirty.rows and self.projector.policy.window_start is None:
             self.projector.policy.window_start = now
 
     # -- persistence ----------------------------------------------------------------------------

@@ -21,6 +21,11 @@ class StoredProjection(NamedTuple):
     muted_unread: int
     projection_mailbox_seq: int  # the version of the last batch written (0: nothing stored)
     structure_version: int  # moves on pin/unpin/archive/unarchive/leave/delete
+    # docs/contract.md §10 (defaults: nothing stored, or a store written before them)
+    archived_unread: int = 0
+    archived_mention: int = 0
+    badge_mode: str = "messages"
+    include_muted: bool = False
 
 
 class StoredRows(NamedTuple):
@@ -32,6 +37,11 @@ class StoredRows(NamedTuple):
     total_mention: int
     muted_unread: int
     projection_mailbox_seq: int  # 0: nothing stored
+    # docs/contract.md §10 (defaults: a store written before them, or a test's literal)
+    archived_unread: int = 0
+    archived_mention: int = 0
+    badge_mode: str = "messages"
+    include_muted: bool = False
 
 
 class ProjectionStore(Protocol):

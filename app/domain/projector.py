@@ -12,12 +12,18 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-from app.domain.badge import ZERO, Badge, full_recompute, moved
+from app.domain.badge import BADGE_MODES, MESSAGES, ZERO, Badge, full_recompute, moved, row_key
 from app.domain.conversation import STRUCTURAL_ENTRIES, ConversationState
-from app.domain.entries import Entry, MailboxDirtyEntry, MessageEntry, ReadEntry
+from app.domain.entries import (
+    BadgePreferencesEntry,
+    Entry,
+    MailboxDirtyEntry,
+    MessageEntry,
+    ReadEntry,
+)
 from app.domain.flush import DirtySet, FlushPolicy, UserFlush
 from app.domain.ports import MessageStore
-from app.domain.record_fields import int_field, list_field, str_field
+from app.domain.record_fields import bool_field, int_field, list_field, str_field
 from app.domain.unread import UNREAD_PRECISE_LIMIT
 
 # The bounds of the processing configuration, declared once (the settings and the replay
@@ -34,8 +40,12 @@ class ProjectorConfig:
     max_dirty_rows: int = 100_000  # >= MAX_DIRTY_ROWS_MIN
     include_muted: bool = False
     unread_precise_limit: int = UNREAD_PRECISE_LIMIT  # >= UNREAD_PRECISE_LIMIT_MIN
+    # docs/contract.md §10: the badge mode of a user who sent no badge_preferences entry.
+    badge_mode: str = MESSAGES
 
     def __post_init__(self) -> None:
+        if self.badge_mode not in BADGE_MODES:
+            raise ValueError(f"badge_mode must be one of {BADGE_MODES}, got {self.badge_mode!r}")
         if self.window_ms < WINDOW_MS_MIN:
             raise ValueError(f"window_ms must be >= {WINDOW_MS_MIN}, got {self.window_ms}")
         if self.max_dirty_rows < MAX_DIRTY_ROWS_MIN:
@@ -60,11 +70,16 @@ class UserState:
     needs them all (a full badge recompute)."""
 
     __slots__ = (
+        "archived_mention",
+        "archived_unread",
+        "badge_mode",
         "badge_reconcile",
         "complete",
         "driving_event_id",
         "flushed_seq",
+        "include_muted",
         "muted_unread",
+        "preferences_seq",
         "projection_mailbox_seq",
         "rows",
         "structure_version",
@@ -85,6 +100,13 @@ class UserState:
         self.total_unread = 0
         self.total_mention = 0
         self.muted_unread = 0
+        self.archived_unread = 0  # docs/contract.md §10: the archived folder's totals
+        self.archived_mention = 0
+        # The badge preferences in force (§10): the deployment's defaults (set by the projector)
+        # until the user's badge_preferences entry, whose mailbox_seq is preferences_seq (0: none).
+        self.badge_mode = MESSAGES
+        self.include_muted = False
+        self.preferences_seq = 0
         self.structure_version = 0  # bumped by pin/unpin/archive/unarchive/leave/delete
         # A reconcile happened since the last flush: the flush recomputes the badge in full
         # (seed §4). Not persisted: a restart recomputes every badge in full anyway (`restarted`).
@@ -92,11 +114,28 @@ class UserState:
 
     @property
     def badge(self) -> Badge:
-        return Badge(self.total_unread, self.total_mention, self.muted_unread)
+        return Badge(
+            self.total_unread,
+            self.total_mention,
+            self.muted_unread,
+            self.archived_unread,
+            self.archived_mention,
+            self.badge_mode,
+            self.include_muted,
+        )
 
     @badge.setter
     def badge(self, badge: Badge) -> None:
-        self.total_unread, self.total_mention, self.muted_unread = badge
+        """The counts only: the preferences are the user's (`badge_mode`, `include_muted`)."""
+        self.total_unread = badge.total_unread
+        self.total_mention = badge.total_mention
+        self.muted_unread = badge.muted_unread
+        self.archived_unread = badge.archived_unread
+        self.archived_mention = badge.archived_mention
+
+    def recompute_badge(self) -> None:
+        """The badge in full from the rows in memory, in the user's preferences."""
+        self.badge = full_recompute(self.rows.values(), self.include_muted, self.badge_mode)
 
     def dump(self) -> dict[str, Any]:
         return {
@@ -104,8 +143,12 @@ class UserState:
             "projection_mailbox_seq": self.projection_mailbox_seq,
             "flushed_seq": self.flushed_seq,
             "driving_event_id": self.driving_event_id,
-            "badge": list(self.badge),
+            "badge": list(self.badge.counts),
             "structure_version": self.structure_version,
+            # Only a user's own choice is kept: the defaults follow the deployment's settings.
+            "preferences": (
+                [self.badge_mode, self.include_muted, self.preferences_seq] if self.preferences_seq else None
+            ),
         }
 
     @classmethod
@@ -117,9 +160,23 @@ class UserState:
         user.flushed_seq = int_field(state["flushed_seq"], "flushed_seq")
         user.driving_event_id = str_field(state["driving_event_id"], "driving_event_id")
         badge = list_field(state["badge"], "badge")
-        if len(badge) != 3:
-            raise ValueError(f"badge: expected 3 counts, got {len(badge)}")
-        user.total_unread, user.total_mention, user.muted_unread = (int_field(n, "badge") for n in badge)
+        if len(badge) not in (3, 5):  # 3: written before the folder totals (§10)
+            raise ValueError(f"badge: expected 3 or 5 counts, got {len(badge)}")
+        counts = [int_field(n, "badge") for n in badge]
+        user.total_unread, user.total_mention, user.muted_unread = counts[0], counts[1], counts[2]
+        if len(counts) == 5:
+            user.archived_unread, user.archived_mention = counts[3], counts[4]
+        preferences = state.get("preferences")
+        if preferences is not None:
+            preferences = list_field(preferences, "preferences")
+            if len(preferences) != 3:
+                raise ValueError(f"preferences: expected 3 values, got {len(preferences)}")
+            mode = str_field(preferences[0], "preferences")
+            if mode not in BADGE_MODES:
+                raise ValueError(f"preferences: unknown badge_mode {mode!r}")
+            user.badge_mode = mode
+            user.include_muted = bool_field(preferences[1], "preferences")
+            user.preferences_seq = int_field(preferences[2], "preferences")
         user.structure_version = int_field(state["structure_version"], "structure_version")
         user.rows = {row.conversation_id: row for row in rows}
         return user
@@ -150,7 +207,6 @@ class Projector:
         self.store = store
         # Read on every entry: the config's values, one attribute away.
         self._limit = config.unread_precise_limit
-        self._include_muted = config.include_muted
         self.users: dict[int, UserState] = {}
         self.policy = FlushPolicy(config.window_ms, config.max_dirty_rows)  # validated by the config
         self.dirty = DirtySet()
@@ -165,6 +221,12 @@ class Projector:
         if user is None and self.loader is not None:
             user = self.loader.load_user(user_id)
         return user
+
+    def defaults(self, user: UserState) -> None:
+        """A user who chose no badge preferences gets the deployment's (a new or loaded user)."""
+        if not user.preferences_seq:
+            user.badge_mode = self.config.badge_mode
+            user.include_muted = self.config.include_muted
 
     def row(self, user: UserState, conversation_id: str) -> ConversationState | None:
         row = user.rows.get(conversation_id)
@@ -186,16 +248,18 @@ class Projector:
         if type(entry) is MessageEntry:
             applied = self.apply_message(entry, now_ms)
             return Applied.APPLIED if applied else Applied.DUPLICATE
+        if type(entry) is BadgePreferencesEntry:
+            return self._apply_preferences(entry, now_ms)
         user, found = self._user_and_row(entry)
         if found is None:
             return Applied.DUPLICATE
         row = found
         kind = type(entry)
-        before = (row.unread_count, row.mention_count, row.membership, row.archived, row.muted)
+        before = row_key(row)
         base_before = row.base
         row.apply(entry, self.store, self._limit)
-        if before != (row.unread_count, row.mention_count, row.membership, row.archived, row.muted):
-            user.badge = moved(user.badge, row, before, self._include_muted)
+        if before != row_key(row):
+            user.badge = moved(user.badge, row, before)
         if kind is MailboxDirtyEntry or (
             kind is ReadEntry and row.base != base_before and row.base < row.latest
         ):
@@ -213,6 +277,30 @@ class Projector:
         if not row.dirty:
             row.dirty = True
             self.dirty.mark(user.user_id, row.conversation_id)
+        if self.policy.window_start is None:
+            self.policy.window_start = now_ms
+        return Applied.APPLIED
+
+    def _apply_preferences(self, entry: BadgePreferencesEntry, now_ms: int) -> Applied:
+        """A user-level entry (§10): no row is made known or touched. The badge is recomputed in
+        full (every row read) and goes out with the user's next flush, rows or none."""
+        user_id = entry.user_id
+        user = self.user(user_id)
+        if user is None:
+            user = self.users[user_id] = UserState(user_id)
+            if self.loader is not None:
+                self.loader.created(user, None)
+        elif entry.mailbox_seq <= user.projection_mailbox_seq:
+            return Applied.DUPLICATE
+        user.badge_mode = entry.badge_mode
+        user.include_muted = entry.include_muted
+        user.preferences_seq = entry.mailbox_seq
+        self.complete(user)
+        user.recompute_badge()
+        user.badge_reconcile = False
+        user.projection_mailbox_seq = entry.mailbox_seq
+        user.driving_event_id = entry.event_id
+        self.dirty.mark_user(user_id)
         if self.policy.window_start is None:
             self.policy.window_start = now_ms
         return Applied.APPLIED
@@ -238,12 +326,21 @@ class Projector:
         d_unread = row.unread_count - unread
         d_mention = row.mention_count - mention
         if d_unread or d_mention:
-            if row.membership == "active":
-                if not row.archived and (self._include_muted or not row.muted):
-                    user.total_unread += d_unread
-                user.total_mention += d_mention
-            if row.muted:
-                user.muted_unread += d_unread
+            if row.marked_unread or user.badge_mode != "messages":
+                # A marked row's floor of 1, or counts of rows: the general rule (§10).
+                before = (unread, mention, row.membership, row.archived, row.muted, row.marked_unread)
+                user.badge = moved(user.badge, row, before)
+            else:
+                if row.membership == "active":
+                    if row.archived:
+                        if user.include_muted or not row.muted:
+                            user.archived_unread += d_unread
+                        user.archived_mention += d_mention
+                    elif user.include_muted or not row.muted:
+                        user.total_unread += d_unread
+                    user.total_mention += d_mention
+                if row.muted:
+                    user.muted_unread += d_unread
         user.projection_mailbox_seq = mailbox_seq
         user.driving_event_id = entry.event_id
         if not row.dirty:
@@ -263,6 +360,7 @@ class Projector:
             user = self.loader.load_user(user_id)
         if user is None:
             user = self.users[user_id] = UserState(user_id)
+            self.defaults(user)
             if self.loader is not None:
                 self.loader.created(user, None)
         elif entry.mailbox_seq <= user.projection_mailbox_seq:
@@ -290,14 +388,19 @@ class Projector:
         user.projection_mailbox_seq = version
         user.driving_event_id = event_id
         user.structure_version = 1
-        user.badge = full_recompute(user.rows.values(), self.config.include_muted)
+        self.defaults(user)
+        user.recompute_badge()
         for conversation_id in user.rows:
             self.dirty.mark(user_id, conversation_id)
 
     # -- flushing -------------------------------------------------------------------------------
 
     def flush_due(self, now_ms: int) -> bool:
-        return self.policy.due(now_ms, self.dirty.row_count)
+        dirty = self.dirty
+        if not dirty.row_count:
+            # Users dirty with no row (a badge_preferences entry, §10) flush at the window's end.
+            return bool(dirty.rows) and self.policy.window_elapsed(now_ms)
+        return self.policy.due(now_ms, dirty.row_count)
 
     def mark_dirty(self, user_id: int, conversation_ids: Iterable[str], now_ms: int) -> None:
         """Have these rows written again by the user's next flush (an audit's repair through the
@@ -317,13 +420,13 @@ class Projector:
     def _batches(self) -> Iterator[UserFlush]:
         for user_id in self.dirty.users:
             user = self.users[user_id]
-            yield self._batch(user, sorted(self.dirty.rows[user_id]))
+            yield self._batch(user, sorted(self.dirty.rows.get(user_id, ())))
 
     def _batch(self, user: UserState, conversation_ids: list[str]) -> UserFlush:
         version = user.projection_mailbox_seq
         if user.badge_reconcile:
             self.complete(user)
-            user.badge = full_recompute(user.rows.values(), self.config.include_muted)
+            user.recompute_badge()
             user.badge_reconcile = False
         rows = []
         for cid in conversation_ids:
@@ -384,9 +487,9 @@ class Projector:
         so every badge is recomputed in full from its rows. It leaves the projector with the
         user's next flush (a badge is only ever written with a new version)."""
         self.lose_dirty_set()
-        include_muted = self.config.include_muted
         for user in self.users.values():
-            user.badge = full_recompute(user.rows.values(), include_muted)
+            self.defaults(user)
+            user.recompute_badge()
 
     def lose_dirty_set(self) -> None:
         """What a restart does to the dirty set: it is gone, so every row of every user with
@@ -399,6 +502,8 @@ class Projector:
         self.dirty = DirtySet()
         for user_id, user in self.users.items():
             unflushed = user.projection_mailbox_seq > user.flushed_seq
+            if unflushed:
+                self.dirty.mark_user(user_id)  # a user whose last entry touched no row (§10)
             for conversation_id, row in user.rows.items():
                 row.dirty = unflushed  # the flags follow the new set
                 if unflushed:

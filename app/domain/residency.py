@@ -167,6 +167,7 @@ class Residency:
     def _adopt_user(self, user_id: int, record: dict[str, Any]) -> UserState:
         self.reads += 1
         user = UserState.load(record, [])
+        self.projector.defaults(user)
         user.complete = False
         if self.reconcile_on_load:
             user.badge_reconcile = True

@@ -57,7 +57,9 @@ def restatement(
     """The restore's write of `user` at its flushed version (all rows, the badge recomputed)
     and the correction frames that tell clients."""
     ordered = sorted(rows, key=lambda row: row.conversation_id)
-    badge = full_recompute(ordered, include_muted)
+    # The user's own preferences (docs/contract.md §10): `include_muted` is the deployment's
+    # default, which the projector already gave every user without preferences.
+    badge = full_recompute(ordered, user.include_muted, user.badge_mode)
     version = user.flushed_seq
     as_rows = [row.as_row() for row in ordered]
     batch = UserFlush(

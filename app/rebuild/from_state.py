@@ -90,6 +90,7 @@ def rebuild_user(
     *,
     limit: int,
     include_muted: bool,
+    badge_mode: str = "messages",
 ) -> UserFlush | None:
     """One user's batch from state: every row (listed or not), the badge in full, a version."""
     rows = rows_from_state(user_id, states, heads, messages, limit)
@@ -99,7 +100,8 @@ def rebuild_user(
     return UserFlush(
         user_id=user_id,
         rows=[row.as_row() for row in rows],
-        badge=full_recompute(rows, include_muted),
+        # State keeps no badge preferences (README, "what state cannot know"): the defaults.
+        badge=full_recompute(rows, include_muted, badge_mode),
         projection_mailbox_seq=version,
         prev_projection_mailbox_seq=0,
         structure_version=1,
@@ -152,6 +154,7 @@ async def rebuild_from_state(
     target: ProjectionStore,
     limit: int,
     include_muted: bool,
+    badge_mode: str = "messages",
     progress: Progress | None = None,
 ) -> RebuildResult:
     """Rebuild these users into `target`. The Cassandra reads block: each chunk of users is
@@ -164,7 +167,15 @@ async def rebuild_from_state(
         for user_id in chunk:
             states = state.load_user(user_id)
             found = heads.heads([str(s["conversation_id"]) for s in states]) if states else {}
-            batch = rebuild_user(user_id, states, found, messages, limit=limit, include_muted=include_muted)
+            batch = rebuild_user(
+                user_id,
+                states,
+                found,
+                messages,
+                limit=limit,
+                include_muted=include_muted,
+                badge_mode=badge_mode,
+            )
             if batch is not None:
                 out.append(batch)
         return out

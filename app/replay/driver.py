@@ -38,8 +38,11 @@ class ReplayOptions:
     window_ms: int = 5000
     max_dirty_rows: int = 100_000
     include_muted: bool = False
+    badge_mode: str = "messages"  # docs/contract.md §10: the default of users without preferences
 
     def __post_init__(self) -> None:
+        if self.badge_mode not in ("messages", "conversations"):
+            raise ValueError("--badge-mode must be messages or conversations")
         if self.lanes < 1:
             raise ValueError("--lanes must be at least 1")
         if self.window_ms < WINDOW_MS_MIN:
@@ -126,6 +129,7 @@ class Replayer:
             window_ms=options.window_ms,
             max_dirty_rows=options.max_dirty_rows,
             include_muted=options.include_muted,
+            badge_mode=options.badge_mode,
         )
         extra: dict[str, Any] = {}
         if self.tables is not None:
@@ -304,7 +308,9 @@ class Replayer:
 
         def badges() -> Iterator[dict[str, Any]]:
             for _, blob in tables.users(0):
-                yield _badge_output(UserState.load(msgspec.msgpack.decode(blob), []))
+                user = UserState.load(msgspec.msgpack.decode(blob), [])
+                self.processor.projector.defaults(user)  # preferences not chosen: the deployment's
+                yield _badge_output(user)
 
         return ReplayResult(
             projections=_Rescan(projections),
@@ -322,6 +328,10 @@ def _badge_output(user: UserState) -> dict[str, Any]:
         "total_unread": user.total_unread,
         "total_mention": user.total_mention,
         "muted_unread": user.muted_unread,
+        "archived_unread": user.archived_unread,
+        "archived_mention": user.archived_mention,
+        "badge_mode": user.badge_mode,
+        "include_muted": user.include_muted,
         "projection_mailbox_seq": user.projection_mailbox_seq,
     }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app.domain.client import ApplyResult, Badge, Frame, SessionView
+from app.domain.client import ApplyResult, Frame, SessionView, badge_of
 from app.sdk.client import SessionsClient
 
 
@@ -31,12 +31,7 @@ class LiveSessionList:
         archived = await self.client.walk("archived", self.limit, self.max_restarts)
         totals = await self.client.badge()
         version = min(main.projection_mailbox_seq, archived.projection_mailbox_seq)
-        badge = Badge(
-            total_unread=totals["total_unread"],
-            total_mention=totals["total_mention"],
-            muted_unread=totals["muted_unread"],
-            version=totals["projection_mailbox_seq"],
-        )
+        badge = badge_of(totals)
         # A badge older than the one held (a BADGE_UPDATE already applied) is not taken.
         held = self.view.badge
         self.view.reset(

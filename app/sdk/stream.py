@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from app.domain.client import Badge, FrameError
+from app.domain.client import FrameError, badge_of
 from app.domain.wire_ids import frame_from_client
 from app.sdk.client import ClientError
 from app.sdk.live import LiveSessionList
@@ -185,15 +185,8 @@ class LiveStream:
         self.last_hello = hello
         badge = hello.get("badge")
         if isinstance(badge, dict):
-            with contextlib.suppress(KeyError, TypeError):
-                self.live.view.offer_badge(
-                    Badge(
-                        total_unread=int(badge["total_unread"]),
-                        total_mention=int(badge["total_mention"]),
-                        muted_unread=int(badge["muted_unread"]),
-                        version=int(badge["projection_mailbox_seq"]),
-                    )
-                )
+            with contextlib.suppress(FrameError):
+                self.live.view.offer_badge(badge_of(badge))
         if status != "resumed" or not self.synced:
             # Registered before the hello: every frame newer than this pull follows it.
             await self.live.sync()

@@ -57,6 +57,16 @@ class Mix:
     # already wrote (same mailbox_seq: the worker drops it as a duplicate).
     bad: float = 0.0
     retry: float = 0.0
+    # docs/contract.md §10 (0 by default: `--markers`, `--badge-conversations`,
+    # `--badge-messages`): the share of users who mark conversations unread (one of them marks a
+    # known conversation with chance `mark_unread` per tick; a later read clears it), and the
+    # shares of users who send a badge_preferences entry choosing each mode (include_muted drawn
+    # at random), at their first tick. Drawn from a random generator of their own, so the
+    # default traffic of a seed does not change.
+    markers: float = 0.0
+    mark_unread: float = 0.2
+    badge_conversations: float = 0.0
+    badge_messages: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +97,8 @@ class SimParams:
             problems.append("--messages must be >= 0")
         if self.lanes < 1:
             problems.append("--lanes must be at least 1")
+        if self.mix.badge_conversations + self.mix.badge_messages > 1:
+            problems.append("--badge-conversations + --badge-messages must be at most 1 (shares of users)")
         if self.step_ms <= 0 or self.start_ms < 0:
             problems.append("event time must start at >= 0 and advance")
         if problems:
@@ -166,6 +178,22 @@ class Workload:
         # (user, conversation) -> set flags: "pinned", "muted", "archived"
         self.flags: dict[tuple[int, str], set[str]] = {}
         self._by_id = {c.id: c for c in self.conversations}
+        # §10's users (see Mix): who marks, who chooses which badge mode; a generator of their own.
+        mix = params.mix
+        self._prefs_rng = random.Random(params.seed * 1_000_003 + 35)
+        self.marking_users: list[int] = []
+        self.preferences: dict[int, tuple[str, bool]] = {}
+        if mix.markers or mix.badge_conversations or mix.badge_messages:
+            prefs_rng = self._prefs_rng
+            for user in self.users:
+                if prefs_rng.random() < mix.markers:
+                    self.marking_users.append(user)
+                draw = prefs_rng.random()
+                if draw < mix.badge_conversations:
+                    self.preferences[user] = ("conversations", prefs_rng.random() < 0.5)
+                elif draw < mix.badge_conversations + mix.badge_messages:
+                    self.preferences[user] = ("messages", prefs_rng.random() < 0.5)
+        self._preferences_sent = False
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -247,6 +275,10 @@ class Workload:
             self._churn(batch)
         if rng.random() < mix.dirty:
             self._dirty(batch)
+        if not self._preferences_sent:
+            self._badge_preferences(batch)
+        if self.marking_users and self._prefs_rng.random() < mix.mark_unread:
+            self._mark_unread(batch)
         # Drawn only when asked for: the default traffic stays what it was for every seed.
         if mix.bad and rng.random() < mix.bad:
             batch.noise.append((str(rng.choice(self.users)).encode(), rng.choice(_BAD_RECORDS)))
@@ -421,6 +453,39 @@ class Workload:
         else:
             flags.discard(flag)
         batch.entries.append(self._entry(kind, user, conversation, batch.ts, self._event_id(kind), **extra))
+
+    def _badge_preferences(self, batch: Batch) -> None:
+        """Every user who chose badge preferences sends them once (docs/contract.md §10). A
+        user-level entry: its conversation_id is any valid one, and makes nothing known."""
+        self._preferences_sent = True
+        conversation = self.conversations[0]
+        for user, (mode, include_muted) in self.preferences.items():
+            self.mailbox_seq += 1
+            batch.entries.append(
+                {
+                    "type": "badge_preferences",
+                    "mailbox_seq": self.mailbox_seq,
+                    "lane": user % self.params.lanes,
+                    "ts": batch.ts,
+                    "event_id": self._event_id("badge_preferences"),
+                    "user_id": user,
+                    "conversation_id": conversation.id,
+                    "badge_mode": mode,
+                    "include_muted": include_muted,
+                }
+            )
+
+    def _mark_unread(self, batch: Batch) -> None:
+        """A marking user marks one of their known conversations unread (§10)."""
+        rng = self._prefs_rng
+        user = rng.choice(self.marking_users)
+        known = self.known.get(user)
+        if not known:
+            return
+        conversation = self._by_id[rng.choice(list(known))]
+        batch.entries.append(
+            self._entry("mark_unread", user, conversation, batch.ts, self._event_id("mark_unread"))
+        )
 
     def _clear(self, batch: Batch) -> None:
         pair = self._known_pair()

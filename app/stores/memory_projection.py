@@ -23,6 +23,7 @@ from app.stores.projection_codec import (
     decode_rows,
     encode_batches,
     encode_corrections,
+    extra_fields,
 )
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ class _UserRecord:
     total_mention: int = 0
     muted_unread: int = 0
     corrections: int = 0  # rewrites without a new version (redis_projection.SERVED_FIELDS)
+    extra: tuple[int, int, int, int] = (0, 0, 0, 0)  # projection_codec.badge_extra
     rows: dict[str, bytes] = field(default_factory=dict)
     writes: dict[str, int] = field(default_factory=dict)
 
@@ -69,6 +71,7 @@ class InMemoryProjectionStore:
             record.total_unread = batch.total_unread
             record.total_mention = batch.total_mention
             record.muted_unread = batch.muted_unread
+            record.extra = batch.extra
             record.corrections += 1
             results.append(previous)
         return results
@@ -138,6 +141,7 @@ class InMemoryProjectionStore:
             record.total_unread = batch.total_unread
             record.total_mention = batch.total_mention
             record.muted_unread = batch.muted_unread
+            record.extra = batch.extra
             results.append(previous)
         return results
 
@@ -160,6 +164,7 @@ class InMemoryProjectionStore:
             muted_unread=record.muted_unread,
             projection_mailbox_seq=record.version,
             structure_version=record.structure_version,
+            **extra_fields(record.extra),
         )
 
     async def load_rows(self, user_id: int, conversation_ids: Sequence[str]) -> StoredRows:
@@ -175,6 +180,7 @@ class InMemoryProjectionStore:
             total_mention=record.total_mention,
             muted_unread=record.muted_unread,
             projection_mailbox_seq=record.version,
+            **extra_fields(record.extra),
         )
 
     async def correct(self, corrections: Sequence[Correction]) -> list[bool]:
@@ -189,6 +195,7 @@ class InMemoryProjectionStore:
             record.total_unread = correction.total_unread
             record.total_mention = correction.total_mention
             record.muted_unread = correction.muted_unread
+            record.extra = correction.extra
             record.corrections += 1
             results.append(True)
         return results

@@ -31,6 +31,8 @@ class EncodedBatch:
     total_mention: int
     muted_unread: int
     rows: list[tuple[str, bytes]]  # (conversation_id, row JSON), in the batch's order
+    # docs/contract.md §10: the folder totals and the preferences the badge is in (`extra`)
+    extra: tuple[int, int, int, int] = (0, 0, 0, 0)
 
 
 def _check_int(name: str, value: object, low: int, high: int = U64_LIMIT) -> int:
@@ -61,6 +63,24 @@ def _check_badge(where: str, badge: Badge) -> tuple[int, int, int]:
         _check_int(f"{where}: total_unread", badge.total_unread, -U64_LIMIT),
         _check_int(f"{where}: total_mention", badge.total_mention, -U64_LIMIT),
         _check_int(f"{where}: muted_unread", badge.muted_unread, -U64_LIMIT),
+    )
+
+
+def badge_extra(where: str, badge: Badge) -> tuple[int, int, int, int]:
+    """(archived_unread, archived_mention, conversations_mode 0/1, include_muted 0/1), checked:
+    what the store keeps of docs/contract.md §10's badge beside the three counts (all ints, so
+    a meta hash stays a hash of decimal strings)."""
+    if badge.badge_mode not in ("messages", "conversations"):
+        raise ValueError(
+            f"{where}: badge_mode must be 'messages' or 'conversations', got {badge.badge_mode!r}"
+        )
+    if type(badge.include_muted) is not bool:
+        raise ValueError(f"{where}: include_muted must be a bool, got {badge.include_muted!r}")
+    return (
+        _check_int(f"{where}: archived_unread", badge.archived_unread, -U64_LIMIT),
+        _check_int(f"{where}: archived_mention", badge.archived_mention, -U64_LIMIT),
+        1 if badge.badge_mode == "conversations" else 0,
+        1 if badge.include_muted else 0,
     )
 
 
@@ -116,6 +136,7 @@ def encode_batches(batches: Sequence[UserFlush]) -> list[EncodedBatch]:
                 total_mention=total_mention,
                 muted_unread=muted_unread,
                 rows=rows,
+                extra=badge_extra(f"user {user_id}", badge),
             )
         )
     return encoded
@@ -131,6 +152,7 @@ class EncodedCorrection:
     total_mention: int
     muted_unread: int
     rows: list[tuple[str, bytes]]
+    extra: tuple[int, int, int, int] = (0, 0, 0, 0)  # as EncodedBatch.extra
 
 
 def encode_corrections(corrections: Sequence[Correction]) -> list[EncodedCorrection]:
@@ -150,9 +172,21 @@ def encode_corrections(corrections: Sequence[Correction]) -> list[EncodedCorrect
                 total_mention=total_mention,
                 muted_unread=muted_unread,
                 rows=rows,
+                extra=badge_extra(where, correction.badge),
             )
         )
     return encoded
+
+
+def extra_fields(extra: Sequence[int]) -> dict[str, Any]:
+    """The §10 badge fields of StoredProjection/StoredRows from the stored ints (badge_extra)."""
+    archived_unread, archived_mention, conversations_mode, include_muted = extra
+    return {
+        "archived_unread": archived_unread,
+        "archived_mention": archived_mention,
+        "badge_mode": "conversations" if conversations_mode else "messages",
+        "include_muted": bool(include_muted),
+    }
 
 
 def decode_rows(raw: dict[str, bytes]) -> dict[str, dict[str, object]]:

@@ -9,6 +9,8 @@ all of one user's keys land on one slot and one Lua script may touch them togeth
     {ns}:meta:{<user_id>}    hash  version            the user's projection_mailbox_seq (decimal)
                                    structure_version  moves on pin/unpin/archive/unarchive/leave/delete
                                    total_unread, total_mention, muted_unread   the badge
+                                   archived_unread, archived_mention, conversations_mode,
+                                   include_muted   the badge's §10 part (ints; modes 0/1)
     {ns}:writes:{<user_id>}  hash  conversation_id -> persistent writes so far (only when the
                                    store counts writes: a test/audit hook for J-1)
 
@@ -91,7 +93,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.domain.projection_store import StoredProjection, StoredRows
-from app.stores.projection_codec import EncodedBatch, decode_rows, encode_batches, encode_corrections
+from app.stores.projection_codec import (
+    EncodedBatch,
+    decode_rows,
+    encode_batches,
+    encode_corrections,
+    extra_fields,
+)
 from app.stores.redis_client import RedisClient, open_redis
 from app.stores.resp import pack_evalsha_batch
 
@@ -166,20 +174,29 @@ def own_key(namespace: str) -> re.Pattern[str]:
     return re.compile(rf"{re.escape(namespace)}:(rows|meta|writes|rate|snap):\{{(\d+)\}}(?::r\d+)?")
 
 
+def _extra(meta: Sequence[Any]) -> list[int]:
+    """EXTRA_FIELDS' values from a SERVED_FIELDS read (absent: 0); ValueError when unreadable."""
+    start = len(SERVED_FIELDS) - len(EXTRA_FIELDS)
+    return [0 if value is None else int(_text(value)) for value in meta[start : start + len(EXTRA_FIELDS)]]
+
+
 def serving_key(base: str) -> str:
     """The key naming the namespace that serves for this base (see the module docstring)."""
     return f"{base}:serving"
 
 
 META_FIELDS = ("version", "structure_version", "total_unread", "total_mention", "muted_unread")
+# docs/contract.md §10's part of the badge (projection_codec.badge_extra); absent: 0 (a user
+# written before them: messages mode, not including muted, no archived totals kept).
+EXTRA_FIELDS = ("archived_unread", "archived_mention", "conversations_mode", "include_muted")
 # What readers get: META_FIELDS, then `corrections`: how many times rows were rewritten without
 # a new version (a correction, a restore at the stored version), so that a snapshot loaded
 # before such a write is known to be stale (issue 32; app/api/snapshots.py). Written by
 # CORRECT_SCRIPT and RESTORE_SCRIPT only (HINCRBY), absent (0) until then.
-SERVED_FIELDS = (*META_FIELDS, "corrections")
+SERVED_FIELDS = (*META_FIELDS, "corrections", *EXTRA_FIELDS)
 
 # How many fixed ARGV precede the (conversation_id, row) pairs in the write script.
-_FIXED_ARGS = 6
+_FIXED_ARGS = 10
 
 # Both scripts' row write, spliced into each: HSET KEYS[1] with the (conversation_id, row JSON)
 # pairs ARGV[first..last] (locals of the script). In slices: unpack() of thousands of values
@@ -192,7 +209,8 @@ for i = first, last, slice do
 end"""
 
 # KEYS: rows, meta[, writes (only when counting)]. ARGV: version, structure_version, total_unread,
-# total_mention, muted_unread, count_writes ('1'/'0'), then conversation_id, row JSON, ...
+# total_mention, muted_unread, count_writes ('1'/'0'), then EXTRA_FIELDS' four values, then
+# conversation_id, row JSON, ...
 #
 # Versions are compared as canonical decimal strings (length, then bytes), not with tonumber():
 # Lua numbers are doubles, and a mailbox_seq above 2^53 would compare wrongly and could let an
@@ -209,7 +227,7 @@ if stored then
 else
   stored = '0'
 end
-local first = 7
+local first = 11
 local last = #ARGV
 {_HSET_ROWS_LUA}
 if ARGV[6] == '1' then
@@ -218,7 +236,9 @@ if ARGV[6] == '1' then
   end
 end
 redis.call('HSET', KEYS[2], 'structure_version', ARGV[2], 'total_unread', ARGV[3],
-  'total_mention', ARGV[4], 'muted_unread', ARGV[5], 'version', incoming)
+  'total_mention', ARGV[4], 'muted_unread', ARGV[5], 'archived_unread', ARGV[7],
+  'archived_mention', ARGV[8], 'conversations_mode', ARGV[9], 'include_muted', ARGV[10],
+  'version', incoming)
 return stored
 """
 
@@ -239,32 +259,37 @@ if stored then
 else
   stored = '0'
 end
-local first = 7
+local first = 11
 local last = #ARGV
 {_HSET_ROWS_LUA}
 redis.call('HSET', KEYS[2], 'structure_version', ARGV[2], 'total_unread', ARGV[3],
-  'total_mention', ARGV[4], 'muted_unread', ARGV[5], 'version', incoming)
+  'total_mention', ARGV[4], 'muted_unread', ARGV[5], 'archived_unread', ARGV[7],
+  'archived_mention', ARGV[8], 'conversations_mode', ARGV[9], 'include_muted', ARGV[10],
+  'version', incoming)
 redis.call('HINCRBY', KEYS[2], 'corrections', 1)
 return stored
 """
 
 
 # The unread audit's repair (ProjectionStore.correct). KEYS: rows, meta. ARGV: the version the
-# audit compared against, total_unread, total_mention, muted_unread, then conversation_id, row
-# JSON, ... Written only while the stored version is exactly that one (a flush in between, or a
-# store that never held it, refuses it: the next audit looks again); the version and the
-# structure version are left alone, so the flush path's "newer versions only" rule is untouched;
-# `corrections` counts the rewrite (a snapshot the API loaded before it is stale: issue 32).
+# audit compared against, total_unread, total_mention, muted_unread, EXTRA_FIELDS' four values,
+# then conversation_id, row JSON, ... Written only while the stored version is exactly that one
+# (a flush in between, or a store that never held it, refuses it: the next audit looks again);
+# the version and the structure version are left alone, so the flush path's "newer versions
+# only" rule is untouched; `corrections` counts the rewrite (a snapshot the API loaded before it
+# is stale: issue 32).
 # Same canonical decimal strings as WRITE_SCRIPT, and the same row write.
 CORRECT_SCRIPT = f"""
 local stored = redis.call('HGET', KEYS[2], 'version')
 if stored ~= ARGV[1] then
   return 0
 end
-local first = 5
+local first = 9
 local last = #ARGV
 {_HSET_ROWS_LUA}
-redis.call('HSET', KEYS[2], 'total_unread', ARGV[2], 'total_mention', ARGV[3], 'muted_unread', ARGV[4])
+redis.call('HSET', KEYS[2], 'total_unread', ARGV[2], 'total_mention', ARGV[3], 'muted_unread', ARGV[4],
+  'archived_unread', ARGV[5], 'archived_mention', ARGV[6], 'conversations_mode', ARGV[7],
+  'include_muted', ARGV[8])
 redis.call('HINCRBY', KEYS[2], 'corrections', 1)
 return 1
 """
@@ -529,6 +554,7 @@ class RedisProjectionStore:
                 f"{self.namespace}:*:{{{user_id}}}: {exc}"
             ) from None
         version, structure_version, total_unread, total_mention, muted_unread = values
+        extra = _extra(meta)
         return StoredProjection(
             user_id=user_id,
             rows=rows,
@@ -537,6 +563,7 @@ class RedisProjectionStore:
             muted_unread=muted_unread,
             projection_mailbox_seq=version,
             structure_version=structure_version,
+            **extra_fields(extra),
         )
 
     async def load_rows(self, user_id: int, conversation_ids: Sequence[str]) -> StoredRows:
@@ -548,6 +575,7 @@ class RedisProjectionStore:
             version, _, total_unread, total_mention, muted_unread = (
                 0 if value is None else int(_text(value)) for value in meta[: len(META_FIELDS)]
             )
+            extra = _extra(meta)
             present = {cid: raw for cid, raw in zip(wanted, raw_rows, strict=True) if raw is not None}
             decoded = decode_rows(present)
         except ValueError as exc:
@@ -562,6 +590,7 @@ class RedisProjectionStore:
             total_mention=total_mention,
             muted_unread=muted_unread,
             projection_mailbox_seq=version,
+            **extra_fields(extra),
         )
 
     async def read_user(self, user_id: int) -> tuple[dict[Any, bytes], list[Any]]:
@@ -648,6 +677,7 @@ class RedisProjectionStore:
                 str(correction.total_unread),
                 str(correction.total_mention),
                 str(correction.muted_unread),
+                *map(str, correction.extra),
             ]
             for conversation_id, row in correction.rows:
                 args.append(conversation_id)
@@ -740,6 +770,7 @@ class RedisProjectionStore:
             str(batch.total_mention),
             str(batch.muted_unread),
             "1" if count else "0",
+            *map(str, batch.extra),
         ]
         for conversation_id, row in batch.rows:
             args.append(conversation_id)

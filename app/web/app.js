@@ -1,6 +1,6 @@
 // The page: sign in with a token, walk the main folder page by page, keep it live from
 // /v1/stream (sp-client.js holds the client rule), show the badge, react to member notices.
-import {ApiClient, LiveList, LiveStream} from "./sp-client.js";
+import {ApiClient, LiveList, LiveStream, displayCount} from "./sp-client.js";
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
@@ -58,15 +58,23 @@ function render() {
   const badge = list.view.badge;
   if (badge) {
     $("badge").hidden = false;
-    $("badge").textContent = String(badge.total_unread);
+    $("badge").textContent = displayCount(badge.total_unread); // 99+ above 99 (seed 000 §3.3)
     $("badge").dataset.version = String(badge.version);
-    $("badge").title = `${badge.total_unread} unread, ${badge.total_mention} mentions`;
+    $("badge").dataset.count = String(badge.total_unread);
+    $("badge").title =
+      `${badge.total_unread} unread, ${badge.total_mention} mentions (counting ${badge.badge_mode}); ` +
+      `archived: ${badge.archived_unread} unread, ${badge.archived_mention} mentions`;
   }
   const rows = list.visible();
   const ul = $("list");
   const items = rows.map((row) => {
     const li = document.createElement("li");
-    li.className = "row" + (row.pin_rank !== null ? " pinned" : "") + (row.conversation_id === state.selected ? " selected" : "");
+    const marked = row.marked_unread === true; // docs/contract.md §10: shown as unread
+    li.className =
+      "row" +
+      (row.pin_rank !== null ? " pinned" : "") +
+      (marked ? " marked" : "") +
+      (row.conversation_id === state.selected ? " selected" : "");
     li.dataset.conversationId = row.conversation_id;
     const title = document.createElement("span");
     title.className = "title";
@@ -75,8 +83,10 @@ function render() {
     last.className = "last";
     last.textContent = row.last_message_id === null ? "(no messages)" : `last: ${row.last_message_id}`;
     const unread = document.createElement("span");
-    unread.className = "unread" + (row.unread_count === 0 ? " zero" : "") + (row.muted ? " muted" : "");
-    unread.textContent = row.unread_exact ? String(row.unread_count) : "99+";
+    const shown = row.unread_count > 0 || marked;
+    unread.className = "unread" + (shown ? "" : " zero") + (row.muted ? " muted" : "");
+    // A marked row with nothing unread shows a dot; a count above 99 (or inexact) shows 99+.
+    unread.textContent = row.unread_count === 0 && marked ? "\u25cf" : displayCount(row.unread_count, row.unread_exact);
     li.append(title, unread, last);
     li.addEventListener("click", () => selectConversation(row.conversation_id));
     return li;

@@ -16,6 +16,31 @@
 
 export class FrameError extends Error {}
 
+// A badge from a BADGE_UPDATE frame, a hello's badge or /v1/badge (docs/contract.md §3.8, §10):
+// the folder totals and the preferences default when an older server leaves them out.
+export function badgeOf(obj) {
+  const optional = (key) => (obj[key] === undefined ? 0 : version(obj, key));
+  const mode = obj.badge_mode ?? "messages";
+  if (mode !== "messages" && mode !== "conversations") throw new FrameError(`badge_mode ${JSON.stringify(mode)}`);
+  const includeMuted = obj.include_muted ?? false;
+  if (typeof includeMuted !== "boolean") throw new FrameError("include_muted must be a boolean");
+  return {
+    total_unread: version(obj, "total_unread"),
+    total_mention: version(obj, "total_mention"),
+    muted_unread: version(obj, "muted_unread"),
+    archived_unread: optional("archived_unread"),
+    archived_mention: optional("archived_mention"),
+    badge_mode: mode,
+    include_muted: includeMuted,
+    version: version(obj, "projection_mailbox_seq"),
+  };
+}
+
+// How a count is shown (seed 000 §3.3): above 99, or inexact, "99+".
+export function displayCount(count, exact = true) {
+  return !exact || count > 99 ? "99+" : String(count);
+}
+
 function version(obj, key) {
   const v = obj[key];
   if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 0) {
@@ -129,12 +154,7 @@ export class SessionView {
 
   applyBadge(frame) {
     const v = version(frame, "projection_mailbox_seq");
-    const badge = {
-      total_unread: version(frame, "total_unread"),
-      total_mention: version(frame, "total_mention"),
-      muted_unread: version(frame, "muted_unread"),
-      version: v,
-    };
+    const badge = badgeOf(frame);
     if (idString(frame, "user_id") !== this.userId) return {status: "foreign", version: v};
     const held = this.badge;
     const correction = frame.correction === true;
@@ -457,13 +477,7 @@ export class LiveStream {
       if (hello.status === "repull") this.list.stats.repulls += 1;
       await this.list.reload();
     }
-    const b = hello.badge;
-    this.list.view.offerBadge({
-      total_unread: version(b, "total_unread"),
-      total_mention: version(b, "total_mention"),
-      muted_unread: version(b, "muted_unread"),
-      version: version(b, "projection_mailbox_seq"),
-    });
+    this.list.view.offerBadge(badgeOf(hello.badge));
     this.onStatus(`live (${hello.status})`);
   }
 

@@ -21,6 +21,8 @@ export interface SessionRow {
   readonly pin_rank: number | null;
   readonly archived: boolean;
   readonly muted: boolean;
+  /** docs/contract.md §10: marked unread by the user (absent from an older server: false). */
+  readonly marked_unread?: boolean;
   readonly last_activity_id: string | null;
   readonly latest_conversation_seq: number | null;
   readonly last_message_id: string | null;
@@ -48,10 +50,18 @@ export interface SessionPage {
   readonly truncated: boolean;
 }
 
+export type BadgeMode = "messages" | "conversations";
+
 export interface Badge {
   readonly total_unread: number;
   readonly total_mention: number;
   readonly muted_unread: number;
+  /** docs/contract.md §10: the archived folder's totals, in the same badge mode. */
+  readonly archived_unread: number;
+  readonly archived_mention: number;
+  /** The user's badge preferences the totals are in (§10). */
+  readonly badge_mode: BadgeMode;
+  readonly include_muted: boolean;
   /** The projection_mailbox_seq the totals are as of. */
   readonly version: number;
 }
@@ -95,6 +105,41 @@ function version(obj: Record<string, unknown>, key: string): number {
   return v;
 }
 
+/** A Badge from a BADGE_UPDATE frame, a /v1/badge body or a hello's badge (`versionKey`: the
+ * field holding its version). The §10 fields absent (an older server): 0, "messages", false;
+ * present with a wrong type: a ProtocolError, like any other field. */
+export function badgeOf(obj: Record<string, unknown>, versionKey = "projection_mailbox_seq"): Badge {
+  const optionalCount = (key: string): number => (obj[key] === undefined ? 0 : version(obj, key));
+  const mode = obj["badge_mode"] ?? "messages";
+  if (mode !== "messages" && mode !== "conversations") {
+    throw new ProtocolError(`badge_mode must be "messages" or "conversations", got ${JSON.stringify(mode)}`);
+  }
+  const includeMuted = obj["include_muted"] ?? false;
+  if (typeof includeMuted !== "boolean") {
+    throw new ProtocolError(`include_muted must be a boolean, got ${JSON.stringify(includeMuted)}`);
+  }
+  return {
+    total_unread: version(obj, "total_unread"),
+    total_mention: version(obj, "total_mention"),
+    muted_unread: version(obj, "muted_unread"),
+    archived_unread: optionalCount("archived_unread"),
+    archived_mention: optionalCount("archived_mention"),
+    badge_mode: mode,
+    include_muted: includeMuted,
+    version: version(obj, versionKey),
+  };
+}
+
+/** How a count is shown (seed 000 §3.3): above 99 (or inexact), "99+". */
+export function displayCount(count: number, exact = true): string {
+  return !exact || count > 99 ? "99+" : String(count);
+}
+
+/** Whether a row shows as unread (§10: a row marked unread does, whatever its count). */
+export function showsUnread(row: SessionRow): boolean {
+  return row.unread_count > 0 || row.marked_unread === true;
+}
+
 function idOf(obj: Record<string, unknown>, key: string): UserId {
   const v = obj[key];
   if (!isUserId(v)) throw new ProtocolError(`${key} must be a u64 as a decimal string, got ${JSON.stringify(v)}`);
@@ -114,6 +159,8 @@ export function parseRow(value: unknown): SessionRow {
   }
   version(value, "unread_count");
   version(value, "mention_count");
+  const marked = value["marked_unread"];
+  if (marked !== undefined && typeof marked !== "boolean") throw new ProtocolError("marked_unread must be a boolean");
   return value as SessionRow;
 }
 
@@ -229,12 +276,7 @@ export class SessionView {
 
   private applyBadge(frame: Record<string, unknown>): ApplyResult {
     const v = version(frame, "projection_mailbox_seq");
-    const badge: Badge = {
-      total_unread: version(frame, "total_unread"),
-      total_mention: version(frame, "total_mention"),
-      muted_unread: version(frame, "muted_unread"),
-      version: v,
-    };
+    const badge: Badge = badgeOf(frame);
     if (idOf(frame, "user_id") !== this.userId) return { status: "foreign", version: v, conversations: [] };
     const held = this.badge;
     const correction = frame["correction"] === true;
@@ -343,12 +385,7 @@ export class SessionsClient {
 
   async badge(options: CallOptions = {}): Promise<Badge> {
     const body = await this.http.json("GET", "/v1/badge", options);
-    return {
-      total_unread: version(body, "total_unread"),
-      total_mention: version(body, "total_mention"),
-      muted_unread: version(body, "muted_unread"),
-      version: version(body, "projection_mailbox_seq"),
-    };
+    return badgeOf(body);
   }
 
   /** Every page of a folder within one snapshot revision. A cursor answered with

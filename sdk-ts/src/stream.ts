@@ -7,7 +7,7 @@
 import { ProtocolError } from "./errors.js";
 import { isObject, readJson, apiError, type ByteStreamLike, type CallOptions } from "./http.js";
 import { isSafeCount, isUserId, type UserId } from "./ids.js";
-import type { Badge, LiveSessionList } from "./sessions.js";
+import { badgeOf, type Badge, type LiveSessionList } from "./sessions.js";
 
 /** One Server-Sent Event. */
 export interface SseEvent {
@@ -338,12 +338,7 @@ function parseHello(data: Record<string, unknown>): Hello {
     status,
     reason: typeof data["reason"] === "string" ? data["reason"] : null,
     projection_mailbox_seq: n(data, "projection_mailbox_seq"),
-    badge: {
-      total_unread: n(badge, "total_unread"),
-      total_mention: n(badge, "total_mention"),
-      muted_unread: n(badge, "muted_unread"),
-      version: n(badge, "projection_mailbox_seq"),
-    },
+    badge: badgeOf(badge),
     heartbeat_ms: isSafeCount(data["heartbeat_ms"]) && data["heartbeat_ms"] > 0 ? data["heartbeat_ms"] : 15_000,
   };
 }

@@ -9,7 +9,10 @@ import {
   SessionsClient,
   TraversalLimitError,
   compareRows,
+  displayCount,
   mergeDeltas,
+  parseRow,
+  showsUnread,
   type SessionDeltaFrame,
   type SessionRow,
 } from "../src/index.js";
@@ -98,7 +101,53 @@ test("BADGE_UPDATE: newest wins by version alone, no gap check", () => {
   assert.equal(view.apply(badge(20, 4)).status, "applied");
   assert.equal(view.apply(badge(18, 9)).status, "stale");
   assert.equal(view.apply(badge(25, 1)).status, "applied"); // prev 24 was never seen: still applied
-  assert.deepEqual(view.badge, { total_unread: 1, total_mention: 0, muted_unread: 0, version: 25 });
+  assert.deepEqual(view.badge, {
+    total_unread: 1,
+    total_mention: 0,
+    muted_unread: 0,
+    archived_unread: 0,
+    archived_mention: 0,
+    badge_mode: "messages",
+    include_muted: false,
+    version: 25,
+  });
+});
+
+test("BADGE_UPDATE carries the folder totals and the badge preferences (§10); bad ones are refused", () => {
+  const view = new SessionView(ME);
+  const frame = {
+    type: "BADGE_UPDATE",
+    user_id: ME,
+    total_unread: 2,
+    total_mention: 1,
+    muted_unread: 0,
+    archived_unread: 3,
+    archived_mention: 1,
+    badge_mode: "conversations",
+    include_muted: true,
+    projection_mailbox_seq: 7,
+    prev_projection_mailbox_seq: 6,
+  };
+  assert.equal(view.apply(frame).status, "applied");
+  assert.equal(view.badge?.archived_unread, 3);
+  assert.equal(view.badge?.badge_mode, "conversations");
+  assert.equal(view.badge?.include_muted, true);
+  assert.throws(() => view.apply({ ...frame, projection_mailbox_seq: 8, badge_mode: "threads" }), ProtocolError);
+  assert.throws(() => view.apply({ ...frame, projection_mailbox_seq: 8, include_muted: 1 }), ProtocolError);
+  assert.throws(() => view.apply({ ...frame, projection_mailbox_seq: 8, archived_unread: -1 }), ProtocolError);
+});
+
+test("counts above 99 show as 99+, marked rows show as unread (§10, seed 000 §3.3)", () => {
+  assert.equal(displayCount(0), "0");
+  assert.equal(displayCount(99), "99");
+  assert.equal(displayCount(100), "99+");
+  assert.equal(displayCount(150), "99+");
+  assert.equal(displayCount(7, false), "99+");
+  assert.equal(showsUnread(row(1)), false);
+  assert.equal(showsUnread(row(1, { marked_unread: true })), true);
+  assert.equal(showsUnread(row(1, { unread_count: 2 })), true);
+  assert.throws(() => parseRow(row(1, { marked_unread: "yes" })), ProtocolError);
+  assert.equal(parseRow(row(1, { marked_unread: true })).marked_unread, true);
 });
 
 test("ids must be decimal strings and versions safe integers; another user's frame is foreign", () => {

@@ -39,8 +39,19 @@ def expected(batches: list[UserFlush]) -> dict[int, StoredProjection]:
         before = out.get(b.user_id)
         rows = dict(before.rows) if before else {}
         rows.update({r["conversation_id"]: r for r in b.rows})
+        badge = b.badge
         out[b.user_id] = StoredProjection(
-            b.user_id, rows, *b.badge, b.projection_mailbox_seq, b.structure_version
+            b.user_id,
+            rows,
+            badge.total_unread,
+            badge.total_mention,
+            badge.muted_unread,
+            b.projection_mailbox_seq,
+            b.structure_version,
+            archived_unread=badge.archived_unread,
+            archived_mention=badge.archived_mention,
+            badge_mode=badge.badge_mode,
+            include_muted=badge.include_muted,
         )
     return out
 
@@ -362,7 +373,9 @@ async def test_redis_layout_uses_namespaced_hash_tagged_keys(
     redis_client: redis.Redis, make_redis_store: MakeRedisStore
 ) -> None:
     store = make_redis_store(count_writes=True)
-    await store.write([flush(42, 3, [conv(1)], Badge(1, 2, 3), structure_version=4)])
+    await store.write(
+        [flush(42, 3, [conv(1)], Badge(1, 2, 3, 5, 6, "conversations", True), structure_version=4)]
+    )
     ns = store.namespace
     # A set: SCAN may return a key more than once (while Redis resizes its table).
     keys = sorted({k.decode() async for k in redis_client.scan_iter(match=f"{ns}:*")})
@@ -374,7 +387,19 @@ async def test_redis_layout_uses_namespaced_hash_tagged_keys(
         b"total_unread": b"1",
         b"total_mention": b"2",
         b"muted_unread": b"3",
+        # docs/contract.md §10 (projection_codec.badge_extra)
+        b"archived_unread": b"5",
+        b"archived_mention": b"6",
+        b"conversations_mode": b"1",
+        b"include_muted": b"1",
     }
+    got = await store.load(42)
+    assert (got.archived_unread, got.archived_mention, got.badge_mode, got.include_muted) == (
+        5,
+        6,
+        "conversations",
+        True,
+    )
 
 
 def forget_digests(script: Any) -> None:

@@ -298,3 +298,52 @@ async def test_the_browser_client_lists_follows_restarts_and_resumes(
     finally:
         await page.close()
         api.stop()
+
+
+async def test_the_browser_client_shows_99_plus_and_a_marked_row(
+    make_stack: Callable[..., Stack], tmp_path: Path, browser: Any
+) -> None:
+    """Seed 000 §3.3 and docs/contract.md §10 (issue 35): a count above 99 shows "99+" (the row and
+    the badge), and a row the user marked unread on another device shows as unread."""
+    from playwright.async_api import expect
+
+    stack = make_stack("gw99", partitions=1, lanes=1)
+    traffic = Traffic(stack)
+    busy, quiet = CONVERSATIONS[0], CONVERSATIONS[1]
+    traffic.message(quiet)
+    traffic.stream.read(USER, 1, quiet)
+    for _ in range(150):
+        traffic.message(busy)
+    stack.start_worker()
+    await traffic.send()
+    api = Api(stack, tmp_path)
+    await api.start()
+    token = TokenSigner(SECRET).mint(USER, int(time.time()) + 3600)
+    page = await browser.new_page()
+    try:
+        await page.goto(f"{api.url}/app/?limit=10")
+        await page.fill("#token", token)
+        await page.click("#connect")
+        busy_row = page.locator(f'#list li.row[data-conversation-id="{busy}"]')
+        quiet_row = page.locator(f'#list li.row[data-conversation-id="{quiet}"]')
+        await expect(busy_row.locator(".unread")).to_have_text("99+", timeout=WAIT_MS)
+        await expect(page.locator("#badge")).to_have_text("99+", timeout=WAIT_MS)
+        await expect(page.locator("#badge")).to_have_attribute("data-count", "150")
+        await expect(quiet_row.locator(".unread")).to_be_hidden()
+        # Marked unread on another device: shown as unread here, the badge counts it.
+        traffic.stream.entry("mark_unread", USER, quiet)
+        await traffic.send()
+        await expect(quiet_row).to_have_class(re.compile(r"\bmarked\b"), timeout=WAIT_MS)
+        await expect(quiet_row.locator(".unread")).to_be_visible()
+        await expect(page.locator("#badge")).to_have_attribute("data-count", "151", timeout=WAIT_MS)
+        await page.screenshot(path=str(tmp_path / "browser-client-99plus.png"), full_page=True)
+        if os.environ.get("SP_DOCS_SCREENSHOT"):
+            await page.screenshot(path=str(ROOT / "docs" / "browser-client-99plus.png"), full_page=True)
+        # A read clears the mark.
+        traffic.stream.read(USER, 1, quiet)
+        await traffic.send()
+        await expect(quiet_row).not_to_have_class(re.compile(r"\bmarked\b"), timeout=WAIT_MS)
+        await expect(page.locator("#badge")).to_have_attribute("data-count", "150", timeout=WAIT_MS)
+    finally:
+        await page.close()
+        api.stop()

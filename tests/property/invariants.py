@@ -32,6 +32,7 @@ ROW_FIELDS = [
     "pin_rank",
     "archived",
     "muted",
+    "marked_unread",
     "last_activity_id",
     "latest_conversation_seq",
     "last_message_id",
@@ -47,7 +48,19 @@ ROW_FIELDS = [
     "projection_mailbox_seq",
 ]
 COUNT_FIELDS = ("unread_count", "unread_exact", "mention_count", "mention_first_conversation_seq")
-BADGE_FIELDS = ("user_id", "total_unread", "total_mention", "muted_unread", "projection_mailbox_seq")
+BADGE_FIELDS = (
+    "user_id",
+    "total_unread",
+    "total_mention",
+    "muted_unread",
+    "archived_unread",
+    "archived_mention",
+    "badge_mode",
+    "include_muted",
+    "projection_mailbox_seq",
+)
+# The sums over rows (docs/contract.md §3.8, §10 folder totals): "badge = sum over rows" holds for each.
+BADGE_COUNTS = ("total_unread", "total_mention", "muted_unread", "archived_unread", "archived_mention")
 STAT_FIELDS = ("entries", "applied", "duplicates", "dead_letters", "pending")
 
 Row = dict[str, Any]
@@ -111,8 +124,12 @@ def badge_is_sum_of_rows(res: Any, include_muted: bool) -> None:
     for row in res.projections:
         rows_by_user[row["user_id"]].append(row)
     for badge in res.badges:
-        want = badge_of(badge["user_id"], rows_by_user[badge["user_id"]], 0, include_muted)
-        diff = _diff(badge, want, BADGE_FIELDS[1:4])
+        # In the preferences the badge says it is in (badges_equal_model checks those against
+        # the model: the deployment's defaults, or the user's last badge_preferences entry).
+        want = badge_of(
+            badge["user_id"], rows_by_user[badge["user_id"]], 0, badge["include_muted"], badge["badge_mode"]
+        )
+        diff = _diff(badge, want, BADGE_COUNTS)
         assert not diff, f"badge of {badge['user_id']} is not the sum of its rows: {diff}"
     # J-7: replaying frames, the rows the client holds after a SESSION_DELTA sum to the badge that
     # comes with it (rows and badge of one flush are one batch: they never tear).
@@ -124,8 +141,8 @@ def badge_is_sum_of_rows(res: Any, include_muted: bool) -> None:
         else:
             user = f["user_id"]
             rows = [r for k, r in client.items() if k[0] == user]
-            want = badge_of(user, rows, 0, include_muted)
-            diff = _diff(f, want, BADGE_FIELDS[1:4])
+            want = badge_of(user, rows, 0, f["include_muted"], f["badge_mode"])
+            diff = _diff(f, want, BADGE_COUNTS)
             assert not diff, f"BADGE_UPDATE v{f['projection_mailbox_seq']} of {user} torn: {diff}"
 
 
@@ -137,7 +154,7 @@ def badges_equal_model(res: Any, model: ModelResult) -> None:
     inexact_users = {r["user_id"] for r in res.projections if not r["unread_exact"]}
     for user, want in model.badges.items():
         assert set(got[user]) == set(BADGE_FIELDS), f"badge fields: {got[user]}"
-        fields = ["projection_mailbox_seq"]
+        fields = ["projection_mailbox_seq", "badge_mode", "include_muted"]
         if user not in inexact_users:
             fields = list(BADGE_FIELDS)
         diff = _diff(got[user], want, fields)

@@ -91,6 +91,9 @@ TYPES: dict[str, dict[str, Check]] = {
     "clear_history": {"hidden_before_conversation_seq": CSEQ0},
     "delete_conversation": {"deleted_before_conversation_seq": CSEQ0},
     "mailbox_dirty": {},
+    # docs/contract.md §10
+    "mark_unread": {},
+    "badge_preferences": {"badge_mode": _one_of("messages", "conversations"), "include_muted": _bool},
 }
 OPTIONAL: dict[str, dict[str, Check]] = {
     "join": {"role": _one_of("owner", "admin", "member")},
@@ -187,7 +190,9 @@ class ModelResult:
         return {(e["user_id"], e["conversation_id"]) for e in self.pending}
 
 
-def run_model(lines: Iterable[bytes], lanes: int = 1, include_muted: bool = False) -> ModelResult:
+def run_model(
+    lines: Iterable[bytes], lanes: int = 1, include_muted: bool = False, badge_mode: str = "messages"
+) -> ModelResult:
     stats = dict.fromkeys(("entries", "applied", "duplicates", "dead_letters", "pending"), 0)
     marks: dict[int, int] = {}  # lane -> highest marker seen
     waiting: list[tuple[int, int, dict[str, Any]]] = []  # (mailbox_seq, arrival, entry)
@@ -236,15 +241,27 @@ def run_model(lines: Iterable[bytes], lanes: int = 1, include_muted: bool = Fals
     stats["pending"] = len(waiting)
 
     per_pair: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    # docs/contract.md §10: the last badge_preferences entry applied per user (a user-level
+    # entry: it makes no conversation known); None = the deployment's defaults.
+    preferences: dict[int, tuple[str, bool]] = {}
     for e in applied:
+        if e["type"] == "badge_preferences":
+            preferences[e["user_id"]] = (e["badge_mode"], e["include_muted"])
+            continue
         per_pair[(e["user_id"], e["conversation_id"])].append(e)
     rows = {pair: evaluate_row(pair, es) for pair, es in per_pair.items()}
     received = {
         pair: {e["conversation_seq"] for e in es if e["type"] == "message"} for pair, es in per_pair.items()
     }
-    users = sorted({u for u, _ in per_pair})
+    users = sorted({u for u, _ in per_pair} | set(preferences))
     badges = {
-        u: badge_of(u, [r for (ru, _), r in rows.items() if ru == u], version[u], include_muted)
+        u: badge_of(
+            u,
+            [r for (ru, _), r in rows.items() if ru == u],
+            version[u],
+            preferences.get(u, (badge_mode, include_muted))[1],
+            preferences.get(u, (badge_mode, include_muted))[0],
+        )
         for u in users
     }
     return ModelResult(rows, badges, stats, applied, [x[2] for x in waiting], received)
@@ -256,6 +273,7 @@ def evaluate_row(pair: tuple[int, str], entries: list[dict[str, Any]]) -> dict[s
     membership, joined_at, left_at = "active", 0, None
     read = hidden = deleted = 0
     pin_rank, archived, muted = None, False, False
+    marked = False  # §10: set by mark_unread, cleared by any read or delete_conversation
     received: dict[int, dict[str, Any]] = {}  # conversation_seq -> first message entry
     mentioned: set[int] = set()
     recalled: set[int] = set()
@@ -269,10 +287,14 @@ def evaluate_row(pair: tuple[int, str], entries: list[dict[str, Any]]) -> dict[s
             recalled.add(e["target_conversation_seq"])
         elif t == "read":
             read = max(read, e["read_conversation_seq"])
+            marked = False
         elif t == "clear_history":
             hidden = max(hidden, e["hidden_before_conversation_seq"])
         elif t == "delete_conversation":
             deleted = max(deleted, e["deleted_before_conversation_seq"])
+            marked = False
+        elif t == "mark_unread":
+            marked = True
         elif t == "join":
             membership, joined_at, left_at = "active", e["joined_at_conversation_seq"], None
         elif t == "leave":
@@ -306,6 +328,7 @@ def evaluate_row(pair: tuple[int, str], entries: list[dict[str, Any]]) -> dict[s
         "pin_rank": pin_rank,
         "archived": archived,
         "muted": muted,
+        "marked_unread": marked,
         "last_activity_id": head["activity_id"] if head else None,
         "latest_conversation_seq": latest,
         "last_message_id": head["message_id"] if head else None,
@@ -333,17 +356,37 @@ def base_of(row: dict[str, Any]) -> int:
     return base
 
 
-def badge_of(user: int, rows: Iterable[dict[str, Any]], version: int, include_muted: bool) -> dict[str, Any]:
-    """docs/contract.md §3.8 over a user's rows (whatever their unread_count is: model's or core's)."""
+def badge_of(
+    user: int,
+    rows: Iterable[dict[str, Any]],
+    version: int,
+    include_muted: bool,
+    badge_mode: str = "messages",
+) -> dict[str, Any]:
+    """docs/contract.md §3.8 and §10 over a user's rows (whatever their unread_count is: model's
+    or core's), written out as the definitions read: filter the rows, then sum (messages) or
+    count the rows above zero (conversations)."""
     rows = list(rows)
+
+    def unread(r: dict[str, Any]) -> int:
+        # §10: a marked row counts as max(unread_count, 1) wherever an unread sum counts it
+        value: int = max(r["unread_count"], 1) if r.get("marked_unread") else r["unread_count"]
+        return value
+
+    def total(values: list[int]) -> int:
+        return sum(values) if badge_mode == "messages" else sum(1 for v in values if v > 0)
+
     active = [r for r in rows if r["membership"] == "active"]
+    counted = [r for r in active if not r["muted"] or include_muted]
     return {
         "user_id": user,
-        "total_unread": sum(
-            r["unread_count"] for r in active if not r["archived"] and (not r["muted"] or include_muted)
-        ),
-        "total_mention": sum(r["mention_count"] for r in active),
-        "muted_unread": sum(r["unread_count"] for r in rows if r["muted"]),
+        "total_unread": total([unread(r) for r in counted if not r["archived"]]),
+        "total_mention": total([r["mention_count"] for r in active]),
+        "muted_unread": total([unread(r) for r in rows if r["muted"]]),
+        "archived_unread": total([unread(r) for r in counted if r["archived"]]),
+        "archived_mention": total([r["mention_count"] for r in active if r["archived"]]),
+        "badge_mode": badge_mode,
+        "include_muted": include_muted,
         "projection_mailbox_seq": version,
     }
 
@@ -358,8 +401,10 @@ def flush_schedule(
     last: dict[int, dict[str, Any]] = {}  # user -> last applied entry
     window_start: int | None = None
 
+    dirty_users: set[int] = set()  # users to flush whatever their rows (badge_preferences)
+
     def flush() -> None:
-        users = sorted({u for u, _ in dirty})
+        users = sorted({u for u, _ in dirty} | dirty_users)
         flushes.append(
             [
                 (u, last[u]["mailbox_seq"], last[u]["event_id"], sorted(c for v, c in dirty if v == u))
@@ -367,6 +412,7 @@ def flush_schedule(
             ]
         )
         dirty.clear()
+        dirty_users.clear()
 
     for e in applied:
         if window_start is not None and e["ts"] - window_start >= window_ms:
@@ -374,11 +420,14 @@ def flush_schedule(
             window_start = None
         if window_start is None:
             window_start = e["ts"]
-        dirty.add((e["user_id"], e["conversation_id"]))
+        if e["type"] == "badge_preferences":
+            dirty_users.add(e["user_id"])  # §10: the badge alone changed, no row
+        else:
+            dirty.add((e["user_id"], e["conversation_id"]))
         last[e["user_id"]] = e
         if len(dirty) > max_dirty_rows:  # memory bound, after applying
             flush()
             window_start = None
-    if dirty:
+    if dirty or dirty_users:
         flush()
     return flushes

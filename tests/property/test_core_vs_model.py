@@ -39,6 +39,7 @@ options = st.fixed_dictionaries(
         "window_ms": st.sampled_from((5000, 1, 20, 100)),
         "max_dirty_rows": st.sampled_from((100_000, 1, 3)),
         "include_muted": st.booleans(),
+        "badge_mode": st.sampled_from(("messages", "conversations")),
     }
 )
 
@@ -50,7 +51,7 @@ def replay(lines: list[bytes], lanes: int, **opts: Any) -> Any:
 def check_stream(stream: Stream, opts: dict[str, Any]) -> tuple[Any, Any]:
     lines = stream.lines()
     res = replay(lines, stream.lanes, **opts)
-    model = run_model(lines, stream.lanes, opts["include_muted"])
+    model = run_model(lines, stream.lanes, opts["include_muted"], opts.get("badge_mode", "messages"))
     try:
         inv.check_all(res, model, opts["include_muted"], opts["window_ms"], opts["max_dirty_rows"])
     except AssertionError:
@@ -150,7 +151,7 @@ def test_a_lane_that_never_reports_holds_everything_back(stream: Stream, opts: d
     lines = stream.lines(bad=False)
     lanes = stream.lanes + 1
     res = replay(lines, lanes, **opts)
-    model = run_model(lines, lanes, opts["include_muted"])
+    model = run_model(lines, lanes, opts["include_muted"], opts.get("badge_mode", "messages"))
     inv.check_all(res, model, opts["include_muted"], opts["window_ms"], opts["max_dirty_rows"])
     assert res.stats["applied"] == 0 and res.frames == [] and res.projections == []
 

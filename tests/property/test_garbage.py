@@ -311,7 +311,7 @@ def test_valid_records_at_the_edges_never_crash_and_match_the_model(
     lines: list[bytes], opts: dict[str, Any]
 ) -> None:
     res = run_replay(lines, ReplayOptions(lanes=LANES, **opts))
-    model = run_model(lines, LANES, opts["include_muted"])
+    model = run_model(lines, LANES, opts["include_muted"], opts.get("badge_mode", "messages"))
     assert res.stats["dead_letters"] == 0
     inv.check_all(res, model, opts["include_muted"], opts["window_ms"], opts["max_dirty_rows"])
 

@@ -65,6 +65,9 @@ TYPE_FIELDS: dict[str, dict[str, str]] = {
     "clear_history": {"hidden_before_conversation_seq": "cseq0"},
     "delete_conversation": {"deleted_before_conversation_seq": "cseq0"},
     "mailbox_dirty": {},
+    # docs/contract.md §10
+    "mark_unread": {},
+    "badge_preferences": {"badge_mode": "badge_mode", "include_muted": "bool"},
 }
 # `notification` (docs/contract.md §9): an integer kind, u32; any kind is valid (24 and 27 notify).
 OPTIONAL_FIELDS = {
@@ -139,6 +142,8 @@ def valid_value(kind: str, rnd: random.Random, lanes: int) -> Any:
         return rnd.choice(("left", "removed"))
     if kind == "role":
         return rnd.choice(("owner", "admin", "member"))
+    if kind == "badge_mode":
+        return rnd.choice(("messages", "conversations"))
     raise AssertionError(kind)
 
 
@@ -268,6 +273,8 @@ def bad_value(kind: str, rnd: random.Random, lanes: int) -> bytes:
         return rnd.choice((b'"Left"', b'""', b'"kicked"', b"5", b"null", b'"left "', b"true"))
     if kind == "role":
         return rnd.choice((b'"root"', b'""', b'"Owner"', b"1", b"true", b"null", b'["admin"]'))
+    if kind == "badge_mode":
+        return rnd.choice((b'"Messages"', b'""', b'"threads"', b"0", b"true", b"null", b'["messages"]'))
     raise AssertionError(kind)
 
 

@@ -23,6 +23,10 @@ async def as_replay_files(
                 "total_unread": stored.total_unread,
                 "total_mention": stored.total_mention,
                 "muted_unread": stored.muted_unread,
+                "archived_unread": stored.archived_unread,
+                "archived_mention": stored.archived_mention,
+                "badge_mode": stored.badge_mode,
+                "include_muted": stored.include_muted,
                 "projection_mailbox_seq": stored.projection_mailbox_seq,
             }
         )

@@ -207,6 +207,8 @@ ACTIONS = (
     + ["read"] * 2
     + ["recall", "join", "leave", "clear", "delete", "pin", "unpin", "mute", "unmute"]
     + ["archive", "unarchive", "dirty", "dirty", "redeliver", "churn", "churn"]
+    # docs/contract.md §10: mark as unread, badge preferences
+    + ["mark_unread", "mark_unread", "badge_preferences"]
 )
 
 
@@ -418,6 +420,15 @@ def scenarios(
             w.queue(u, conv, {"type": action})
         elif action == "dirty":
             w.queue(u, conv, {"type": "mailbox_dirty"})
+        elif action == "mark_unread":
+            w.queue(u, conv, {"type": "mark_unread"})
+        elif action == "badge_preferences":
+            mode = draw(st.sampled_from(("messages", "conversations")))
+            w.queue(
+                u,
+                conv,
+                {"type": "badge_preferences", "badge_mode": mode, "include_muted": draw(st.booleans())},
+            )
         elif action == "churn" and u in conv.members and len(conv.members) > 1:
             # leave, miss a message, rejoin, get one: all queued at once, so the later message
             # can overtake the leave in u's mailbox (the leave then moves the head down)

@@ -114,6 +114,7 @@ def recompute(deps: OpsDeps, settings: Settings, user_id: int) -> UserFlush | No
         deps.messages,
         limit=settings.unread_precise_limit,
         include_muted=settings.include_muted,
+        badge_mode=settings.badge_mode,
     )
 
 
@@ -172,8 +173,21 @@ def correction_for(snap: Snapshot, action: str, include_muted: bool) -> tuple[Co
                 continue
         rows.append(row)
     after = {**stored.rows, **{str(r["conversation_id"]): r for r in rows}}
-    badge = from_rows(after.values(), include_muted)
-    stored_badge = Badge(stored.total_unread, stored.total_mention, stored.muted_unread)
+    # In the preferences the stored badge is in (a user's own badge_preferences, docs/contract.md
+    # §10); nothing stored: the deployment's defaults.
+    if stored.projection_mailbox_seq:
+        badge = from_rows(after.values(), stored.include_muted, stored.badge_mode)
+    else:
+        badge = from_rows(after.values(), include_muted)
+    stored_badge = Badge(
+        stored.total_unread,
+        stored.total_mention,
+        stored.muted_unread,
+        stored.archived_unread,
+        stored.archived_mention,
+        stored.badge_mode,
+        stored.include_muted,
+    )
     correction = Correction(
         user_id=stored.user_id,
         version=stored.projection_mailbox_seq,

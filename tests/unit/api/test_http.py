@@ -85,7 +85,27 @@ async def test_badge_comes_from_the_store_meta(api: Api) -> None:
     await api.store.write([flush(ME, [make_row(ME, 1, act=1)], 9, 0, Badge(5, 2, 1))])
     status, body = await api.get("/v1/badge")
     assert status == 200
-    assert body == {"total_unread": 5, "total_mention": 2, "muted_unread": 1, "projection_mailbox_seq": 9}
+    assert body == {
+        "total_unread": 5,
+        "total_mention": 2,
+        "muted_unread": 1,
+        "archived_unread": 0,
+        "archived_mention": 0,
+        "badge_mode": "messages",
+        "include_muted": False,
+        "projection_mailbox_seq": 9,
+    }
+
+
+async def test_the_badge_carries_folder_totals_and_preferences(api: Api) -> None:
+    """docs/contract.md §10: archived_unread/archived_mention and the preferences the badge is in."""
+    await api.store.write(
+        [flush(ME, [make_row(ME, 1, act=1)], 9, 0, Badge(2, 1, 0, 4, 3, "conversations", True))]
+    )
+    status, body = await api.get("/v1/badge")
+    assert status == 200
+    assert body["archived_unread"] == 4 and body["archived_mention"] == 3
+    assert body["badge_mode"] == "conversations" and body["include_muted"] is True
 
 
 async def test_a_user_reads_only_their_own_list(api: Api) -> None:

@@ -66,8 +66,18 @@ async def test_nothing_stored_the_badge_is_the_full_recompute_of_the_rows_filled
     badge, page = await badge_and_pages(InMemoryProjectionStore(), filler, "empty")
     assert page["filled_from_state"] is True and page["projection_mailbox_seq"] == 0
     # Active, not archived, not muted: 2; mentions over active rows (muted too): 2; muted: 4.
-    assert badge == {"total_unread": 2, "total_mention": 2, "muted_unread": 4, "projection_mailbox_seq": 0}
-    assert Badge(2, 2, 4) == from_rows(state_rows(), include_muted=False)
+    # The archived folder (§10): the archived active row's 5 unread, no mention.
+    assert badge == {
+        "total_unread": 2,
+        "total_mention": 2,
+        "muted_unread": 4,
+        "archived_unread": 5,
+        "archived_mention": 0,
+        "badge_mode": "messages",
+        "include_muted": False,
+        "projection_mailbox_seq": 0,
+    }
+    assert Badge(2, 2, 4, 5, 0) == from_rows(state_rows(), include_muted=False)
     muted_too, _ = await badge_and_pages(
         InMemoryProjectionStore(), FilledFromState(state_rows()), "empty", True
     )
@@ -80,14 +90,32 @@ async def test_a_stored_meta_is_served_as_flushed_even_with_rows_missing() -> No
     await store.write([flush(ME, [make_row(ME, 1, act=1, unread=2)], 9, 0, Badge(9, 1, 0))])
     filler = FilledFromState(state_rows())
     badge, _ = await badge_and_pages(store, filler, "always")
-    assert badge == {"total_unread": 9, "total_mention": 1, "muted_unread": 0, "projection_mailbox_seq": 9}
+    assert badge == {
+        "total_unread": 9,
+        "total_mention": 1,
+        "muted_unread": 0,
+        "archived_unread": 0,
+        "archived_mention": 0,
+        "badge_mode": "messages",
+        "include_muted": False,
+        "projection_mailbox_seq": 9,
+    }
 
 
 async def test_without_a_fill_in_nothing_stored_is_zeros() -> None:
     filler = FilledFromState(state_rows())
     badge, page = await badge_and_pages(InMemoryProjectionStore(), filler, "never")
     assert page["items"] == [] and filler.calls == 0
-    assert badge == {"total_unread": 0, "total_mention": 0, "muted_unread": 0, "projection_mailbox_seq": 0}
+    assert badge == {
+        "total_unread": 0,
+        "total_mention": 0,
+        "muted_unread": 0,
+        "archived_unread": 0,
+        "archived_mention": 0,
+        "badge_mode": "messages",
+        "include_muted": False,
+        "projection_mailbox_seq": 0,
+    }
 
 
 def test_from_rows_agrees_with_the_core_full_recompute() -> None:

@@ -126,7 +126,7 @@ def test_a_restart_recomputes_every_badge_in_full() -> None:
     _, projector = backlog()
     state = projector.dump()
     for user_state in state["users"]:
-        user_state["badge"] = list(DRIFTED)
+        user_state["badge"] = list(DRIFTED.counts)
     restored = Projector.restore(projector.config, projector.store, state)
     assert restored.badge_of(ME) == Badge(10 + 3, 2, 0)
     assert restored.dirty.row_count == 0  # everything was flushed: nothing to write again

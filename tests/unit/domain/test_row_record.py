@@ -31,6 +31,7 @@ def _distinct_row() -> ConversationState:
             setattr(row, name, True)
         else:
             setattr(row, name, number)
+    row.marked_unread = True
     row.head_ids = pack_head_ids("m-distinct", "019b76dc2ea100000000000000000042")
     for low, name in enumerate(_BITMAP_FIELDS, start=1):
         setattr(row, name, seqs.add_range(None, low * 1000, low * 1000 + low))
@@ -43,6 +44,7 @@ def test_the_record_holds_the_fields_in_their_declared_order() -> None:
         _RECORD_FORMAT,
         *(getattr(row, name) for name in _PLAIN_FIELDS),
         *(seqs.dump(getattr(row, name)) for name in _BITMAP_FIELDS),
+        row.marked_unread,  # format 3: docs/contract.md §10's field, last
     ]
     assert row.dump() == expected
 
@@ -55,3 +57,23 @@ def test_a_loaded_record_gives_back_every_field() -> None:
     for name in _BITMAP_FIELDS:
         assert seqs.dump(getattr(loaded, name)) == seqs.dump(getattr(row, name)), name
     assert loaded.dump() == row.dump()
+    assert loaded.marked_unread is True
+
+
+def test_a_format_2_record_loads_not_marked() -> None:
+    """Records written before marked_unread (format 2, one field shorter) still load."""
+    row = _distinct_row()
+    old = [2, *row.dump()[1:-1]]
+    loaded = ConversationState.load(old, row.user_id, row.conversation_id)
+    assert loaded.marked_unread is False
+    assert loaded.dump()[1:-1] == old[1:]
+
+
+def test_a_record_of_the_wrong_length_is_refused() -> None:
+    row = _distinct_row()
+    for record in ([3, *row.dump()[1:-1]], [2, *row.dump()[1:]]):
+        try:
+            ConversationState.load(record, row.user_id, row.conversation_id)
+        except ValueError:
+            continue
+        raise AssertionError(f"loaded a record of {len(record)} fields")

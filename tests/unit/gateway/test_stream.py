@@ -215,6 +215,10 @@ async def test_hello_then_the_users_frames_in_order_then_heartbeats(served: Serv
             "total_unread": 2,
             "total_mention": 0,
             "muted_unread": 0,
+            "archived_unread": 0,
+            "archived_mention": 0,
+            "badge_mode": "messages",
+            "include_muted": False,
             "projection_mailbox_seq": 1,
         }
         await served.flush(7, [make_row(7, 9, act=1)])  # someone else's: never on this stream

@@ -220,7 +220,7 @@ def test_a_drifted_state_is_corrected_persisted_and_written_with_its_badge() -> 
         blob = w.tables.get_rows(0, [(7, CONV_A)])[(7, CONV_A)]
         persisted = ConversationState.load(msgspec.msgpack.decode(blob)["s"], 7, CONV_A)
         assert persisted.unread_count == 3
-        assert msgspec.msgpack.decode(w.tables.get_users(0, [7])[7])["badge"] == [5, 1, 0]
+        assert msgspec.msgpack.decode(w.tables.get_users(0, [7])[7])["badge"] == [5, 1, 0, 0, 0]
         badge_frames = [f for f in w.outbox.sent if f["type"] == "BADGE_UPDATE" and f.get("correction")]
         assert [(f["user_id"], f["total_unread"]) for f in badge_frames] == [(7, 5)]
 
