@@ -78,9 +78,10 @@ class FaustTables:
 
     def __init__(self, settings: Settings) -> None:
         # Imported here: the memory runs must not need faust's import cost (or faust at all).
+        from tables.state import FaustStateTables, declare_tables
+
         from app.kafka.batches import BatchSender
         from app.runtime.app import new_faust_app
-        from tables.state import FaustStateTables, declare_tables
 
         os.makedirs(os.path.join(settings.data_dir, settings.app_id), exist_ok=True)
         self.settings = settings
