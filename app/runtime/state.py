@@ -4,15 +4,37 @@ changelog topic, and the live input they check their checkpoints against."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from app.connections import kafka_security_options
 from app.settings import Settings
+from tables.durable.changelog import Appended, LoggedRecord
 from tables.durable.kafka import KafkaChangelog, ensure_changelog_topic, input_identity
-from tables.durable.records import InputIdentity
+from tables.durable.records import InputIdentity, WireRecord
 from tables.durable.tables import CheckpointedTables
 
 log = logging.getLogger("projector.worker")
+
+
+class StartedChangelog:
+    """The `Changelog` port over a `KafkaChangelog` made and started at its first use: aiokafka's
+    clients are made inside the running event loop, which the worker's assembly is not."""
+
+    def __init__(self, start: Callable[[], Awaitable[KafkaChangelog]]) -> None:
+        self._start = start
+
+    async def append(self, partition: int, records: Sequence[WireRecord]) -> Appended:
+        return await (await self._start()).append(partition, records)
+
+    async def read(self, partition: int, start: int, end: int) -> tuple[list[LoggedRecord], int]:
+        return await (await self._start()).read(partition, start, end)
+
+    async def end_offset(self, partition: int) -> int:
+        return await (await self._start()).end_offset(partition)
+
+    async def start_offset(self, partition: int) -> int:
+        return await (await self._start()).start_offset(partition)
 
 
 class WorkerState:
@@ -22,16 +44,15 @@ class WorkerState:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.security = kafka_security_options(settings)
-        self.changelog = KafkaChangelog(
-            settings.kafka_bootstrap, settings.changelog_topic, security=self.security
-        )
+        self._changelog: KafkaChangelog | None = None
         folder = Path(settings.data_dir) / settings.app_id / "state"
-        self.tables = CheckpointedTables(folder, self.changelog, self.identity, self.input_start)
-        self._started = False
+        self.tables = CheckpointedTables(
+            folder, StartedChangelog(self.start), self.identity, self.input_start
+        )
 
-    async def start(self) -> None:
-        if self._started:
-            return
+    async def start(self) -> KafkaChangelog:
+        if self._changelog is not None:
+            return self._changelog
         settings = self.settings
         await ensure_changelog_topic(
             settings.kafka_bootstrap,
@@ -41,13 +62,15 @@ class WorkerState:
             settings.topic_replication_factor,
             security=self.security,
         )
-        await self.changelog.start()
-        self._started = True
+        changelog = KafkaChangelog(settings.kafka_bootstrap, settings.changelog_topic, security=self.security)
+        await changelog.start()
+        self._changelog = changelog
+        return changelog
 
     async def stop(self) -> None:
-        if self._started:
-            self._started = False
-            await self.changelog.stop()
+        changelog, self._changelog = self._changelog, None
+        if changelog is not None:
+            await changelog.stop()
         self.tables.close()
 
     async def identity(self) -> InputIdentity:
@@ -59,5 +82,5 @@ class WorkerState:
 
     async def input_start(self, partition: int) -> int:
         """mailbox-tail's log start for the partition."""
-        await self.start()
-        return await self.changelog.topic_start_offset(self.settings.topic_mailbox_tail, partition)
+        changelog = await self.start()
+        return await changelog.topic_start_offset(self.settings.topic_mailbox_tail, partition)

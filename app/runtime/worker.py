@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol
 
 import faust
@@ -95,7 +95,9 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
 
     app.before_consumer_stop.append(gc_summary)
 
-    on_rebalance = RebalanceCompletion(app, intake, core, state, settings, gc_policy, gc_monitor)
+    on_rebalance = RebalanceCompletion(
+        app, intake, core, tables, state.input_start, settings, gc_policy, gc_monitor
+    )
 
     @app.on_rebalance_complete.connect  # type: ignore[arg-type]  # mode's signal stubs want sync
     async def on_rebalance_complete(sender: Any, **_: Any) -> None:
