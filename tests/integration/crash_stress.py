@@ -72,6 +72,10 @@ class CrashReport:
     local_partitions_checked: int = 0
     frames: int = 0
     frame_users_equal: int = 0  # users whose folded frames equal replay's rows
+    # The end state against the independent model of DESIGN.md (tests/property/model.py), not
+    # only against `projector replay` (the product's own core): "" when equal, else the first
+    # difference.
+    model_difference: str = ""
     frame_users_gap: int = 0  # users whose frames signalled a gap (the client re-pulls)
     frame_users_wrong: int = 0  # users whose folded frames differ with no gap signalled
     elapsed_s: float = 0.0
@@ -81,7 +85,9 @@ class CrashReport:
         return (
             f"{self.kills} kills ({self.data_lost} with the data dir lost), {self.records} records, "
             f"{self.users} users, {self.rows} rows: {self.mismatched_rows} rows and "
-            f"{self.mismatched_badges} badges differ from replay; {self.gaps_refused} refused "
+            f"{self.mismatched_badges} badges differ from replay; model "
+            f"{'equal' if not self.model_difference else 'DIFFERS: ' + self.model_difference}; "
+            f"{self.gaps_refused} refused "
             f"batches read again; {self.local_table_differences} local table records differ from "
             f"their changelog ({self.local_partitions_checked} owned partitions checked); "
             f"{self.elapsed_s:.0f} s"
@@ -215,6 +221,7 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
         differing_badges = _differences(badges, badges_expected, ("user_id",))
         report.mismatched_rows, report.mismatched_badges = len(differing_rows), len(differing_badges)
         report.lost_unread, report.double_counted = unread_drift(rows, rows_expected)
+        report.model_difference = _against_model(stream, lanes, stack.settings.include_muted, rows, badges)
         if differing_rows or differing_badges:
             users = {int(k[0]) for k in (*differing_rows, *differing_badges)}
             _print_partition_history(stack, plan.workers, users)
@@ -232,6 +239,25 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
     if plan.check_frames:
         await _check_frames(stack, report, versions, rows_expected, plan.catch_up_s)
     return report
+
+
+def _against_model(
+    stream: Path, lanes: int, include_muted: bool, rows: list[dict[str, Any]], badges: list[dict[str, Any]]
+) -> str:
+    """The store's rows and badges against tests/property/model.py on the exact stream."""
+    from types import SimpleNamespace
+
+    from tests.property.invariants import badges_equal_model, rows_equal_model
+    from tests.property.model import run_model
+
+    model = run_model(stream.read_bytes().splitlines(), lanes, include_muted)
+    state = SimpleNamespace(projections=rows, badges=badges)
+    try:
+        rows_equal_model(state, model)
+        badges_equal_model(state, model)
+    except AssertionError as exc:
+        return str(exc)[:500]
+    return ""
 
 
 def owned_partitions(log_text: str) -> set[int]:
