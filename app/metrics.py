@@ -79,10 +79,15 @@ WORKER_METRICS: Final = (
     "projector_intake_gaps_refused_total",
     "projector_intake_records_skipped_total",
     "projector_intake_hole_offsets_total",
-    # The tables' local-store guard (tables/state.py, issue 11): changelog records faust offered
-    # out of order, or cleared unapplied.
-    "projector_changelog_records_refused_total",
-    "projector_changelog_queue_clears_total",
+    # The checkpointed state (tables/durable, issue 31).
+    "projector_state_persists_total",
+    "projector_state_persist_failures_total",
+    "projector_state_claims_total",
+    "projector_state_claims_lost_total",
+    "projector_state_local_rebuilds_total",
+    "projector_standby_records_applied_total",
+    "projector_retention_overruns_total",
+    "projector_retention_lost_offsets_total",
     # Per-partition figures of the operator console's fleet view (issue 17).
     "projector_watermark_hi",
     "projector_watermark_lane",
@@ -182,12 +187,15 @@ class _Seen:
         return total - before if total >= before else total
 
 
-class LocalStoreCounts(Protocol):
-    """What the worker's metrics read from the guard of its tables' local stores
-    (tables/state.LocalStoreGuard)."""
+class DurableCounts(Protocol):
+    """What the worker's metrics read from its checkpointed tables (tables/durable/tables.py)."""
 
-    dropped: int
-    holes_seen: int
+    persists: int
+    persist_failures: int
+    claims: int
+    claims_lost: int
+    rebuilds: int
+    standby_records: int
 
 
 class WorkerMetrics:
@@ -316,21 +324,45 @@ class WorkerMetrics:
             "compacted or expired records)",
             registry=r,
         )
-        # The local stores' guard (tables/state.py): both are handled (nothing is lost), and
-        # counted so an operator sees how often faust's recovery needed it.
-        self.changelog_records_refused = Counter(
-            "projector_changelog_records_refused",
-            "Changelog records faust's applier offered from below this worker's own latest commit "
-            "to their partition (older values): not applied to the local store",
+        # The checkpointed state (tables/durable): persists (one changelog append each),
+        # claims of partitions, local stores rebuilt, standby copies, retention overruns.
+        self.state_persists = Counter(
+            "projector_state_persists",
+            "Persists of partition state (one checkpointed append each)",
             registry=r,
         )
-        self.changelog_queue_clears = Counter(
-            "projector_changelog_queue_clears",
-            "Changelog records faust cleared from its queue unapplied (one per table and partition "
-            "and clear): the partition's local store reads them again at its next recovery",
+        self.state_persist_failures = Counter(
+            "projector_state_persist_failures",
+            "Persists that failed (the partition is claimed again before its next persist)",
             registry=r,
         )
-        self._local_stores: LocalStoreCounts | None = None
+        self.state_claims = Counter("projector_state_claims", "Partitions claimed (a new epoch)", registry=r)
+        self.state_claims_lost = Counter(
+            "projector_state_claims_lost",
+            "Claims refused because another writer's checkpoint came first",
+            registry=r,
+        )
+        self.state_local_rebuilds = Counter(
+            "projector_state_local_rebuilds",
+            "Local stores wiped and rebuilt from the changelog (lost, damaged or behind its start)",
+            registry=r,
+        )
+        self.standby_records_applied = Counter(
+            "projector_standby_records_applied",
+            "Changelog records applied to standby copies",
+            registry=r,
+        )
+        self.retention_overruns = Counter(
+            "projector_retention_overruns",
+            "Partitions whose mailbox-tail log start was past their checkpoint (entries deleted unread)",
+            registry=r,
+        )
+        self.retention_lost_offsets = Counter(
+            "projector_retention_lost_offsets",
+            "mailbox-tail offsets deleted before the worker applied them",
+            registry=r,
+        )
+        self._durable: DurableCounts | None = None
         add_process_metrics(r)
         # Per partition, for the operator console's fleet view: the gate (hi and each lane's
         # last marker), what waits above it, and rows still owing Cassandra mirror writes.
@@ -420,18 +452,24 @@ class WorkerMetrics:
         self.flush_latency.observe(seconds)
         self.last_flush.set(time.time())
 
-    def watch_local_stores(self, guard: LocalStoreCounts) -> None:
-        """Count what the tables' local-store guard refuses and notes (`sync` reads it)."""
-        self._local_stores = guard
+    def watch_durable(self, counts: DurableCounts) -> None:
+        """Count the checkpointed tables' persists, claims and rebuilds (`sync` reads them)."""
+        self._durable = counts
 
     def sync(self, core: WorkerCore) -> None:
         """Pull the core's totals and gauges into the metrics (cheap: a few dict reads)."""
         stats = core.stats
         seen = self._seen
-        guard = self._local_stores
-        if guard is not None:
-            self.changelog_records_refused.inc(seen.delta("changelog_refused", guard.dropped))
-            self.changelog_queue_clears.inc(seen.delta("changelog_clears", guard.holes_seen))
+        durable = self._durable
+        if durable is not None:
+            self.state_persists.inc(seen.delta("state_persists", durable.persists))
+            self.state_persist_failures.inc(seen.delta("state_persist_failures", durable.persist_failures))
+            self.state_claims.inc(seen.delta("state_claims", durable.claims))
+            self.state_claims_lost.inc(seen.delta("state_claims_lost", durable.claims_lost))
+            self.state_local_rebuilds.inc(seen.delta("state_rebuilds", durable.rebuilds))
+            self.standby_records_applied.inc(seen.delta("standby_records", durable.standby_records))
+        self.retention_overruns.inc(seen.delta("retention_overruns", stats.retention_overruns))
+        self.retention_lost_offsets.inc(seen.delta("retention_lost", stats.retention_lost_offsets))
         self.entries_in.inc(seen.delta("entries", stats.entries))
         self.entries_applied.inc(seen.delta("applied", stats.applied))
         self.entries_duplicate.inc(seen.delta("duplicates", stats.duplicates))

@@ -136,13 +136,15 @@ class Settings:
     # source topic always agree (faust's co-partitioning requirement).
     topic_partitions: int = bounded(4, 1)
     topic_replication_factor: int = bounded(1, 1)
-    # Workers that keep a standby copy of each partition's tables (faust's standby replicas).
-    # 0 by default: a partition that moves is read from its changelogs by the new owner's
-    # table recovery before it applies anything. faust's standby reading runs beside the
-    # rebalances and clears its changelog queue at several points of each; in the crash runs a
-    # standby copy promoted to a partition's state twice lacked records its changelog held
-    # (README "Failover": what 1 costs and buys).
-    table_standby_replicas: int = bounded(0, 0, 8)
+    # Standby copies of the state (tables/durable): 1 (default) keeps a warm local copy of every
+    # partition this worker does not own, tailing its changelog with the recovery's own reader, so
+    # a partition that moves here is claimed after reading only what it lacks. 0: none (a new
+    # owner reads the partition's changelog from its local store's position, or all of it).
+    table_standby_replicas: int = bounded(1, 0, 8)
+    # The state changelog topic ({app_id}-state-changelog) never drops a superseded record younger
+    # than this (docs/durability.md "Compaction"): above the longest a partition stays unowned or
+    # a standby lags.
+    changelog_min_compaction_lag_ms: int = bounded(86_400_000, 60_000)
 
     # --- processing (docs/contract.md §2-§3) ----------------------------------------------------------
     lanes: int = bounded(1, 1)
@@ -431,6 +433,11 @@ class Settings:
             for f in dataclasses.fields(cls)
             if f.name.startswith("topic_") and f.type in (str, "str")
         }
+
+    @property
+    def changelog_topic(self) -> str:
+        """The worker state's changelog topic: one partition per mailbox-tail partition."""
+        return f"{self.app_id}-state-changelog"
 
     @property
     def topics(self) -> tuple[str, ...]:

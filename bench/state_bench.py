@@ -108,7 +108,6 @@ def conversation_of(u: int, slot: int, users: int, group: int) -> int:
 def rocks_options() -> Any:
     """The worker's RocksDB options (faust's RocksDBOptions with what tables/state.py passes)."""
     from faust.stores.rocksdb import RocksDBOptions
-
     from tables.state import ROCKSDB_OPTIONS
 
     return RocksDBOptions(use_rocksdict=True, **ROCKSDB_OPTIONS).as_options()

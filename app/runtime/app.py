@@ -22,13 +22,11 @@ def new_faust_app(settings: Settings) -> ProjectorApp:
         settings.app_id,
         broker=f"kafka://{settings.kafka_bootstrap}",
         broker_credentials=faust_credentials(settings),  # SASL/TLS (app/connections.py)
-        store="rocksdb://",
         # One folder per app id: a store left by another app (or by deleted topics) must never
-        # be mistaken for this app's state.
+        # be mistaken for this app's state. faust keeps no tables in it (tables/durable does).
         datadir=datadir,
         topic_partitions=settings.topic_partitions,
         topic_replication_factor=settings.topic_replication_factor,
-        table_standby_replicas=settings.table_standby_replicas,
         topic_disable_leader=True,
         key_serializer="raw",
         value_serializer="raw",

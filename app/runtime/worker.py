@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol
 
 import faust
@@ -27,20 +27,27 @@ from app.runtime.app import COMMIT_INTERVAL_S, new_faust_app
 from app.runtime.gc_tuning import GcMonitor, GcPolicy
 from app.runtime.health import CHECK_BUDGET_S, worker_readiness
 from app.runtime.outbox import KafkaOutbox
+from app.runtime.state import WorkerState
 from app.runtime.web import start_metrics_server
 from app.settings import Settings
 from app.worker.arrivals import MissingLog
 from app.worker.audit import AuditConfig, audit_tick
 from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms
+from app.worker.ports import StateTables
 from app.worker.restore import ProjectionRestorer, RestoreConfig
 from app.worker.retry import Backoff
-from tables.state import FaustStateTables, declare_tables
+from tables.durable.identity import InputMismatch
+from tables.durable.tables import owned_elsewhere
 
 log = logging.getLogger("projector.worker")
 
 # The flush scheduler wakes at the next window's end, and at least this often (persists of
 # partitions that flush nothing, a memory bound reached between batches).
 MAX_FLUSH_SLEEP_S = 0.5
+# Standby copies read their changelogs this often.
+STANDBY_TAIL_S = 0.5
+# Exit code of a worker whose checkpoint names another input (tables/durable/identity.py).
+INPUT_MISMATCH_EXIT = 3
 
 
 def run_worker(settings: Settings, worker_options: dict[str, Any]) -> None:
@@ -65,11 +72,11 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
         internal=False,
     )
     sender = BatchSender(lambda: app.producer._ensure_producer())  # type: ignore[attr-defined]  # aiokafka driver
-    tables = FaustStateTables(declare_tables(app, settings.topic_partitions), sender)
-    app.track_recoveries()
+    state = WorkerState(settings)
+    tables = state.tables
     metrics = WorkerMetrics() if settings.worker_metrics_port > 0 else None
     if metrics is not None:
-        metrics.watch_local_stores(tables.guard)
+        metrics.watch_durable(tables.stats)
     core = build_core(settings, tables, KafkaOutbox(sender, settings), metrics)
 
     intake = MailboxIntake(app, core, settings.topic_mailbox_tail)
@@ -89,7 +96,7 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
     app.before_consumer_stop.append(gc_summary)
 
     on_rebalance = RebalanceCompletion(
-        app, intake, tables, settings.topic_mailbox_tail, gc_policy, gc_monitor
+        app, intake, core, tables, state.input_start, settings, gc_policy, gc_monitor
     )
 
     @app.on_rebalance_complete.connect  # type: ignore[arg-type]  # mode's signal stubs want sync
@@ -153,6 +160,21 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
             if metrics is not None:
                 metrics.sync(core)
 
+    @app.task  # type: ignore[untyped-decorator]  # faust's decorator is untyped
+    async def standby_copies() -> None:
+        """Tails the changelog of every standby partition with the recovery's reader."""
+        while True:
+            await asyncio.sleep(STANDBY_TAIL_S)
+            try:
+                await tables.tail_standbys()
+            except Exception as exc:  # the changelog away: the copies catch up later
+                log.warning("standby copies: catching up failed (%s: %s)", type(exc).__name__, exc)
+
+    async def stop_state() -> None:
+        await state.stop()
+
+    app.before_consumer_stop.append(stop_state)
+
     @app.timer(interval=COMMIT_INTERVAL_S)  # type: ignore[untyped-decorator]  # same
     async def commit_timer() -> None:
         await intake.check_fetched()
@@ -184,65 +206,76 @@ class AssignedActives(Protocol):
     def assigned_actives(self) -> Iterable[Any]: ...  # faust TPs: .topic, .partition
 
 
-class RecoveringApp(Protocol):
-    """What a rebalance's completion reads from the faust app (agents/batch_intake.ProjectorApp)."""
-
-    @property
-    def recovery_is_current(self) -> bool: ...
-
+class AssigningApp(Protocol):
     @property
     def assignor(self) -> AssignedActives: ...
-
-    recovering_generation: int | None
-    consumer_generation_id: int
-    revoked_generation: int | None
 
 
 class PartitionIntake(Protocol):
     async def assign(self, partitions: Sequence[int]) -> None: ...
 
 
-class RecoveredTables(Protocol):
-    def recovered(self, partitions: Collection[int]) -> None: ...
+class PlacedCore(Protocol):
+    def expected_offset(self, partition: int) -> int | None: ...
+
+    def retention_overrun(self, partition: int, log_start: int) -> None: ...
+
+
+class StandbyTables(Protocol):
+    def keep_standbys(self, partitions: Collection[int]) -> None: ...
 
 
 class RebalanceCompletion:
-    """faust's `on_rebalance_complete`: the mailbox partitions assigned to this worker (active,
-    not standby) are restored by the intake, their tables told they were recovered, and what
-    the restore read moved out of the collector's reach. Nothing happens for a superseded
-    recovery (`ProjectorApp.recovery_is_current`): the current one completes later."""
+    """faust's `on_rebalance_complete`: the mailbox partitions assigned to this worker are
+    claimed and restored by the intake (tables/durable: caught up with their changelog, checked
+    against the live input, claimed), a retention overrun is handled, the standby copies follow
+    every other partition, and what the restore read moves out of the collector's reach.
+
+    A checkpoint of another input (`InputMismatch`) ends the worker: one line, exit code 3."""
 
     def __init__(
         self,
-        app: RecoveringApp,
+        app: AssigningApp,
         intake: PartitionIntake,
-        tables: RecoveredTables,
-        topic: str,
+        core: PlacedCore,
+        tables: StandbyTables,
+        input_start: Callable[[int], Awaitable[int]],
+        settings: Settings,
         gc_policy: GcPolicy,
         gc_monitor: GcMonitor,
+        exit_process: Callable[[int], None] = os._exit,
     ) -> None:
         self.app = app
         self.intake = intake
+        self.core = core
         self.tables = tables
-        self.topic = topic
+        self.input_start = input_start
+        self.topic = settings.topic_mailbox_tail
+        self.partitions = settings.topic_partitions
+        self.standbys = settings.table_standby_replicas > 0
         self.gc_policy = gc_policy
         self.gc_monitor = gc_monitor
+        self.exit_process = exit_process
 
-    async def __call__(self) -> list[int] | None:
-        """The partitions restored (None: a superseded recovery, nothing done)."""
-        app = self.app
-        if not app.recovery_is_current:
-            log.info(
-                "a superseded table recovery completed (generation %s; the consumer's is %s, "
-                "revoked %s): the partitions are restored when the current one completes",
-                app.recovering_generation,
-                app.consumer_generation_id,
-                app.revoked_generation,
-            )
-            return None
-        assigned = [tp.partition for tp in app.assignor.assigned_actives() if tp.topic == self.topic]
-        await self.intake.assign(assigned)
-        self.tables.recovered(assigned)
+    async def __call__(self) -> list[int]:
+        """The partitions restored."""
+        actives = self.app.assignor.assigned_actives()
+        assigned = sorted(tp.partition for tp in actives if tp.topic == self.topic)
+        try:
+            await self.intake.assign(assigned)
+        except InputMismatch as exc:
+            log.critical("%s", exc)
+            logging.shutdown()
+            self.exit_process(INPUT_MISMATCH_EXIT)
+            return []
+        for partition in assigned:
+            expected = self.core.expected_offset(partition)
+            if expected is None:
+                continue
+            log_start = await self.input_start(partition)
+            if log_start > expected:
+                self.core.retention_overrun(partition, log_start)
+        self.tables.keep_standbys(owned_elsewhere(self.partitions, assigned) if self.standbys else ())
         # What the restore read is long-lived: out of the collector's reach from now on.
         self.gc_policy.settle("assignment")
         self.gc_monitor.install()
@@ -250,7 +283,7 @@ class RebalanceCompletion:
 
 
 def build_core(
-    settings: Settings, tables: FaustStateTables, outbox: KafkaOutbox, metrics: WorkerMetrics | None = None
+    settings: Settings, tables: StateTables, outbox: KafkaOutbox, metrics: WorkerMetrics | None = None
 ) -> WorkerCore:
     from app.stores.cassandra_messages import CassandraMessageStore
     from app.stores.cassandra_session import open_cluster

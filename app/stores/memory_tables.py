@@ -1,19 +1,17 @@
 """The worker's `StateTables` port in dicts: what a rebuild by replay runs on (never a changelog),
-and the in-memory twin of the faust tables in tests; one contract suite runs against both.
+and the in-memory twin of the checkpointed tables (tables/durable) in tests; one contract suite
+runs against every implementation.
 
-Writes become visible at `commit`, as with the faust tables (which write their local store once
-the changelog has the records)."""
+Writes become visible at `commit`, all of a commit's or none (as a checkpointed persist: a torn
+append is discarded by its missing checkpoint)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 
 from app.worker.ports import (
-    COMMIT_STEPS,
-    GATE_INTENT_KEY,
     GATE_KEY,
-    commit_step,
     parse_row_key,
     pending_key,
     row_key,
@@ -36,6 +34,9 @@ class MemoryTables:
     def _table(self, partition: int, name: str) -> dict[bytes, bytes]:
         return self.data.setdefault(partition, {}).setdefault(name, {})
 
+    async def acquire(self, partitions: Sequence[int]) -> None:
+        """Nothing else writes these dicts: nothing to claim."""
+
     def hand_over(self, partition: int) -> None:
         """Nothing else writes this store: a hand-over needs no bookkeeping."""
 
@@ -45,11 +46,9 @@ class MemoryTables:
     def put_user(self, partition: int, user_id: int, blob: bytes) -> None:
         self._staged.append((partition, "users", user_key(user_id), blob))
 
-    def put_gate(self, partition: int, blob: bytes) -> None:
+    def put_gate(self, partition: int, blob: bytes, next_offset: int | None = None) -> None:
+        # The gate record carries the offset itself (the core writes both).
         self._staged.append((partition, "gates", GATE_KEY, blob))
-
-    def put_gate_intent(self, partition: int, blob: bytes) -> None:
-        self._staged.append((partition, "gates", GATE_INTENT_KEY, blob))
 
     def put_pending(self, partition: int, user_id: int, mailbox_seq: int, raw: bytes) -> None:
         self._staged.append((partition, "pending", pending_key(user_id, mailbox_seq), raw))
@@ -58,33 +57,24 @@ class MemoryTables:
         self._staged.append((partition, "pending", pending_key(user_id, mailbox_seq), None))
 
     def tear_next_commit(self, rnd: random.Random) -> None:
-        """Tests: the next commit dies part way, as a worker killed while the broker acknowledges
-        a persist's records: the steps before the one it dies in are delivered, that step's
-        records delivered or not each (they go to several changelog partitions), nothing after;
-        then it raises `TornCommit`."""
+        """Tests: the next commit dies, as a worker killed while the changelog acknowledges a
+        persist: each partition's writes landed whole or not at all (a torn append has no
+        checkpoint, so no reader applies it), then it raises `TornCommit`."""
         self._tear = rnd
 
-    def take_steps(self) -> list[list[tuple[int, str, bytes, bytes | None]]]:
-        """What is staged, taken: the last write of each key, in the faust tables' delivery steps
-        (`StateTables.commit`)."""
+    def take(self) -> list[tuple[int, str, bytes, bytes | None]]:
+        """What is staged, taken: the last write of each key."""
         staged, self._staged = self._staged, []
-        steps: list[list[tuple[int, str, bytes, bytes | None]]] = [[] for _ in range(COMMIT_STEPS)]
-        last = {(item[0], item[1], item[2]): item for item in staged}  # the last write wins
-        for item in last.values():
-            steps[commit_step(item[1], item[2], item[3])].append(item)
-        return steps
+        return list({(item[0], item[1], item[2]): item for item in staged}.values())
 
     async def commit(self) -> None:
-        steps = self.take_steps()
+        staged = self.take()
         rnd, self._tear = self._tear, None
         if rnd is not None:
-            dies_in = rnd.randrange(len(steps))
-            for step in steps[:dies_in]:
-                self._write(step)
-            self._write([s for s in steps[dies_in] if rnd.random() < 0.5])
-            raise TornCommit(f"commit died in step {dies_in + 1} of {len(steps)}")
-        for step in steps:
-            self._write(step)
+            landed = {p for p in sorted({item[0] for item in staged}) if rnd.random() < 0.5}
+            self._write([item for item in staged if item[0] in landed])
+            raise TornCommit(f"commit died: partitions {sorted(landed)} landed, the others did not")
+        self._write(staged)
 
     def _write(self, staged: list[tuple[int, str, bytes, bytes | None]]) -> None:
         for partition, name, key, value in staged:
@@ -116,9 +106,6 @@ class MemoryTables:
 
     def gate(self, partition: int) -> bytes | None:
         return self._table(partition, "gates").get(GATE_KEY)
-
-    def gate_intent(self, partition: int) -> bytes | None:
-        return self._table(partition, "gates").get(GATE_INTENT_KEY)
 
     def pending(self, partition: int) -> list[bytes]:
         table = self._table(partition, "pending")

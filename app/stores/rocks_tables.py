@@ -8,13 +8,13 @@ faust tables (app/worker/ports.py), writes staged until `commit` (one write batc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
 
-from app.worker.ports import GATE_INTENT_KEY, GATE_KEY, parse_row_key, pending_key, row_key, user_key
+from app.worker.ports import GATE_KEY, parse_row_key, pending_key, row_key, user_key
 
 _ROW_KEY_BYTES = 24
 # The memtable of each database (RocksDB's default is 64 MiB, and one more fills while one is
@@ -60,6 +60,9 @@ class RocksTables:
             db = self._dbs[(table, partition)] = Rdict(str(self.folder / f"{table}-{partition}"), options)
         return db
 
+    async def acquire(self, partitions: Sequence[int]) -> None:
+        """One run owns every partition of its folder: nothing to claim."""
+
     def hand_over(self, partition: int) -> None:
         """Nothing else writes this store: a hand-over needs no bookkeeping."""
 
@@ -69,11 +72,9 @@ class RocksTables:
     def put_user(self, partition: int, user_id: int, blob: bytes) -> None:
         self._staged.append(("users", partition, user_key(user_id), blob))
 
-    def put_gate(self, partition: int, blob: bytes) -> None:
+    def put_gate(self, partition: int, blob: bytes, next_offset: int | None = None) -> None:
+        # The gate record carries the offset itself (the core writes both).
         self._staged.append(("gates", partition, GATE_KEY, blob))
-
-    def put_gate_intent(self, partition: int, blob: bytes) -> None:
-        self._staged.append(("gates", partition, GATE_INTENT_KEY, blob))
 
     def put_pending(self, partition: int, user_id: int, mailbox_seq: int, raw: bytes) -> None:
         self._staged.append(("pending", partition, pending_key(user_id, mailbox_seq), raw))
@@ -82,6 +83,8 @@ class RocksTables:
         self._staged.append(("pending", partition, pending_key(user_id, mailbox_seq), None))
 
     async def commit(self) -> None:
+        # One write batch per database: not atomic across them, and need not be (the folder is
+        # one run's scratch space, never recovered after a crash).
         self.commit_now()
 
     def commit_now(self) -> None:
@@ -129,10 +132,6 @@ class RocksTables:
 
     def gate(self, partition: int) -> bytes | None:
         value: bytes | None = self._db("gates", partition).get(GATE_KEY)
-        return value
-
-    def gate_intent(self, partition: int) -> bytes | None:
-        value: bytes | None = self._db("gates", partition).get(GATE_INTENT_KEY)
         return value
 
     def pending(self, partition: int) -> list[bytes]:

@@ -66,7 +66,7 @@ _FLUSHED_KEY = "flushed_seq"
 # (restored at once, flushed again within a window), and the rows whose record owes Cassandra
 # writes (staged again at once). Both are small: what the last window touched.
 _UNFLUSHED_KEY = "unflushed"
-_PERSISTS_KEY = "persists"  # the gate's (and its intent's) persist number
+_PERSISTS_KEY = "persists"  # the gate's persist number
 _OWING_KEY = "owing"
 
 
@@ -102,6 +102,10 @@ class WorkerStats(ProcessingStats):
     intake_gaps_refused: int = 0
     intake_records_skipped: int = 0
     intake_hole_offsets: int = 0
+    # mailbox-tail's log start found past a partition's checkpoint (entries deleted unread: the
+    # retention overran the worker), and the offsets lost so.
+    retention_overruns: int = 0
+    retention_lost_offsets: int = 0
     # Projection-store writes that raised while a store backoff was set (the flush stayed queued).
     store_write_failures: int = 0
     last_flush_ms: float = 0.0
@@ -137,7 +141,7 @@ class PartitionState:
         self.owing_persisted: set[tuple[int, str]] = set()
         # The users the gate record lists as having work no flush carried (see _write_tables).
         self.unflushed: list[int] = []
-        # Persists of this partition so far (kept in the gate): numbers the gate and its intent.
+        # Persists of this partition so far (kept in the gate).
         self.persists = 0
         # Flushes the processor produced and nobody published yet, in the order produced: a
         # user's versions must reach the store and the frames in order.
@@ -323,14 +327,7 @@ class WorkerCore:
         raw_gate = tables.gate(partition)
         gate = msgspec.msgpack.decode(raw_gate) if raw_gate else None
         extras = gate or {}
-        # A persist that died between its data and its gate left the users and rows it made
-        # unflushed or owing listed in the intent only (see StateTables.commit).
-        raw_intent = tables.gate_intent(partition)
-        intent = msgspec.msgpack.decode(raw_intent) if raw_intent else {}
-        if intent.get(_PERSISTS_KEY, 0) <= extras.get(_PERSISTS_KEY, 0):
-            intent = {}  # its persist completed: the gate lists what is still owed
-        listed = (*extras.get(_UNFLUSHED_KEY, ()), *intent.get(_UNFLUSHED_KEY, ()))
-        unflushed = sorted({int(u) for u in listed})
+        unflushed = sorted({int(u) for u in extras.get(_UNFLUSHED_KEY, ())})
         processor = PartitionProcessor.restore_lazily(
             self.config.projector,
             self.message_store,
@@ -349,9 +346,7 @@ class WorkerCore:
         # persist writes its record as flushed (a second crash before that must find it again).
         state.unflushed = unflushed
         state.persists = int(extras.get(_PERSISTS_KEY, 0))
-        owing = sorted(
-            {(int(u), str(c)) for u, c in (*extras.get(_OWING_KEY, ()), *intent.get(_OWING_KEY, ()))}
-        )
+        owing = sorted({(int(u), str(c)) for u, c in extras.get(_OWING_KEY, ())})
         state.owing_persisted = set(owing)
         mirror = self.mirror
         for key, blob in tables.get_rows(partition, owing).items():
@@ -376,6 +371,9 @@ class WorkerCore:
         """After a rebalance (tables recovered): bring every assigned partition back now, so work
         that was applied but never flushed is flushed even if no new record arrives."""
         async with self._persist_lock:  # a commit of its own: never one that a persist staged
+            # Owned from here: each store caught up with its changelog and claimed (raises when
+            # its checkpoint names another input: the worker exits).
+            await self.tables.acquire(partitions)
             for partition in partitions:
                 self.partition(partition)
             await self.tables.commit()
@@ -589,6 +587,29 @@ class WorkerCore:
                 state.processor.arrivals.start_mid_stream()
             log.info("partition %d: starting at offset %d", partition, offset)
 
+    def retention_overrun(self, partition: int, log_start: int) -> None:
+        """mailbox-tail starts at `log_start`, past where the partition's state stands: the
+        entries between were deleted unread. Counted and said (an alert fires on the count); the
+        partition reads on from the log start, as nothing else can be read."""
+        state = self.partition(partition)
+        expected = state.next_offset
+        if expected is None or log_start <= expected:
+            return
+        self.stats.retention_overruns += 1
+        self.stats.retention_lost_offsets += log_start - expected
+        log.error(
+            "partition %d: mailbox-tail starts at offset %d, the checkpoint needs %d: %d entries "
+            "were deleted unread (retention overrun); reading on from %d",
+            partition,
+            log_start,
+            expected,
+            log_start - expected,
+            log_start,
+        )
+        state.next_offset = log_start
+        state.processor.changes.gate = True
+        state.processor.arrivals.start_mid_stream()
+
     def durable_offsets(self) -> dict[int, int]:
         """Per partition, the offset up to which every record's effect is in the changelog
         tables and that is not committed yet (see `offsets_committed`)."""
@@ -738,17 +759,6 @@ class WorkerCore:
             tables.put_user(partition, user_id, msgspec.msgpack.encode(record))
         if changes.gate or changes.users or unpublished or owing != state.owing_persisted:
             listed = sorted(unflushed)
-            if not unflushed.issubset(state.unflushed) or not owing.issubset(state.owing_persisted):
-                # The commit delivers this before the data and the gate after it: should the
-                # worker die in between, the restore finds here the users and rows the data
-                # left unflushed or owing that the gate it reads (the previous one) does not
-                # list. Both lists: a superset only costs a user flushed whole once more.
-                intent = {
-                    _PERSISTS_KEY: state.persists + 1,
-                    _UNFLUSHED_KEY: sorted(unflushed.union(state.unflushed)),
-                    _OWING_KEY: sorted(owing | state.owing_persisted),
-                }
-                tables.put_gate_intent(partition, msgspec.msgpack.encode(intent))
             gate = processor.gate_record()
             if state.next_offset is not None:
                 gate[_NEXT_OFFSET_KEY] = state.next_offset
@@ -757,7 +767,7 @@ class WorkerCore:
             gate[_UNFLUSHED_KEY] = state.unflushed = listed
             gate[_OWING_KEY] = sorted(owing)
             state.owing_persisted = set(owing)
-            tables.put_gate(partition, msgspec.msgpack.encode(gate))
+            tables.put_gate(partition, msgspec.msgpack.encode(gate), state.next_offset)
 
     # -- flushing -----------------------------------------------------------------------------
 

@@ -30,35 +30,6 @@ def raw_record(topic: str, partition: int, offset: int, key: bytes | None, value
 # bytes. A table holds one partition per RocksDB database (and changelog partition), so the key
 # needs no partition.
 GATE_KEY = b"gate"
-# Beside the gate, in the same table: what a restore must redo if a persist died after its data
-# records reached the changelog and before its gate record did (see StateTables.commit).
-GATE_INTENT_KEY = b"gate-intent"
-
-# The steps of `StateTables.commit`, each delivered before the next is sent. A worker can die
-# with any subset of a step's records delivered (they go to several changelog partitions), so:
-# 0. the gate intent: the users and rows this persist leaves unflushed or owing, for a restore
-#    that finds the data below without the gate that lists them;
-# 1. the rows and the entries that start waiting: a row ahead of its user is applied again on
-#    a re-read (the entry is above the user's version), which its seq sets make harmless;
-# 2. the users: a user's version says which entries are in; never ahead of its rows, or a
-#    re-read would skip an entry whose row lacks it;
-# 3. the waiting entries released (their effects are in the rows and users now) and the gate,
-#    whose next offset says every entry below it is in. The gate and the intent carry the
-#    persist's number: an intent no newer than the gate is stale (its persist completed) and
-#    is ignored (it would have a restore restage Cassandra writes already made).
-# Within one commit the last write of a key wins (applied before the steps are formed).
-COMMIT_STEPS = 4
-
-
-def commit_step(table: str, key: bytes, value: bytes | None) -> int:
-    """The step of `StateTables.commit` a record (table name, key, value) is delivered in."""
-    if table == "gates":
-        return 0 if key == GATE_INTENT_KEY else 3
-    if table == "users":
-        return 2
-    if table == "pending" and value is None:
-        return 3
-    return 1
 
 
 def user_key(user_id: int) -> bytes:
@@ -87,24 +58,26 @@ def parse_user_key(key: bytes) -> int:
 
 
 class StateTables(Protocol):
-    """The changelog-backed tables (RocksDB + Kafka changelog in production). Every call names
-    its partition: writes go to that partition's store and changelog partition, reads read it."""
+    """The worker's state tables (the checkpointed changelog in production: tables/durable).
+    Every call names its partition: writes go to that partition's store, reads read it."""
+
+    async def acquire(self, partitions: Sequence[int]) -> None:
+        """These partitions are this worker's from now on: their state is read up to date and
+        claimed (no other writer's persist is accepted after it). Before any read of them."""
+        ...
 
     def hand_over(self, partition: int) -> None:
         """The partition's last persist here is done (or it is dropped): another worker writes
-        it next. Until then the worker's commits are the only writes its local store takes
-        that are older than them (tables/state.WorkerTable)."""
+        it next."""
         ...
 
     def put_row(self, partition: int, user_id: int, conversation_id: str, blob: bytes) -> None: ...
 
     def put_user(self, partition: int, user_id: int, blob: bytes) -> None: ...
 
-    def put_gate(self, partition: int, blob: bytes) -> None: ...
-
-    def put_gate_intent(self, partition: int, blob: bytes) -> None:
-        """What the restore must redo should this persist stop between its data and its gate
-        (the users and rows it makes unflushed or owing): delivered before the data."""
+    def put_gate(self, partition: int, blob: bytes, next_offset: int | None = None) -> None:
+        """The partition's record (watermark lanes, flush bookkeeping) and the mailbox-tail offset
+        below which every entry is in this state (None: not placed yet)."""
         ...
 
     def put_pending(self, partition: int, user_id: int, mailbox_seq: int, raw: bytes) -> None: ...
@@ -112,13 +85,9 @@ class StateTables(Protocol):
     def delete_pending(self, partition: int, user_id: int, mailbox_seq: int) -> None: ...
 
     async def commit(self) -> None:
-        """End of a persist: every write since the last commit is in the changelog (delivered)
-        and in the local store. Reads see a write only once it is committed.
-
-        In steps, each delivered before the next is sent (`COMMIT_STEPS`, `commit_step`),
-        because the records of one persist go to several changelog partitions and a worker can
-        die with any subset of them delivered. So a gate is never ahead of the data it covers,
-        a user never ahead of its rows, and data ahead of its gate is found by the intent."""
+        """End of a persist: every write since the last commit is durable, and readable here.
+        Reads see a write only once it is committed. Atomic per partition: a commit that raises
+        left either all of a partition's writes durable or none of them."""
         ...
 
     def get_users(self, partition: int, user_ids: Collection[int]) -> dict[int, bytes]:
@@ -138,8 +107,6 @@ class StateTables(Protocol):
         ...
 
     def gate(self, partition: int) -> bytes | None: ...
-
-    def gate_intent(self, partition: int) -> bytes | None: ...
 
     def pending(self, partition: int) -> list[bytes]:
         """The waiting entries' raw records."""

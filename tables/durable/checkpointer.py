@@ -77,6 +77,11 @@ class Checkpointer:
     def claimed(self) -> bool:
         return self._next is not None
 
+    @property
+    def last(self) -> PersistId | None:
+        """The last persist this checkpointer wrote and saw accepted (its claim at first)."""
+        return self._last
+
     def note_torn(self, keys: frozenset[bytes] | set[bytes]) -> None:
         """Keys another writer's refused or torn records wrote after this owner's claim (a
         reader tailing the changelog finds them: `CaughtUp.torn_keys`): the next persist writes

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from io import BytesIO
 from typing import Any, ClassVar
 
@@ -60,10 +60,14 @@ class KafkaChangelog:
         max_batch_bytes: int = MAX_BATCH_BYTES,
         request_timeout_ms: int = 30_000,
         read_timeout_s: float = 10.0,
+        security: Mapping[str, Any] | None = None,
     ) -> None:
+        """`security`: aiokafka's security keyword arguments (app.connections.kafka_security_options)."""
         self.topic = topic
         self.read_timeout_s = read_timeout_s
+        extra = dict(security or {})
         self._producer = AIOKafkaProducer(
+            **extra,
             bootstrap_servers=bootstrap_servers,
             acks="all",
             enable_idempotence=True,
@@ -73,6 +77,7 @@ class KafkaChangelog:
             request_timeout_ms=request_timeout_ms,
         )
         self._consumer = AIOKafkaConsumer(
+            **extra,
             bootstrap_servers=bootstrap_servers,
             group_id=None,
             enable_auto_commit=False,
@@ -83,6 +88,9 @@ class KafkaChangelog:
         )
         self._assigned: set[int] = set()
         self._positions: dict[int, int] = {}  # where the consumer stands, per partition read
+        # One read at a time: reads of several partitions (an owner's claim, standby copies)
+        # share the consumer, and a new partition's assignment resets every position.
+        self._reading = asyncio.Lock()
 
     async def start(self) -> None:
         await self._producer.start()
@@ -126,11 +134,16 @@ class KafkaChangelog:
         if partition not in self._assigned:
             self._assigned.add(partition)
             self._consumer.assign([TopicPartition(self.topic, p) for p in sorted(self._assigned)])
+            self._positions.clear()  # a new assignment forgets every partition's position
         return tp
 
     async def read(self, partition: int, start: int, end: int) -> tuple[list[LoggedRecord], int]:
         if start >= end:
             return [], start
+        async with self._reading:
+            return await self._read(partition, start, end)
+
+    async def _read(self, partition: int, start: int, end: int) -> tuple[list[LoggedRecord], int]:
         tp = self._partition(partition)
         if self._positions.get(partition) != start:
             self._consumer.seek(tp, start)
@@ -155,7 +168,7 @@ class KafkaChangelog:
         return records, position
 
     async def end_offset(self, partition: int) -> int:
-        tp = self._partition(partition)
+        tp = TopicPartition(self.topic, partition)
         try:
             offsets = await self._consumer.end_offsets([tp])
         except KafkaError as exc:
@@ -165,6 +178,11 @@ class KafkaChangelog:
 
     async def start_offset(self, partition: int) -> int:
         return await log_start_offset(self._consumer, self.topic, partition)
+
+    async def topic_start_offset(self, topic: str, partition: int) -> int:
+        """The log start of another topic's partition (mailbox-tail's: where a partition with no
+        checkpoint starts, and the retention check)."""
+        return await log_start_offset(self._consumer, topic, partition)
 
 
 async def log_start_offset(consumer: AIOKafkaConsumer, topic: str, partition: int) -> int:
@@ -179,9 +197,14 @@ async def log_start_offset(consumer: AIOKafkaConsumer, topic: str, partition: in
 
 
 async def ensure_changelog_topic(
-    bootstrap_servers: str, topic: str, partitions: int, min_compaction_lag_ms: int, replication: int = 1
+    bootstrap_servers: str,
+    topic: str,
+    partitions: int,
+    min_compaction_lag_ms: int,
+    replication: int = 1,
+    security: Mapping[str, Any] | None = None,
 ) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    admin = AIOKafkaAdminClient(**dict(security or {}), bootstrap_servers=bootstrap_servers)
     await admin.start()
     try:
         if topic not in set(await admin.list_topics()):
@@ -286,9 +309,11 @@ class InputLookupFailed(Exception):
     """The input's identity could not be read (the topic is missing, the broker too old)."""
 
 
-async def input_identity(bootstrap_servers: str, topic: str) -> InputIdentity:
+async def input_identity(
+    bootstrap_servers: str, topic: str, security: Mapping[str, Any] | None = None
+) -> InputIdentity:
     """The cluster id, `topic`'s topic id (Kafka's base64 form) and partition count, live."""
-    client = AIOKafkaClient(bootstrap_servers=bootstrap_servers)
+    client = AIOKafkaClient(**dict(security or {}), bootstrap_servers=bootstrap_servers)
     await client.bootstrap()
     try:
         response: Any = await client.send(client.get_random_node(), _MetadataRequestV10([topic]))

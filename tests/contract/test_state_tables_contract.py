@@ -3,10 +3,10 @@
 - ``memory``: app/stores/memory_tables.MemoryTables (the rebuild's tables, the unit tests');
 - ``rocks``: app/stores/rocks_tables.RocksTables, plain RocksDB in a temporary folder (the state of a
   replay or rebuild that does not fit in memory; no changelog);
-- ``faust``: tables/state.FaustStateTables over the worker's real faust tables (the App built as
-  the worker builds it, app/runtime/app.py, with the RocksDB store in a temporary directory and
-  its changelog topics on the real Kafka; started so the table manager assigns, recovers and
-  opens every partition). Integration: `make test-fast` leaves it out.
+- ``durable``: tables/durable/tables.CheckpointedTables, the worker's (a RocksDB store per
+  partition in a temporary folder, checkpointed persists) over the in-memory changelog;
+- ``durable-kafka``: the same over `KafkaChangelog` on the real Kafka (integration: `make
+  test-fast` leaves it out).
 
 What the worker relies on: writes are staged and `commit` makes them visible, all at once; every
 call names its partition and a partition holds exactly what was committed to it; a key written
@@ -14,15 +14,13 @@ again holds the last value (in a commit and across commits), a deleted pending e
 the reads (multi-gets of users and rows, a user's rows by prefix, every row key in key order, the
 gate, the pending entries) return what exists and nothing else, whatever the ids (u64 user ids
 in numeric order, a user id whose bytes spell the store's own bookkeeping). With a changelog
-(faust): once `commit` returns the changelog has every write, and a store lost with its machine
-comes back from the changelog as it was.
+(durable): once `commit` returns the changelog's accepted chain (tests/support/durable.chain_states,
+the independent model) holds every write, and a store lost with its machine comes back from the
+changelog as it was.
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -32,12 +30,16 @@ import pytest
 from app.settings import Settings
 from app.stores.memory_tables import MemoryTables
 from app.stores.rocks_tables import RocksTables
-from app.worker.ports import GATE_KEY, StateTables, parse_row_key, parse_user_key
+from app.worker.ports import StateTables, parse_row_key, parse_user_key
+from tables.durable.changelog import Changelog, InMemoryChangelog
+from tables.durable.kafka import KafkaChangelog, ensure_changelog_topic
+from tables.durable.records import CHECKPOINT_KEY, Checkpoint, InputIdentity, decode
+from tables.durable.tables import CheckpointedTables
+from tests.support.durable import IDENTITY, chain_states
 
 pytestmark = pytest.mark.timeout(300)
 
 PARTITIONS = 2
-TABLE_NAMES = ("rows", "users", "gates", "pending")
 CONV_A = "0a0a0a0a-0000-4000-8000-00000000000a"
 CONV_B = "0b0b0b0b-0000-4000-8000-00000000000b"
 CONV_C = "ffffffff-0000-4000-8000-00000000000c"
@@ -45,9 +47,6 @@ BIG_USER = 2**64 - 1
 # A user id whose 8 key bytes are the start of faust's own bookkeeping key in every RocksDB
 # database ("__faust\0offset__", the persisted changelog offset): it must never read as state.
 FAUST_LOOKALIKE_USER = int.from_bytes(b"__faust\x00", "big")
-# Starting a worker's App (group join, assignment, table recovery) takes seconds; on a loaded
-# CI machine much longer. Generous: waiting on events, never on time.
-START_TIMEOUT_S = 180.0
 
 
 class Held(NamedTuple):
@@ -73,141 +72,100 @@ def held(tables: StateTables, partition: int, user_ids: list[int]) -> Held:
     )
 
 
-class FaustTables:
-    """The worker's faust App with only its tables, started in this event loop."""
-
-    def __init__(self, settings: Settings) -> None:
-        # Imported here: the memory runs must not need faust's import cost (or faust at all).
-        from app.kafka.batches import BatchSender
-        from app.runtime.app import new_faust_app
-        from tables.state import FaustStateTables, declare_tables
-
-        os.makedirs(os.path.join(settings.data_dir, settings.app_id), exist_ok=True)
-        self.settings = settings
-        self.app = new_faust_app(settings)
-        # faust creates the changelog topics as it starts, and its first assignment may be
-        # computed before the consumer's metadata has them ("Ignoring missing topic"): they are
-        # assigned at the next metadata refresh, 5 minutes later by default. Refresh every second
-        # here, so `start` sees the rebalance that brings them within its budget.
-        self.app.conf.consumer_metadata_max_age_ms = 1000
-        self.faust_tables = declare_tables(self.app, settings.topic_partitions)
-        # As the worker wires it (app/runtime/worker.create_app): the aiokafka producer, late-bound.
-        self.sender = BatchSender(lambda: self.app.producer._ensure_producer())  # type: ignore[attr-defined]
-        self.tables = FaustStateTables(self.faust_tables, self.sender)
-
-    def changelog_topics(self) -> dict[str, str]:
-        return {name: table.changelog_topic.get_topic_name() for name, table in self.faust_tables.items()}
-
-    async def start(self) -> None:
-        """Start the App and wait until it holds every partition of every table, recovered
-        from the changelog. The first assignment may cover less (a changelog topic faust has just
-        created missing from the metadata, a member of a previous run still leaving the group):
-        the consumer rebalances again until this member has them all."""
-        from faust.types import TP
-
-        wanted = {
-            TP(topic, partition)
-            for topic in self.changelog_topics().values()
-            for partition in range(self.settings.topic_partitions)
-        }
-        rebalanced = asyncio.Event()
-
-        @self.app.on_rebalance_complete.connect  # type: ignore[arg-type]  # mode's stubs want sync
-        async def on_rebalance_complete(sender: Any, **_: Any) -> None:
-            rebalanced.set()  # sent once the assigned partitions are recovered
-
-        async def all_assigned() -> None:
-            while True:
-                await rebalanced.wait()
-                rebalanced.clear()
-                if wanted <= self.app.assignor.assigned_actives():
-                    return
-
-        try:
-            await self.app.start()
-            await asyncio.wait_for(all_assigned(), START_TIMEOUT_S)
-            recovery = self.app.tables.recovery  # type: ignore[attr-defined]  # TableManager's
-            await asyncio.wait_for(recovery.completed.wait(), START_TIMEOUT_S)
-        except BaseException:
-            await self.stop()  # a started consumer thread would outlive the test's event loop
-            raise
-
-    async def stop(self) -> None:
-        await self.app.stop()
+async def _identity() -> InputIdentity:
+    return IDENTITY
 
 
-async def read_changelog(settings: Settings, topic: str, partition: int) -> dict[bytes, bytes]:
-    """The changelog partition compacted by hand: the latest value per key, tombstones removed
-    (what a recovery from it restores)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tp = TopicPartition(topic, partition)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
-        latest: dict[bytes, bytes | None] = {}
-        while await consumer.position(tp) < end:
-            fetched = await consumer.getmany(tp, timeout_ms=1000)
-            for record in fetched.get(tp, []):
-                latest[record.key] = record.value
-    finally:
-        await consumer.stop()
-    return {key: value for key, value in latest.items() if value is not None}
+async def _log_start(partition: int) -> int:
+    return 0
 
 
-async def changelog_view(faust_tables: FaustTables, partition: int) -> Held:
-    """What the changelog topics would restore for one partition."""
-    topics = faust_tables.changelog_topics()
-    log = {name: await read_changelog(faust_tables.settings, topics[name], partition) for name in TABLE_NAMES}
+async def durable_tables(folder: Path, changelog: Changelog) -> CheckpointedTables:
+    """The worker's tables on `changelog`, owning every partition (claimed)."""
+    made = CheckpointedTables(folder, changelog, _identity, _log_start)
+    await made.acquire(list(range(PARTITIONS)))
+    return made
+
+
+async def changelog_view(changelog: Changelog, partition: int) -> Held:
+    """What the changelog's accepted chain holds for one partition (the independent model)."""
+    start, end, records = 0, await changelog.end_offset(partition), []
+    while start < end:
+        batch, start = await changelog.read(partition, start, end)
+        records += batch
+    chain = chain_states(records)
+    state = chain[-1][2] if chain else {}
+    checkpoint = None
+    for record in records:
+        if record.key == CHECKPOINT_KEY and record.value is not None:
+            checkpoint = decode(record.key, record.value, record.headers)
+    gate = checkpoint.meta if isinstance(checkpoint, Checkpoint) and checkpoint.meta else None
     return Held(
-        {parse_row_key(key): value for key, value in log["rows"].items()},
-        {parse_user_key(key): value for key, value in log["users"].items()},
-        log["gates"].get(GATE_KEY),
-        sorted(log["pending"].values()),
+        {parse_row_key(k[1:]): v for k, v in state.items() if k[:1] == b"r"},
+        {parse_user_key(k[1:]): v for k, v in state.items() if k[:1] == b"u"},
+        gate,
+        sorted(v for k, v in state.items() if k[:1] == b"w"),
     )
 
 
 @pytest.fixture
-def faust_settings(servers: Settings, unique_name: Any, tmp_path: Path) -> Settings:
-    return dataclasses.replace(
-        servers,
-        app_id=unique_name("tables"),
-        data_dir=str(tmp_path / "worker"),
-        topic_partitions=PARTITIONS,
-        worker_web_port=0,
-    )
-
-
-@pytest.fixture
-async def started_faust(faust_settings: Settings, topics_to_delete: list[str]) -> AsyncIterator[FaustTables]:
-    made = FaustTables(faust_settings)
-    topics_to_delete.extend(made.changelog_topics().values())  # faust declares them on start
-    await made.start()  # stops itself if it cannot start
-    yield made
-    await made.stop()
+async def kafka_changelog(
+    servers: Settings, unique_name: Any, topics_to_delete: list[str]
+) -> AsyncIterator[Changelog]:
+    topic = unique_name("state-changelog")
+    await ensure_changelog_topic(servers.kafka_bootstrap, topic, PARTITIONS, 86_400_000)
+    topics_to_delete.append(topic)
+    changelog = KafkaChangelog(servers.kafka_bootstrap, topic)
+    await changelog.start()
+    yield changelog
+    await changelog.stop()
 
 
 @pytest.fixture(
     params=[
         pytest.param("memory", id="memory"),
         pytest.param("rocks", id="rocks"),
-        pytest.param("faust", id="faust", marks=pytest.mark.integration),
+        pytest.param("durable", id="durable"),
+        pytest.param("durable-kafka", id="durable-kafka", marks=pytest.mark.integration),
     ]
 )
 def tables(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StateTables]:
-    if request.param == "faust":
+    if request.param.startswith("durable"):
         # Requested lazily so the other runs never touch (or need) the servers.
-        started: FaustTables = request.getfixturevalue("started_faust")
-        yield started.tables
+        changelog: Changelog = InMemoryChangelog()
+        if request.param == "durable-kafka":
+            changelog = request.getfixturevalue("kafka_changelog")
+        durable = OwnedAtFirstCommit(tmp_path / "state", changelog, _identity, _log_start)
+        yield durable
+        durable.close()
     elif request.param == "rocks":
         rocks = RocksTables(tmp_path / "state")
         yield rocks
         rocks.close()
     else:
         yield MemoryTables()
+
+
+class OwnedAtFirstCommit(CheckpointedTables):
+    """Claims every partition at its first commit (a sync fixture cannot await the claim)."""
+
+    async def commit(self) -> None:
+        if not self.owners:
+            await self.acquire(list(range(PARTITIONS)))
+        await super().commit()
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("memory", id="in-memory-changelog"),
+        pytest.param("kafka", id="kafka-changelog", marks=pytest.mark.integration),
+    ]
+)
+def changelog(request: pytest.FixtureRequest) -> Changelog:
+    if request.param == "kafka":
+        found: Changelog = request.getfixturevalue("kafka_changelog")
+        return found
+    return InMemoryChangelog()
 
 
 def write_some(tables: StateTables) -> None:
@@ -352,51 +310,51 @@ async def test_reads_show_only_what_was_written_after_commits_of_every_table(tab
     assert tables.gate(1) is None
 
 
-# -- with a changelog (faust) --------------------------------------------------------------------
+# -- with a changelog (durable) ------------------------------------------------------------------
 
 
-@pytest.mark.integration
-async def test_once_commit_returns_the_changelog_has_every_write(started_faust: FaustTables) -> None:
-    tables = started_faust.tables
-    write_some(tables)
-    for partition in range(PARTITIONS):  # staged: neither in the changelog nor in the store
-        assert await changelog_view(started_faust, partition) == EMPTY
-    await tables.commit()
-    for partition, expected in WRITTEN.items():
-        assert held(tables, partition, USERS) == expected
-        assert await changelog_view(started_faust, partition) == expected
-    # A delete goes as a tombstone; a value written again replaces the older one.
-    tables.delete_pending(0, 7, 11)
-    tables.put_row(0, 7, CONV_A, b"row 0/7/a v2")
-    await tables.commit()
-    assert await changelog_view(started_faust, 0) == held(tables, 0, USERS)
-    assert tables.pending(0) == [b"pending 0/7/12"]
-
-
-@pytest.mark.integration
-async def test_a_store_lost_with_its_machine_comes_back_from_the_changelog(
-    faust_settings: Settings, topics_to_delete: list[str], tmp_path: Path
+async def test_once_commit_returns_the_changelog_has_every_write(
+    changelog: Changelog, tmp_path: Path
 ) -> None:
-    first = FaustTables(faust_settings)
-    topics_to_delete.extend(first.changelog_topics().values())
-    await first.start()  # stops itself if it cannot start
+    tables = await durable_tables(tmp_path / "state", changelog)
     try:
-        tables = first.tables
         write_some(tables)
+        for partition in range(PARTITIONS):  # staged: neither in the changelog nor in the store
+            assert await changelog_view(changelog, partition) == EMPTY
+            assert held(tables, partition, USERS) == EMPTY
         await tables.commit()
+        for partition, expected in WRITTEN.items():
+            assert held(tables, partition, USERS) == expected
+            assert await changelog_view(changelog, partition) == expected
+        # A delete goes as a tombstone; a value written again replaces the older one.
         tables.delete_pending(0, 7, 11)
         tables.put_row(0, 7, CONV_A, b"row 0/7/a v2")
-        tables.put_gate(1, b"gate 1")
         await tables.commit()
-        before = {p: held(tables, p, USERS) for p in range(PARTITIONS)}
+        assert await changelog_view(changelog, 0) == held(tables, 0, USERS)
+        assert tables.pending(0) == [b"pending 0/7/12"]
+    finally:
+        tables.close()
+
+
+async def test_a_store_lost_with_its_machine_comes_back_from_the_changelog(
+    changelog: Changelog, tmp_path: Path
+) -> None:
+    first = await durable_tables(tmp_path / "first-machine", changelog)
+    try:
+        write_some(first)
+        await first.commit()
+        first.delete_pending(0, 7, 11)
+        first.put_row(0, 7, CONV_A, b"row 0/7/a v2")
+        first.put_gate(1, b"gate 1")
+        await first.commit()
+        before = {p: held(first, p, USERS) for p in range(PARTITIONS)}
         assert before[0].rows[(7, CONV_A)] == b"row 0/7/a v2" and before[1].gate == b"gate 1"
     finally:
-        await first.stop()
+        first.close()
 
-    # Another machine: same app, an empty data directory. Only the changelog can bring it back.
-    second = FaustTables(dataclasses.replace(faust_settings, data_dir=str(tmp_path / "other-machine")))
-    await second.start()
+    # Another machine: an empty data directory. Only the changelog can bring it back.
+    second = await durable_tables(tmp_path / "other-machine", changelog)
     try:
-        assert {p: held(second.tables, p, USERS) for p in range(PARTITIONS)} == before
+        assert {p: held(second, p, USERS) for p in range(PARTITIONS)} == before
     finally:
-        await second.stop()
+        second.close()

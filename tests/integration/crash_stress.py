@@ -72,6 +72,10 @@ class CrashReport:
     local_partitions_checked: int = 0
     frames: int = 0
     frame_users_equal: int = 0  # users whose folded frames equal replay's rows
+    # The end state against the independent model of DESIGN.md (tests/property/model.py), not
+    # only against `projector replay` (the product's own core): "" when equal, else the first
+    # difference.
+    model_difference: str = ""
     frame_users_gap: int = 0  # users whose frames signalled a gap (the client re-pulls)
     frame_users_wrong: int = 0  # users whose folded frames differ with no gap signalled
     elapsed_s: float = 0.0
@@ -81,7 +85,9 @@ class CrashReport:
         return (
             f"{self.kills} kills ({self.data_lost} with the data dir lost), {self.records} records, "
             f"{self.users} users, {self.rows} rows: {self.mismatched_rows} rows and "
-            f"{self.mismatched_badges} badges differ from replay; {self.gaps_refused} refused "
+            f"{self.mismatched_badges} badges differ from replay; model "
+            f"{'equal' if not self.model_difference else 'DIFFERS: ' + self.model_difference}; "
+            f"{self.gaps_refused} refused "
             f"batches read again; {self.local_table_differences} local table records differ from "
             f"their changelog ({self.local_partitions_checked} owned partitions checked); "
             f"{self.elapsed_s:.0f} s"
@@ -215,6 +221,7 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
         differing_badges = _differences(badges, badges_expected, ("user_id",))
         report.mismatched_rows, report.mismatched_badges = len(differing_rows), len(differing_badges)
         report.lost_unread, report.double_counted = unread_drift(rows, rows_expected)
+        report.model_difference = _against_model(stream, lanes, stack.settings.include_muted, rows, badges)
         if differing_rows or differing_badges:
             users = {int(k[0]) for k in (*differing_rows, *differing_badges)}
             _print_partition_history(stack, plan.workers, users)
@@ -234,12 +241,28 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
     return report
 
 
-TABLES = ("rows", "users", "gates", "pending")
+def _against_model(
+    stream: Path, lanes: int, include_muted: bool, rows: list[dict[str, Any]], badges: list[dict[str, Any]]
+) -> str:
+    """The store's rows and badges against tests/property/model.py on the exact stream."""
+    from types import SimpleNamespace
+
+    from tests.property.invariants import badges_equal_model, rows_equal_model
+    from tests.property.model import run_model
+
+    model = run_model(stream.read_bytes().splitlines(), lanes, include_muted)
+    state = SimpleNamespace(projections=rows, badges=badges)
+    try:
+        rows_equal_model(state, model)
+        badges_equal_model(state, model)
+    except AssertionError as exc:
+        return str(exc)[:500]
+    return ""
 
 
 def owned_partitions(log_text: str) -> set[int]:
-    """The mailbox partitions a worker's log says it owns now: restored (or placed) since its
-    last start or release."""
+    """The mailbox partitions a worker's log says it owns now: claimed since its last start or
+    release."""
     owned: set[int] = set()
     for line in log_text.splitlines():
         if "after start-up" in line or "starting projector" in line:
@@ -247,23 +270,22 @@ def owned_partitions(log_text: str) -> set[int]:
         elif "released partitions" in line:
             released = line.rsplit("released partitions [", 1)[1].split("]", 1)[0]
             owned.difference_update(int(p) for p in released.split(",") if p.strip())
-        elif "restored partition " in line or ": starting at offset" in line:
-            owned.add(int(line.split("partition ", 1)[1].split(":", 1)[0]))
+        elif " claimed: persist " in line:
+            owned.add(int(line.split("partition ", 1)[1].split(" ", 1)[0]))
     return owned
 
 
 async def local_tables_against_changelogs(
     stack: Stack, procs: dict[int, subprocess.Popen[bytes]], settle_s: float = 60.0
 ) -> tuple[int, int]:
-    """(partitions checked, records differing): every live worker's local tables for the
-    partitions it owns, read-only beside the running worker, against its changelog topics folded
-    (last write wins). A worker writes its local store only after the changelog acknowledged
-    the records, and nobody else writes a partition it owns, so after the last persist they are
-    equal, unless a recovery left a hole. Read again until every partition is owned and equal, or
-    `settle_s` passed (a persist, or a restart's hand-over, may be on its way)."""
+    """(partitions checked, keys differing): every live worker's local store for the partitions
+    it owns, read-only beside the running worker, against the state the changelog's accepted
+    chain of persists gives (tests/support/durable.chain_states: the independent model, not the
+    reader the worker runs). After the last persist they are equal. Read again until every
+    partition is owned and equal, or `settle_s` passed (a persist may be on its way)."""
     deadline = time.monotonic() + settle_s
     while True:
-        folded = {name: await _fold_changelog(stack, name) for name in TABLES}
+        chains = await _changelog_states(stack)
         checked = differing = 0
         details: list[str] = []
         for w, proc in procs.items():
@@ -271,49 +293,45 @@ async def local_tables_against_changelogs(
             if proc.poll() is not None or not log_path.exists():
                 continue
             for partition in sorted(owned_partitions(log_path.read_text(errors="replace"))):
+                local = _read_local_store(stack, w, partition)
+                if local is None:
+                    continue  # not opened yet
                 checked += 1
-                for name in TABLES:
-                    local = _read_local_table(stack, w, name, partition)
-                    if local is None:
-                        continue  # not opened yet
-                    values, last_offsets = folded[name]
-                    want = values.get(partition, {})
-                    keys = [k for k in local.keys() | want.keys() if local.get(k) != want.get(k)]
-                    differing += len(keys)
-                    details += [
-                        f"worker {w} {name}-{partition} key {k.hex()} "
-                        f"(changelog offset {last_offsets.get((partition, k))}): local "
-                        f"{_summary(local.get(k))}, changelog {_summary(want.get(k))}"
-                        for k in keys[:5]
-                    ]
-        # Settled: every partition owned by a live worker (a restart's rebalance may still be
-        # handing them over) and no difference.
+                want = chains.get(partition, {})
+                keys = [k for k in local.keys() | want.keys() if local.get(k) != want.get(k)]
+                differing += len(keys)
+                details += [
+                    f"worker {w} partition {partition} key {k.hex()}: local {_summary(local.get(k))}, "
+                    f"changelog {_summary(want.get(k))}"
+                    for k in keys[:5]
+                ]
         if (differing == 0 and checked == stack.settings.topic_partitions) or time.monotonic() > deadline:
             for line in details[:10]:  # what differs, for the failure's diagnosis
-                print(f"local table differs: {line}")
+                print(f"local store differs: {line}")
             return checked, differing
         await asyncio.sleep(1.0)
 
 
-# Per partition, each key's folded value; per (partition, key), the offset of its last record.
-FoldedChangelog = tuple[dict[int, dict[bytes, bytes]], dict[tuple[int, bytes], int]]
+async def _changelog_states(stack: Stack) -> dict[int, dict[bytes, bytes]]:
+    """Per partition, the state after the last persist of the changelog's accepted chain."""
+    from tables.durable.kafka import KafkaChangelog
+    from tests.support.durable import chain_states
 
-
-async def _fold_changelog(stack: Stack, table: str) -> FoldedChangelog:
-    """The table's changelog folded per partition (last write wins, a tombstone deletes), and
-    where each key was last written (for a diagnosis line)."""
-    folded: dict[int, dict[bytes, bytes]] = {p: {} for p in range(stack.settings.topic_partitions)}
-    last_offsets: dict[tuple[int, bytes], int] = {}
-    records = await _read_topic(stack, f"{stack.settings.app_id}-{table}-changelog")
-    for partition, offset, key, value in records:
-        if key is None:
-            continue
-        if value is None:
-            folded[partition].pop(key, None)
-        else:
-            folded[partition][key] = value
-        last_offsets[(partition, key)] = offset
-    return folded, last_offsets
+    changelog = KafkaChangelog(stack.settings.kafka_bootstrap, stack.settings.changelog_topic)
+    await changelog.start()
+    try:
+        states: dict[int, dict[bytes, bytes]] = {}
+        for partition in range(stack.settings.topic_partitions):
+            records = []
+            start, end = 0, await changelog.end_offset(partition)
+            while start < end:
+                batch, start = await changelog.read(partition, start, end)
+                records += batch
+            chain = chain_states(records)
+            states[partition] = chain[-1][2] if chain else {}
+        return states
+    finally:
+        await changelog.stop()
 
 
 def _summary(value: bytes | None) -> str:
@@ -323,19 +341,18 @@ def _summary(value: bytes | None) -> str:
     return f"{len(value)} B {str(_decoded(value))[:160]}"
 
 
-def _read_local_table(stack: Stack, worker: int, table: str, partition: int) -> dict[bytes, bytes] | None:
-    """The worker's RocksDB database for the table partition, opened read-only (no lock: the
-    worker keeps it open), without faust's own bookkeeping keys."""
+def _read_local_store(stack: Stack, worker: int, partition: int) -> dict[bytes, bytes] | None:
+    """The worker's local store of the partition (tables/durable/store.py), opened read-only (the
+    worker keeps it open), its state keys only (not the position's)."""
     from rocksdict import AccessType, Options, Rdict
 
-    tables = stack.tmp / f"worker-{worker}-data" / stack.settings.app_id / "v1" / "tables"
-    path = tables / f"{table}-{partition}.db"
+    path = stack.tmp / f"worker-{worker}-data" / stack.settings.app_id / "state" / f"partition-{partition}"
     if not path.exists():
         return None
     db = Rdict(str(path), options=Options(raw_mode=True), access_type=AccessType.read_only())
     try:
         items = cast(list[tuple[bytes, bytes]], list(db.items()))  # raw mode: bytes both
-        return {k: v for k, v in items if not k.startswith(b"__faust")}
+        return {k: v for k, v in items if not k.startswith(b"\x00")}
     finally:
         db.close()
 
@@ -457,8 +474,8 @@ def _decoded(value: bytes | None) -> Any:
 
 
 async def write_forensics(stack: Stack, path: Path, users: set[int]) -> None:
-    """For a failure's diagnosis: every version the changelogs still hold of the differing
-    users' records (rows, users, waiting entries) and of their partitions' gates, each with its
+    """For a failure's diagnosis: every version the changelog still holds of the differing
+    users' records (rows, users, waiting entries) and of their partitions' checkpoints, each with its
     changelog offset, and where each of their mailbox entries sits in the mailbox log. The logs
     are not compacted during a test run, so this is the whole history: it tells an entry never
     persisted from one persisted and later overwritten (a restore from a store with a hole)."""
@@ -471,14 +488,13 @@ async def write_forensics(stack: Stack, path: Path, users: set[int]) -> None:
         entry = _decoded(value)
         if isinstance(entry, dict) and entry.get("user_id") in users:
             lines.append(f"mailbox p{partition}@{offset}: {entry}")
-    for table in TABLES:
-        topic = f"{stack.settings.app_id}-{table}-changelog"
-        for partition, offset, key, value in await _read_topic(stack, topic):
-            if key is None:
-                continue
-            if (table == "gates" and partition in partitions) or key[:8] in wanted:
-                summary = str(_decoded(value))
-                lines.append(f"{table} p{partition}@{offset} key {key.hex()}: {summary[:400]}")
+    # The state changelog: a key is a kind letter + user id (8) + ...; "c" is a checkpoint.
+    for partition, offset, key, value in await _read_topic(stack, stack.settings.changelog_topic):
+        if key is None:
+            continue
+        if (key == b"c" and partition in partitions) or key[1:9] in wanted:
+            summary = str(_decoded(value))
+            lines.append(f"state p{partition}@{offset} key {key.hex()}: {summary[:400]}")
     path.write_text("\n".join(lines) + "\n")
     print(f"forensics: {len(lines)} lines in {path}")
 

@@ -313,16 +313,17 @@ def test_kafka_group_settings_reach_the_faust_consumer() -> None:
     assert (defaults.kafka_session_timeout_ms, defaults.kafka_heartbeat_interval_ms) == (30_000, 3_000)
 
 
-@pytest.mark.parametrize(("value", "replicas"), [(None, 0), ("0", 0), ("2", 2)])
-def test_table_standby_replicas_reach_faust(value: str | None, replicas: int) -> None:
-    """No standby copies unless asked for: a partition that moves is read from its changelog by
-    the new owner's recovery (README "Failover"); the setting reaches faust's assignor."""
+@pytest.mark.parametrize(("value", "replicas"), [(None, 1), ("0", 0), ("2", 2)])
+def test_standby_copies_are_on_by_default_and_never_faust_s(value: str | None, replicas: int) -> None:
+    """Standby copies on unless turned off (tables/durable keeps them, with the recovery's own
+    reader); faust keeps none: it has no tables (its standby replicas stay at its default, unused)."""
     from app.runtime.app import new_faust_app
 
     env = {} if value is None else {"PROJECTOR_TABLE_STANDBY_REPLICAS": value}
     settings = Settings.from_env(env)
     assert settings.table_standby_replicas == replicas
-    assert new_faust_app(settings).conf.table_standby_replicas == replicas
+    app = new_faust_app(settings)
+    assert not app.tables
 
 
 @pytest.mark.parametrize(

@@ -1,33 +1,56 @@
-"""A rebalance's completion in the worker (app/runtime/worker.RebalanceCompletion): the current
-recovery restores the mailbox partitions assigned as active, the tables hear they were recovered
-(their noted holes are read through now), and what the restore read is frozen; a superseded
-recovery does none of it."""
+"""A rebalance's completion in the worker (app/runtime/worker.RebalanceCompletion): the mailbox
+partitions assigned as active are restored by the intake (claimed: tables/durable), a partition
+whose checkpoint mailbox-tail's log start has passed is a retention overrun, the standby copies
+follow every other partition, what the restore read is frozen; a checkpoint of another input
+ends the worker with one line and exit code 3."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from faust.types import TP
 
-from app.kafka.batches import BatchSender
 from app.runtime.app import new_faust_app
 from app.runtime.gc_tuning import GcMonitor, GcPolicy
-from app.runtime.worker import RebalanceCompletion
+from app.runtime.worker import INPUT_MISMATCH_EXIT, RebalanceCompletion
 from app.settings import Settings
-from tables.state import FaustStateTables, LocalStoreGuard, declare_tables
+from tables.durable.identity import InputMismatch
 
 
 class RecordingIntake:
-    def __init__(self) -> None:
+    def __init__(self, fail: Exception | None = None) -> None:
         self.assigned: list[list[int]] = []
+        self.fail = fail
 
     async def assign(self, partitions: Sequence[int]) -> None:
+        if self.fail is not None:
+            raise self.fail
         self.assigned.append(list(partitions))
+
+
+class PlacedPartitions:
+    def __init__(self, offsets: dict[int, int | None]) -> None:
+        self.offsets = offsets
+        self.overruns: list[tuple[int, int]] = []
+
+    def expected_offset(self, partition: int) -> int | None:
+        return self.offsets.get(partition)
+
+    def retention_overrun(self, partition: int, log_start: int) -> None:
+        self.overruns.append((partition, log_start))
+
+
+class Standbys:
+    def __init__(self) -> None:
+        self.kept: list[list[int]] = []
+
+    def keep_standbys(self, partitions: Collection[int]) -> None:
+        self.kept.append(sorted(partitions))
 
 
 @pytest.fixture()
@@ -37,50 +60,68 @@ def restore_gc() -> Iterator[None]:
 
 
 def completion(
-    tmp_path: Path,
-) -> tuple[Any, RecordingIntake, LocalStoreGuard, GcMonitor, RebalanceCompletion]:
-    settings = Settings.from_env({"PROJECTOR_DATA_DIR": str(tmp_path), "PROJECTOR_TOPIC_PARTITIONS": "4"})
-    app = new_faust_app(settings)
-    (tmp_path / settings.app_id).mkdir(parents=True, exist_ok=True)
-    guard = LocalStoreGuard()
-    tables = FaustStateTables(
-        declare_tables(app, settings.topic_partitions, guard), BatchSender(lambda: None)
+    tmp_path: Path, intake: RecordingIntake, replicas: int = 1
+) -> tuple[PlacedPartitions, Standbys, GcMonitor, RebalanceCompletion, list[int]]:
+    settings = Settings.from_env(
+        {
+            "PROJECTOR_DATA_DIR": str(tmp_path),
+            "PROJECTOR_TOPIC_PARTITIONS": "4",
+            "PROJECTOR_TABLE_STANDBY_REPLICAS": str(replicas),
+        }
     )
-    app.track_recoveries()
-    intake, monitor = RecordingIntake(), GcMonitor()
+    app: Any = new_faust_app(settings)
     topic = settings.topic_mailbox_tail
-    actives = {TP(topic, 2), TP(topic, 0), TP(f"{settings.app_id}-rows-changelog", 1), TP("other", 3)}
-    app.assignor.assigned_actives = lambda: actives  # type: ignore[method-assign]  # the assignment
-    handler = RebalanceCompletion(app, intake, tables, topic, GcPolicy(threshold=0, freeze=True), monitor)
-    return app, intake, guard, monitor, handler
+    actives = {TP(topic, 2), TP(topic, 0), TP("other", 3)}
+    app.assignor.assigned_actives = lambda: actives  # the assignment
+    core = PlacedPartitions({0: 40, 2: None})
+    standbys, monitor, exits = Standbys(), GcMonitor(), []
+
+    async def log_start(partition: int) -> int:
+        return {0: 55, 2: 0}[partition]
+
+    handler = RebalanceCompletion(
+        app,
+        intake,
+        core,
+        standbys,
+        log_start,
+        settings,
+        GcPolicy(threshold=0, freeze=True),
+        monitor,
+        exit_process=exits.append,
+    )
+    return core, standbys, monitor, handler, exits
 
 
-def test_the_current_recovery_restores_the_mailbox_partitions_assigned_and_reads_through_holes(
+def test_the_mailbox_partitions_assigned_are_restored_and_the_others_kept_as_standbys(
     tmp_path: Path, restore_gc: None
 ) -> None:
-    app, intake, guard, monitor, handler = completion(tmp_path)
-    guard.holes[("rows", 0)] = 17  # faust cleared records of partition 0 unapplied
-    guard.holes[("rows", 1)] = 5  # a partition not assigned here keeps its hole
-    app.consumer_generation_id = 1
+    intake = RecordingIntake()
+    core, standbys, monitor, handler, exits = completion(tmp_path, intake)
     gc.unfreeze()
 
     restored = asyncio.run(handler())
 
-    assert restored is not None and sorted(restored) == [0, 2]  # neither changelogs nor others
-    assert [sorted(p) for p in intake.assigned] == [[0, 2]]
-    assert guard.holes == {("rows", 1): 5}
+    assert restored == [0, 2]  # not another topic's partitions
+    assert intake.assigned == [[0, 2]]
+    # Partition 0's checkpoint needs offset 40, mailbox-tail starts at 55: entries deleted unread.
+    assert core.overruns == [(0, 55)]
+    assert standbys.kept == [[1, 3]]
+    assert exits == []
     assert gc.get_freeze_count() > 0 and monitor.installed
     monitor.uninstall()
 
 
-def test_a_superseded_recovery_restores_nothing(tmp_path: Path, restore_gc: None) -> None:
-    app, intake, guard, monitor, handler = completion(tmp_path)
-    guard.holes[("rows", 0)] = 17
-    app.consumer_generation_id = 1
-    app.on_rebalance_start()  # generation 1 revoked: a newer rebalance began
-    gc.unfreeze()
+def test_no_standby_copies_with_zero_replicas(tmp_path: Path, restore_gc: None) -> None:
+    _, standbys, monitor, handler, _ = completion(tmp_path, RecordingIntake(), replicas=0)
+    asyncio.run(handler())
+    assert standbys.kept == [[]]
+    monitor.uninstall()
 
-    assert asyncio.run(handler()) is None
-    assert intake.assigned == []
-    assert guard.holes == {("rows", 0): 17}  # its next recovery reads through it
-    assert gc.get_freeze_count() == 0 and not monitor.installed
+
+def test_a_checkpoint_of_another_input_ends_the_worker(tmp_path: Path, restore_gc: None) -> None:
+    mismatch = InputMismatch("partition 0: checkpoint 3.1 is of another input: cluster id 'a' != 'b'")
+    core, standbys, _, handler, exits = completion(tmp_path, RecordingIntake(fail=mismatch))
+    assert asyncio.run(handler()) == []
+    assert exits == [INPUT_MISMATCH_EXIT]
+    assert core.overruns == [] and standbys.kept == []

@@ -1,12 +1,12 @@
-"""The worker core as the worker runs it (flushes overlapping the intake, issue 14), killed many
-times at random moments, each kill tearing the changelog commits in flight (issue 11's promise:
-no SIGKILL, however timed, loses an entry).
+"""The worker core as the worker runs it (flushes overlapping the intake, issue 14), on its real
+state tables (tables/durable: RocksDB stores, checkpointed persists), killed many times at random
+moments, each kill tearing the changelog append in flight (issue 11's promise: no SIGKILL, however
+timed, loses an entry; issue 31: a torn persist is discarded by its missing checkpoint).
 
-What a kill leaves here is what a SIGKILL leaves a worker: the persist's steps acknowledged
-before it stay delivered, the step in flight is delivered record by record or not (its records go
-to several changelog partitions), nothing after; every task stops at whatever await it was in.
-The restarted core reads from where its restored state says (the gate's offset, else the
-group's committed offset), as the intake places it; at the end the projection is replay's.
+What a kill leaves here is what a SIGKILL leaves a worker: the append in flight has any prefix of
+its records in the changelog, every task stops at whatever await it was in, and the data dir is
+kept or lost. The restarted core claims the partition and reads from where its checkpoint says
+(else the log start), as the intake places it; at the end the projection is replay's.
 """
 
 from __future__ import annotations
@@ -14,36 +14,53 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.stores.memory_tables import MemoryTables
 from app.worker.core import WorkerCore
+from tables.durable.changelog import Appended, InMemoryChangelog
+from tables.durable.records import WireRecord
+from tables.durable.tables import CheckpointedTables
+from tests.support.durable import IDENTITY
 from tests.support.projection_files import as_replay_files
 from tests.support.strategies import Stream, scenarios, streams
 from tests.support.worker import WHOLE_STREAMS, StreamRig, flush_scheduler
 
 
-class TearingTables(MemoryTables):
-    """A changelog that acknowledges each step of a commit after a few event-loop turns; a
-    commit cancelled (the worker killed) during a step delivers a random part of that step."""
+class TearingChangelog(InMemoryChangelog):
+    """Acknowledges an append after a few event-loop turns; an append cancelled meanwhile (the
+    worker killed) leaves a random prefix of its records in the log."""
 
     def __init__(self, rnd: random.Random) -> None:
         super().__init__()
         self.rnd = rnd
 
-    async def commit(self) -> None:
-        for step in self.take_steps():
-            if not step:
-                continue
-            try:
-                for _ in range(self.rnd.randint(0, 3)):
-                    await asyncio.sleep(0)
-            except asyncio.CancelledError:
-                self._write([item for item in step if self.rnd.random() < 0.5])
-                raise
-            self._write(step)
+    async def append(self, partition: int, records: Sequence[WireRecord]) -> Appended:
+        try:
+            for _ in range(self.rnd.randint(0, 3)):
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            landed = self.rnd.randint(0, len(records))
+            if landed:
+                await super().append(partition, records[:landed])
+            raise
+        return await super().append(partition, records)
+
+
+async def _identity() -> object:
+    return IDENTITY
+
+
+async def _log_start(partition: int) -> int:
+    return 0
+
+
+def durable_tables(folder: Path, changelog: TearingChangelog) -> CheckpointedTables:
+    return CheckpointedTables(folder, changelog, _identity, _log_start)  # type: ignore[arg-type]
 
 
 def overlapping(core: WorkerCore) -> WorkerCore:
@@ -65,9 +82,10 @@ def test_kills_at_random_moments_with_flushes_overlapping_lose_nothing(
 ) -> None:
     rig = StreamRig(stream, seed, hot_rows)
     rnd, clock = rig.rnd, rig.clock
-    rig.tables = TearingTables(rnd)
+    changelog = TearingChangelog(rnd)
     recs = rig.records
-    committed: list[int] = []  # the group's committed offset (the intake commits durable ones)
+    scratch = tempfile.TemporaryDirectory()
+    data_dirs = [Path(scratch.name) / "data-0"]
 
     async def life(core: WorkerCore, kill_after: int | None) -> bool:
         """One worker process: restore, read from where the state stands, flush in the
@@ -75,13 +93,12 @@ def test_kills_at_random_moments_with_flushes_overlapping_lose_nothing(
         the end of the stream and stopped cleanly."""
         await core.restore_assigned([0])
         if core.expected_offset(0) is None:
-            core.start_at(0, committed[-1] if committed else 0)
+            core.start_at(0, 0)  # no checkpoint: the log start
         stop = asyncio.Event()
 
-        def commit_offsets() -> None:  # the intake's commit timer, now and then
+        def commit_offsets() -> None:  # the intake's commit timer (lag monitoring only)
             durable = core.durable_offsets()
             if durable and rnd.random() < 0.5:
-                committed.append(durable[0])
                 core.offsets_committed(durable)
 
         async def intake() -> None:
@@ -118,12 +135,23 @@ def test_kills_at_random_moments_with_flushes_overlapping_lose_nothing(
                 await task
         return False
 
+    def restarted() -> WorkerCore:
+        """A new process: the data dir as the last one left it, or lost."""
+        if rnd.random() < 0.3:
+            data_dirs.append(Path(scratch.name) / f"data-{len(data_dirs)}")
+        rig.tables = durable_tables(data_dirs[-1], changelog)
+        return overlapping(rig.new_core())
+
     async def run() -> None:
         for _ in range(kills):
-            await life(overlapping(rig.new_core()), rnd.randint(0, 15))
-        assert await life(overlapping(rig.new_core()), None)
+            core = restarted()
+            await life(core, rnd.randint(0, 15))
+            rig.tables.close()  # the killed process's files are closed
+        assert await life(restarted(), None)
+        rig.tables.close()
 
-    asyncio.run(run())
+    with scratch:
+        asyncio.run(run())
     rows, badges = asyncio.run(as_replay_files(rig.projections, [b["user_id"] for b in rig.expected.badges]))
     assert rows == rig.expected.projections
     assert badges == rig.expected.badges
