@@ -213,6 +213,7 @@ class WorkerConfig:
                 max_dirty_rows=settings.max_dirty_rows,
                 include_muted=settings.include_muted,
                 unread_precise_limit=settings.unread_precise_limit,
+                badge_mode=settings.badge_mode,
             ),
         )
 
