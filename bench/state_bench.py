@@ -106,11 +106,10 @@ def conversation_of(u: int, slot: int, users: int, group: int) -> int:
 
 
 def rocks_options() -> Any:
-    """The worker's RocksDB options (faust's RocksDBOptions with what tables/state.py passes)."""
-    from faust.stores.rocksdb import RocksDBOptions
-    from tables.state import ROCKSDB_OPTIONS
+    """The worker's RocksDB options (a partition store's: tables/durable/store.py)."""
+    from tables.durable.store import store_options
 
-    return RocksDBOptions(use_rocksdict=True, **ROCKSDB_OPTIONS).as_options()
+    return store_options()
 
 
 # -- row shapes, made by the real processing object -------------------------------------------------

@@ -62,7 +62,8 @@ _POSITION_DECODER = msgspec.msgpack.Decoder(_PositionBody)
 _POSITION_ENCODER = msgspec.msgpack.Encoder()
 
 
-def _options() -> Any:
+def store_options() -> Any:
+    """The RocksDB options of a partition's store (bench/state_bench.py measures with them)."""
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     return options
@@ -81,7 +82,7 @@ class PartitionStore:
     @classmethod
     def open(cls, path: Path) -> PartitionStore:
         try:
-            db = Rdict(str(path), _options())
+            db = Rdict(str(path), store_options())
         except Exception as exc:  # rocksdict raises plain Exceptions for corruption and locks
             raise StoreDamaged(f"{path}: {exc}") from None
         try:

@@ -74,7 +74,8 @@ def completion(
     actives = {TP(topic, 2), TP(topic, 0), TP("other", 3)}
     app.assignor.assigned_actives = lambda: actives  # the assignment
     core = PlacedPartitions({0: 40, 2: None})
-    standbys, monitor, exits = Standbys(), GcMonitor(), []
+    standbys, monitor = Standbys(), GcMonitor()
+    exits: list[int] = []
 
     async def log_start(partition: int) -> int:
         return {0: 55, 2: 0}[partition]

@@ -135,20 +135,23 @@ def test_kills_at_random_moments_with_flushes_overlapping_lose_nothing(
                 await task
         return False
 
+    tables: list[CheckpointedTables] = []
+
     def restarted() -> WorkerCore:
         """A new process: the data dir as the last one left it, or lost."""
         if rnd.random() < 0.3:
             data_dirs.append(Path(scratch.name) / f"data-{len(data_dirs)}")
-        rig.tables = durable_tables(data_dirs[-1], changelog)
+        tables.append(durable_tables(data_dirs[-1], changelog))
+        rig.tables = tables[-1]  # type: ignore[assignment]  # the StateTables port, not MemoryTables
         return overlapping(rig.new_core())
 
     async def run() -> None:
         for _ in range(kills):
             core = restarted()
             await life(core, rnd.randint(0, 15))
-            rig.tables.close()  # the killed process's files are closed
+            tables[-1].close()  # the killed process's files are closed
         assert await life(restarted(), None)
-        rig.tables.close()
+        tables[-1].close()
 
     with scratch:
         asyncio.run(run())
