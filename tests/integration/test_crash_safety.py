@@ -91,7 +91,9 @@ async def test_the_crash_test_catches_a_planted_loss(
             "PYTHONPATH": os.pathsep.join([str(PLANT_SITE), os.environ.get("PYTHONPATH", "")]),
         }
         stack = make_stack(f"power{run}", partitions=4, lanes=3, **overrides)
-        report = await run_crash_scenario(stack, tmp_path / f"run-{run}", ci_size_plan(seed))
+        run_dir = tmp_path / f"run-{run}"
+        run_dir.mkdir()
+        report = await run_crash_scenario(stack, run_dir, ci_size_plan(seed))
         assert f"[plant] {plant} planted" in stack.log_tail(0, 100_000), "the plant did not take"
         found = caught(report, stack.settings.topic_partitions)
         failing += bool(found)
