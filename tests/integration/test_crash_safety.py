@@ -69,7 +69,7 @@ async def test_random_sigkills_with_a_backlog_under_cpu_contention_lose_nothing(
 
 @pytest.mark.chaos
 @pytest.mark.skipif(WORKER_BUILD != "pure", reason="plants patch the pure build's classes")
-@pytest.mark.parametrize("plant", ["offset-ahead", "waiting-dropped"])
+@pytest.mark.parametrize("plant", ["changelog-gaps", "waiting-dropped", "offset-ahead"])
 async def test_the_crash_test_catches_a_planted_loss(
     make_stack: Callable[..., Stack], tmp_path: Path, plant: str
 ) -> None:
