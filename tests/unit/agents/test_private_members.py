@@ -9,6 +9,7 @@ reopen a hole. (The worker tests on the real broker exercise the same paths end 
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -29,25 +30,9 @@ def source(function: Callable[..., Any]) -> str:
     return inspect.getsource(function)
 
 
-def test_every_private_member_used_is_pinned_here() -> None:
-    """The adapter's private uses are exactly the ones this file pins: a new one needs a pin."""
-    text = inspect.getsource(batch_intake)
-    used = {
-        name
-        for name in (
-            "_create_worker_consumer",
-            "_fetch_max_wait_ms",
-            "_subscription",
-            "_fetch_records",
-            "_drain_messages",
-            "_wait_next_records",
-            "_stop_consumer",
-            "_commit_offsets",
-            "_ensure_producer",
-        )
-        if name in text
-    }
-    assert used == {
+# The private members agents/batch_intake.py uses; each test below pins one or two of them.
+PINNED = frozenset(
+    {
         "_create_worker_consumer",
         "_fetch_max_wait_ms",
         "_subscription",
@@ -57,7 +42,22 @@ def test_every_private_member_used_is_pinned_here() -> None:
         "_stop_consumer",
         "_commit_offsets",
         "_ensure_producer",
+        "_stopped",
     }
+)
+
+
+def test_every_private_member_used_is_pinned_here() -> None:
+    """The adapter's private uses of faust/aiokafka objects are exactly the pinned ones: a new
+    one needs a pin here."""
+    text = inspect.getsource(batch_intake)
+    used = {
+        name
+        for name in re.findall(r"(?:consumer|fetcher|super\(\)|producer)\.(_[a-z_]+)", text)
+        if not name.startswith("__")
+    }
+    used |= {name for name in re.findall(r"(?:def |self\.)(_[a-z_]+)\(", text) if name in PINNED}
+    assert used == PINNED
 
 
 def test_the_consumer_thread_builds_its_aiokafka_consumer_in_one_overridable_method() -> None:
@@ -97,6 +97,14 @@ def test_faust_drains_its_fetcher_in_one_overridable_loop() -> None:
     assert parameters(consumer._wait_next_records) == ["self", "timeout"]
     # The fetcher service's loop calls it: overriding it replaces the per-record path.
     assert "_drain_messages" in inspect.getsource(faust_consumer.Fetcher)
+
+
+def test_a_mode_service_says_it_stopped_through_an_event() -> None:
+    """The drain loop ends when the consumer or its fetcher service stopped: `_stopped.is_set`."""
+    from mode import Service
+
+    assert "self._stopped = Event()" in source(Service.__init__) or "_stopped" in inspect.getsource(Service)
+    assert "self._stopped.set()" in inspect.getsource(Service)
 
 
 def test_the_app_stops_its_consumer_in_one_overridable_step() -> None:
