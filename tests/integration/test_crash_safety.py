@@ -74,8 +74,9 @@ async def test_the_crash_test_catches_a_planted_loss(
     make_stack: Callable[..., Stack], tmp_path: Path, plant: str
 ) -> None:
     """The CI crash run's power: its worker is given a deliberately broken persist
-    (tests/support/plant_site: a checkpoint one entry ahead of its state; a persist without the
-    entries waiting above the watermark), whose loss shows only through kills and hand-overs,
+    (tests/support/plant_site: a changelog missing some of a persist's rows; a persist without
+    the entries waiting above the watermark; a checkpoint one entry ahead of its state), whose
+    loss shows only through kills and hand-overs,
     and the run must fail in at least 9 of 10 seeds (CRASH_POWER_RUNS=n to change the count).
     Standby copies on, as deployed."""
     runs = int(os.environ.get("CRASH_POWER_RUNS") or 10)
