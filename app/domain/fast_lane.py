@@ -5,22 +5,21 @@ but a user does not wait a window for a direct message or a mention. An applied 
 matters now — a `message` that mentions the user (@all included), a message in a conversation
 of at most `max_members` members (its `member_count`; 2 = a direct message), a `message` its
 producer marked `urgent`, a `read`, a `mark_unread` — flushes its user's dirty rows right after
-it is applied, instead of at the window's end. Everything else keeps the window.
+it is applied, instead of at the window's end. Everything else keeps the window. (The rule is
+app/domain/processor.py's, inline on its hot path; this module holds the rate.)
 
 Bounded per user: at most `per_user_per_s` fast flushes in any 1,000 ms of the clock; beyond
 that the user's rows wait for the window, so a spammy conversation cannot undo the compaction.
 A row's writes then stay <= ceil(span / window) + 1 + the fast flushes that wrote it.
 
 The clock is the processor's (entry `ts` in replay, the wall clock of the batch in the worker)
-taken as its highest value so far: time that steps back (entries of other lanes, a clock
+at the entries that asked for the fast lane, taken as its highest value so far: time that steps back (entries of other lanes, a clock
 adjusted) never reopens a second already spent, and what is older than a second of it can be
 forgotten. The limiter's memory is not checkpointed (like the dirty set): after a restart a
 user may take up to `per_user_per_s` more fast flushes in that second, which the bound counts.
 """
 
 from __future__ import annotations
-
-from app.domain.entries import Entry, MarkUnreadEntry, MessageEntry, ReadEntry
 
 # Bounds of the two settings, declared once (the settings and the replay command use them).
 FAST_LANE_MAX_MEMBERS_MIN = 0  # 0: no conversation is small (mentions, urgent, reads still fast)
@@ -32,20 +31,6 @@ SECOND_MS = 1000
 # The limiter forgets users idle for a second only when it holds more than this many (and then
 # at most twice as many as after the last time): its memory follows the users of the last second.
 _PRUNE_FLOOR = 1024
-
-
-def matters_now(entry: Entry, max_members: int) -> bool:
-    """Whether an applied entry takes the fast lane (the rate bound aside)."""
-    kind = type(entry)
-    if kind is MessageEntry:
-        message: MessageEntry = entry  # type: ignore[assignment]  # narrowed by `kind`
-        return message_matters_now(message, max_members)
-    return kind is ReadEntry or kind is MarkUnreadEntry
-
-
-def message_matters_now(message: MessageEntry, max_members: int) -> bool:
-    members = message.member_count
-    return message.mention or message.urgent is True or (isinstance(members, int) and members <= max_members)
 
 
 class FastLaneLimiter:

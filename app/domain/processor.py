@@ -415,7 +415,7 @@ class PartitionProcessor:
                 if keeps_member_stats and MemberStats.concerns(message.user_id, message):
                     self._member_stats(message, step)
                 if fast_lane is not None:
-                    members = message.member_count  # fast_lane.message_matters_now, inline
+                    members = message.member_count  # matters now? (app/domain/fast_lane.py)
                     if (
                         message.mention
                         or message.urgent is True
