@@ -13,10 +13,11 @@ that the user's rows wait for the window, so a spammy conversation cannot undo t
 A row's writes then stay <= ceil(span / window) + 1 + the fast flushes that wrote it.
 
 The clock is the processor's (entry `ts` in replay, the wall clock of the batch in the worker)
-at the entries that asked for the fast lane, taken as its highest value so far: time that steps back (entries of other lanes, a clock
-adjusted) never reopens a second already spent, and what is older than a second of it can be
-forgotten. The limiter's memory is not checkpointed (like the dirty set): after a restart a
-user may take up to `per_user_per_s` more fast flushes in that second, which the bound counts.
+at the entries that asked for the fast lane, taken as its highest value so far: time that
+steps back (entries of other lanes, a clock adjusted) never reopens a second already spent, and
+what is older than a second of it can be forgotten. The limiter's memory is not checkpointed
+(like the dirty set): after a restart a user may take up to `per_user_per_s` more fast flushes
+in that second, which the bound counts.
 """
 
 from __future__ import annotations
