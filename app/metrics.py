@@ -62,6 +62,7 @@ WORKER_METRICS: Final = (
     "projector_entries_pending",
     "projector_watermark_lag",
     "projector_flushes_total",
+    "projector_fast_flushes_total",
     "projector_projection_writes_total",
     "projector_compression_ratio",
     "projector_flush_latency_seconds",
@@ -236,6 +237,11 @@ class WorkerMetrics:
             registry=r,
         )
         self.flushes = Counter("projector_flushes", "Flushes that wrote at least one user", registry=r)
+        self.fast_flushes = Counter(
+            "projector_fast_flushes",
+            "Users flushed at once by the fast lane (docs/contract.md §10), not at a window's end",
+            registry=r,
+        )
         self.projection_writes = Counter(
             "projector_projection_writes", "Rows written to the projection store", registry=r
         )
@@ -478,6 +484,7 @@ class WorkerMetrics:
             label = kind if kind in DEAD_LETTER_KINDS else "schema"  # the label set stays closed
             self.dead_letters.labels(label).inc(seen.delta("dead_letters:" + kind, total))
         self.flushes.inc(seen.delta("flushes", stats.flushes))
+        self.fast_flushes.inc(seen.delta("fast_flushes", stats.fast_flushes))
         self.projection_writes.inc(seen.delta("projection_writes", stats.projection_writes))
         self.frames_emitted.inc(seen.delta("frames", stats.frames))
         self.member_notices.inc(seen.delta("notices", stats.notices))

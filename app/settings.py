@@ -22,7 +22,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from app.domain.projector import MAX_DIRTY_ROWS_MIN, UNREAD_PRECISE_LIMIT_MIN, WINDOW_MS_MIN
+from app.domain.fast_lane import (
+    FAST_LANE_MAX_MEMBERS_MAX,
+    FAST_LANE_MAX_MEMBERS_MIN,
+    FAST_LANE_PER_USER_PER_S_MAX,
+    FAST_LANE_PER_USER_PER_S_MIN,
+)
+from app.domain.projector import (
+    FAST_LANE_MAX_MEMBERS,
+    FAST_LANE_PER_USER_PER_S,
+    MAX_DIRTY_ROWS_MIN,
+    UNREAD_PRECISE_LIMIT_MIN,
+    WINDOW_MS_MIN,
+)
 from app.redis_url import parse_redis_url
 
 ENV_PREFIX = "PROJECTOR_"
@@ -150,6 +162,17 @@ class Settings:
     lanes: int = bounded(1, 1)
     projection_compaction_window_ms: int = bounded(5000, WINDOW_MS_MIN)
     max_dirty_rows: int = bounded(100_000, MAX_DIRTY_ROWS_MIN)
+    # docs/contract.md §10, the fast lane (app/domain/fast_lane.py): an applied mention, urgent
+    # message, read, mark_unread, or message whose member_count is at most
+    # fast_lane_max_members (2: direct messages) flushes its user at once instead of at the
+    # window's end; at most fast_lane_per_user_per_s such flushes per user and second (beyond:
+    # the window; 0 turns the fast lane off). `projector replay` has the same two options.
+    fast_lane_max_members: int = bounded(
+        FAST_LANE_MAX_MEMBERS, FAST_LANE_MAX_MEMBERS_MIN, FAST_LANE_MAX_MEMBERS_MAX
+    )
+    fast_lane_per_user_per_s: int = bounded(
+        FAST_LANE_PER_USER_PER_S, FAST_LANE_PER_USER_PER_S_MIN, FAST_LANE_PER_USER_PER_S_MAX
+    )
     include_muted: bool = False
     # docs/contract.md §10: the badge mode of a user who sent no badge_preferences entry (with
     # include_muted above: the deployment's defaults).

@@ -60,6 +60,7 @@ from typing import Any
 
 import orjson
 
+from app.domain.projector import FAST_LANE_MAX_MEMBERS
 from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -792,6 +793,8 @@ class Bench:
         for f in frames:  # in topic order per partition, i.e. per user in version order
             by_user.setdefault(f["user_id"], []).append((f["projection_mailbox_seq"], f["_ts"]))
         latencies: list[float] = []
+        lanes: list[tuple[bool, float]] = []  # (takes the fast lane, latency): issue 33's split
+        max_members = int(env.get("PROJECTOR_FAST_LANE_MAX_MEMBERS", FAST_LANE_MAX_MEMBERS))
         in_order: list[float] = []  # by produce time: does the worker keep up (no growing lag)?
         # p50 per second of produce time: where a lag builds up and whether it drains
         by_second: dict[int, list[float]] = {}
@@ -805,6 +808,7 @@ class Bench:
             if i == len(user_frames):
                 raise RuntimeError(f"latency: no frame for user {doc['user_id']} seq {doc['mailbox_seq']}")
             latencies.append(user_frames[i][1] - record.timestamp)
+            lanes.append((takes_fast_lane(doc, max_members), latencies[-1]))
             in_order.append(latencies[-1])
             first_ts = record.timestamp if first_ts is None else first_ts
             by_second.setdefault((record.timestamp - first_ts) // 1000, []).append(latencies[-1])
@@ -836,6 +840,9 @@ class Bench:
             "p50_first_quarter_ms": first_q,
             "p50_last_quarter_ms": last_q,
             "p50_by_second_ms": [statistics.median(v) for _, v in sorted(by_second.items())],
+            # The fast lane's entries (docs/contract.md §10) and the window's, apart: the lane
+            # shows against the window with --latency-window-ms 5000 (the product's).
+            "by_lane": lane_split(lanes),
             # a lag that grows through the phase means the rate was above capacity
             "kept_up": last_q <= max(2 * first_q, first_q + 2 * a.latency_window_ms),
         }
@@ -875,6 +882,41 @@ GC_LINE = re.compile(
     r"gc \(since the first assignment\): collections gen0/1/2 (\d+)/(\d+)/(\d+), paused ([\d.]+) ms "
     r"\(gen2 ([\d.]+) ms\), max ([\d.]+) ms, (\d+) pauses >= 2 ms, thresholds ([\d/]+), frozen (\d+)"
 )
+
+
+def takes_fast_lane(doc: dict[str, Any], max_members: int) -> bool:
+    """docs/contract.md §10's rule (the worker's inline in app/domain/processor.py), for the
+    latency phase's split: a mention, an urgent message, a message of a conversation of at most
+    `max_members`, a read, a mark_unread. (The per-user rate is not modelled: the split is of
+    the entries that ask for the lane.)"""
+    kind = doc.get("type")
+    if kind == "message":
+        members = doc.get("member_count")
+        return bool(
+            doc.get("mention") is True
+            or doc.get("urgent") is True
+            or (isinstance(members, int) and members <= max_members)
+        )
+    return kind in ("read", "mark_unread")
+
+
+def lane_split(samples: list[tuple[bool, float]]) -> dict[str, dict[str, float]]:
+    """p50 / p99 (ms) and counts of the fast lane's entries and the window's, apart."""
+
+    def figures(values: list[float]) -> dict[str, float]:
+        values = sorted(values)
+        if not values:
+            return {"entries": 0}
+
+        def at(q: float) -> float:
+            return values[min(len(values) - 1, int(q * len(values)))]
+
+        return {"entries": len(values), "p50_ms": at(0.50), "p99_ms": at(0.99)}
+
+    return {
+        "fast_lane": figures([v for fast, v in samples if fast]),
+        "window": figures([v for fast, v in samples if not fast]),
+    }
 
 
 def gc_summary(path: Path) -> dict[str, Any] | None:
@@ -1049,6 +1091,12 @@ def print_table(report: dict[str, Any]) -> None:
                 " the stream ran out at this rate (raise --messages), so whether a lag grows is barely seen"
             )
         print("  p50 per second of the phase: " + " ".join(f"{v:.0f}" for v in lat["p50_by_second_ms"]))
+        for lane, figures in lat.get("by_lane", {}).items():
+            if figures.get("entries"):
+                print(
+                    f"  {lane:9s} entries {figures['entries']:,.0f}:"
+                    f" p50 {figures['p50_ms']:.0f} ms, p99 {figures['p99_ms']:.0f} ms"
+                )
     for line in report.get("latency_summary") or []:
         met = line["goal_met"]
         goal = "" if met is None else f"  (target p99 <= 200, p50 <= 120: {'met' if met else 'NOT met'})"

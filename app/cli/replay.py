@@ -13,7 +13,14 @@ from typing import IO, Any
 
 import orjson
 
-from app.cli.args import non_negative_int, positive_int, scratch_folder_problem
+from app.cli.args import int_in, non_negative_int, positive_int, scratch_folder_problem
+from app.domain.fast_lane import (
+    FAST_LANE_MAX_MEMBERS_MAX,
+    FAST_LANE_MAX_MEMBERS_MIN,
+    FAST_LANE_PER_USER_PER_S_MAX,
+    FAST_LANE_PER_USER_PER_S_MIN,
+)
+from app.domain.projector import FAST_LANE_MAX_MEMBERS, FAST_LANE_PER_USER_PER_S
 from app.replay import Frame, Replayer, ReplayOptions
 from app.replay.driver import DEFAULT_HOT_ROWS
 from app.settings import Settings
@@ -38,6 +45,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=100_000,
         metavar="N",
         help="flush early when more dirty rows are held (default 100000)",
+    )
+    parser.add_argument(
+        "--fast-lane-max-members",
+        type=int_in(FAST_LANE_MAX_MEMBERS_MIN, FAST_LANE_MAX_MEMBERS_MAX),
+        default=FAST_LANE_MAX_MEMBERS,
+        metavar="N",
+        help="fast lane: a message whose member_count is at most N flushes its user at once "
+        f"(docs/contract.md §10; default {FAST_LANE_MAX_MEMBERS}: direct messages)",
+    )
+    parser.add_argument(
+        "--fast-lane-per-user-per-s",
+        type=int_in(FAST_LANE_PER_USER_PER_S_MIN, FAST_LANE_PER_USER_PER_S_MAX),
+        default=FAST_LANE_PER_USER_PER_S,
+        metavar="N",
+        help="fast lane: at most N fast flushes per user and second of entry ts, beyond them the "
+        f"window (default {FAST_LANE_PER_USER_PER_S}; 0: no fast lane)",
     )
     parser.add_argument(
         "--include-muted", action="store_true", help="count muted conversations in total_unread"
@@ -116,6 +139,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         max_dirty_rows=args.max_dirty_rows,
         include_muted=args.include_muted,
         badge_mode=args.badge_mode,
+        fast_lane_max_members=args.fast_lane_max_members,
+        fast_lane_per_user_per_s=args.fast_lane_per_user_per_s,
     )
     if args.state_dir:
         problem = scratch_folder_problem(Path(args.state_dir))

@@ -51,6 +51,7 @@ class ConversationState:
         "counting",
         "deleted_before",
         "dirty",
+        "fast_writes",
         "floor",
         "head_ids",
         "head_seq",
@@ -112,6 +113,9 @@ class ConversationState:
         # How many flushes wrote this row (replay's max_writes_per_user_conversation; kept with
         # the row, so no second table of every row is needed to count it).
         self.writes = 0
+        # Of them, the fast lane's (docs/contract.md §10): the J-1 bound is
+        # ceil(span / window) + 1 + these (replay's max_window_writes_per_user_conversation).
+        self.fast_writes = 0
         # In the projector's dirty set (app/domain/flush.py) since its last flush: a flag read on
         # every entry instead of a set lookup. Never persisted (a restart loses the dirty set).
         self.dirty = False
@@ -418,20 +422,29 @@ class ConversationState:
             dump(self.mentioning),
             dump(self.recalled),
             self.marked_unread,
+            self.fast_writes,
         ]
 
     @classmethod
     def load(cls, record: list[Any], user_id: int, conversation_id: str) -> ConversationState:
         record_format = record[0]
+        fast_writes = 0
         if record_format == _RECORD_FORMAT:
             if len(record) != _RECORD_LENGTH:
                 raise ValueError(f"a row record has {_RECORD_LENGTH} fields, not {len(record)}")
+            fast_writes = int_field(record[-1], "fast_writes")
+            marked_unread = bool_field(record[-2], "marked_unread")
+            record = record[:-2]
+        elif record_format == _RECORD_FORMAT_3:
+            # Written before the fast lane counted its writes (docs/contract.md §10): none.
+            if len(record) != _RECORD_LENGTH - 1:
+                raise ValueError(f"a format-3 row record has {_RECORD_LENGTH - 1} fields, not {len(record)}")
             marked_unread = bool_field(record[-1], "marked_unread")
             record = record[:-1]
         elif record_format == _RECORD_FORMAT_2:
             # Written before marked_unread existed (docs/contract.md §10): not marked.
-            if len(record) != _RECORD_LENGTH - 1:
-                raise ValueError(f"a format-2 row record has {_RECORD_LENGTH - 1} fields, not {len(record)}")
+            if len(record) != _RECORD_LENGTH - 2:
+                raise ValueError(f"a format-2 row record has {_RECORD_LENGTH - 2} fields, not {len(record)}")
             marked_unread = False
         else:
             raise ValueError(f"unknown row record format {record_format!r}")
@@ -495,6 +508,7 @@ class ConversationState:
         row.unread_exact = bool_field(unread_exact, "unread_exact")
         row.version = int_field(version, "version")
         row.writes = int_field(writes, "writes")
+        row.fast_writes = fast_writes
         for name, data in zip(_BITMAP_FIELDS, (received, counting, mentioning, recalled), strict=True):
             optional_bytes_field(data, name)
         load = seqs.load
@@ -607,10 +621,12 @@ _PLAIN_FIELDS = (
     "version",
     "writes",
 )
-# Format 3 = format 2 + `marked_unread` (bool) last; format 2 records still load (not marked).
-_RECORD_FORMAT = 3
+# Format 3 = format 2 + `marked_unread` (bool) last; format 4 = format 3 + `fast_writes` (int)
+# last. Format 2 and 3 records still load (not marked; no fast writes).
+_RECORD_FORMAT = 4
+_RECORD_FORMAT_3 = 3
 _RECORD_FORMAT_2 = 2
-_RECORD_LENGTH = 1 + len(_PLAIN_FIELDS) + len(_BITMAP_FIELDS) + 1
+_RECORD_LENGTH = 1 + len(_PLAIN_FIELDS) + len(_BITMAP_FIELDS) + 2
 # `load` unpacks and `dump` writes a record in this exact order: a new field must be added to both.
 # fmt: off
 assert _PLAIN_FIELDS == (

@@ -66,6 +66,13 @@ class MessageEntry(_Entry, frozen=True, tag="message"):
     # "none" (a JSON null, a string, a float, a bool or a value outside u32 is a dead letter),
     # and a re-encoded entry (the pending buffer) leaves it out again.
     notification: U32 | msgspec.UnsetType = msgspec.UNSET
+    # docs/contract.md §10, the fast lane: the producer marks the message urgent (flush its
+    # user's rows at once). A JSON bool when present; UNSET (absent) is "not urgent", and a
+    # re-encoded entry leaves it out again.
+    urgent: bool | msgspec.UnsetType = msgspec.UNSET
+    # docs/contract.md §10, the fast lane: the conversation's member count as the producer fanned
+    # the message out (2 for a direct message). Absent: unknown, so not a small conversation.
+    member_count: U32 | msgspec.UnsetType = msgspec.UNSET
 
 
 class ReadEntry(_Entry, frozen=True, tag="read"):
@@ -449,8 +456,11 @@ def _quotes(kind: type[msgspec.Struct]) -> tuple[int, tuple[tuple[str, Any], ...
 
 _QUOTES = {kind: _quotes(kind) for kind in (*get_args(Entry), WatermarkMarker)}
 # The quotes of a message's required fields alone: an optional field that is there (the
-# notification) adds its key's, so a message's count equals this only without one.
+# notification, urgent, member_count: none of them a string) adds its key's two.
 MESSAGE_QUOTES: Final = _QUOTES[MessageEntry][0]
+_MESSAGE_HINTS = get_type_hints(MessageEntry, include_extras=True)
+if any(_is_text(_MESSAGE_HINTS[name]) for name, _ in _QUOTES[MessageEntry][1]):
+    raise AssertionError("a message's optional field is text: update decode_chunk's quote count")
 
 
 def _int_fields(kind: type) -> tuple[Callable[[Any], tuple[int, ...]], tuple[tuple[str, int], ...]]:

@@ -75,6 +75,16 @@ class DirtySet:
             self.users.add(user_id)
             self.rows[user_id] = set()
 
+    def take(self, user_id: int) -> set[str] | None:
+        """Remove one user (the fast lane flushes it alone): its dirty conversations, or None
+        when the user is not dirty."""
+        conversations = self.rows.pop(user_id, None)
+        if conversations is None:
+            return None
+        self.users.discard(user_id)
+        self.row_count -= len(conversations)
+        return conversations
+
     def clear(self) -> None:
         self.users = BitMap64()
         self.rows = {}
@@ -96,6 +106,9 @@ class UserFlush:
     structure_version: int
     driving_event_id: str
     driving_mailbox_seq: int
+    # Written by the fast lane (docs/contract.md §10) rather than at a window's end: the frames
+    # are the same; the counts (metrics, replay's stats) tell them apart.
+    fast: bool = False
 
     def session_delta(self) -> dict[str, Any]:
         return session_delta_frame(

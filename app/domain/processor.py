@@ -41,11 +41,14 @@ from app.domain.entries import (
     Entry,
     JoinEntry,
     LeaveEntry,
+    MarkUnreadEntry,
     MessageEntry,
+    ReadEntry,
     RecallEntry,
     WatermarkMarker,
     decode_record,
 )
+from app.domain.fast_lane import FastLaneLimiter
 from app.domain.flush import UserFlush
 from app.domain.member_stats import MemberStats
 from app.domain.notices import MemberNotice, notice_of
@@ -220,6 +223,10 @@ class PartitionProcessor:
         # Highest mailbox_seq of any entry read: minus gate.hi, the watermark lag (metrics).
         self.max_seen_seq = 0
         self.changes = Changes()
+        # The fast lane (docs/contract.md §10, app/domain/fast_lane.py): None when it is off.
+        self.fast_lane = (
+            FastLaneLimiter(config.fast_lane_per_user_per_s) if config.fast_lane_per_user_per_s > 0 else None
+        )
         # With persisted state behind it, memory holds a bounded hot set (app/domain/residency.py).
         self.residency = (
             Residency(self.projector, source, self.member_stats, hot_rows) if source is not None else None
@@ -345,6 +352,8 @@ class PartitionProcessor:
         mirror = self.mirror
         track_changes = self.track_changes
         keeps_member_stats = self.keeps_member_stats
+        fast_lane = self.fast_lane
+        fast_max_members = self.config.fast_lane_max_members
         apply = projector.apply
         apply_message = projector.apply_message
         duplicate = Applied.DUPLICATE
@@ -405,6 +414,14 @@ class PartitionProcessor:
                     self._mirror_state(message, new_row, step)
                 if keeps_member_stats and MemberStats.concerns(message.user_id, message):
                     self._member_stats(message, step)
+                if fast_lane is not None:
+                    members = message.member_count  # matters now? (app/domain/fast_lane.py)
+                    if (
+                        message.mention
+                        or message.urgent is True
+                        or (isinstance(members, int) and members <= fast_max_members)
+                    ):
+                        self._fast_flush(fast_lane, message.user_id, at, step)
             else:
                 if apply(entry, at) is duplicate:
                     stats.duplicates += 1
@@ -443,6 +460,8 @@ class PartitionProcessor:
                     and MemberStats.concerns(entry.user_id, entry)
                 ):
                     self._member_stats(entry, step)
+                if fast_lane is not None and (kind is ReadEntry or kind is MarkUnreadEntry):
+                    self._fast_flush(fast_lane, entry.user_id, at, step)
             if projector.dirty.row_count > max_dirty_rows:  # policy.over_memory_bound, inline
                 self._flush_into(step)
         self._recorded_seq = recorded_seq
@@ -464,6 +483,17 @@ class PartitionProcessor:
                 new_row,
             )
         )
+
+    def _fast_flush(self, fast_lane: FastLaneLimiter, user_id: int, now: int, step: Step) -> None:
+        """An applied entry that matters to its user now (docs/contract.md §10): the user's dirty
+        rows flush at once, within the per-user rate; beyond it they wait for the window."""
+        projector = self.projector
+        if user_id not in projector.dirty.rows or not fast_lane.admit(user_id, now):
+            return
+        batch = projector.flush_user(user_id)
+        if batch is not None:
+            step.flushes.append([batch])
+            self.stats.fast_flushes += 1
 
     def _flush_into(self, step: Step) -> None:
         batches = self.projector.flush()

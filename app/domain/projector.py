@@ -21,6 +21,12 @@ from app.domain.entries import (
     MessageEntry,
     ReadEntry,
 )
+from app.domain.fast_lane import (
+    FAST_LANE_MAX_MEMBERS_MAX,
+    FAST_LANE_MAX_MEMBERS_MIN,
+    FAST_LANE_PER_USER_PER_S_MAX,
+    FAST_LANE_PER_USER_PER_S_MIN,
+)
 from app.domain.flush import DirtySet, FlushPolicy, UserFlush
 from app.domain.ports import MessageStore
 from app.domain.record_fields import bool_field, int_field, list_field, str_field
@@ -32,6 +38,10 @@ from app.domain.unread import UNREAD_PRECISE_LIMIT
 WINDOW_MS_MIN = 0
 MAX_DIRTY_ROWS_MIN = 0
 UNREAD_PRECISE_LIMIT_MIN = 1
+# The fast lane's defaults (docs/contract.md §10; bounds in app/domain/fast_lane.py): direct
+# messages are small conversations; a user takes at most 5 fast flushes a second.
+FAST_LANE_MAX_MEMBERS = 2
+FAST_LANE_PER_USER_PER_S = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +52,11 @@ class ProjectorConfig:
     unread_precise_limit: int = UNREAD_PRECISE_LIMIT  # >= UNREAD_PRECISE_LIMIT_MIN
     # docs/contract.md §10: the badge mode of a user who sent no badge_preferences entry.
     badge_mode: str = MESSAGES
+    # docs/contract.md §10, the fast lane (app/domain/fast_lane.py): a message in a conversation
+    # of at most this many members flushes its user at once; at most `fast_lane_per_user_per_s`
+    # fast flushes per user and second (0: the fast lane is off).
+    fast_lane_max_members: int = FAST_LANE_MAX_MEMBERS
+    fast_lane_per_user_per_s: int = FAST_LANE_PER_USER_PER_S
 
     def __post_init__(self) -> None:
         if self.badge_mode not in BADGE_MODES:
@@ -53,6 +68,16 @@ class ProjectorConfig:
         if self.unread_precise_limit < UNREAD_PRECISE_LIMIT_MIN:
             raise ValueError(
                 f"unread_precise_limit must be >= {UNREAD_PRECISE_LIMIT_MIN}, got {self.unread_precise_limit}"
+            )
+        if not FAST_LANE_MAX_MEMBERS_MIN <= self.fast_lane_max_members <= FAST_LANE_MAX_MEMBERS_MAX:
+            raise ValueError(
+                f"fast_lane_max_members must be in [{FAST_LANE_MAX_MEMBERS_MIN},"
+                f" {FAST_LANE_MAX_MEMBERS_MAX}], got {self.fast_lane_max_members}"
+            )
+        if not FAST_LANE_PER_USER_PER_S_MIN <= self.fast_lane_per_user_per_s <= FAST_LANE_PER_USER_PER_S_MAX:
+            raise ValueError(
+                f"fast_lane_per_user_per_s must be in [{FAST_LANE_PER_USER_PER_S_MIN},"
+                f" {FAST_LANE_PER_USER_PER_S_MAX}], got {self.fast_lane_per_user_per_s}"
             )
 
 
@@ -417,12 +442,21 @@ class Projector:
         self.policy.flushed()
         return batches
 
+    def flush_user(self, user_id: int) -> UserFlush | None:
+        """The fast lane's flush (docs/contract.md §10): this user's dirty rows at once, in one
+        batch like the window's; None when the user has nothing dirty. The window is left as it
+        is: the other users' rows still wait for its end."""
+        conversation_ids = self.dirty.take(user_id)
+        if conversation_ids is None:
+            return None
+        return self._batch(self.users[user_id], sorted(conversation_ids), fast=True)
+
     def _batches(self) -> Iterator[UserFlush]:
         for user_id in self.dirty.users:
             user = self.users[user_id]
             yield self._batch(user, sorted(self.dirty.rows.get(user_id, ())))
 
-    def _batch(self, user: UserState, conversation_ids: list[str]) -> UserFlush:
+    def _batch(self, user: UserState, conversation_ids: list[str], fast: bool = False) -> UserFlush:
         version = user.projection_mailbox_seq
         if user.badge_reconcile:
             self.complete(user)
@@ -432,6 +466,8 @@ class Projector:
         for cid in conversation_ids:
             row = user.rows[cid]
             row.writes += 1
+            if fast:
+                row.fast_writes += 1
             row.dirty = False
             rows.append(row.as_row())
         batch = UserFlush(
@@ -443,6 +479,7 @@ class Projector:
             structure_version=user.structure_version,
             driving_event_id=user.driving_event_id,
             driving_mailbox_seq=version,
+            fast=fast,
         )
         user.flushed_seq = version
         return batch

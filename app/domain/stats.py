@@ -23,3 +23,4 @@ class ProcessingStats:
     applied_messages: int = 0
     duplicates: int = 0
     dead_letters: int = 0
+    fast_flushes: int = 0  # user batches the fast lane flushed (docs/contract.md §10)

@@ -16,9 +16,23 @@ from typing import Any
 import msgspec
 
 from app.domain.conversation import ConversationState
+from app.domain.fast_lane import (
+    FAST_LANE_MAX_MEMBERS_MAX,
+    FAST_LANE_MAX_MEMBERS_MIN,
+    FAST_LANE_PER_USER_PER_S_MAX,
+    FAST_LANE_PER_USER_PER_S_MIN,
+)
 from app.domain.flush import UserFlush
 from app.domain.processor import PartitionProcessor, ProcessingStats, Snapshot
-from app.domain.projector import MAX_DIRTY_ROWS_MIN, WINDOW_MS_MIN, Projector, ProjectorConfig, UserState
+from app.domain.projector import (
+    FAST_LANE_MAX_MEMBERS,
+    FAST_LANE_PER_USER_PER_S,
+    MAX_DIRTY_ROWS_MIN,
+    WINDOW_MS_MIN,
+    Projector,
+    ProjectorConfig,
+    UserState,
+)
 from app.domain.residency import ROW_STATE_KEY
 from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.rocks_messages import RocksMessageStore
@@ -39,6 +53,9 @@ class ReplayOptions:
     max_dirty_rows: int = 100_000
     include_muted: bool = False
     badge_mode: str = "messages"  # docs/contract.md §10: the default of users without preferences
+    # docs/contract.md §10, the fast lane on entry ts (the worker's defaults: the same frames)
+    fast_lane_max_members: int = FAST_LANE_MAX_MEMBERS
+    fast_lane_per_user_per_s: int = FAST_LANE_PER_USER_PER_S
 
     def __post_init__(self) -> None:
         if self.badge_mode not in ("messages", "conversations"):
@@ -49,6 +66,15 @@ class ReplayOptions:
             raise ValueError(f"--window-ms must be >= {WINDOW_MS_MIN}")
         if self.max_dirty_rows < MAX_DIRTY_ROWS_MIN:
             raise ValueError(f"--max-dirty-rows must be >= {MAX_DIRTY_ROWS_MIN}")
+        if not FAST_LANE_MAX_MEMBERS_MIN <= self.fast_lane_max_members <= FAST_LANE_MAX_MEMBERS_MAX:
+            raise ValueError(
+                f"--fast-lane-max-members must be in {FAST_LANE_MAX_MEMBERS_MIN}..{FAST_LANE_MAX_MEMBERS_MAX}"
+            )
+        if not FAST_LANE_PER_USER_PER_S_MIN <= self.fast_lane_per_user_per_s <= FAST_LANE_PER_USER_PER_S_MAX:
+            raise ValueError(
+                "--fast-lane-per-user-per-s must be in"
+                f" {FAST_LANE_PER_USER_PER_S_MIN}..{FAST_LANE_PER_USER_PER_S_MAX}"
+            )
 
 
 @dataclass(slots=True)
@@ -62,6 +88,18 @@ class ReplayStats:
     projection_writes: int = 0
     max_writes_per_user_conversation: int = 0
     applied_messages: int = 0
+    # The fast lane (docs/contract.md §10): user batches it flushed, the rows they wrote, and the
+    # most writes of one row not counting its fast ones (the J-1 bound: <= ceil(span/window) + 1).
+    fast_flushes: int = 0
+    fast_writes: int = 0
+    max_window_writes_per_user_conversation: int = 0
+
+    def row_written(self, writes: int, fast_writes: int) -> None:
+        """A row's final write counts (every known row once)."""
+        if writes > self.max_writes_per_user_conversation:
+            self.max_writes_per_user_conversation = writes
+        if writes - fast_writes > self.max_window_writes_per_user_conversation:
+            self.max_window_writes_per_user_conversation = writes - fast_writes
 
     def as_dict(self) -> dict[str, Any]:
         ratio = self.applied_messages / self.projection_writes if self.projection_writes else 0.0
@@ -75,6 +113,9 @@ class ReplayStats:
             "projection_writes": self.projection_writes,
             "max_writes_per_user_conversation": self.max_writes_per_user_conversation,
             "compression_ratio": round(ratio, 6),
+            "fast_flushes": self.fast_flushes,
+            "fast_writes": self.fast_writes,
+            "max_window_writes_per_user_conversation": self.max_window_writes_per_user_conversation,
         }
 
 
@@ -122,6 +163,10 @@ class Replayer:
         self.on_frame = on_frame
         self.dead_letter_reasons: list[str] = []
         self._flushed_rows: set[tuple[int, str]] = set()
+        # Users a flush wrote (their flushed version moved), rows or none: a batch with no row (a
+        # badge_preferences entry's, §10) must persist its user too, or a user read back after
+        # eviction would chain its next frame to an older version.
+        self._flushed_users: set[int] = set()
 
     def _processor(self, make: Callable[..., PartitionProcessor]) -> PartitionProcessor:
         options = self.options
@@ -130,6 +175,8 @@ class Replayer:
             max_dirty_rows=options.max_dirty_rows,
             include_muted=options.include_muted,
             badge_mode=options.badge_mode,
+            fast_lane_max_members=options.fast_lane_max_members,
+            fast_lane_per_user_per_s=options.fast_lane_per_user_per_s,
         )
         extra: dict[str, Any] = {}
         if self.tables is not None:
@@ -176,12 +223,13 @@ class Replayer:
         for user_id, conversation_id in changes.rows | self._flushed_rows:
             record = processor.row_record(user_id, conversation_id)
             tables.put_row(0, user_id, conversation_id, msgspec.msgpack.encode(record))
-        for user_id in changes.users | {user_id for user_id, _ in self._flushed_rows}:
+        for user_id in changes.users | self._flushed_users:
             tables.put_user(0, user_id, msgspec.msgpack.encode(processor.user_record(user_id)))
         tables.commit_now()
         if self.rocks_store is not None:
             self.rocks_store.commit()
         self._flushed_rows.clear()
+        self._flushed_users.clear()
         processor.evict()
 
     def _flushed(self, batches: list[UserFlush]) -> None:
@@ -190,9 +238,13 @@ class Replayer:
             self._record(batch)
             if self.tables is not None:
                 self._flushed_rows.update((batch.user_id, row["conversation_id"]) for row in batch.rows)
+                self._flushed_users.add(batch.user_id)
 
     def _record(self, batch: UserFlush) -> None:
         self.stats.projection_writes += len(batch.rows)
+        if batch.fast:
+            self.stats.fast_flushes += 1
+            self.stats.fast_writes += len(batch.rows)
         self.on_frame(batch.session_delta())
         self.on_frame(batch.badge_update())
 
@@ -259,8 +311,7 @@ class Replayer:
         users = processor.users
         for user in users.values():
             for row in user.rows.values():
-                if row.writes > stats.max_writes_per_user_conversation:
-                    stats.max_writes_per_user_conversation = row.writes
+                stats.row_written(row.writes, row.fast_writes)
 
         def projections() -> Iterator[dict[str, Any]]:
             for user_id in sorted(users):
@@ -295,9 +346,7 @@ class Replayer:
             for conversation_id, row_blob in tables.user_rows(0, user_id):
                 record = msgspec.msgpack.decode(row_blob)
                 row = ConversationState.load(record[ROW_STATE_KEY], user_id, conversation_id)
-                stats.max_writes_per_user_conversation = max(
-                    stats.max_writes_per_user_conversation, row.writes
-                )
+                stats.row_written(row.writes, row.fast_writes)
 
         def projections() -> Iterator[dict[str, Any]]:
             for _, blob in tables.users(0):

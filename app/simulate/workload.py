@@ -346,6 +346,9 @@ class Workload:
             created_at=m.created_at,
             counts_unread=m.counts_unread,
             mention=user in m.mentions,
+            # docs/contract.md §10: the producer knows the fan-out's size (the fast lane takes a
+            # direct message's at once)
+            member_count=len(conversation.members),
         )
 
     def _recall_entry(

@@ -214,6 +214,8 @@ class WorkerConfig:
                 include_muted=settings.include_muted,
                 unread_precise_limit=settings.unread_precise_limit,
                 badge_mode=settings.badge_mode,
+                fast_lane_max_members=settings.fast_lane_max_members,
+                fast_lane_per_user_per_s=settings.fast_lane_per_user_per_s,
             ),
         )
 

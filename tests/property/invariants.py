@@ -16,10 +16,13 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from tests.property.model import (
+    FAST_LANE_MAX_MEMBERS,
+    FAST_LANE_PER_USER_PER_S,
     UNREAD_PRECISE_LIMIT,
     ModelResult,
     badge_of,
     base_of,
+    fast_writes,
     flush_schedule,
 )
 
@@ -243,8 +246,20 @@ def frame_versions_chain(res: Any, model: ModelResult) -> None:
         assert not diff, f"last BADGE_UPDATE != badges.jsonl: {diff}"
 
 
-def writes_bounded_by_window(res: Any, model: ModelResult, window_ms: int) -> None:
-    """Writes per (user, conversation) <= ceil(span / window) + 1 (docs/contract.md §3.9, seed §8)."""
+def writes_bounded_by_window(
+    res: Any,
+    model: ModelResult,
+    window_ms: int,
+    fast_lane_max_members: int = FAST_LANE_MAX_MEMBERS,
+    fast_lane_per_user_per_s: int = FAST_LANE_PER_USER_PER_S,
+) -> None:
+    """Writes per (user, conversation) <= ceil(span / window) + 1 + the fast flushes of that row
+    (docs/contract.md §3.9 and §10, seed §8); the fast ones counted by the model's schedule
+    (flushes_follow_policy checks that the core's flushes are the schedule's)."""
+    schedule = flush_schedule(
+        model.applied, window_ms, 100_000, fast_lane_max_members, fast_lane_per_user_per_s
+    )
+    fast = fast_writes(schedule)
     ts: dict[tuple[int, str], list[int]] = defaultdict(list)
     for e in model.applied:
         ts[(e["user_id"], e["conversation_id"])].append(e["ts"])
@@ -256,19 +271,29 @@ def writes_bounded_by_window(res: Any, model: ModelResult, window_ms: int) -> No
     )
     for k, n in writes.items():
         span = max(ts[k]) - min(ts[k])
-        bound = math.ceil(span / window_ms) + 1
-        assert n <= bound, f"{k}: {n} writes > ceil({span}/{window_ms})+1 = {bound}"
+        bound = math.ceil(span / window_ms) + 1 + fast.get(k, 0)
+        assert n <= bound, f"{k}: {n} writes > ceil({span}/{window_ms})+1+{fast.get(k, 0)} = {bound}"
 
 
-def flushes_follow_policy(res: Any, model: ModelResult, window_ms: int, max_dirty_rows: int) -> None:
-    """Which rows each flush writes, and in which frames (docs/contract.md §3.9): after each
-    applied entry, flush when dirty rows > max_dirty_rows or ts - window_start >= window; end of
-    input flushes the rest; users ascending, SESSION_DELTA (rows by conversation_id) then
+def flushes_follow_policy(
+    res: Any,
+    model: ModelResult,
+    window_ms: int,
+    max_dirty_rows: int,
+    fast_lane_max_members: int = FAST_LANE_MAX_MEMBERS,
+    fast_lane_per_user_per_s: int = FAST_LANE_PER_USER_PER_S,
+) -> None:
+    """Which rows each flush writes, and in which frames (docs/contract.md §3.9, §10): after each
+    applied entry, flush when dirty rows > max_dirty_rows or ts - window_start >= window; an
+    entry that matters now flushes its user alone (within the per-user rate); end of input
+    flushes the rest; users ascending, SESSION_DELTA (rows by conversation_id) then
     BADGE_UPDATE; driving ids are the user's last applied entry's."""
-    schedule = flush_schedule(model.applied, window_ms, max_dirty_rows)
+    schedule = flush_schedule(
+        model.applied, window_ms, max_dirty_rows, fast_lane_max_members, fast_lane_per_user_per_s
+    )
     want: list[tuple[Any, ...]] = []
     for flush in schedule:
-        for user, version, event_id, convs in flush:
+        for user, version, event_id, convs in flush.users:
             want.append(("SESSION_DELTA", user, version, event_id, convs))
             want.append(("BADGE_UPDATE", user, version))
     got: list[tuple[Any, ...]] = []
@@ -282,6 +307,18 @@ def flushes_follow_policy(res: Any, model: ModelResult, window_ms: int, max_dirt
         assert g == w, f"frame {i} (core, policy): {g} != {w}"
     assert len(got) == len(want), f"{len(got)} frames, the policy gives {len(want)}"
     assert res.stats["flushes"] == len(schedule), (res.stats["flushes"], len(schedule))
+    fast = [flush for flush in schedule if flush.fast]
+    assert res.stats["fast_flushes"] == len(fast), (res.stats["fast_flushes"], len(fast))
+    assert res.stats["fast_writes"] == sum(len(f.users[0][3]) for f in fast), res.stats
+    writes = Counter(
+        (f["user_id"], r["conversation_id"])
+        for f in res.frames
+        if f["type"] == "SESSION_DELTA"
+        for r in f["conversations"]
+    )
+    fast_by_row = fast_writes(schedule)
+    window_writes = max((n - fast_by_row.get(k, 0) for k, n in writes.items()), default=0)
+    assert res.stats["max_window_writes_per_user_conversation"] == window_writes, res.stats
 
 
 def check_all(
@@ -290,6 +327,8 @@ def check_all(
     include_muted: bool,
     window_ms: int | None = None,
     max_dirty_rows: int | None = None,
+    fast_lane_max_members: int = FAST_LANE_MAX_MEMBERS,
+    fast_lane_per_user_per_s: int = FAST_LANE_PER_USER_PER_S,
 ) -> None:
     rows_equal_model(res, model)
     inexact_only_beyond_200(res.projections)
@@ -303,4 +342,6 @@ def check_all(
     frames_reproduce_rows(res)
     frame_versions_chain(res, model)
     if window_ms is not None and max_dirty_rows is not None:
-        flushes_follow_policy(res, model, window_ms, max_dirty_rows)
+        flushes_follow_policy(
+            res, model, window_ms, max_dirty_rows, fast_lane_max_members, fast_lane_per_user_per_s
+        )

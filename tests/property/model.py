@@ -5,6 +5,10 @@ watermark gate literally (one partition), keeps the list of entries applied per 
 evaluates the definitions for each (user, conversation) from those entries, with no incremental
 state at all. It follows docs/contract.md, the project choices included.
 
+The fast lane (docs/contract.md §10) is in `flush_schedule`: which applied entries matter to their
+user now, and the per-user rate over a sliding second, kept as the full list of each user's fast
+flush times (never forgotten, unlike the core's limiter).
+
 What it does NOT model: frame contents (only which rows each flush writes: `flush_schedule`),
 and unread_exact (the model is always exact; the tests check the core's inexact rows against the
 200 rule instead).
@@ -98,7 +102,9 @@ TYPES: dict[str, dict[str, Check]] = {
 OPTIONAL: dict[str, dict[str, Check]] = {
     "join": {"role": _one_of("owner", "admin", "member")},
     "watermark": {"count": SEQ0},  # docs/contract.md §9: a u64 when present (null is no count)
-    "message": {"notification": _int(0, U32)},  # §9: any u32 kind; 24 and 27 notify
+    # §9: any u32 kind; 24 and 27 notify. §10 (the fast lane): urgent, a JSON bool; member_count,
+    # a u32 (the conversation's members as the producer fanned the message out).
+    "message": {"notification": _int(0, U32), "urgent": _bool, "member_count": _int(0, U32)},
 }
 MARKER: dict[str, Check] = {"lane": SEQ0, "watermark": SEQ0, "ts": SEQ0}
 
@@ -391,26 +397,56 @@ def badge_of(
     }
 
 
+# docs/contract.md §10: the fast lane's defaults (the replay command's and the worker's)
+FAST_LANE_MAX_MEMBERS = 2
+FAST_LANE_PER_USER_PER_S = 5
+
+
+def matters_now(e: dict[str, Any], max_members: int) -> bool:
+    """§10: a message with mention, urgent, or a member_count <= max_members; a read; a mark_unread."""
+    if e["type"] == "message":
+        return bool(
+            e["mention"]
+            or e.get("urgent") is True
+            or ("member_count" in e and e["member_count"] <= max_members)
+        )
+    return e["type"] in ("read", "mark_unread")
+
+
+@dataclass
+class Flush:
+    """One flush of the schedule: (user, version, driving_event_id, sorted conversation ids) by
+    user; `fast` when the fast lane made it (one user)."""
+
+    users: list[tuple[int, int, str, list[str]]]
+    fast: bool = False
+
+
 def flush_schedule(
-    applied: list[dict[str, Any]], window_ms: int, max_dirty_rows: int
-) -> list[list[tuple[int, int, str, list[str]]]]:
-    """The flush policy of docs/contract.md §3.9, replayed over the applied entries (in apply order):
-    -> flushes, each [(user, version, driving_event_id, sorted conversation ids)] by user."""
-    flushes: list[list[tuple[int, int, str, list[str]]]] = []
+    applied: list[dict[str, Any]],
+    window_ms: int,
+    max_dirty_rows: int,
+    fast_lane_max_members: int = FAST_LANE_MAX_MEMBERS,
+    fast_lane_per_user_per_s: int = FAST_LANE_PER_USER_PER_S,
+) -> list[Flush]:
+    """The flush policy of docs/contract.md §3.9 and §10, replayed over the applied entries (in
+    apply order)."""
+    flushes: list[Flush] = []
     dirty: set[tuple[int, str]] = set()
     last: dict[int, dict[str, Any]] = {}  # user -> last applied entry
     window_start: int | None = None
 
     dirty_users: set[int] = set()  # users to flush whatever their rows (badge_preferences)
+    fast_times: dict[int, list[int]] = defaultdict(list)  # user -> every fast flush's clock
+    fast_clock: int | None = None  # the highest ts that asked for the fast lane
+
+    def batch(u: int) -> tuple[int, int, str, list[str]]:
+        return (u, last[u]["mailbox_seq"], last[u]["event_id"], sorted(c for v, c in dirty if v == u))
 
     def flush() -> None:
         users = sorted({u for u, _ in dirty} | dirty_users)
-        flushes.append(
-            [
-                (u, last[u]["mailbox_seq"], last[u]["event_id"], sorted(c for v, c in dirty if v == u))
-                for u in users
-            ]
-        )
+        if users:  # a fast flush may have left nothing for the window
+            flushes.append(Flush([batch(u) for u in users]))
         dirty.clear()
         dirty_users.clear()
 
@@ -420,14 +456,34 @@ def flush_schedule(
             window_start = None
         if window_start is None:
             window_start = e["ts"]
+        u = e["user_id"]
         if e["type"] == "badge_preferences":
-            dirty_users.add(e["user_id"])  # §10: the badge alone changed, no row
+            dirty_users.add(u)  # §10: the badge alone changed, no row
         else:
-            dirty.add((e["user_id"], e["conversation_id"]))
-        last[e["user_id"]] = e
+            dirty.add((u, e["conversation_id"]))
+        last[u] = e
+        if fast_lane_per_user_per_s > 0 and matters_now(e, fast_lane_max_members):
+            fast_clock = e["ts"] if fast_clock is None else max(fast_clock, e["ts"])
+            in_last_second = [t for t in fast_times[u] if t > fast_clock - 1000]
+            if len(in_last_second) < fast_lane_per_user_per_s:
+                fast_times[u].append(fast_clock)
+                flushes.append(Flush([batch(u)], fast=True))  # this user only; the window goes on
+                dirty.difference_update({(v, c) for v, c in dirty if v == u})
+                dirty_users.discard(u)
         if len(dirty) > max_dirty_rows:  # memory bound, after applying
             flush()
             window_start = None
     if dirty or dirty_users:
         flush()
     return flushes
+
+
+def fast_writes(schedule: list[Flush]) -> dict[tuple[int, str], int]:
+    """(user, conversation) -> how many fast flushes wrote the row."""
+    counts: dict[tuple[int, str], int] = defaultdict(int)
+    for flush in schedule:
+        if flush.fast:
+            for u, _, _, convs in flush.users:
+                for c in convs:
+                    counts[(u, c)] += 1
+    return counts

@@ -40,8 +40,17 @@ options = st.fixed_dictionaries(
         "max_dirty_rows": st.sampled_from((100_000, 1, 3)),
         "include_muted": st.booleans(),
         "badge_mode": st.sampled_from(("messages", "conversations")),
+        # docs/contract.md §10: the defaults (DMs, 5 a second), off, every conversation small,
+        # and rates low enough that a user's burst of mentions and reads meets the bound
+        "fast_lane_max_members": st.sampled_from((2, 0, 3, 1000)),
+        "fast_lane_per_user_per_s": st.sampled_from((5, 0, 1, 2)),
     }
 )
+
+
+def fast(opts: dict[str, Any]) -> dict[str, int]:
+    """The fast-lane options of `opts` (the replay's defaults when it has none)."""
+    return {k: opts[k] for k in ("fast_lane_max_members", "fast_lane_per_user_per_s") if k in opts}
 
 
 def replay(lines: list[bytes], lanes: int, **opts: Any) -> Any:
@@ -53,7 +62,9 @@ def check_stream(stream: Stream, opts: dict[str, Any]) -> tuple[Any, Any]:
     res = replay(lines, stream.lanes, **opts)
     model = run_model(lines, stream.lanes, opts["include_muted"], opts.get("badge_mode", "messages"))
     try:
-        inv.check_all(res, model, opts["include_muted"], opts["window_ms"], opts["max_dirty_rows"])
+        inv.check_all(
+            res, model, opts["include_muted"], opts["window_ms"], opts["max_dirty_rows"], **fast(opts)
+        )
     except AssertionError:
         # PROPERTY_DUMP=path: keep the failing input (replay it with `projector replay`)
         if os.environ.get("PROPERTY_DUMP"):
@@ -131,16 +142,24 @@ def test_permuting_deliveries_across_lanes_keeps_rows_and_badges(
     stream=streams(scenarios(ts_step=(0, 12), per_user_seq=False), full=True),
     window_ms=st.sampled_from((1, 7, 30, 100, 5000)),
     include_muted=st.booleans(),
+    lane=st.tuples(st.sampled_from((2, 0, 1000)), st.sampled_from((5, 0, 1))),
 )
-def test_writes_bounded_by_window(stream: Stream, window_ms: int, include_muted: bool) -> None:
+def test_writes_bounded_by_window(
+    stream: Stream, window_ms: int, include_muted: bool, lane: tuple[int, int]
+) -> None:
     """ts non-decreasing in apply order (one mailbox_seq space, ts taken in that order) and no
-    early (memory-bound) flush: writes per row <= ceil(span / window) + 1."""
+    early (memory-bound) flush: writes per row <= ceil(span / window) + 1 + its fast flushes
+    (docs/contract.md §10), fast-lane entries mixed in (mentions, reads, mark_unread, urgent and
+    small conversations' messages), disordered and duplicated."""
     lines = stream.lines()
-    res = replay(lines, stream.lanes, window_ms=window_ms, include_muted=include_muted)
+    opts = {"fast_lane_max_members": lane[0], "fast_lane_per_user_per_s": lane[1]}
+    res = replay(lines, stream.lanes, window_ms=window_ms, include_muted=include_muted, **opts)
     model = run_model(lines, stream.lanes, include_muted)
     applied_ts = [e["ts"] for e in model.applied]
     assert applied_ts == sorted(applied_ts), "precondition: ts non-decreasing in apply order"
-    inv.writes_bounded_by_window(res, model, window_ms)
+    inv.writes_bounded_by_window(res, model, window_ms, *lane)
+    if lane[1] == 0:  # no fast lane: the bound of §3.9 alone
+        assert res.stats["fast_flushes"] == 0
 
 
 @settings(SETTINGS, max_examples=n(60))
@@ -152,7 +171,7 @@ def test_a_lane_that_never_reports_holds_everything_back(stream: Stream, opts: d
     lanes = stream.lanes + 1
     res = replay(lines, lanes, **opts)
     model = run_model(lines, lanes, opts["include_muted"], opts.get("badge_mode", "messages"))
-    inv.check_all(res, model, opts["include_muted"], opts["window_ms"], opts["max_dirty_rows"])
+    inv.check_all(res, model, opts["include_muted"], opts["window_ms"], opts["max_dirty_rows"], **fast(opts))
     assert res.stats["applied"] == 0 and res.frames == [] and res.projections == []
 
 

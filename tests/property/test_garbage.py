@@ -26,7 +26,7 @@ from app.replay import ReplayOptions, run_replay
 from app.stores.memory_messages import InMemoryMessageStore
 from tests.property import invariants as inv
 from tests.property.model import parse_line, run_model
-from tests.property.test_core_vs_model import n, options
+from tests.property.test_core_vs_model import fast, n, options
 from tests.support.garbage import (
     OPTIONAL_FIELDS,
     Garbage,
@@ -83,7 +83,8 @@ def test_valid_records_at_the_edges_decode_as_the_model_reads_them(raw: bytes) -
     if value["type"] == "join":
         expected["role"] = value.get("role", "member")
     if value["type"] == "message":
-        expected["notification"] = value.get("notification", msgspec.UNSET)
+        for optional in ("notification", "urgent", "member_count"):
+            expected[optional] = value.get(optional, msgspec.UNSET)
     assert decoded == expected
 
 
@@ -313,7 +314,7 @@ def test_valid_records_at_the_edges_never_crash_and_match_the_model(
     res = run_replay(lines, ReplayOptions(lanes=LANES, **opts))
     model = run_model(lines, LANES, opts["include_muted"], opts.get("badge_mode", "messages"))
     assert res.stats["dead_letters"] == 0
-    inv.check_all(res, model, opts["include_muted"], opts["window_ms"], opts["max_dirty_rows"])
+    inv.check_all(res, model, opts["include_muted"], opts["window_ms"], opts["max_dirty_rows"], **fast(opts))
 
 
 def test_ten_thousand_garbage_records_in_one_batch() -> None:

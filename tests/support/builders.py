@@ -51,9 +51,12 @@ class StreamBuilder:
         mention: bool = False,
         lane: int = 0,
         notification: int | None = None,
+        **optional: Any,
     ) -> int:
         # `notification`: a member notification's kind (docs/contract.md §9); None leaves it out.
+        # `optional`: other optional fields as they go on the wire (§10's urgent, member_count).
         kind: dict[str, Any] = {} if notification is None else {"notification": notification}
+        kind.update(optional)
         return self.entry(
             "message",
             user,

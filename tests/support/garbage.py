@@ -70,10 +70,11 @@ TYPE_FIELDS: dict[str, dict[str, str]] = {
     "badge_preferences": {"badge_mode": "badge_mode", "include_muted": "bool"},
 }
 # `notification` (docs/contract.md §9): an integer kind, u32; any kind is valid (24 and 27 notify).
+# `urgent` (bool) and `member_count` (u32): the fast lane's (§10).
 OPTIONAL_FIELDS = {
     "join": {"role": "role"},
     "watermark": {"count": "u64"},
-    "message": {"notification": "u32"},
+    "message": {"notification": "u32", "urgent": "bool", "member_count": "u32"},
 }
 MARKER_FIELDS = {"lane": "lane", "watermark": "u64", "ts": "u64"}
 assert set(TYPE_FIELDS) == set(ENTRY_TYPES)
@@ -175,8 +176,9 @@ def valid_pairs(rnd: random.Random, lanes: int, type_: str | None = None) -> Pai
         if rnd.random() < 0.5:
             values[name] = valid_value(kind, rnd, lanes)
     if rnd.random() < 0.15:
-        # `count` is a field of markers, `notification` of messages: elsewhere unknown, so ignored.
-        extra = rnd.choice(("count", "notification", "x-trace", "meta"))
+        # `count` is a field of markers, `notification`, `urgent` and `member_count` of messages:
+        # elsewhere unknown, so ignored.
+        extra = rnd.choice(("count", "notification", "urgent", "member_count", "x-trace", "meta"))
         if extra not in OPTIONAL_FIELDS.get(type_, {}):  # a field of this type is no extra
             values[extra] = _extra_value(rnd)
     pairs = [(name, enc(value, ascii_only=ascii_only)) for name, value in values.items()]
@@ -302,7 +304,8 @@ def field_broken(rnd: random.Random, pairs: Pairs, lanes: int) -> bytes:
 def break_field(
     pairs: Pairs, name: str, kind: str, rnd: random.Random, lanes: int, *, missing: bool
 ) -> bytes:
-    if missing and name not in ("role", "count", "notification"):  # an optional field may be missing
+    optional = ("role", "count", "notification", "urgent", "member_count")
+    if missing and name not in optional:  # an optional field may be missing
         return render([(k, v) for k, v in pairs if k != name])
     value = bad_value(kind, rnd, lanes)
     out = [(k, v) for k, v in pairs if k != name]

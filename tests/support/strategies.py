@@ -179,6 +179,9 @@ class Message:
     activity_id: str
     created_at: int
     mentions: dict[int, bool]  # recipient -> mention flag of that recipient's entry
+    # docs/contract.md §10's optional fields, the same on every recipient's entry: `urgent`,
+    # `member_count` (the fast lane)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -272,7 +275,12 @@ class _World:
             self.seen[(u, c)] = max(self.seen.get((u, c), 0), e["conversation_seq"])
 
     def send(
-        self, conv: Conversation, sender: int, counts_unread: bool, mentioned: Callable[[int], bool]
+        self,
+        conv: Conversation,
+        sender: int,
+        counts_unread: bool,
+        mentioned: Callable[[int], bool],
+        extra: dict[str, Any] | None = None,
     ) -> None:
         conv.seq += 1
         created = self.clock + 1
@@ -284,6 +292,7 @@ class _World:
             activity_id(created, conv.index, conv.seq),
             created,
             {u: mentioned(u) for u in sorted(conv.members)},
+            dict(extra or {}),
         )
         conv.messages[m.seq] = m
         for u, mention in m.mentions.items():
@@ -300,6 +309,7 @@ def message_payload(m: Message, mention: bool) -> dict[str, Any]:
         "created_at": m.created_at,
         "counts_unread": m.counts_unread,
         "mention": mention,
+        **m.extra,
     }
 
 
@@ -368,7 +378,15 @@ def scenarios(
             how = draw(st.sampled_from(("none", "none", "some", "all")))
             some = set(draw(st.lists(st.sampled_from(members), max_size=len(members))))
             chosen = set(members) if how == "all" else some if how == "some" else set()
-            w.send(conv, sender, counts, chosen.__contains__)
+            # The fast lane's fields (docs/contract.md §10): the conversation's size as the
+            # producer fanned out (a DM's 2 included), an urgent flag either way, or neither.
+            lane = draw(st.sampled_from(("plain", "plain", "members", "urgent", "both")))
+            extra: dict[str, Any] = {}
+            if lane in ("members", "both"):
+                extra["member_count"] = len(conv.members)
+            if lane in ("urgent", "both"):
+                extra["urgent"] = draw(st.booleans())
+            w.send(conv, sender, counts, chosen.__contains__, extra)
         elif action == "read":
             how = draw(st.sampled_from(("below", "seen", "above", "conv")))
             value = {
@@ -466,7 +484,8 @@ def _burst(w: _World, n: int) -> None:
         low = rnd.randint(0, conv.seq)  # may be below its real join: messages it never got
         w.queue(jumper, conv, {"type": "join", "joined_at_conversation_seq": conv.seq + n - 20})
     for _ in range(n):
-        w.send(conv, sender, rnd.random() < 0.9, lambda u: rnd.random() < 0.03)
+        size = {"member_count": len(conv.members)} if rnd.random() < 0.2 else {}
+        w.send(conv, sender, rnd.random() < 0.9, lambda u: rnd.random() < 0.03, size)
         u = rnd.choice(sorted(conv.members))
         seen = w.seen.get((u, conv.cid), 0)
         x = rnd.random()
@@ -693,6 +712,12 @@ def bad_line(sc: Scenario, rnd: random.Random) -> bytes:
         if e["type"] == "join" and rnd.random() < 0.3:
             e["role"] = rnd.choice(("root", "", 1, True, "Owner"))
             assert not OPTIONAL["join"]["role"](e["role"])
+            return dumps(e)
+        if e["type"] == "message" and rnd.random() < 0.3:
+            # docs/contract.md §10's optional fields, ill-typed or out of range
+            name = rnd.choice(("urgent", "member_count"))
+            e[name] = rnd.choice([*_invalid_values(OPTIONAL["message"][name]), U32])
+            assert not OPTIONAL["message"][name](e[name])
             return dumps(e)
         name = rnd.choice(sorted(fields))
         e[name] = rnd.choice(_invalid_values(fields[name]))

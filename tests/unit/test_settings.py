@@ -370,3 +370,41 @@ def test_topic_env_names_every_topic_after_the_prefix() -> None:
     assert all(topic.startswith("run-1-") for topic in s.topics)
     assert not set(s.topics) & set(Settings().topics)
     assert env["PROJECTOR_TOPIC_DEAD_LETTER"] == "run-1-dead-letter"
+
+
+# --- the fast lane (docs/contract.md §10, issue 33) --------------------------------------------
+
+
+def test_fast_lane_defaults_are_direct_messages_and_five_a_second_and_reach_the_worker() -> None:
+    from app.worker.core import WorkerConfig
+
+    settings = Settings.from_env({})
+    assert (settings.fast_lane_max_members, settings.fast_lane_per_user_per_s) == (2, 5)
+    tuned = Settings.from_env(
+        {"PROJECTOR_FAST_LANE_MAX_MEMBERS": "10", "PROJECTOR_FAST_LANE_PER_USER_PER_S": "0"}
+    )
+    config = WorkerConfig.from_settings(tuned).projector
+    assert (config.fast_lane_max_members, config.fast_lane_per_user_per_s) == (10, 0)
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        (
+            {"PROJECTOR_FAST_LANE_MAX_MEMBERS": "-1"},
+            "PROJECTOR_FAST_LANE_MAX_MEMBERS: -1 is not in 0..4294967295",
+        ),
+        (
+            {"PROJECTOR_FAST_LANE_PER_USER_PER_S": "1001"},
+            "PROJECTOR_FAST_LANE_PER_USER_PER_S: 1001 is not in 0..1000",
+        ),
+        (
+            {"PROJECTOR_FAST_LANE_PER_USER_PER_S": "fast"},
+            "PROJECTOR_FAST_LANE_PER_USER_PER_S: expected a decimal",
+        ),
+    ],
+)
+def test_invalid_fast_lane_values_give_one_line_errors(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env(env)
+    assert err.value.problems == [next(p for p in err.value.problems if fragment in p)]

@@ -70,3 +70,21 @@ def test_the_goal_applies_only_to_the_100_ms_window_at_half_the_worker() -> None
     )
     assert issue14_goal(phase("worker", "fixed", 4000, 1, 1)) is None
     assert issue14_goal({**phase("worker", GOAL_PHASE, 7400, 1, 1), "window_ms": 250}) is None
+
+
+def test_the_latency_phase_splits_the_fast_lanes_entries_from_the_windows() -> None:
+    """Issue 33: the entries that ask for the fast lane (docs/contract.md §10) apart."""
+    from bench.worker_bench import lane_split, takes_fast_lane
+
+    message = {"type": "message", "mention": False}
+    assert takes_fast_lane({**message, "member_count": 2}, 2)
+    assert not takes_fast_lane({**message, "member_count": 3}, 2)
+    assert not takes_fast_lane(message, 2)
+    assert takes_fast_lane({**message, "mention": True}, 2)
+    assert takes_fast_lane({**message, "urgent": True}, 2)
+    assert takes_fast_lane({"type": "read"}, 2) and takes_fast_lane({"type": "mark_unread"}, 2)
+    assert not takes_fast_lane({"type": "pin"}, 2)
+    split = lane_split([(True, 10.0), (True, 30.0), (False, 5000.0)])
+    assert split["fast_lane"] == {"entries": 2, "p50_ms": 30.0, "p99_ms": 30.0}
+    assert split["window"] == {"entries": 1, "p50_ms": 5000.0, "p99_ms": 5000.0}
+    assert lane_split([])["fast_lane"] == {"entries": 0}

@@ -150,7 +150,15 @@ def _assert_clear_failure(proc: subprocess.CompletedProcess[bytes], *needles: st
 
 @pytest.mark.parametrize(
     "extra",
-    [["--bogus"], ["--lanes", "0"], ["--lanes", "x"], ["--window-ms", "-5"], ["--max-dirty-rows"]],
+    [
+        ["--bogus"],
+        ["--lanes", "0"],
+        ["--lanes", "x"],
+        ["--window-ms", "-5"],
+        ["--max-dirty-rows"],
+        ["--fast-lane-per-user-per-s", "1001"],
+        ["--fast-lane-max-members", "-1"],
+    ],
 )
 def test_unknown_or_bad_option_exits_2_with_a_message(tmp_path: Path, extra: list[str]) -> None:
     src = tmp_path / "in.jsonl"
@@ -158,6 +166,27 @@ def test_unknown_or_bad_option_exits_2_with_a_message(tmp_path: Path, extra: lis
     proc = projector("replay", "--input", str(src), "--out", str(tmp_path / "o"), *extra)
     _assert_clear_failure(proc, extra[0])
     assert proc.returncode == 2
+
+
+def test_the_fast_lane_options_reach_the_replay(tmp_path: Path) -> None:
+    """docs/contract.md §10 on entry ts: a DM flushes its user at once (default), not with 0."""
+    b = Builder()
+    b.message(1, C, 1, 2, member_count=2)
+    b.message(2, C, 1, 2, member_count=9)
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"\n".join(b.finish()) + b"\n")
+    runs: list[tuple[list[str], int, ReplayOptions]] = [
+        ([], 1, ReplayOptions()),
+        (["--fast-lane-per-user-per-s", "0"], 0, ReplayOptions(fast_lane_per_user_per_s=0)),
+        (["--fast-lane-max-members", "9"], 2, ReplayOptions(fast_lane_max_members=9)),
+    ]
+    for n, (extra, fast, opts) in enumerate(runs):
+        out = tmp_path / f"o{n}"
+        proc = projector("replay", "--input", str(src), "--out", str(out), *extra)
+        assert proc.returncode == 0, proc.stderr.decode()
+        got = read_outputs(out)
+        assert got["stats"]["fast_flushes"] == fast, (extra, got["stats"])
+        assert got == expected(b.finish(), opts)
 
 
 @pytest.mark.parametrize("missing", ["--input", "--out"])

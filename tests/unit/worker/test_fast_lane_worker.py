@@ -1,0 +1,72 @@
+"""The fast lane in the worker (docs/contract.md §10): the settings reach the core through
+WorkerConfig.from_settings, and on the wall clock a direct message is written and its frames
+sent with the batch that applied it, while a group message waits for the window's end."""
+
+from __future__ import annotations
+
+import asyncio
+
+from app.settings import Settings
+from app.stores.memory_messages import InMemoryMessageStore
+from app.stores.memory_projection import InMemoryProjectionStore
+from app.stores.memory_tables import MemoryTables
+from app.worker.core import WorkerConfig, WorkerCore
+from tests.support.builders import CONV_A, CONV_B, StreamBuilder
+from tests.support.clock import ManualClock
+from tests.support.worker import RecordingOutbox, message_store_for, records
+
+DM, GROUP = CONV_A, CONV_B
+WINDOW_MS = 5000
+
+
+def deltas(outbox: RecordingOutbox) -> list[tuple[int, int]]:
+    return [
+        (f["user_id"], f["projection_mailbox_seq"]) for f in outbox.frames_out if f["type"] == "SESSION_DELTA"
+    ]
+
+
+def run(per_user_per_s: int) -> list[list[tuple[int, int]]]:
+    """What the outbox holds after each step: the batch, just before the window's end, after it."""
+    settings = Settings(projection_compaction_window_ms=WINDOW_MS, fast_lane_per_user_per_s=per_user_per_s)
+    s = StreamBuilder()
+    s.message(2, 1, conv=GROUP, member_count=40)  # user 2: a group, waits for the window
+    s.message(1, 1, conv=DM, member_count=2)  # user 1: a direct message, at once
+    lines = s.close()
+    clock = ManualClock()
+    outbox = RecordingOutbox()
+    store: InMemoryMessageStore = message_store_for(lines, 1)
+    core = WorkerCore(
+        WorkerConfig.from_settings(settings),
+        message_store=store,
+        projection_store=InMemoryProjectionStore(),
+        tables=MemoryTables(),
+        outbox=outbox,
+        clock=clock,
+    )
+    seen = []
+
+    async def go() -> None:
+        await core.on_records(records(lines))
+        seen.append(deltas(outbox))
+        clock.now += WINDOW_MS - 1
+        await core.flush_due(clock.now)
+        seen.append(deltas(outbox))
+        clock.now += 1
+        await core.flush_due(clock.now)
+        seen.append(deltas(outbox))
+
+    asyncio.run(go())
+    return seen
+
+
+def test_a_direct_message_is_sent_with_its_batch_and_a_group_message_at_the_window_end() -> None:
+    at_batch, before_end, at_end = run(per_user_per_s=5)
+    assert at_batch == [(1, 2)]
+    assert before_end == [(1, 2)]
+    assert at_end == [(1, 2), (2, 1)]
+
+
+def test_with_the_fast_lane_off_both_wait_for_the_window() -> None:
+    at_batch, before_end, at_end = run(per_user_per_s=0)
+    assert at_batch == before_end == []
+    assert at_end == [(1, 2), (2, 1)]
