@@ -60,8 +60,10 @@ log = logging.getLogger("projector.reconcile")
 # Requests queued for the runner at most (beyond: dropped and counted as failed). Requests are
 # bounded per user by the API's interval, so only a burst of distinct users fills it.
 QUEUE_MAX = 10_000
-# Rows recounted per hop to the worker thread.
+# Rows recounted per hop to a worker thread, and such hops in flight at once (the default
+# executor's threads; the Cassandra session is shared and thread-safe).
 _RECOUNT_SLICE = 64
+_RECOUNT_PARALLEL = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,13 +173,11 @@ class ReconcileRunner:
         if not copies:
             return ReconcileResult(user_id, Outcome.UNKNOWN_USER)
         counted = [row for row in copies.values() if wants_recount(row, self.config.limit)]
-        for start in range(0, len(counted), _RECOUNT_SLICE):
-            chunk = counted[start : start + _RECOUNT_SLICE]
-            try:
-                await asyncio.to_thread(_recount_all, chunk, self.core.message_store, self.config.limit)
-            except Exception as exc:  # the store's own error types differ per adapter
-                log.warning("reconcile: recounting user %d failed: %s", user_id, exc)
-                return ReconcileResult(user_id, Outcome.FAILED, rows=len(copies))
+        try:
+            await self._recount(counted)
+        except Exception as exc:  # the store's own error types differ per adapter
+            log.warning("reconcile: recounting user %d failed: %s", user_id, exc)
+            return ReconcileResult(user_id, Outcome.FAILED, rows=len(copies))
         judged = await judge_user(self.core, state, user_id, copies, "reconcile", complete=True)
         base = ReconcileResult(
             user_id,
@@ -206,6 +206,20 @@ class ReconcileRunner:
         if judged.repair in (Repair.REFLUSH_ROWS, Repair.REFLUSH_USER):
             return replace(base, outcome=Outcome.REFLUSHED)
         return base
+
+    async def _recount(self, rows: list[ConversationState]) -> None:
+        """The copies recounted in worker threads: slices of `_RECOUNT_SLICE` rows, at most
+        `_RECOUNT_PARALLEL` slices at once (each row is one bounded MessageStore read, ~1 ms on a
+        local Cassandra: one after the other, a 5,000-row user took seconds)."""
+        gate = asyncio.Semaphore(_RECOUNT_PARALLEL)
+        store, limit = self.core.message_store, self.config.limit
+
+        async def one(chunk: list[ConversationState]) -> None:
+            async with gate:
+                await asyncio.to_thread(_recount_all, chunk, store, limit)
+
+        slices = [rows[i : i + _RECOUNT_SLICE] for i in range(0, len(rows), _RECOUNT_SLICE)]
+        await asyncio.gather(*(one(chunk) for chunk in slices))
 
     def _count(self, result: ReconcileResult) -> ReconcileResult:
         stats = self.core.stats
