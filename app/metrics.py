@@ -682,6 +682,9 @@ class ApiMetrics:
             ["trigger", "outcome"],
             registry=r,
         )
+        for trigger in ("login", "stream", "request"):
+            for outcome in ("accepted", "limited", "failed", "unavailable"):
+                self.reconcile_requests.labels(trigger, outcome)
         add_process_metrics(r)
         self._seen = _Seen()
 
