@@ -263,7 +263,7 @@ class Settings:
     # the badge recomputed in full. At most one per user per `reconcile_min_interval_s`, fleet-wide
     # (one atomic SET NX PX under the user's hash tag); POST /v1/reconcile within it is a 429 with
     # Retry-After, a login within it asks nothing. The worker drops a request older than the
-    # interval (a worker that was away catches up with fresh requests, not a backlog).
+    # interval (and at least a minute) (a worker that was away catches up with fresh requests, not a backlog).
     reconcile_min_interval_s: int = bounded(300, 1, 86_400)
     # Whether a login asks for a reconcile (POST /v1/reconcile always can).
     reconcile_on_login: bool = True

@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("projector.reconcile")
 
+# A request is dropped as stale after the interval, and not before this (seconds).
+MIN_MAX_AGE_S = 60
 # Requests queued for the runner at most (beyond: dropped and counted as failed). Requests are
 # bounded per user by the API's interval, so only a burst of distinct users fills it.
 QUEUE_MAX = 10_000
@@ -68,12 +70,15 @@ _RECOUNT_PARALLEL = 4
 
 @dataclass(frozen=True, slots=True)
 class ReconcileConfig:
-    max_age_ms: int  # a request older than this is dropped (the API's interval)
+    max_age_ms: int  # a request older than this is dropped (the API's interval, at least a minute)
     limit: int  # the bounded read's width (unread_precise_limit)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ReconcileConfig:
-        return cls(max_age_ms=settings.reconcile_min_interval_s * 1000, limit=settings.unread_precise_limit)
+        # The interval, but never under a minute: a request queued behind a long reconcile, or
+        # stamped by an API host whose clock runs a little ahead, is not dropped for it.
+        max_age_ms = max(settings.reconcile_min_interval_s, MIN_MAX_AGE_S) * 1000
+        return cls(max_age_ms=max_age_ms, limit=settings.unread_precise_limit)
 
 
 def _wall_ms() -> int:
