@@ -6,7 +6,7 @@ VENV_OK := .venv/.installed
 
 .PHONY: help setup tools run test test-fast test-compiled test-differential chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api \
 	redis-cluster-up redis-cluster-down redis-cluster-status kafka-cluster-up kafka-cluster-down kafka-cluster-status \
-	chaos-infra-check chaos sdk
+	chaos-infra-check chaos sdk crash-power
 
 help: ## List the targets with what they do
 	@awk 'BEGIN {FS = ":.*?## "} /^[a-zA-Z_-]+:.*?## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -90,9 +90,13 @@ chaos: services-up tools ## Issue 18's fault scenarios at full size (long), repo
 chaos-crash: services-up ## Issue 11's crash run at full size, CHAOS_RUNS times in a row (default 20), one seed each
 	@mkdir -p .local/chaos-crash; for i in $$(seq 1 $(CHAOS_RUNS)); do \
 		echo "== crash run $$i/$(CHAOS_RUNS)"; \
-		$(PY) -m pytest -q -s -m chaos tests/integration/test_crash_safety.py --chaos-seed $$i -p no:cacheprovider \
+		$(PY) -m pytest -q -s -m chaos tests/integration/test_crash_safety.py -k test_full_size_crash_run --chaos-seed $$i -p no:cacheprovider \
 			--basetemp .local/chaos-crash/run-$$i || exit 1; \
 	done
+
+CRASH_POWER_RUNS ?= 10
+crash-power: services-up ## The CI crash run's power: with each planted persist bug (tests/support/plant_site) it must fail in >= 9 of CRASH_POWER_RUNS runs
+	CRASH_POWER_RUNS=$(CRASH_POWER_RUNS) $(PY) -m pytest -q -s -m chaos tests/integration/test_crash_safety.py -k test_the_crash_test_catches_a_planted_loss -p no:cacheprovider
 
 chaos-garbage: services-up ## Issue 18's garbage run at full size: 100,000 fuzzed records through a real worker
 	$(PY) -m pytest -q -s -m chaos tests/integration/test_garbage_worker.py -p no:cacheprovider

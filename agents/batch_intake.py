@@ -12,6 +12,9 @@ topics registered in `ProjectorApp.batch_sinks` (the only ones the worker consum
 records of one partition become ONE `RecordBatch` sent to the agent's in-memory channel, so
 faust's per-event machinery runs once per fetch instead of once per record.
 
+The private faust/aiokafka members the worker relies on are all used in this module, and each
+is pinned by tests/unit/agents/test_private_members.py (signature and the behaviour relied on).
+
 Batch topics are never acked to faust, so faust never commits their offsets: the worker commits
 them itself, for lag monitoring only, once a batch's effects are in a checkpoint; where a
 partition is read from comes from its checkpoint (`BatchSink.placements`), never from the group.
@@ -363,3 +366,11 @@ async def commit_offsets(app: faust.App, offsets: dict[int, int], topic: str) ->
         return False
     consumer: Any = app.consumer
     return bool(await consumer._commit_offsets({TP(topic, p): o for p, o in offsets.items()}))
+
+
+def raw_producer(app: faust.App) -> Any:
+    """The aiokafka producer under faust's (its driver starts it on first use): the worker's
+    frames go out through it in whole batches (app/kafka/batches.py), without faust's per-record
+    send path."""
+    producer: Any = app.producer
+    return producer._ensure_producer()

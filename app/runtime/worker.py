@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import faust
 from aiohttp import web
 
+from agents.batch_intake import raw_producer
 from agents.mailbox import MailboxIntake, register_agent
 from agents.reconcile import ReconcileIntake, register_reconcile
 from app.build import build_info
@@ -76,7 +77,7 @@ def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[
         partitions=settings.topic_partitions,
         internal=False,
     )
-    sender = BatchSender(lambda: app.producer._ensure_producer())  # type: ignore[attr-defined]  # aiokafka driver
+    sender = BatchSender(lambda: raw_producer(app))
     state = WorkerState(settings)
     tables = state.tables
     metrics = WorkerMetrics() if settings.worker_metrics_port > 0 else None

@@ -7,7 +7,7 @@ compares the worker's result with `projector replay` of the same entries and wit
 definition evaluated here, independently of the core.
 
 Drift cannot come from correct entries, so one test plants it where a bug would leave it: in
-the worker's own changelog records, which a worker with a fresh data dir restores from.
+the worker's own state changelog, which a worker with a fresh data dir restores from.
 """
 
 from __future__ import annotations
@@ -27,10 +27,20 @@ import pytest
 from app.domain.client import SessionView, sort_rows
 from app.domain.conversation import ConversationState
 from app.domain.residency import ROW_STATE_KEY
-from app.worker.ports import row_key, user_key
+from tables.durable.kafka import KafkaChangelog
+from tables.durable.records import (
+    CHECKPOINT_KEY,
+    Checkpoint,
+    DataRecord,
+    PersistId,
+    decode,
+    encode_persist,
+    row_state_key,
+    user_state_key,
+)
 from tests.integration.stack import Stack, free_port, read_jsonl, scrape_until, store_messages
 from tests.support.builders import CONV_A, CONV_B, StreamBuilder
-from tests.support.topic_log import read_topic
+from tests.support.durable import chain_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -230,31 +240,37 @@ async def test_cross_device_read_to_a_non_latest_seq_yields_the_exact_recomputed
 # -- 2. MAILBOX_DIRTY, on a row that drifted ---------------------------------------------------
 
 
-async def changelog_latest(stack: Stack, table: str, key: bytes) -> tuple[int, dict[str, Any]]:
-    """(partition, decoded value) of the last record for `key` in a worker table's changelog."""
-    topic = f"{stack.settings.app_id}-{table}-changelog"
-    # faust creates a table's changelog with the source topic's partition count.
-    found: tuple[int, bytes] | None = None
-    for partition, _offset, record_key, value in await read_topic(
-        stack.settings.kafka_bootstrap, topic, stack.settings.topic_partitions
-    ):
-        if record_key == key and value is not None:
-            found = (partition, value)
-    assert found is not None, f"{key!r} not in {topic}"
-    return found[0], msgspec.msgpack.decode(found[1])
-
-
-async def plant(stack: Stack, table: str, key: bytes, change: Callable[[dict[str, Any]], None]) -> None:
-    """Append a changed copy of the key's last changelog record: what a worker restoring from the
-    changelog will hold, as if a bug had written it."""
-    partition, value = await changelog_latest(stack, table, key)
-    change(value)
-    producer = await stack.open_producer()
+async def plant(stack: Stack, changes: dict[bytes, Callable[[dict[str, Any]], None]]) -> None:
+    """Append one persist to the worker's state changelog that changes the given state keys'
+    latest values: what a worker restoring from the changelog will hold, as if a bug had written
+    it. It is built like the worker's own (docs/durability.md): the data, then a checkpoint on top
+    of the partition's head with the head's input offset, identity and meta."""
+    changelog = KafkaChangelog(stack.settings.kafka_bootstrap, stack.settings.changelog_topic)
+    await changelog.start()
     try:
-        topic = f"{stack.settings.app_id}-{table}-changelog"
-        await producer.send_and_wait(topic, msgspec.msgpack.encode(value), key=key, partition=partition)
+        partition = 0  # the stack runs one mailbox-tail partition
+        logged, _ = await changelog.read(partition, 0, await changelog.end_offset(partition))
+        chain = chain_states(logged)
+        assert chain, f"no persist in {stack.settings.changelog_topic}"
+        head, _, state = chain[-1]
+        (checkpoint,) = [
+            c
+            for r in logged
+            if r.key == CHECKPOINT_KEY
+            and isinstance(c := decode(r.key, r.value, r.headers), Checkpoint)
+            and c.persist == head
+        ]
+        planted = PersistId(head.epoch, head.seq + 1)
+        records = []
+        for key, change in changes.items():
+            assert key in state, f"{key!r} not in the changelog's state"
+            value = msgspec.msgpack.decode(state[key])
+            change(value)
+            records.append(DataRecord(key, msgspec.msgpack.encode(value), planted))
+        top = dataclasses.replace(checkpoint, persist=planted, previous=head)
+        await changelog.append(partition, encode_persist(records, top))
     finally:
-        await producer.stop()
+        await changelog.stop()
 
 
 async def test_mailbox_dirty_recomputes_a_drifted_row_and_the_badge_in_full(
@@ -282,8 +298,7 @@ async def test_mailbox_dirty_recomputes_a_drifted_row_and_the_badge_in_full(
     def drifted(user: dict[str, Any]) -> None:
         user["badge"] = [999, 77, 5]
 
-    await plant(stack, "rows", row_key(ME, CONV_A), zeroed)
-    await plant(stack, "users", user_key(ME), drifted)
+    await plant(stack, {row_state_key(ME, CONV_A): zeroed, user_state_key(ME): drifted})
     stack.start_worker(1)  # a fresh data dir: the state comes back from the changelog
 
     # An ordinary entry first. Its flush writes row B and the badge: the worker's badge is the
