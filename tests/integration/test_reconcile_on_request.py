@@ -6,7 +6,8 @@ drift and 2 are deleted from the store (the badge left as it was). The real `pro
 (subprocess, its own Kafka producer) serves that user's first page without cursor: a login. The
 worker that owns the user reconciles it: afterwards every user's rows and badge equal replay's
 again, exactly 5 rows went out in correction frames (one SESSION_DELTA, correction=true, at the
-stored version), no badge frame, no other frame, no version moved. A flood of logins of that user
+stored version), no badge frame, no other frame, no version moved; the same API instance, which
+served (and holds) the drifted rows, serves the corrected ones on the next walk. A flood of logins of that user
 within the interval asks nothing more; POST /v1/reconcile for another user is 202, then 429 with
 Retry-After; bad requests are clear 4xx.
 """
@@ -27,6 +28,7 @@ import redis.asyncio as redis
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from app.api.tokens import TokenSigner
+from app.domain.wire_ids import row_from_client
 from app.metrics import sample
 from app.stores.redis_projection import RedisProjectionStore
 from tests.integration.stack import PROJECTOR, ROOT, Stack, free_port, read_jsonl, scrape_until
@@ -182,6 +184,10 @@ async def test_login_reconciles_drift_and_post_is_bounded(
             # The login: a first page without cursor. It is served as the store holds it.
             async with http.get(f"{base}/v1/sessions", params={"limit": "100"}, headers=auth(victim)) as resp:
                 assert resp.status == 200, await resp.text()
+                first = {r["conversation_id"]: row_from_client(r) for r in (await resp.json())["items"]}
+            for row in wrong:  # the drift, as this instance served (and holds) it
+                if row["conversation_id"] in first:
+                    assert first[row["conversation_id"]] == row
             text = await scrape_until(
                 worker_metrics,
                 lambda t: sample(t, "projector_reconciles_total", [("outcome", "corrected")]) >= 1,
@@ -217,6 +223,15 @@ async def test_login_reconciles_drift_and_post_is_bounded(
             want = {r["conversation_id"]: r for r in mine}
             for row in frame["conversations"]:
                 assert row == want[row["conversation_id"]]
+
+            # The instance that served the drift serves the corrected rows on the next walk (a
+            # correction invalidates held snapshots), the filled ones included.
+            async with http.get(f"{base}/v1/sessions", params={"limit": "100"}, headers=auth(victim)) as resp:
+                again = {r["conversation_id"]: row_from_client(r) for r in (await resp.json())["items"]}
+            assert {cid: want[cid] for cid in again} == again
+            shown = {cid for cid in planted if want[cid]["listed"] and not want[cid]["archived"]}
+            assert shown and shown <= again.keys()
+            assert all(first.get(cid) != want[cid] for cid in shown)  # the first walk served the drift
 
             # A flood of logins within the interval asks nothing more.
             for _ in range(20):
