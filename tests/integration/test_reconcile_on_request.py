@@ -7,9 +7,9 @@ drift and 2 are deleted from the store (the badge left as it was). The real `pro
 worker that owns the user reconciles it: afterwards every user's rows and badge equal replay's
 again, exactly 5 rows went out in correction frames (one SESSION_DELTA, correction=true, at the
 stored version), no badge frame, no other frame, no version moved; the same API instance, which
-served (and holds) the drifted rows, serves the corrected ones on the next walk. A flood of logins of that user
-within the interval asks nothing more; POST /v1/reconcile for another user is 202, then 429 with
-Retry-After; bad requests are clear 4xx.
+served (and holds) the drifted rows, serves the corrected ones on the next walk. A flood of
+logins of that user within the interval asks nothing more; POST /v1/reconcile for another user is
+202, then 429 with Retry-After; bad requests are clear 4xx.
 """
 
 from __future__ import annotations
