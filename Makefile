@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup tools run test test-fast test-compiled test-differential chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api \
+.PHONY: help setup tools run test test-fast test-compiled test-differential chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api bench-reconcile \
 	redis-cluster-up redis-cluster-down redis-cluster-status kafka-cluster-up kafka-cluster-down kafka-cluster-status \
 	chaos-infra-check chaos sdk crash-power
 
@@ -122,6 +122,10 @@ clean: ## Remove build and test caches (not the servers' data)
 
 proto: ## Regenerate app/api/cursor_pb2.py(+.pyi) from proto/cursor.proto (protoc from grpcio-tools, own venv)
 	bash proto/generate.sh
+
+bench-reconcile: services-up ## One user's reconcile on login (real Redis + Cassandra): ms and µs/row by size, clean and drifted
+	$(PY) -m bench.reconcile_bench --sizes 100,1000,5000 --reps 5 --unread-share 1.0
+	$(PY) -m bench.reconcile_bench --sizes 5000 --reps 5 --unread-share 0.1
 
 bench-api: services-up ## Query API benchmark: warm/cold page p50/p99 (server side) and warm requests/s, 5,000-conversation user
 	$(PY) bench/api_bench.py

@@ -40,6 +40,20 @@ if TYPE_CHECKING:
 
 PREFIX: Final = "projector_"
 
+# app.domain.reconcile.Outcome's values (the worker's projector_reconciles_total{outcome}).
+RECONCILE_OUTCOMES: Final = (
+    "clean",
+    "corrected",
+    "reflushed",
+    "not_judged",
+    "refused",
+    "unknown_user",
+    "failed",
+    "not_owned",
+    "stale",
+    "malformed",
+)
+
 # Every process (worker, API, rebuild) also exports these (:func:`add_process_metrics`): the
 # client library's process and Python collectors, and which build runs.
 PROCESS_METRICS: Final = (
@@ -109,6 +123,12 @@ WORKER_METRICS: Final = (
     "projector_projection_restored_users_total",
     "projector_projection_restored_rows_total",
     "projector_projection_restore_reflushed_users_total",
+    # Reconcile on request (docs/contract.md §10, app/worker/reconcile.py).
+    "projector_reconciles_total",
+    "projector_reconcile_rows_compared_total",
+    "projector_reconcile_rows_corrected_total",
+    "projector_reconcile_rows_filled_total",
+    "projector_reconcile_duration_seconds",
 )
 API_METRICS: Final = (
     "projector_snapshot_hits_total",
@@ -117,6 +137,7 @@ API_METRICS: Final = (
     "projector_page_latency_seconds",
     "projector_api_requests_total",
     "projector_api_request_duration_seconds",
+    "projector_api_reconcile_requests_total",
 )
 # The operator console (app/api/ops), in the API's registry when the console is served.
 OPS_METRICS: Final = (
@@ -292,6 +313,38 @@ class WorkerMetrics:
             "Drifted rows the unread audit corrected (in place, or through the next flush)",
             registry=r,
         )
+        # Reconcile on request (app/worker/reconcile.py): requests by what became of them, and
+        # the rows they compared, corrected (the store held other values) and filled (it lacked them).
+        self.reconciles = Counter(
+            "projector_reconciles",
+            "Reconcile requests handled, by outcome (clean, corrected, reflushed, not_judged, "
+            "refused, unknown_user, failed, not_owned, stale, malformed)",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in RECONCILE_OUTCOMES:
+            self.reconciles.labels(outcome)
+        self.reconcile_rows_compared = Counter(
+            "projector_reconcile_rows_compared",
+            "Rows reconciles compared with the projection store (every row of each reconciled user)",
+            registry=r,
+        )
+        self.reconcile_rows_corrected = Counter(
+            "projector_reconcile_rows_corrected",
+            "Rows reconciles corrected in place (stored with other values than the state's)",
+            registry=r,
+        )
+        self.reconcile_rows_filled = Counter(
+            "projector_reconcile_rows_filled",
+            "Rows reconciles wrote because the projection store lacked them",
+            registry=r,
+        )
+        self.reconcile_duration = Histogram(
+            "projector_reconcile_duration_seconds",
+            "One user's reconcile: its rows read, recounted from the MessageStore, compared, corrected",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.state_writes = Counter(
             "projector_state_writes",
             "Rows written to the Cassandra mirror (user_conversation_state, group_members, member_stats)",
@@ -454,6 +507,9 @@ class WorkerMetrics:
         self._lanes: set[tuple[str, str]] = set()
         self._missing_lanes: set[tuple[str, str]] = set()
 
+    def observe_reconcile(self, seconds: float) -> None:
+        self.reconcile_duration.observe(seconds)
+
     def observe_flush(self, seconds: float) -> None:
         self.flush_latency.observe(seconds)
         self.last_flush.set(time.time())
@@ -493,6 +549,15 @@ class WorkerMetrics:
         self.unread_audited_rows.inc(seen.delta("audited_rows", stats.audited_rows))
         self.unread_drift_corrected_rows.inc(seen.delta("audit_corrected_rows", stats.audit_corrected_rows))
         self.unread_drift_ratio.set(stats.audit_drift_ratio)
+        for outcome, total in list(stats.reconcile_outcomes.items()):
+            delta = seen.delta(f"reconciles:{outcome}", total)
+            if delta:
+                self.reconciles.labels(outcome).inc(delta)
+        self.reconcile_rows_compared.inc(seen.delta("reconcile_rows_compared", stats.reconcile_rows_compared))
+        self.reconcile_rows_corrected.inc(
+            seen.delta("reconcile_rows_corrected", stats.reconcile_rows_corrected)
+        )
+        self.reconcile_rows_filled.inc(seen.delta("reconcile_rows_filled", stats.reconcile_rows_filled))
         self.state_writes.inc(seen.delta("state_writes", stats.state_writes))
         self.state_write_failures.inc(seen.delta("state_write_failures", stats.state_write_failures))
         self.state_owed_rows.inc(seen.delta("state_owed_rows", stats.state_owed_rows))
@@ -615,8 +680,26 @@ class ApiMetrics:
             "PROJECTOR_API_RATE_LIMIT_ON_STORE_ERROR)",
             registry=r,
         )
+        self.reconcile_requests = Counter(
+            "projector_api_reconcile_requests",
+            "Reconcile requests (docs/contract.md §10) by trigger (login: a first page without "
+            "cursor, stream: the live stream's hello, request: POST /v1/reconcile) and outcome "
+            "(accepted: sent to the owning worker, limited: within the per-user interval, failed: "
+            "the store or Kafka failed, unavailable: no request topic)",
+            ["trigger", "outcome"],
+            registry=r,
+        )
+        for trigger in ("login", "stream", "request"):
+            for outcome in ("accepted", "limited", "failed", "unavailable"):
+                self.reconcile_requests.labels(trigger, outcome)
         add_process_metrics(r)
         self._seen = _Seen()
+
+    def sync_reconcile(self, counts: Mapping[tuple[str, str], int]) -> None:
+        for (trigger, outcome), total in list(counts.items()):
+            delta = self._seen.delta(f"reconcile:{trigger}:{outcome}", total)
+            if delta:
+                self.reconcile_requests.labels(trigger, outcome).inc(delta)
 
     def sync_rate(self, limited: int, store_errors: int) -> None:
         self.rate_limited.inc(self._seen.delta("rate_limited", limited))

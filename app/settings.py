@@ -144,6 +144,10 @@ class Settings:
     topic_dead_letter: str = "mailbox-dead-letter"
     # Offline badge pushes (docs/contract.md §9): APNs/FCM-shaped records for users with no live stream.
     topic_push: str = "push"
+    # Reconcile requests (docs/contract.md §10, "Reconcile on request"): the API produces one per
+    # accepted login or POST /v1/reconcile, keyed by user like mailbox-tail and with its partition
+    # count, so faust's assignor gives partition p of both topics to the same worker: the owner.
+    topic_reconcile: str = "reconcile-request"
     # Every topic bootstrap creates gets this many partitions, so a table's changelog and its
     # source topic always agree (faust's co-partitioning requirement).
     topic_partitions: int = bounded(4, 1)
@@ -274,6 +278,18 @@ class Settings:
     # At most this many rows read per round (the sample's lowest draws: uniform, never biased
     # towards the users scanned first).
     unread_audit_max_rows: int = bounded(20_000, 1)
+
+    # --- reconcile on request (docs/contract.md §10; app/api/reconcile.py, app/worker/reconcile.py)
+    # A login (a first page without cursor, the live stream's hello) and POST /v1/reconcile ask
+    # the worker that owns the user for a reconcile: the user's rows recomputed from its state and
+    # the MessageStore, what differs corrected in place (correction frames), missing rows filled,
+    # the badge recomputed in full. At most one per user per `reconcile_min_interval_s`, fleet-wide
+    # (one atomic SET NX PX under the user's hash tag); POST /v1/reconcile within it is a 429 with
+    # Retry-After, a login within it asks nothing. The worker drops a request older than the
+    # interval (and at least a minute) (a worker that was away catches up with fresh requests, not a backlog).
+    reconcile_min_interval_s: int = bounded(300, 1, 86_400)
+    # Whether a login asks for a reconcile (POST /v1/reconcile always can).
+    reconcile_on_login: bool = True
 
     # --- fault injection (tests of crash safety; 0 = off) ----------------------------------------
     # SIGKILL the worker itself right after its Nth projection-store write, before that flush's
@@ -471,6 +487,7 @@ class Settings:
             self.topic_badge,
             self.topic_dead_letter,
             self.topic_push,
+            self.topic_reconcile,
         )
 
     # ------------------------------------------------------------------------------------------
@@ -544,7 +561,14 @@ class Settings:
             p.append(f"projection_namespace: {self.projection_namespace!r} must match [A-Za-z0-9._-]{{1,64}}")
         topics = self.topics
         for name, topic in zip(
-            ("topic_mailbox_tail", "topic_session_delta", "topic_badge", "topic_dead_letter", "topic_push"),
+            (
+                "topic_mailbox_tail",
+                "topic_session_delta",
+                "topic_badge",
+                "topic_dead_letter",
+                "topic_push",
+                "topic_reconcile",
+            ),
             topics,
             strict=True,
         ):

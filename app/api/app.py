@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from app.api import badge, guard, health, members, ops, sessions, stream, web_client
+from app.api import badge, guard, health, members, ops, reconcile, sessions, stream, web_client
 from app.api.cursor import CursorCodec
 from app.api.http import (
     CONTEXT,
@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 RESOURCES: Final[tuple[tuple[Callable[[ApiContext], list[Route]], dict[str, Any]], ...]] = (
     (sessions.routes, sessions.SCHEMAS),
     (badge.routes, badge.SCHEMAS),
+    (reconcile.routes, reconcile.SCHEMAS),  # POST /v1/reconcile; its topic comes in deps.extra, else 503
     (members.routes, members.SCHEMAS),  # its service comes in deps.extra["members"], else 503
     (health.routes, health.SCHEMAS),  # /livez, /readyz: public
     (stream.routes, stream.SCHEMAS),  # /v1/stream: its gateway comes in deps.extra["stream"], else 503
@@ -86,6 +87,13 @@ def create_app(settings: Settings, deps: Deps) -> web.Application:
         tokens=TokenSigner(settings.api_secret, previous=settings.api_secret_previous),
         cursors=CursorCodec(settings.api_secret, previous=settings.api_secret_previous),
         lists=lists,
+        reconciler=reconcile.Reconciler(
+            deps.projections.fleet,
+            deps.extra.get(reconcile.REQUESTS_KEY),
+            settings.reconcile_min_interval_s,
+            deps.clock_ms,
+            on_login=settings.reconcile_on_login,
+        ),
     )
     routes: list[Route] = []
     schemas: dict[str, Any] = {}
@@ -115,6 +123,8 @@ def create_app(settings: Settings, deps: Deps) -> web.Application:
         ctx.metrics.sync(lists)
         if limiter is not None:
             ctx.metrics.sync_rate(limiter.limited, limiter.store_errors)
+        if ctx.reconciler is not None:
+            ctx.metrics.sync_reconcile(ctx.reconciler.counts)
 
     serve_metrics = metrics_handler(ctx.metrics.registry, sync_metrics)
     routes.append(Route("GET", METRICS_PATH, serve_metrics, _METRICS_OPERATION, public=True))

@@ -3,6 +3,9 @@
 InMemoryProjectionStore, as instances over one Redis share theirs).
 
 * :meth:`FleetState.take_token`: the per-user token bucket, one atomic step per request;
+* :meth:`FleetState.claim_reconcile`: at most one reconcile per user per interval (docs/contract.md
+  §10, "Reconcile on request"), one atomic step; :meth:`FleetState.release_reconcile` gives the
+  slot back when the request could not be sent;
 * :attr:`FleetState.snapshots`: the walks' frozen records (app/api/snapshots.py): ``publish``
   gives a new snapshot its revision (the user's counter, fleet-wide) and makes it the live one;
   ``record`` is what any instance reads to serve a cursor of a snapshot it does not hold.
@@ -67,6 +70,15 @@ class FleetState(Protocol):
         """0: the request may go (a token was taken); else the ms until the user's next token."""
         ...
 
+    async def claim_reconcile(self, user_id: int, token: str, interval_ms: int, now_ms: int) -> int:
+        """0: the user's reconcile slot was free and is now `token`'s for `interval_ms`; else the ms
+        until it is free again (nothing changed)."""
+        ...
+
+    async def release_reconcile(self, user_id: int, token: str) -> None:
+        """Free the slot if `token` still holds it (its request was never sent)."""
+        ...
+
 
 class MemorySnapshots:
     """redis_fleet.RedisSnapshots in a dict: the live header per user, two records per user.
@@ -99,6 +111,19 @@ class MemoryFleetState:
         self._buckets: dict[tuple[float, float], RateLimiter] = {}
         self._now = 0
         self.snapshots = MemorySnapshots()
+        self._reconcile: dict[int, tuple[str, int]] = {}  # user -> (token, free again at ms)
+
+    async def claim_reconcile(self, user_id: int, token: str, interval_ms: int, now_ms: int) -> int:
+        held = self._reconcile.get(user_id)
+        if held is not None and held[1] > now_ms:
+            return held[1] - now_ms
+        self._reconcile[user_id] = (token, now_ms + interval_ms)
+        return 0
+
+    async def release_reconcile(self, user_id: int, token: str) -> None:
+        held = self._reconcile.get(user_id)
+        if held is not None and held[0] == token:
+            del self._reconcile[user_id]
 
     async def take_token(self, user_id: int, burst: float, per_s: float, now_ms: int) -> int:
         limiter = self._buckets.get((burst, per_s))

@@ -12,7 +12,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from aiohttp import web
 
@@ -22,6 +22,9 @@ from app.api.sources import ProjectionReader, StateFiller
 from app.api.tokens import TokenSigner
 from app.metrics import ApiMetrics
 from app.settings import Settings
+
+if TYPE_CHECKING:
+    from app.api.reconcile import Reconciler
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -54,6 +57,7 @@ class ApiContext:
     cursors: CursorCodec
     lists: SessionLists
     metrics: ApiMetrics = field(default_factory=ApiMetrics)  # this app's own registry
+    reconciler: Reconciler | None = None  # reconcile on request (app/api/reconcile.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,10 @@ async def list_sessions(request: web.Request) -> web.Response:
             cursor = ctx.cursors.decode(params["cursor"], user_id, folder)
         except CursorError as exc:
             raise bad_request(str(exc), code="bad_cursor") from None
+    if cursor is None and ctx.reconciler is not None:
+        # A first page without cursor is a login (a new device, a new session): the owning worker
+        # reconciles the user, at most once per interval (docs/contract.md §10). Beside the page.
+        ctx.reconciler.login(user_id, "login")
     page = await ctx.lists.page(user_id, folder, limit, cursor)
     snapshot = page.snapshot
     next_cursor = None

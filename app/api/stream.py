@@ -191,6 +191,10 @@ async def stream(request: web.Request) -> web.StreamResponse:
         }
         first = b"retry: %d\n\n" % RECONNECT_MS + encode_event("hello", orjson.dumps(hello), start.position)
         await _write(response, first, gateway.heartbeat_s)
+        if ctx.reconciler is not None:
+            # The stream's hello is a login too (docs/contract.md §10): corrections, if any,
+            # reach this very stream as correction frames.
+            ctx.reconciler.login(user_id, "stream")
         while True:
             chunks = await conn.take()
             if not chunks:

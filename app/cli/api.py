@@ -64,6 +64,7 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
     store = RedisProjectionStore.from_settings(settings, retry_budget_s=0)
     cluster = None
     ops = None
+    requests = None
     try:
         # Cassandra serves the member directory and the fill-in of rows the store lacks; it is
         # needed at start (a clear error now rather than 503s later).
@@ -77,6 +78,12 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
                 settings.unread_precise_limit,
             )
         extra: dict[str, Any] = {SERVICE_KEY: build_member_service(settings, session)}
+        # Reconcile on login and on POST /v1/reconcile (docs/contract.md §10): requests to the
+        # owning worker through topic reconcile-request.
+        from app.api.reconcile import REQUESTS_KEY
+        from app.kafka.reconcile import KafkaReconcileRequests
+
+        requests = extra[REQUESTS_KEY] = KafkaReconcileRequests(settings)
         if settings.ops_secret:  # the operator console (app/api/ops; Kafka through app/kafka/ops.py)
             from app.api.ops import OPS_KEY
             from app.kafka.ops import open_ops
@@ -94,6 +101,8 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
     finally:
         if ops is not None:
             await ops.bus.aclose()
+        if requests is not None:
+            await requests.aclose()
         await store.aclose()
         if cluster is not None:
             cluster.shutdown()

@@ -29,8 +29,9 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     try:
         # Source topic there, Kafka and Redis answering: one line and exit 1 otherwise, before
         # faust starts (Cassandra and its keyspace are asked when the core is built).
-        preflight(settings)
-        run_worker(settings, faust_worker_options(settings))  # until stopped; exits the process
+        checked = preflight(settings)
+        # until stopped; exits the process
+        run_worker(settings, faust_worker_options(settings), reconcile_requests=checked.reconcile_topic)
     except (CannotStart, CassandraUnavailable, StoreError) as exc:
         print(f"projector worker: {exc}", file=sys.stderr)
         return 1

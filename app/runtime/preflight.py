@@ -12,6 +12,8 @@ fleet").
 from __future__ import annotations
 
 import asyncio
+import logging
+from dataclasses import dataclass
 
 from app.connections import quiet_logger, redis_hosts, unreachable_hint
 from app.kafka.health import KafkaProbe, KafkaUnreachable
@@ -21,24 +23,67 @@ from app.settings import Settings
 PREFLIGHT_TIMEOUT_S = 10.0
 
 
+log = logging.getLogger("projector.worker")
+
+
 class CannotStart(RuntimeError):
     """The worker cannot start; the message is the one line to print."""
 
 
-def preflight(settings: Settings, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> None:
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """What the checks found that the worker adapts to."""
+
+    reconcile_topic: bool = True  # topic reconcile-request exists (else no reconcile on request)
+
+
+def preflight(settings: Settings, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> Checked:
     """Run the checks on a loop of their own (faust makes and owns the worker's loop, and
     asyncio.run would leave none behind for it). Raises CannotStart."""
     loop = asyncio.new_event_loop()
     try:
-        loop.run_until_complete(check_servers(settings, timeout_s))
+        return loop.run_until_complete(check_servers(settings, timeout_s))
     finally:
         loop.close()
 
 
-async def check_servers(settings: Settings, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> None:
+async def check_servers(settings: Settings, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> Checked:
     await check_source_topic(settings, timeout_s)
+    reconcile = await check_reconcile_topic(settings, timeout_s)
     await check_redis(settings, timeout_s)
     await asyncio.to_thread(check_cassandra, settings, timeout_s)
+    return Checked(reconcile_topic=reconcile)
+
+
+async def check_reconcile_topic(settings: Settings, timeout_s: float) -> bool:
+    """Topic reconcile-request (docs/contract.md §10) must have mailbox-tail's partition count:
+    faust co-partitions topics by their count, and a request must reach the owner of the user's
+    partition. Absent (a deployment bootstrapped before it): the worker runs without reconcile on
+    request (said once), and subscribes to nothing that does not exist (a broker that creates
+    topics on first use would make it with its own count)."""
+    topic = settings.topic_reconcile
+    probe = KafkaProbe(settings, request_timeout_s=timeout_s)
+    try:
+        with quiet_logger("aiokafka"):
+            partitions = await asyncio.wait_for(probe.topic_partitions(topic), timeout=timeout_s * 2)
+    except (KafkaUnreachable, TimeoutError) as exc:
+        raise CannotStart(f"Kafka at {settings.kafka_bootstrap}: {exc or 'no answer'}") from None
+    finally:
+        await probe.close()
+    if partitions is None:
+        log.warning(
+            "topic %r (PROJECTOR_TOPIC_RECONCILE) does not exist: no reconcile on login or request "
+            "until `projector bootstrap` creates it and the worker restarts",
+            topic,
+        )
+        return False
+    if partitions != settings.topic_partitions:
+        raise CannotStart(
+            f"topic {topic!r} has {partitions} partitions but mailbox-tail has {settings.topic_partitions}: "
+            "reconcile requests must be co-partitioned with mailbox-tail (recreate it with "
+            "`projector bootstrap`)"
+        )
+    return True
 
 
 def check_cassandra(settings: Settings, timeout_s: float) -> None:

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from agents.batch_intake import raw_producer
 from agents.mailbox import MailboxIntake, register_agent
+from agents.reconcile import ReconcileIntake, register_reconcile
 from app.build import build_info
 from app.kafka.batches import BatchSender
 from app.kafka.health import KafkaProbe
@@ -35,6 +36,7 @@ from app.worker.arrivals import MissingLog
 from app.worker.audit import AuditConfig, audit_tick
 from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms
 from app.worker.ports import StateTables
+from app.worker.reconcile import ReconcileConfig, ReconcileRunner
 from app.worker.restore import ProjectionRestorer, RestoreConfig
 from app.worker.retry import Backoff
 from tables.durable.identity import InputMismatch
@@ -51,10 +53,13 @@ STANDBY_TAIL_S = 0.5
 INPUT_MISMATCH_EXIT = 3
 
 
-def run_worker(settings: Settings, worker_options: dict[str, Any]) -> None:
+def run_worker(
+    settings: Settings, worker_options: dict[str, Any], *, reconcile_requests: bool = True
+) -> None:
     """Build the app and run faust's worker on it until it is stopped (SIGTERM/SIGINT); faust
-    exits the process then."""
-    app, _ = create_app(settings)
+    exits the process then. `reconcile_requests`: the reconcile-request topic exists (preflight),
+    so the worker consumes it."""
+    app, _ = create_app(settings, reconcile_requests=reconcile_requests)
     # Which build runs (pure Python or the mypyc-compiled one, setup.py), as --version says;
     # logged once every start-up check passed (a failed check is one line, alone).
     logging.getLogger("app.runtime.worker").info("starting %s", build_info().line())
@@ -62,7 +67,7 @@ def run_worker(settings: Settings, worker_options: dict[str, Any]) -> None:
     worker.execute_from_commandline()
 
 
-def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
+def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[faust.App, WorkerCore]:
     os.makedirs(os.path.join(settings.data_dir, settings.app_id), exist_ok=True)
     app = new_faust_app(settings)
     mailbox = app.topic(
@@ -82,6 +87,31 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
 
     intake = MailboxIntake(app, core, settings.topic_mailbox_tail)
     register_agent(app, mailbox, intake)
+    # Reconcile on request (docs/contract.md §10): co-partitioned with mailbox-tail, so the
+    # requests of a user reach the worker that owns the user's partition.
+    reconciles: ReconcileIntake | None = None
+    if reconcile_requests:
+        runner = ReconcileRunner(
+            core,
+            ReconcileConfig.from_settings(settings),
+            lambda partition: partition in intake.assigned,
+            observe=metrics.observe_reconcile if metrics is not None else None,
+        )
+        requests_topic = app.topic(
+            settings.topic_reconcile,
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=settings.topic_partitions,
+            internal=False,
+        )
+        reconciles = ReconcileIntake(app, runner, settings.topic_reconcile)
+        register_reconcile(app, requests_topic, reconciles)
+
+        @app.task  # type: ignore[untyped-decorator]  # faust's decorator is untyped
+        async def reconcile_requests_task() -> None:
+            """Handles the reconcile requests, one at a time (app/worker/reconcile.py)."""
+            await runner.run()
+
     # The flush scheduler publishes what batches queue: the intake reads the next window while
     # the previous flush is written (WorkerCore.background_publish).
     core.background_publish = settings.worker_overlap_flushes
@@ -180,6 +210,8 @@ def create_app(settings: Settings) -> tuple[faust.App, WorkerCore]:
     async def commit_timer() -> None:
         await intake.check_fetched()
         await intake.commit()
+        if reconciles is not None:
+            await reconciles.commit()
 
     restore = RestoreConfig.from_settings(settings)
     if restore.interval_ms > 0:

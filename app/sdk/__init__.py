@@ -10,7 +10,7 @@ runs), and a Kafka follower of the frame topics (for back-end tools).
 Ids arrive as decimal strings (docs/contract.md §9) and come out as ints.
 """
 
-from app.sdk.client import ClientError, Page, SessionsClient, TooManyRestarts, Walk
+from app.sdk.client import ClientError, Page, ReconcileAnswer, SessionsClient, TooManyRestarts, Walk
 from app.sdk.live import LiveSessionList
 from app.sdk.stream import LiveStream, members_to
 
@@ -19,6 +19,7 @@ __all__ = [
     "LiveSessionList",
     "LiveStream",
     "Page",
+    "ReconcileAnswer",
     "SessionsClient",
     "TooManyRestarts",
     "Walk",

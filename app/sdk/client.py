@@ -70,6 +70,15 @@ class Walk:
     pages: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class ReconcileAnswer:
+    """POST /v1/reconcile's answer (docs/contract.md §10, "Reconcile on request")."""
+
+    accepted: bool  # 202: the owning worker reconciles the user (frames say what changed)
+    retry_after_s: int | None  # not accepted: a reconcile was asked within the interval; ask then
+    min_interval_s: int | None  # accepted: the next one may be asked this many seconds from now
+
+
 class SessionsClient:
     def __init__(
         self,
@@ -160,6 +169,33 @@ class SessionsClient:
 
     async def badge(self) -> dict[str, Any]:
         return await self._get("/v1/badge", {})
+
+    async def reconcile(self) -> ReconcileAnswer:
+        """Ask for a reconcile of the caller ("fix my count"): 202 → accepted; 429
+        reconcile_too_soon → not accepted, with the seconds to wait (not retried: the interval is
+        minutes). Any other error raises ClientError (a 503 is retried after its Retry-After)."""
+        for attempt in itertools.count():
+            async with self.session.post(self.base_url + "/v1/reconcile", headers=self._headers) as resp:
+                text = await resp.read()
+                try:
+                    body = orjson.loads(text)
+                except orjson.JSONDecodeError:
+                    raise ClientError(
+                        resp.status, "invalid_response", text[:200].decode(errors="replace")
+                    ) from None
+                if resp.status == 202 and isinstance(body, dict):
+                    return ReconcileAnswer(True, None, int(body["min_interval_s"]))
+                error = body.get("error", {}) if isinstance(body, dict) else {}
+                code, message = str(error.get("code", "?")), str(error.get("message", body))
+                raw_after = resp.headers.get("Retry-After", "")
+                if resp.status == 429 and code == "reconcile_too_soon" and raw_after.strip().isdigit():
+                    return ReconcileAnswer(False, int(raw_after), None)
+                after = _retry_after_s(raw_after)
+                if resp.status in (429, 503) and after is not None and attempt < self.busy_retries:
+                    await asyncio.sleep(after)
+                    continue
+                raise ClientError(resp.status, code, message)
+        raise AssertionError("unreachable")
 
     async def pages(
         self, folder: str = "main", limit: int = 50, max_restarts: int = 3

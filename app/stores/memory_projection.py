@@ -120,6 +120,13 @@ class InMemoryProjectionStore:
         for user_id in user_ids:
             self._users.pop(user_id, None)
 
+    def forget_rows(self, user_id: int, conversation_ids: Sequence[str]) -> None:
+        """These rows of the user gone (an HDEL), its meta and other rows kept."""
+        user = self._users.get(user_id)
+        if user is not None:
+            for conversation_id in conversation_ids:
+                user.rows.pop(conversation_id, None)
+
     async def write(self, batches: Sequence[UserFlush]) -> list[int | None]:
         results: list[int | None] = []
         # In call order: a user appearing twice is written, then compared, in that order.

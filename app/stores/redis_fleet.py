@@ -8,8 +8,11 @@ as app/stores/redis_projection.py's scripts do)::
                                   PEXPIRE: the time a drained bucket takes to fill again (an
                                   absent bucket is a full one, so nothing is lost when it goes)
 
+    {ns}:reconcile:{<user_id>}  string  the token of the last accepted reconcile request
+                                  PX: the reconcile interval (absent: a reconcile may be asked)
+
 ``ns`` is the base namespace (Settings.projection_namespace), not the serving one: a rebuild's
-swap does not refill everyone's bucket.
+swap does not refill everyone's bucket nor reopen everyone's reconcile slot.
 
 Token bucket (one atomic script per request, `TAKE_SCRIPT`): ``rate`` tokens a second up to
 ``burst``. The clock is the caller's (``deps.clock_ms``, injectable in tests); the stored ``at``
@@ -55,6 +58,26 @@ return wait
 """)
 
 
+# KEYS: the user's reconcile slot. ARGV: token, interval ms. Returns 0 (claimed: SET NX PX) or the
+# ms until the slot is free (PTTL; at least 1).
+CLAIM_SCRIPT: Final = Script("""
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 0
+end
+local left = redis.call('PTTL', KEYS[1])
+if left < 1 then left = 1 end
+return left
+""")
+
+# KEYS: the slot. ARGV: token. Deletes it only while that token holds it.
+RELEASE_SCRIPT: Final = Script("""
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+""")
+
+
 class RedisFleetState:
     """The shared per-user state of the API fleet, in the projection store's Redis."""
 
@@ -75,6 +98,22 @@ class RedisFleetState:
             [repr(float(burst)), repr(per_s / 1000), str(int(now_ms))],
         )
         return int(reply)
+
+    def reconcile_key(self, user_id: int) -> str:
+        return f"{self.base}:reconcile:{{{user_id}}}"
+
+    async def claim_reconcile(self, user_id: int, token: str, interval_ms: int, now_ms: int) -> int:
+        """0 when the slot was free (now taken for `interval_ms`); else the ms until it is free.
+        `now_ms` is not needed: the slot expires on the store's clock (one clock for the fleet)."""
+        reply = await self.store.run_script(
+            "reconcile claim", CLAIM_SCRIPT, [self.reconcile_key(user_id)], [token, str(int(interval_ms))]
+        )
+        return int(reply)
+
+    async def release_reconcile(self, user_id: int, token: str) -> None:
+        await self.store.run_script(
+            "reconcile release", RELEASE_SCRIPT, [self.reconcile_key(user_id)], [token]
+        )
 
 
 # -- snapshots (app/api/snapshots.py) ------------------------------------------------------------

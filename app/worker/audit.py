@@ -31,8 +31,8 @@ import logging
 import random
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -195,18 +195,68 @@ async def _judge(
     rows: dict[str, ConversationState],
     report: AuditReport,
 ) -> None:
+    judged = await judge_user(core, state, user_id, rows, "unread audit")
+    report.audited += judged.audited
+    report.drifted += judged.drifted
+    report.state_corrected += judged.state_corrected
+    report.corrected += judged.corrected
+    report.refused += judged.refused
+    report.failed += judged.failed
+    report.not_judged += judged.not_judged
+
+
+@dataclass(slots=True)
+class Judgement:
+    """What `judge_user` found and did for one user."""
+
+    audited: int = 0  # rows compared
+    drifted: int = 0  # of them, the stored row or the state's counts differed
+    state_corrected: int = 0  # of them, the state's counts took the recount
+    corrected: int = 0  # drifted rows repaired (in place, by the next flush, or in the state)
+    refused: int = 0  # drifted rows whose in-place correction the store refused (it moved on)
+    failed: int = 0  # rows lost to a failing read or write
+    not_judged: int = 0  # rows of a user whose stored version is ahead of this worker
+    repair: Repair | None = None  # None: nothing judged (the user left the partition, a failure)
+    written: tuple[dict[str, Any], ...] = ()  # rows a correction wrote in place
+    stored: dict[str, dict[str, object] | None] = field(default_factory=dict)  # as read, by conversation
+    badge_corrected: bool = False  # the stored badge was off and was corrected in place
+
+
+async def judge_user(
+    core: WorkerCore,
+    state: PartitionState,
+    user_id: int,
+    rows: dict[str, ConversationState],
+    what: str,
+    *,
+    complete: bool = False,
+) -> Judgement:
+    """Judge one user's recounted rows (copies) against the state and the stored projection, and
+    repair (app/domain/audit.audit_user): under the core's flush lock, so no flush writes the user
+    meanwhile. The unread audit (sampled rows) and the reconcile on request (every row: `complete`
+    reads the user's rows the state holds on disk back into memory first) share it."""
     processor = state.processor
     store = core.projection_store
+    judged = Judgement()
     async with core.flush_lock:
+        if state.released:  # handed to another worker since the copies were taken
+            return judged
         try:
             stored = await store.load_rows(user_id, sorted(rows))
         except Exception as exc:  # Redis down or unreadable data: this user waits for a later round
-            log.warning("unread audit: reading user %d failed: %s", user_id, exc)
-            report.failed += len(rows)
-            return
-        user = processor.users.get(user_id)
+            log.warning("%s: reading user %d failed: %s", what, user_id, exc)
+            judged.failed += len(rows)
+            return judged
+        judged.stored = dict(stored.rows)
+        if complete:
+            # Evicted rows (the hot set's bound) are read back: the verdict sees every row.
+            user = processor.projector.user(user_id)
+            if user is not None:
+                processor.projector.complete(user)
+        else:
+            user = processor.users.get(user_id)
         if user is None:
-            return
+            return judged
         # Judged after the read: an entry applied meanwhile made its row dirty (skipped).
         verdict = audit_user(
             user,
@@ -215,12 +265,13 @@ async def _judge(
             include_muted=core.config.include_muted,
             dirty=processor.dirty_rows(user_id),
         )
+        judged.repair = verdict.repair
         if verdict.repair is Repair.NOT_JUDGED:
-            report.not_judged += len(rows)
-            return
-        report.audited += len(verdict.audited)
-        report.drifted += len(verdict.drifted)
-        report.state_corrected += len(verdict.state_drifted)
+            judged.not_judged += len(rows)
+            return judged
+        judged.audited += len(verdict.audited)
+        judged.drifted += len(verdict.drifted)
+        judged.state_corrected += len(verdict.state_drifted)
         correction = verdict.correction
         if verdict.state_drifted or verdict.state_badge_drifted:
             processor.touch([(user_id, cid) for cid in verdict.state_drifted], [user_id], core.clock())
@@ -230,19 +281,21 @@ async def _judge(
                 try:
                     await core.persist(state)
                 except Exception as exc:
-                    log.warning("unread audit: persisting user %d's correction failed: %s", user_id, exc)
-                    report.failed += len(verdict.drifted)
-                    return
+                    log.warning("%s: persisting user %d's correction failed: %s", what, user_id, exc)
+                    judged.failed += len(verdict.drifted)
+                    return judged
         if verdict.repair is Repair.CORRECT and correction is not None:
             try:
                 (written,) = await store.correct([correction])
             except Exception as exc:
-                log.warning("unread audit: correcting user %d failed: %s", user_id, exc)
-                report.failed += len(verdict.drifted)
-                return
+                log.warning("%s: correcting user %d failed: %s", what, user_id, exc)
+                judged.failed += len(verdict.drifted)
+                return judged
             if not written:  # the store moved on since the read: a later round looks again
-                report.refused += len(verdict.drifted)
-                return
+                judged.refused += len(verdict.drifted)
+                return judged
+            judged.written = tuple(correction.rows)
+            judged.badge_corrected = verdict.stored_badge_drifted
             key = str(user_id).encode()
             deltas = [(key, orjson.dumps(correction.session_delta()))] if correction.rows else []
             badges = [(key, orjson.dumps(correction.badge_update()))] if verdict.stored_badge_drifted else []
@@ -252,4 +305,5 @@ async def _judge(
         elif verdict.repair in (Repair.REFLUSH_ROWS, Repair.REFLUSH_USER):
             processor.mark_dirty(user_id, verdict.reflush, core.clock())
         # Repaired: in place, handed to the next flush, or (state alone drifted) in the state.
-        report.corrected += len(verdict.drifted)
+        judged.corrected += len(verdict.drifted)
+    return judged

@@ -115,6 +115,14 @@ class WorkerStats(ProcessingStats):
     audit_drifted_rows: int = 0
     audit_corrected_rows: int = 0
     audit_drift_ratio: float = 0.0
+    # Reconcile on request (app/worker/reconcile.py): requests by outcome, rows compared /
+    # recounted from the MessageStore / corrected in place / filled, badges corrected.
+    reconcile_outcomes: dict[str, int] = field(default_factory=dict)
+    reconcile_rows_compared: int = 0
+    reconcile_rows_recounted: int = 0
+    reconcile_rows_corrected: int = 0
+    reconcile_rows_filled: int = 0
+    reconcile_badges_corrected: int = 0
     # Dead letters by kind (app.domain.entries.DEAD_LETTER_KINDS): the metrics' reason label.
     dead_letter_kinds: dict[str, int] = field(default_factory=dict)
     # The projection restore (app/worker/restore.py): partitions restored, users checked against

@@ -36,6 +36,7 @@ export {
   type ListFrame,
   type Membership,
   type PageOptions,
+  type ReconcileAnswer,
   type SessionDeltaFrame,
   type SessionPage,
   type SessionRow,

@@ -5,7 +5,7 @@
 // on this path.
 
 import { ProtocolError, TraversalLimitError } from "./errors.js";
-import { HttpClient, isObject, type CallOptions, type ClientOptions } from "./http.js";
+import { apiError, HttpClient, isObject, readJson, type CallOptions, type ClientOptions } from "./http.js";
 import { isSafeCount, isUserId, type UserId } from "./ids.js";
 
 export type Membership = "active" | "left" | "removed";
@@ -354,6 +354,15 @@ export interface WalkOptions extends CallOptions {
   maxRestarts?: number;
 }
 
+/** POST /v1/reconcile's answer. */
+export interface ReconcileAnswer {
+  readonly accepted: boolean;
+  /** Not accepted: seconds until a reconcile may be asked again. */
+  readonly retryAfterS: number | null;
+  /** Accepted: the next one may be asked this many seconds from now. */
+  readonly minIntervalS: number | null;
+}
+
 /** The session list's HTTP calls. */
 export class SessionsClient {
   readonly http: HttpClient;
@@ -386,6 +395,23 @@ export class SessionsClient {
   async badge(options: CallOptions = {}): Promise<Badge> {
     const body = await this.http.json("GET", "/v1/badge", options);
     return badgeOf(body);
+  }
+
+  /** POST /v1/reconcile ("fix my count", docs/contract.md §10): the worker that owns the user
+   * recomputes its rows and badge and sends correction frames for what differed. Accepted (202),
+   * or not within the interval since the last one (429 reconcile_too_soon: `retryAfterS` says
+   * when to ask again); any other answer is an ApiError. */
+  async reconcile(options: CallOptions = {}): Promise<ReconcileAnswer> {
+    const response = await this.http.send("POST", "/v1/reconcile", { signal: options.signal });
+    const payload = await readJson(response, options.signal);
+    if (response.status === 202 && isObject(payload) && typeof payload["min_interval_s"] === "number") {
+      return { accepted: true, retryAfterS: null, minIntervalS: payload["min_interval_s"] };
+    }
+    const error = apiError(response, payload);
+    if (response.status === 429 && error.code === "reconcile_too_soon" && error.retryAfterS !== null) {
+      return { accepted: false, retryAfterS: error.retryAfterS, minIntervalS: null };
+    }
+    throw error;
   }
 
   /** Every page of a folder within one snapshot revision. A cursor answered with

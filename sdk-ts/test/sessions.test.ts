@@ -236,3 +236,26 @@ test("a walk restarted more often than allowed fails instead of looping", async 
   const client = new SessionsClient({ baseUrl: "http://api", token: "t", fetch });
   await assert.rejects(client.walk({ maxRestarts: 2 }), TraversalLimitError);
 });
+
+test("reconcile: accepted, then told when to ask again; another refusal is an ApiError", async () => {
+  let asked = 0;
+  const fetch = fakeFetch((call) => {
+    assert.equal(call.method, "POST");
+    assert.equal(call.path, "/v1/reconcile");
+    assert.equal(call.headers["Authorization"], "Bearer tok");
+    asked += 1;
+    if (asked === 1) return { status: 202, json: { accepted: true, user_id: "7", min_interval_s: 300 } };
+    if (asked === 2) {
+      return {
+        status: 429,
+        json: { error: { status: 429, code: "reconcile_too_soon", message: "soon" } },
+        headers: { "Retry-After": "299" },
+      };
+    }
+    return { status: 400, json: { error: { status: 400, code: "bad_request", message: "no" } } };
+  });
+  const client = new SessionsClient({ baseUrl: "http://api/", token: "tok", fetch });
+  assert.deepEqual(await client.reconcile(), { accepted: true, retryAfterS: null, minIntervalS: 300 });
+  assert.deepEqual(await client.reconcile(), { accepted: false, retryAfterS: 299, minIntervalS: null });
+  await assert.rejects(client.reconcile(), (error: unknown) => (error as { status?: number }).status === 400);
+});

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,6 +117,20 @@ def test_a_topic_with_other_partitions_than_the_settings_says_which_count_to_set
     assert lines == [
         f"projector worker: topic '{stack.settings.topic_mailbox_tail}' has {real} partitions but "
         f"PROJECTOR_TOPIC_PARTITIONS is {other}: set PROJECTOR_TOPIC_PARTITIONS={real}"
+    ]
+
+
+async def test_a_reconcile_topic_not_co_partitioned_with_mailbox_tail_says_so(
+    stack: Stack, make_topic: Callable[..., Any]
+) -> None:
+    other = stack.settings.topic_partitions + 1
+    topic = await make_topic("rcq-other", partitions=other)
+    code, lines = run({**stack.env, "PROJECTOR_TOPIC_RECONCILE": topic}, "worker")
+    assert code == 1
+    assert lines == [
+        f"projector worker: topic '{topic}' has {other} partitions but mailbox-tail has "
+        f"{stack.settings.topic_partitions}: reconcile requests must be co-partitioned with mailbox-tail "
+        "(recreate it with `projector bootstrap`)"
     ]
 
 

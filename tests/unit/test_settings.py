@@ -16,7 +16,14 @@ def test_defaults_match_the_local_servers_and_the_design() -> None:
     assert s.cassandra_contact_points == ("127.0.0.1",)
     assert s.cassandra_port == 9042
     assert s.cassandra_keyspace == "session_projector"
-    assert s.topics == ("mailbox-tail", "session-delta", "badge", "mailbox-dead-letter", "push")
+    assert s.topics == (
+        "mailbox-tail",
+        "session-delta",
+        "badge",
+        "mailbox-dead-letter",
+        "push",
+        "reconcile-request",
+    )
     assert s.topic_partitions == 4
     assert s.lanes == 1
     assert s.projection_compaction_window_ms == 5000
@@ -408,3 +415,16 @@ def test_invalid_fast_lane_values_give_one_line_errors(env: dict[str, str], frag
     with pytest.raises(SettingsError) as err:
         Settings.from_env(env)
     assert err.value.problems == [next(p for p in err.value.problems if fragment in p)]
+
+def test_the_reconcile_interval_is_bounded_and_its_topic_named() -> None:
+    s = Settings.from_env({"PROJECTOR_RECONCILE_MIN_INTERVAL_S": "60", "PROJECTOR_TOPIC_RECONCILE": "rc"})
+    assert (s.reconcile_min_interval_s, s.topic_reconcile, s.reconcile_on_login) == (60, "rc", True)
+    assert "rc" in s.topics
+    for bad in ("0", "86401"):
+        with pytest.raises(SettingsError, match="RECONCILE_MIN_INTERVAL_S"):
+            Settings.from_env({"PROJECTOR_RECONCILE_MIN_INTERVAL_S": bad})
+    with pytest.raises(SettingsError, match=r"(?i)topic_reconcile"):
+        Settings.from_env({"PROJECTOR_TOPIC_RECONCILE": "no spaces"})
+    with pytest.raises(SettingsError, match="distinct"):
+        Settings.from_env({"PROJECTOR_TOPIC_RECONCILE": "badge"})
+    assert not Settings.from_env({"PROJECTOR_RECONCILE_ON_LOGIN": "false"}).reconcile_on_login

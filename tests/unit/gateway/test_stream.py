@@ -377,3 +377,44 @@ async def test_readiness_fails_when_a_part_of_the_live_stream_stopped() -> None:
                 assert resp.status == 503 and (await resp.json())["checks"]["live_stream"] == "unavailable"
     finally:
         await server.close()
+
+
+async def test_the_hello_is_a_login_asking_the_owner_for_a_reconcile_once_per_interval() -> None:
+    from app.api.http import CONTEXT
+    from app.api.reconcile import REQUESTS_KEY
+    from app.domain.reconcile import ReconcileRequest
+
+    sent: list[ReconcileRequest] = []
+
+    class Requests:
+        async def send(self, request: ReconcileRequest) -> None:
+            sent.append(request)
+
+    store = InMemoryProjectionStore()
+    hub = FrameHub(buffer_bytes=64 * 1024, resume_frames=16)
+    gateway = Gateway(hub, heartbeat_s=0.2, partition_of=lambda user: user % 4, partitions=None)
+    deps = Deps(
+        projections=MemoryProjectionReader(store),
+        clock_ms=lambda: NOW_S * 1000,
+        extra={STREAM_KEY: gateway, REQUESTS_KEY: Requests()},
+    )
+    app = create_app(SETTINGS, deps)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    gateway.start()
+    served = Served(str(server.make_url("")), store, hub, gateway, server, {})
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(3):  # three connects (a flapping network): one reconcile asked
+                stream = await open_stream(http, served)
+                hello = await stream.next()
+                assert hello is not None and hello.event == "hello"
+                stream.response.close()
+        reconciler = app[CONTEXT].reconciler
+        assert reconciler is not None
+        await reconciler.drain()
+        assert sent == [ReconcileRequest(ME, NOW_S * 1000, "stream")]
+        assert reconciler.counts[("stream", "limited")] == 2
+    finally:
+        await gateway.stop()
+        await server.close()

@@ -172,3 +172,34 @@ async def test_the_sdk_waits_out_429_and_503_as_retry_after_says_within_its_retr
             assert not answers
     finally:
         await server.close()
+
+
+async def test_reconcile_is_accepted_then_says_when_to_ask_again() -> None:
+    from app.api.reconcile import REQUESTS_KEY
+    from app.domain.reconcile import ReconcileRequest
+    from app.sdk import ReconcileAnswer
+
+    sent: list[ReconcileRequest] = []
+
+    class Requests:
+        async def send(self, request: ReconcileRequest) -> None:
+            sent.append(request)
+
+    store = InMemoryProjectionStore()
+    deps = Deps(
+        projections=MemoryProjectionReader(store), clock_ms=ManualClock(T0), extra={REQUESTS_KEY: Requests()}
+    )
+    server = TestServer(create_app(SETTINGS, deps), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with SessionsClient(str(server.make_url("")), token()) as api:
+            interval = SETTINGS.reconcile_min_interval_s
+            assert await api.reconcile() == ReconcileAnswer(True, None, interval)
+            assert await api.reconcile() == ReconcileAnswer(False, interval, None)
+        assert [r.user_id for r in sent] == [ME]
+        async with SessionsClient(str(server.make_url("")), "not-a-token") as api:
+            with pytest.raises(ClientError) as refused:
+                await api.reconcile()
+            assert refused.value.status == 401
+    finally:
+        await server.close()
