@@ -493,9 +493,10 @@ export class PagedSessionList implements SyncedList {
   private last: SessionRow | null = null;
   private recent: SessionDeltaFrame[] = [];
 
-  constructor(client: SessionsClient, userId: UserId, options: { limit?: number; folder?: Folder } = {}) {
+  /** `userId` null: not known yet (a page holding only a token); the stream's hello sets it. */
+  constructor(client: SessionsClient, userId: UserId | null, options: { limit?: number; folder?: Folder } = {}) {
     this.client = client;
-    this.currentView = new SessionView(userId);
+    this.currentView = new SessionView(userId ?? "");
     this.limit = options.limit ?? 20;
     this.folder = options.folder ?? "main";
   }
