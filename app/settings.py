@@ -331,6 +331,10 @@ class Settings:
     # headers over api_max_header_bytes (all of them together, the request line included) 431.
     api_max_body_bytes: int = bounded(64 * 1024, 1024, 16 * 1024 * 1024)
     api_max_header_bytes: int = bounded(16 * 1024, 1024, 1024 * 1024)
+    # The TypeScript SDK's browser build the page at /app/ imports (app/api/web_client.py): a
+    # packed tgz (`make sdk` writes .local/sdk/session-projector-sdk-*.tgz) or a built dist/
+    # folder. Empty = the checkout's sdk-ts/dist when built, else the newest tgz in .local/sdk/.
+    api_web_sdk: str = ""
     # Per-user request rate of the API fleet: a token bucket of api_rate_limit_burst requests
     # refilled at api_rate_limit_per_s; over it, 429 with Retry-After. 0 = no limit. The bucket
     # lives in the projection store (one atomic script per request), so N API processes behind a

@@ -58,7 +58,7 @@ SESSIONS_PATH: Final = "/v1/sessions"
 
 
 class ApiConfigError(ValueError):
-    """The settings cannot run an API (no secret)."""
+    """The settings cannot run an API (no secret, a named SDK build that is not there)."""
 
 
 def check_config(settings: Settings) -> None:
@@ -69,6 +69,11 @@ def check_config(settings: Settings) -> None:
             "PROJECTOR_API_SECRET is not set: the API signs tokens and cursors with it "
             "(at least 32 characters; e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
         )
+    if settings.api_web_sdk:  # a deployment that names the page's SDK build must get that build
+        try:
+            web_client.find_sdk(settings.api_web_sdk)
+        except web_client.WebSdkError as exc:
+            raise ApiConfigError(str(exc)) from exc
 
 
 def create_app(settings: Settings, deps: Deps) -> web.Application:

@@ -19,6 +19,7 @@ export {
 export { HttpClient, type CallOptions, type ClientOptions, type FetchLike, type RequestInitLike, type ResponseLike, type ByteStreamLike } from "./http.js";
 export {
   LiveSessionList,
+  PagedSessionList,
   SessionView,
   SessionsClient,
   badgeOf,
@@ -36,10 +37,12 @@ export {
   type ListFrame,
   type Membership,
   type PageOptions,
+  type PagedListStats,
   type ReconcileAnswer,
   type SessionDeltaFrame,
   type SessionPage,
   type SessionRow,
+  type SyncedList,
   type Walk,
   type WalkOptions,
 } from "./sessions.js";
@@ -99,3 +102,9 @@ export {
   type IntersectionObserverFactory,
   type IntersectionObserverLike,
 } from "./avatars.js";
+export {
+  WebStorageMemberCache,
+  type StorageLike,
+  type WebStorageMemberCacheOptions,
+} from "./web-cache.js";
+export { DEFAULT_LIMITS, FORMAT_VERSION, type CacheLimits } from "./cache-format.js";

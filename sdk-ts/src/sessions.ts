@@ -444,7 +444,7 @@ export class SessionsClient {
 
 /** A user's list kept current: pulled by walks of both folders, patched by frames with the
  * client rule; a gap re-pulls. */
-export class LiveSessionList {
+export class LiveSessionList implements SyncedList {
   readonly client: SessionsClient;
   readonly view: SessionView;
   readonly limit: number;
@@ -472,5 +472,157 @@ export class LiveSessionList {
     const result = this.view.apply(frame);
     if (result.status === "gap") await this.sync(options);
     return result;
+  }
+}
+
+/** What LiveStream keeps current: a list it can pull again and patch with frames. */
+export interface SyncedList {
+  readonly client: SessionsClient;
+  readonly view: SessionView;
+  /** Pull again (the view restarts from the pull). */
+  sync(options?: CallOptions): Promise<void>;
+  /** Apply a frame with the rule; a gap pulls again. */
+  apply(frame: unknown, options?: CallOptions): Promise<ApplyResult>;
+  /** Called with the hello's user before anything else (a list made before the user was known). */
+  ensureUser?(userId: UserId): void;
+}
+
+export interface PagedListStats {
+  pages: number;
+  restarts: number;
+  repulls: number;
+  gaps: number;
+  applied: number;
+  stale: number;
+  malformed: number;
+}
+
+/** A folder shown page by page, as a UI with "load more" does (docs/contract.md §5): sync()
+ * loads the first page of a new walk, nextPage() the next one of the same snapshot revision; a
+ * next page answered with projection_complete = false is the first page of a new revision and
+ * the walk restarts from it. Frames patch the view with the client rule; visible() is the folder
+ * in list order down to the last row the walk loaded (a row a frame moved up from further down
+ * shows at once; one below the walk shows when the walk gets there). Frames applied while a first
+ * page was on its way are re-applied over it, so an older snapshot never hides a newer frame. */
+export class PagedSessionList implements SyncedList {
+  readonly client: SessionsClient;
+  readonly folder: Folder;
+  readonly limit: number;
+  readonly stats: PagedListStats = { pages: 0, restarts: 0, repulls: 0, gaps: 0, applied: 0, stale: 0, malformed: 0 };
+  /** The cursor of the next page (null: none, or nothing loaded yet). */
+  cursor: string | null = null;
+  /** The walk reached the folder's end. */
+  done = false;
+  /** A first page has been loaded. */
+  synced = false;
+  private currentView: SessionView;
+  private last: SessionRow | null = null;
+  private recent: SessionDeltaFrame[] = [];
+
+  /** `userId` null: not known yet (a page holding only a token); the stream's hello sets it. */
+  constructor(client: SessionsClient, userId: UserId | null, options: { limit?: number; folder?: Folder } = {}) {
+    this.client = client;
+    this.currentView = new SessionView(userId ?? "");
+    this.limit = options.limit ?? 20;
+    this.folder = options.folder ?? "main";
+  }
+
+  get view(): SessionView {
+    return this.currentView;
+  }
+
+  ensureUser(userId: UserId): void {
+    if (userId !== this.currentView.userId) {
+      this.currentView = new SessionView(userId);
+      this.synced = false;
+      this.recent = [];
+      this.last = null;
+    }
+  }
+
+  /** The first page of a new walk (at most 3 tries when frames applied meanwhile do not chain
+   * from it: a later walk's snapshot is at least as new as every frame received). */
+  async sync(options: CallOptions = {}): Promise<void> {
+    if (this.synced) this.stats.repulls += 1;
+    for (let attempt = 0; attempt < 3; attempt += 1) {
+      const page = await this.client.page({ folder: this.folder, limit: this.limit, signal: options.signal });
+      this.stats.pages += 1;
+      if (this.load(page, true)) return;
+    }
+  }
+
+  /** The next page of the walk (nothing at the end). */
+  async nextPage(options: CallOptions = {}): Promise<void> {
+    if (this.done || this.cursor === null) return;
+    const page = await this.client.page({ folder: this.folder, limit: this.limit, cursor: this.cursor, signal: options.signal });
+    this.stats.pages += 1;
+    if (page.projection_complete) {
+      this.load(page, false);
+      return;
+    }
+    // The folder's structure changed (pin, archive, leave, delete) or the snapshot expired: this
+    // is the first page of a new revision. The walk starts over from it.
+    this.stats.restarts += 1;
+    if (!this.load(page, true)) await this.sync(options);
+  }
+
+  async apply(frame: unknown, options: CallOptions = {}): Promise<ApplyResult> {
+    let result: ApplyResult;
+    try {
+      result = this.currentView.apply(frame);
+    } catch (error) {
+      if (error instanceof ProtocolError) this.stats.malformed += 1;
+      throw error;
+    }
+    if (result.status === "gap") {
+      this.stats.gaps += 1;
+      await this.sync(options);
+      return result;
+    }
+    if (result.status === "stale") this.stats.stale += 1;
+    else this.stats.applied += 1;
+    const f = frame as SessionDeltaFrame;
+    if (f.type === "SESSION_DELTA" && f.correction !== true) {
+      this.recent.push(f);
+      if (this.recent.length > 64) this.recent.shift();
+    }
+    return result;
+  }
+
+  /** The folder's rows to show, in list order. */
+  visible(): SessionRow[] {
+    const rows = this.folder === "main" ? this.currentView.main() : this.currentView.archived();
+    if (this.done) return rows;
+    const last = this.last;
+    if (last === null) return [];
+    return rows.filter((r) => compareRows(r, last) <= 0);
+  }
+
+  private load(page: SessionPage, first: boolean): boolean {
+    const at = page.projection_mailbox_seq;
+    let consistent = true;
+    if (first) {
+      const before = this.currentView.version;
+      this.currentView.reset(page.items, at); // the badge held stays (it has its own version)
+      // Frames applied while this page was on its way may be newer than its snapshot.
+      if (before > at) consistent = this.replayRecent();
+      this.last = page.items[page.items.length - 1] ?? null;
+    } else {
+      this.currentView.merge(page.items, at);
+      const tail = page.items[page.items.length - 1];
+      if (tail !== undefined) this.last = tail;
+    }
+    this.cursor = page.next_cursor;
+    this.done = page.next_cursor === null;
+    this.synced = true;
+    return consistent;
+  }
+
+  private replayRecent(): boolean {
+    for (const frame of this.recent) {
+      if (frame.projection_mailbox_seq <= this.currentView.version) continue;
+      if (this.currentView.apply(frame).status === "gap") return false;
+    }
+    return true;
   }
 }

@@ -7,7 +7,7 @@
 import { ProtocolError } from "./errors.js";
 import { isObject, readJson, apiError, type ByteStreamLike, type CallOptions } from "./http.js";
 import { isSafeCount, isUserId, type UserId } from "./ids.js";
-import { badgeOf, type Badge, type LiveSessionList } from "./sessions.js";
+import { badgeOf, type Badge, type SyncedList } from "./sessions.js";
 
 /** One Server-Sent Event. */
 export interface SseEvent {
@@ -105,9 +105,10 @@ export interface StreamStats {
   errors: number;
 }
 
-/** Keeps a LiveSessionList current from /v1/stream; reconnects with Last-Event-ID. */
+/** Keeps a list (LiveSessionList, PagedSessionList) current from /v1/stream; reconnects with
+ * Last-Event-ID. */
 export class LiveStream {
-  readonly list: LiveSessionList;
+  readonly list: SyncedList;
   readonly stats: StreamStats = { connects: 0, hellos: {}, applied: 0, stale: 0, gaps: 0, repulls: 0, notices: 0, malformed: 0, errors: 0 };
   lastHello: Hello | null = null;
   /** Whether the list has been pulled on this stream (then a reconnect resumes from its version). */
@@ -117,7 +118,7 @@ export class LiveStream {
   private connection: AbortController | null = null;
   private waiters: Array<() => void> = [];
 
-  constructor(list: LiveSessionList, options: LiveStreamOptions = {}) {
+  constructor(list: SyncedList, options: LiveStreamOptions = {}) {
     this.list = list;
     this.options = options;
   }
@@ -270,6 +271,7 @@ export class LiveStream {
   private async hello(hello: Hello, signal: AbortSignal): Promise<number> {
     this.lastHello = hello;
     this.stats.hellos[hello.status] = (this.stats.hellos[hello.status] ?? 0) + 1;
+    this.list.ensureUser?.(hello.user_id);
     if (hello.user_id !== this.list.view.userId) throw new ProtocolError("the stream is another user's");
     if (hello.status !== "resumed" || !this.synced) {
       // Registered before this hello: every frame newer than the pull follows it.

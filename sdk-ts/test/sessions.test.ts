@@ -4,6 +4,7 @@ import { readFileSync } from "node:fs";
 import ts from "typescript";
 
 import {
+  PagedSessionList,
   ProtocolError,
   SessionView,
   SessionsClient,
@@ -258,4 +259,44 @@ test("reconcile: accepted, then told when to ask again; another refusal is an Ap
   assert.deepEqual(await client.reconcile(), { accepted: true, retryAfterS: null, minIntervalS: 300 });
   assert.deepEqual(await client.reconcile(), { accepted: false, retryAfterS: 299, minIntervalS: null });
   await assert.rejects(client.reconcile(), (error: unknown) => (error as { status?: number }).status === 400);
+});
+
+test("a paged list shows what its walk loaded, a frame moves a row up, a restart starts over", async () => {
+  // rows 1..6, newest first: row(6) has the highest activity.
+  const all = [6, 5, 4, 3, 2, 1].map((n) => row(n, { projection_mailbox_seq: 10 }));
+  let revision = 1;
+  const fetch = fakeFetch((call) => {
+    const cursor = new URL(call.url).searchParams.get("cursor");
+    const page = (items: SessionRow[], next: string | null, complete: boolean) => ({
+      status: 200,
+      json: { items, next_cursor: next, snapshot_revision: revision, projection_complete: complete, projection_mailbox_seq: 10, folder: "main", filled_from_state: false, truncated: false },
+    });
+    if (cursor === null) return page(all.slice(0, 2), "c2", true);
+    if (cursor === "c2" && revision === 1) return page(all.slice(2, 4), "c4", true);
+    if (cursor === "c4" && revision === 2) return page(all.slice(0, 2), "c2", false); // the structure changed
+    return page(all.slice(4), null, true);
+  });
+  const list = new PagedSessionList(new SessionsClient({ baseUrl: "http://api", token: "t", fetch }), null, { limit: 2 });
+  list.ensureUser(ME);
+  await list.sync();
+  assert.deepEqual(list.visible().map((r) => r.last_message_id), ["m6", "m5"]);
+  // A frame moves row 1 (not loaded yet) to the top: shown at once; row 3 (below the walk) not.
+  const moved = row(1, { last_activity_id: "f".repeat(32), unread_count: 1 });
+  assert.equal((await list.apply(delta(11, 10, [moved]))).status, "applied");
+  assert.deepEqual(list.visible().map((r) => r.last_message_id), ["m1", "m6", "m5"]);
+  await list.nextPage();
+  assert.deepEqual(list.visible().map((r) => r.last_message_id), ["m1", "m6", "m5", "m4", "m3"]);
+  // The next page answers projection_complete = false: the walk restarts from it, and the frame
+  // newer than its snapshot is applied over it again (never hidden by an older page).
+  revision = 2;
+  await list.nextPage();
+  assert.equal(list.stats.restarts, 1);
+  assert.deepEqual(list.visible().map((r) => r.last_message_id), ["m1", "m6", "m5"]);
+  assert.equal(list.view.row(moved.conversation_id)?.unread_count, 1);
+  assert.equal(list.view.version, 11);
+  // A gap pulls the first page again instead of patching.
+  const before = list.stats.pages;
+  assert.equal((await list.apply(delta(20, 15, [row(2)]))).status, "gap");
+  assert.equal(list.stats.gaps, 1);
+  assert.equal(list.stats.pages, before + 1);
 });

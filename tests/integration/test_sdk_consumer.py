@@ -10,8 +10,10 @@ against a real `projector api` subprocess on the local servers:
   compiles with the DOM lib and without Node's types; the host entry point
   (`@session-projector/sdk/host`, the SQLite cache) is importable;
 * the member directory: capability probe, pages of 50 with an AbortSignal (and one aborted in
-  flight), presentation, read receipts (basicOnly), the member store (merged, cached, 2001
-  clears it), and a backend without the paging API answering a clear request error;
+  flight), presentation, read receipts (basicOnly), the member store (merged, cached, shown from
+  the cache first on the next start), 2001 (not a member) and 2002 (a disabled conversation)
+  clearing the store and its cache while a 404 keeps them, every member call aborted in flight
+  by its AbortSignal, and a backend without the paging API answering a clear request error;
 * the live stream: hello, then a SESSION_DELTA and a BADGE_UPDATE applied by the rule, then a
   resume with Last-Event-ID that replays the frame written while the client was away without a
   re-pull.
@@ -44,6 +46,7 @@ from app.api.tokens import TokenSigner
 from app.domain.badge import Badge
 from app.domain.flush import UserFlush
 from app.domain.listing import Folder
+from app.stores.cassandra_members import CassandraMemberReader
 from app.stores.cassandra_messages import CassandraMessageStore, NewMessage
 from app.stores.cassandra_profiles import CassandraProfileStore, ProfileRow
 from app.stores.cassandra_session import open_cluster
@@ -60,6 +63,7 @@ STRANGER = 77
 SDK = ROOT / "sdk-ts"
 CONSUMER = ROOT / "tests" / "sdk_consumer"
 V0 = 100
+DISABLED_GROUP = str(uuid.UUID(int=0x5D4C0000_0000_4000_8000_000000000002))
 
 
 def _need_node() -> None:
@@ -260,6 +264,13 @@ async def seed_members(stack: Stack, group: str, message_seq: int) -> tuple[list
         await writer.flush()
         message = NewMessage(group, message_seq, "m-sdk", "0" * 31 + "9", sender, 1, True, frozenset())
         await asyncio.to_thread(CassandraMessageStore(session, keyspace).put_messages, [message])
+        # A second group USER is an active member of, disabled by its owner: 2002.
+        writer.stage_member(DISABLED_GROUP, USER, "member", "active", 1, None)
+        writer.stage_member(DISABLED_GROUP, sender, "owner", "active", 1, None)
+        await writer.flush()
+        await CassandraMemberReader(session, keyspace).set_disabled(
+            DISABLED_GROUP, int(time.time() * 1000), "disabled by its owner"
+        )
         # One public profile (the consumer reads it through MembersClient.profiles).
         await CassandraProfileStore(session, keyspace).put(
             [ProfileRow(2**64 - 1, "Zoë", "https://cdn.example/max.png")], 1
@@ -320,6 +331,7 @@ async def test_an_outside_consumer_installs_the_tgz_and_runs_against_a_real_api(
         "SP_TOKEN": TokenSigner(SECRET).mint(USER, int(time.time()) + 3600),
         "SP_USER_ID": str(USER),
         "SP_GROUP": group,
+        "SP_DISABLED_GROUP": DISABLED_GROUP,
         "SP_CONTROL": str(control),
         "SP_EXPECT": json.dumps(expect),
     }
@@ -360,6 +372,8 @@ async def test_an_outside_consumer_installs_the_tgz_and_runs_against_a_real_api(
             "one member store per account/group",
             "the host entry point: the SQLite cache takes any database of better-sqlite3's shape",
             "a backend without the paging API is a clear request error",
+            "2001 and 2002 clear the store and its cache; any other refusal keeps them",
+            "every member call takes an AbortSignal: aborted in flight, it rejects as an abort",
             "the live stream: hello, frames by the rule, then a resume with Last-Event-ID",
         ):
             assert name in text, f"{name!r} did not run:\n{text[-4000:]}"

@@ -21,6 +21,8 @@ import {
   SessionsClient,
   isAbort,
   isUserId,
+  type CacheKey,
+  type MemberCache,
   type MemberPage,
   type ReadReceipts,
   type StoreMember,
@@ -51,6 +53,7 @@ const API = env("SP_API_URL");
 const TOKEN = env("SP_TOKEN");
 const USER = env("SP_USER_ID");
 const GROUP = env("SP_GROUP");
+const DISABLED_GROUP = env("SP_DISABLED_GROUP");
 const CONTROL = env("SP_CONTROL");
 const EXPECT = JSON.parse(env("SP_EXPECT")) as Expect;
 
@@ -232,4 +235,78 @@ test("the live stream: hello, frames by the rule, then a resume with Last-Event-
   await stream.until(() => list.view.badge?.total_unread === EXPECT.resumed.total_unread, { timeoutMs: 60_000 });
   second.abort();
   await running;
+});
+
+/** A cache holding a roster for `key` already (what an earlier session left). */
+async function primedCache(key: CacheKey): Promise<MemberCache> {
+  const cache = new MemoryMemberCache();
+  const old: StoreMember = Object.freeze({
+    memberRef: USER, userId: USER, role: "member", state: "active", joinedAt: 1, leftAt: null,
+    displayName: "me", remark: null, avatarUrl: null, recordCount: null, mentionCount: null,
+    statsKnown: false, profileFailed: false, presented: true,
+  });
+  await cache.store(key, [old], () => true);
+  assert.equal((await cache.load(key))?.members.length, 1);
+  return cache;
+}
+
+test("2001 and 2002 clear the store and its cache; any other refusal keeps them", async () => {
+  // 2002: a conversation its owner disabled (the caller is still an active member).
+  const disabledKey = { environment: "consumer", account: USER, group: DISABLED_GROUP };
+  const disabledCache = await primedCache(disabledKey);
+  await assert.rejects(members.page({ group: DISABLED_GROUP }), (e: unknown) => e instanceof MemberAccessDeniedError && e.code === "2002");
+  const disabled = new MemberStore(disabledKey, members, { cache: disabledCache });
+  disabled.subscribe();
+  await disabled.settled();
+  assert.ok(disabled.error instanceof MemberAccessDeniedError && disabled.error.code === "2002", String(disabled.error));
+  assert.equal(disabled.size, 0, "nothing of the cached roster survives a 2002");
+  assert.equal(await disabledCache.load(disabledKey), null, "the cache is cleared with it");
+  assert.equal(disabled.counters.cacheCleared, 1);
+  disabled.close();
+
+  // 2001: not a member of the group (another account's token).
+  const strangerKey = { environment: "consumer", account: "77", group: GROUP };
+  const strangerCache = await primedCache(strangerKey);
+  const stranger = new MemberStore(strangerKey, new MembersClient({ baseUrl: API, token: EXPECT.stranger_token }), { cache: strangerCache });
+  stranger.subscribe();
+  await stranger.settled();
+  assert.ok(stranger.error instanceof MemberAccessDeniedError && stranger.error.code === "2001", String(stranger.error));
+  assert.equal(stranger.size, 0);
+  assert.equal(await strangerCache.load(strangerKey), null);
+  stranger.close();
+
+  // A refusal that says nothing about membership (an unknown message: 404) keeps every cache.
+  const keptKey = { environment: "consumer", account: USER, group: GROUP };
+  const keptCache = await primedCache(keptKey);
+  await assert.rejects(
+    members.readReceipts({ group: GROUP, conversationSeq: EXPECT.message_seq + 1000 }),
+    (e: unknown) => e instanceof RequestError && !(e instanceof MemberAccessDeniedError) && e.status === 404,
+  );
+  assert.equal((await keptCache.load(keptKey))?.members.length, 1);
+});
+
+test("every member call takes an AbortSignal: aborted in flight, it rejects as an abort", async () => {
+  const calls: Array<[string, (signal: AbortSignal) => Promise<unknown>]> = [
+    ["probe", (signal) => members.probe({ signal })],
+    ["page", (signal) => members.page({ group: GROUP, signal })],
+    ["presentation", (signal) => members.presentation({ group: GROUP, memberRefs: EXPECT.members.slice(0, 50), signal })],
+    ["profiles", (signal) => members.profiles(EXPECT.members.slice(0, 50), { signal })],
+    ["read receipts", (signal) => members.readReceipts({ group: GROUP, conversationSeq: EXPECT.message_seq, signal })],
+  ];
+  for (const [name, call] of calls) {
+    const controller = new AbortController();
+    const pending = call(controller.signal);
+    controller.abort();
+    await assert.rejects(pending, (e: unknown) => isAbort(e, controller.signal), name);
+    // Already aborted: nothing is sent.
+    await assert.rejects(call(AbortSignal.abort()), (e: unknown) => isAbort(e), `${name} (aborted before)`);
+  }
+  // A store's work ends with its last subscriber: its requests are aborted, not left running.
+  const store = new MemberStore({ environment: "consumer", account: USER, group: GROUP }, members);
+  const sub = store.subscribe();
+  const generation = store.generation;
+  sub.close();
+  await store.settled();
+  assert.ok(store.generation > generation, "the store moved on when its last subscriber left");
+  assert.equal(store.fresh, false);
 });

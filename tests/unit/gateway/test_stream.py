@@ -349,7 +349,7 @@ async def test_the_sdk_live_stream_pulls_applies_frames_notices_and_resumes(serv
 
 async def test_the_browser_client_is_served_with_a_strict_policy(served: Served) -> None:
     async with aiohttp.ClientSession() as http:
-        for path, kind in (("/app/", "text/html"), ("/app/sp-client.js", "text/javascript")):
+        for path, kind in (("/app/", "text/html"), ("/app/app.js", "text/javascript")):
             async with http.get(served.url + path) as resp:
                 assert resp.status == 200 and resp.content_type == kind
                 assert "script-src 'self'" in resp.headers["Content-Security-Policy"]

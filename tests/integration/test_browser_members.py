@@ -1,0 +1,355 @@
+"""The browser page's member drawer (issue 34, items 3 and 4; seed 004) in a REAL browser:
+Debian's headless Chromium driven by Playwright, against `projector api` serving the page and the
+TypeScript SDK's browser build from the packed tgz (`npm pack`, PROJECTOR_API_WEB_SDK), with a
+500-member group in Cassandra (public profiles with avatars included). The page has no client
+rules of its own: the member store, its Web Storage cache, the profiles and the avatar loader are
+the SDK's.
+
+* 500 members: the first 50 are shown after ONE round trip (the second page is held back by the
+  test until they are); the whole roster, names and statistics follow.
+* Avatars are requested only for rows that were visible (IntersectionObserver): never 500 at
+  once; scrolling to the end asks for the rows scrolled to, never for the ones skipped over.
+* Restart (a new page, the browser's storage kept): the cached 500 are shown before the server
+  answers (every member request held); meanwhile one member leaves and one member's name changes
+  on the server; once the server answers, page and storage converge to 499 with the new name.
+* Seed 004's timing scenario: every member/profile request answered 2 s late (the test delays
+  them in the browser's network layer); the milestones the page records (cache answer, 500
+  cached visible, first 50, full roster) are printed next to the seed's and written to
+  `seed004-browser-timings.json` in the test's folder. Only order is asserted, never time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.api.tokens import TokenSigner
+from app.domain.badge import Badge
+from app.stores.cassandra_profiles import CassandraProfileStore, ProfileRow
+from app.stores.cassandra_session import open_cluster
+from app.stores.cassandra_state import UserConversationStateWriter
+from app.stores.redis_projection import RedisProjectionStore
+from tests.integration.stack import ROOT, Stack
+from tests.integration.test_browser_client import CHROMIUM, FLAGS, Api
+from tests.integration.test_sdk_consumer import _need_node, pack
+from tests.support.api import SECRET
+from tests.support.rows import cid, flush, make_row
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+USER = 11982011376358104761  # JavaScript would read 11982011376358105000
+MEMBERS = 500
+WAIT_S = 90.0  # generous: a loaded 2-core machine; the page reacts in well under a second
+UPSTREAM_DELAY_S = 2.0  # the seed's fake upstream
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360000002000001e221bc330000000049454e44ae426082"
+)
+MEMBER_API = ("/api/v1/chats/members/", "/api/v1/users/profiles")
+SEED = {"cache_answer_ms": 44, "cached_visible_ms": 89, "first50_ms": 2000, "complete_ms": 32000}
+
+
+class Group:
+    """USER's group of 500 in the stack's Cassandra, with a profile (name, avatar) for each."""
+
+    def __init__(self, stack: Stack, api_url: str) -> None:
+        self.stack = stack
+        self.id = cid(1)
+        self.api_url = api_url
+        self.ids = sorted([USER, *range(10_001, 10_001 + MEMBERS - 1)])
+
+    def avatar(self, user_id: int, version: int = 1) -> str:
+        return f"{self.api_url}/avatars/{user_id}-{version}.png"
+
+    async def _session(self) -> tuple[Any, Any]:
+        return await asyncio.to_thread(open_cluster, self.stack.settings)
+
+    async def seed(self) -> None:
+        cluster, session = await self._session()
+        try:
+            keyspace = self.stack.settings.cassandra_keyspace
+            writer = UserConversationStateWriter(session, keyspace)
+            for user_id in self.ids:
+                writer.stage_member(
+                    self.id, user_id, "owner" if user_id == USER else "member", "active", 1, None
+                )
+            await writer.flush()
+            rows = [ProfileRow(u, f"Member {u}", self.avatar(u)) for u in self.ids]
+            await CassandraProfileStore(session, keyspace).put(rows, 1)
+        finally:
+            cluster.shutdown()
+
+    async def leave_and_rename(self, gone: int, renamed: int, name: str) -> None:
+        """On the server: `gone` leaves the group; `renamed` gets a new public name."""
+        cluster, session = await self._session()
+        try:
+            keyspace = self.stack.settings.cassandra_keyspace
+            writer = UserConversationStateWriter(session, keyspace)
+            writer.stage_member(self.id, gone, "member", "left", 1, 2)
+            await writer.flush()
+            await CassandraProfileStore(session, keyspace).put(
+                [ProfileRow(renamed, name, self.avatar(renamed))], int(time.time() * 1000)
+            )
+        finally:
+            cluster.shutdown()
+
+
+async def seed_list(stack: Stack) -> None:
+    """USER's conversation list: the group and a few others (the page's rows to click)."""
+    store = RedisProjectionStore.from_settings(stack.settings)
+    try:
+        rows = [{**make_row(USER, n, act=n * 10), "projection_mailbox_seq": 5} for n in range(1, 6)]
+        [written] = await store.write([flush(USER, rows, 5, 1, Badge())])
+        assert written is not None
+    finally:
+        await store.aclose()
+
+
+class Network:
+    """The browser's member requests as the test sees them: which went out, in what order; some
+    held until released, or all answered UPSTREAM_DELAY_S late; avatars answered from here."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str]] = []  # (kind, detail) in the order they happened
+        self.avatars: list[str] = []
+        self.hold_pages_after = -1  # page requests beyond this many are held (-1: none)
+        self.pages_seen = 0
+        self.released = asyncio.Event()
+        self.delay_s = 0.0
+
+    async def install(self, page: Any) -> None:
+        await page.route("**/avatars/**", self._avatar)
+        await page.route("**/api/v1/chats/members/**", self._member)
+        await page.route("**/api/v1/users/profiles", self._member)
+
+    def answered(self, kind: str) -> int:
+        return sum(1 for k, _ in self.log if k == f"{kind} answered")
+
+    async def _avatar(self, route: Any) -> None:
+        self.avatars.append(route.request.url)
+        await route.fulfill(status=200, content_type="image/png", body=PNG)
+
+    async def _member(self, route: Any) -> None:
+        url = route.request.url
+        kind = "page" if url.endswith("/members/page") else "presentation"
+        kind = "profiles" if "profiles" in url else kind
+        self.log.append((f"{kind} sent", url))
+        if kind == "page":
+            self.pages_seen += 1
+            if self.hold_pages_after >= 0 and self.pages_seen > self.hold_pages_after:
+                await self.released.wait()
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        response = await route.fetch()
+        self.log.append((f"{kind} answered", url))
+        await route.fulfill(response=response)
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as pw:
+        chromium = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            yield chromium
+        finally:
+            await chromium.close()
+
+
+async def until(page: Any, expression: str, what: str = "") -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not await page.evaluate(expression):
+        if time.monotonic() > deadline:
+            counters = await page.evaluate(
+                "JSON.stringify({c: window.__sp.store && window.__sp.store.counters, t: window.__sp.timings})"
+            )
+            raise AssertionError(f"not met after {WAIT_S} s: {what or expression}; {counters}")
+        await asyncio.sleep(0.05)
+
+
+ROWS = "document.querySelectorAll('#member-list li.member').length"
+COMPLETE = "window.__sp.timings && window.__sp.timings.complete !== undefined"
+STORED = """(async () => {
+  const r = await window.__sp.cache.load(window.__sp.store.key);
+  return r && r.members.map((m) => [m.userId, m.displayName]);
+})()"""
+VISIBLE_AVATARS = """(() => {
+  const list = document.getElementById('member-list').getBoundingClientRect();
+  return [...document.querySelectorAll('#member-list li.member')].filter((li) => {
+    const r = li.getBoundingClientRect();
+    // In the list's box and in the viewport (with the loader's 100px margin: a superset of what
+    // the IntersectionObserver reports as visible).
+    const inList = r.bottom > list.top - 100 && r.top < list.bottom + 100;
+    return inList && r.bottom > -100 && r.top < innerHeight + 100;
+  }).map((li) => li.querySelector('img').dataset.url);
+})()"""
+
+
+async def sign_in_and_open(page: Any, api: Api, token: str, group: str) -> None:
+    await page.goto(f"{api.url}/app/")
+    await page.fill("#token", token)
+    await page.click("#connect")
+    row = page.locator(f'#list li.row[data-conversation-id="{group}"]')
+    await row.wait_for(timeout=WAIT_S * 1000)
+    await row.click()
+
+
+async def start(
+    make_stack: Callable[..., Stack], tmp_path: Path, prefix: str
+) -> tuple[Stack, Api, Group, str]:
+    _need_node()
+    stack = make_stack(prefix, partitions=1, lanes=1)
+    tgz = pack(tmp_path, tmp_path / "npm.log")  # the page's SDK: the packed tgz, as shipped
+    api = Api(stack, tmp_path)
+    api.env["PROJECTOR_API_WEB_SDK"] = str(tgz)
+    api.env["PROJECTOR_API_RATE_LIMIT_PER_S"] = "0"
+    group = Group(stack, api.url)
+    await group.seed()
+    await seed_list(stack)
+    await api.start()
+    token = TokenSigner(SECRET).mint(USER, int(time.time()) + 3600)
+    return stack, api, group, token
+
+
+async def test_the_page_member_store_pages_caches_converges_and_loads_visible_avatars(
+    make_stack: Callable[..., Stack], tmp_path: Path, browser: Any
+) -> None:
+    _, api, group, token = await start(make_stack, tmp_path, "bmem")
+    context = await browser.new_context()
+    try:
+        # -- first visit: one round trip shows the first 50 ------------------------------------
+        page = await context.new_page()
+        net = Network()
+        net.hold_pages_after = 1  # the second page waits until the test has seen the first 50
+        await net.install(page)
+        await sign_in_and_open(page, api, token, group.id)
+        await until(page, f"{ROWS} === 50", "the first page's 50 rows")
+        assert net.answered("page") == 1 and net.pages_seen == 2, net.log
+        names = await page.locator("#member-list li.member .name").all_text_contents()
+        assert names[0] in (str(group.ids[0]), f"Member {group.ids[0]}")
+        net.released.set()
+        await until(page, COMPLETE, "the whole roster with names")
+        assert await page.evaluate(ROWS) == MEMBERS
+        assert net.answered("page") == MEMBERS // 50
+        shown = await page.locator("#member-list li.member .name").all_text_contents()
+        assert shown == [f"Member {u}" for u in group.ids]  # user id order, names from profiles
+        counters = await page.evaluate("window.__sp.store.counters")
+        assert counters["maxPresentationInFlight"] <= 2 and counters["cacheHits"] == 0
+        assert await page.locator("#members").get_attribute("data-self-role") == "owner"
+        assert await page.locator("#members").get_attribute("data-can-remove") == "true"
+
+        # Avatars: only the rows that were visible, never the whole roster.
+        await asyncio.sleep(0.5)  # let the observer report what is on screen
+        visible = set(await page.evaluate(VISIBLE_AVATARS))
+        asked = set(net.avatars)
+        assert asked and asked <= visible, (sorted(asked - visible)[:5], len(asked), len(visible))
+        assert len(asked) < 50, len(asked)
+        # The last row scrolled into view (the list and the page), straight past the middle.
+        await page.evaluate("document.querySelector('#member-list li.member:last-child').scrollIntoView()")
+        last = group.avatar(group.ids[-1])
+        deadline = time.monotonic() + WAIT_S
+        while last not in net.avatars:
+            assert time.monotonic() < deadline, "the last row's avatar was not asked for"
+            await asyncio.sleep(0.05)
+        middle = group.avatar(group.ids[MEMBERS // 2])
+        assert middle not in net.avatars, "a row scrolled past (never visible) had its avatar loaded"
+        assert len(set(net.avatars)) < 100
+
+        # The roster went to this browser's storage (written from the server's answers only).
+        await until(page, "window.__sp.store.counters.cacheWrites >= 1", "the cache write")
+        stored = await page.evaluate(STORED)
+        assert [int(u) for u, _ in stored] == group.ids
+        await page.close()
+
+        # -- on the server: one member leaves, one is renamed --------------------------------------
+        gone, renamed = group.ids[7], group.ids[123]
+        await group.leave_and_rename(gone, renamed, "Renamed 123")
+
+        # -- restart: the cached 500 before the server answers, then convergence --------------------
+        page = await context.new_page()
+        net = Network()
+        net.hold_pages_after = 0  # no member page is answered until the test says so
+        await net.install(page)
+        await sign_in_and_open(page, api, token, group.id)
+        await until(page, f"{ROWS} === {MEMBERS}", "the cached roster")
+        assert net.answered("page") == 0 and net.pages_seen >= 1, net.log  # asked, not answered
+        assert await page.evaluate("window.__sp.store.counters.cacheHits") == 1
+        assert await page.locator("#members").get_attribute("data-fresh") == "false"
+        assert await page.locator("#member-status").text_content() == ""  # a silent refresh
+        assert await page.locator(f'#member-list li[data-member-ref="{gone}"]').count() == 1
+        net.released.set()
+        await until(page, COMPLETE, "the refreshed roster")
+        await until(page, f"{ROWS} === {MEMBERS - 1}", "the removal in the page")
+        assert await page.locator(f'#member-list li[data-member-ref="{gone}"]').count() == 0
+        renamed_row = page.locator(f'#member-list li[data-member-ref="{renamed}"] .name')
+        name_js = f"document.querySelector('#member-list li[data-member-ref=\"{renamed}\"] .name')"
+        await until(page, f"{name_js}.textContent === 'Renamed 123'", "the new name in the page")
+        assert await renamed_row.text_content() == "Renamed 123"
+        await until(page, "window.__sp.store.counters.cacheWrites >= 1", "the cache write")
+        stored = dict(await page.evaluate(STORED))
+        assert len(stored) == MEMBERS - 1 and str(gone) not in stored
+        assert stored[str(renamed)] == "Renamed 123"
+        assert await page.evaluate("window.__sp.store.counters.removalsConfirmed") == 1
+        await page.screenshot(path=str(tmp_path / "browser-members.png"), full_page=True)
+        if os.environ.get("SP_DOCS_SCREENSHOT"):
+            await page.screenshot(path=str(ROOT / "docs" / "browser-members.png"), full_page=True)
+    finally:
+        await context.close()
+        api.stop()
+
+
+async def test_seed_004_timing_scenario_with_a_2s_upstream(
+    make_stack: Callable[..., Stack], tmp_path: Path, browser: Any
+) -> None:
+    _, api, group, token = await start(make_stack, tmp_path, "btim")
+    context = await browser.new_context()
+    try:
+        page = await context.new_page()
+        net = Network()
+        net.delay_s = UPSTREAM_DELAY_S
+        await net.install(page)
+        await sign_in_and_open(page, api, token, group.id)
+        await until(page, COMPLETE, "the whole roster behind a 2 s upstream")
+        cold = await page.evaluate("window.__sp.timings")
+        # Order, not time: the first 50 were shown before the second page was answered.
+        assert cold["first50"] < cold["fresh"] <= cold["complete"]
+        counters = await page.evaluate("window.__sp.store.counters")
+        assert counters["pages"] == MEMBERS // 50 and counters["maxPresentationInFlight"] <= 2
+        await until(page, "window.__sp.store.counters.cacheWrites >= 1", "the cache write")
+        await page.close()
+
+        page = await context.new_page()
+        net = Network()
+        net.delay_s = UPSTREAM_DELAY_S
+        await net.install(page)
+        await sign_in_and_open(page, api, token, group.id)
+        cached = "window.__sp.timings && window.__sp.timings.cachedVisible !== undefined"
+        await until(page, cached, "the cached roster")
+        assert net.answered("page") == 0  # shown before the server answered
+        await until(page, COMPLETE, "the refresh behind the 2 s upstream")
+        warm = await page.evaluate("window.__sp.timings")
+        assert warm["cacheHit"] is True and warm["cachedVisibleCount"] == MEMBERS
+        assert warm["cachedVisible"] < warm["first50"]
+        ours = {
+            "cache_answer_ms": round(warm["cacheAnswer"], 1),
+            "cached_visible_ms": round(warm["cachedVisible"], 1),
+            "first50_ms": round(cold["first50"]),
+            "complete_ms": round(cold["complete"]),
+            "fresh_ms": round(cold["fresh"]),
+        }
+        report = {"upstream_delay_s": UPSTREAM_DELAY_S, "members": MEMBERS, "seed": SEED, "ours": ours}
+        (tmp_path / "seed004-browser-timings.json").write_text(json.dumps(report, indent=2))
+        print("\nseed 004 timings (browser, 2 s upstream):")
+        for name, seed in SEED.items():
+            print(f"  {name:18} seed ~{seed} ms   ours {ours[name]} ms")
+    finally:
+        await context.close()
+        api.stop()
