@@ -28,7 +28,7 @@ import orjson
 import pytest
 
 from app.api.tokens import TokenSigner
-from tests.integration.stack import PROJECTOR, ROOT, Stack, free_port
+from tests.integration.stack import PROJECTOR, ROOT, Stack, free_port, store_messages
 from tests.support.api import SECRET
 from tests.support.builders import StreamBuilder
 
@@ -83,9 +83,12 @@ class Traffic:
         return seq, mailbox_seq
 
     async def send(self) -> int:
-        """Produce what was built (then a marker) and wait until the worker stored it."""
+        """Store the messages in the MessageStore (as the chat backend does first: the page's login
+        reconcile recounts from there), produce the entries (then a marker) and wait until the
+        worker stored them."""
         self.stream.marker(0)
         lines, self.stream.lines = self.stream.lines, []
+        await asyncio.to_thread(store_messages, self.stack.settings, lines)
         await self.stack.produce(lines)
         await self.stack.wait_for_versions({USER: self.stream.seq}, timeout=120, alive=self.stack.alive())
         return self.stream.seq
