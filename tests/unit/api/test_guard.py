@@ -228,6 +228,12 @@ class _DownFleet:
     async def take_token(self, user_id: int, burst: float, per_s: float, now_ms: int) -> int:
         raise ProjectionStoreError("projection store (test) unreachable during rate limit")
 
+    async def claim_reconcile(self, user_id: int, token: str, interval_ms: int, now_ms: int) -> int:
+        raise ProjectionStoreError("projection store (test) unreachable during reconcile claim")
+
+    async def release_reconcile(self, user_id: int, token: str) -> None:
+        raise ProjectionStoreError("projection store (test) unreachable during reconcile release")
+
 
 @pytest.mark.parametrize(("mode", "want"), [("open", 200), ("closed", 503)])
 async def test_a_store_outage_fails_the_rate_check_open_or_closed_and_counts_it(mode: str, want: int) -> None:
