@@ -389,6 +389,34 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
+async def start_api(stack: Stack, port: int, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`projector api` on 127.0.0.1:`port` with the stack's environment plus `env`, its output
+    appended to `log`; returned once /openapi.json answers 200 (fails if it exits or takes 120 s)."""
+    out = log.open("ab")
+    proc = subprocess.Popen(
+        [*PROJECTOR, "api", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT,
+        env={**stack.env, **env},
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=out,
+    )
+    deadline = time.monotonic() + 120
+    async with aiohttp.ClientSession() as http:
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"projector api exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                async with http.get(f"http://127.0.0.1:{port}/openapi.json") as resp:
+                    if resp.status == 200:
+                        return proc
+            except aiohttp.ClientConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"projector api did not answer:\n{log.read_text()[-3000:]}")
+            await asyncio.sleep(0.3)
+
+
 def store_messages(settings: Settings, lines: Iterable[bytes]) -> None:
     """Write the stream's messages, recalls and heads to the real MessageStore first, as the
     chat backend (and `projector simulate`) does before the mailbox entries go out: a bounded

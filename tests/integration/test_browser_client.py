@@ -31,22 +31,12 @@ from app.api.tokens import TokenSigner
 from tests.integration.stack import PROJECTOR, ROOT, Stack, free_port, store_messages
 from tests.support.api import SECRET
 from tests.support.builders import StreamBuilder
+from tests.support.chromium import launched_chromium
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 USER = 11982011376358104761  # JavaScript would read 11982011376358105000
 OTHER = 4242
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 CONVERSATIONS = [str(uuid.UUID(int=0xC0FFEE_000 + i)) for i in range(25)]
 WAIT_MS = 45_000  # generous: a loaded 2-core CI machine; the page reacts in well under a second
 
@@ -151,14 +141,8 @@ class Api:
 
 @pytest.fixture
 async def browser() -> AsyncIterator[Any]:
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as pw:
-        chromium = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-        try:
-            yield chromium
-        finally:
-            await chromium.close()
+    async with launched_chromium() as chromium:
+        yield chromium
 
 
 async def js(page: Any, expression: str) -> Any:

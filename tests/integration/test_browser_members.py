@@ -37,9 +37,10 @@ from app.stores.cassandra_session import open_cluster
 from app.stores.cassandra_state import UserConversationStateWriter
 from app.stores.redis_projection import RedisProjectionStore
 from tests.integration.stack import ROOT, Stack
-from tests.integration.test_browser_client import CHROMIUM, FLAGS, Api
+from tests.integration.test_browser_client import Api
 from tests.integration.test_sdk_consumer import _need_node, pack
 from tests.support.api import SECRET
+from tests.support.chromium import launched_chromium
 from tests.support.rows import cid, flush, make_row
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -154,14 +155,8 @@ class Network:
 
 @pytest.fixture
 async def browser() -> AsyncIterator[Any]:
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as pw:
-        chromium = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-        try:
-            yield chromium
-        finally:
-            await chromium.close()
+    async with launched_chromium() as chromium:
+        yield chromium
 
 
 async def until(page: Any, expression: str, what: str = "") -> None:

@@ -25,7 +25,6 @@ taken with OPS_SCREENSHOTS_DIR=docs), so a test run leaves the checkout as it wa
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import subprocess
@@ -41,58 +40,25 @@ import pytest
 from app.api.ops.auth import OperatorSigner
 from app.api.tokens import TokenSigner
 from app.stores.redis_projection import RedisProjectionStore
-from tests.integration.stack import PROJECTOR, ROOT, Stack, free_port, read_jsonl, scrape_until
+from tests.integration.stack import Stack, free_port, read_jsonl, scrape_until, start_api
+from tests.support.chromium import CHROMIUM, CHROMIUM_FLAGS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 API_SECRET = "integration-api-secret-0123456789-abcdef"
 OPS_SECRET = "integration-ops-secret-0123456789-abcdef"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 BAD_RECORD = b'{"type":"message","user_id":7,"lane":0,"note":"<img src=x onerror=window.__pwned=1>"}'
 WAIT_MS = 60_000
 
 
-async def start_api(stack: Stack, port: int, metrics_url: str, log: Path) -> subprocess.Popen[bytes]:
+async def start_console_api(stack: Stack, port: int, metrics_url: str, log: Path) -> subprocess.Popen[bytes]:
     env = {
-        **stack.env,
         "PROJECTOR_API_SECRET": API_SECRET,
         "PROJECTOR_OPS_SECRET": OPS_SECRET,
         "PROJECTOR_OPS_METRICS_URLS": metrics_url,
         "PROJECTOR_OPS_SAMPLE_INTERVAL_MS": "1000",
     }
-    out = log.open("ab")
-    proc = subprocess.Popen(
-        [*PROJECTOR, "api", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=out,
-        stderr=out,
-    )
-    deadline = time.monotonic() + 120
-    async with aiohttp.ClientSession() as http:
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"projector api exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                async with http.get(f"http://127.0.0.1:{port}/openapi.json") as resp:
-                    if resp.status == 200:
-                        return proc
-            except aiohttp.ClientConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"projector api did not answer:\n{log.read_text()[-3000:]}")
-            await asyncio.sleep(0.3)
+    return await start_api(stack, port, log, env)
 
 
 async def check_http_security(base: str) -> None:
@@ -160,7 +126,7 @@ async def test_console_in_a_real_browser(make_stack: Callable[..., Stack], tmp_p
     await stack.wait_for_versions(versions, timeout=240, alive=alive)
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     await scrape_until(metrics_url, lambda t: "projector_watermark_hi{" in t, 60, alive)
-    api = await start_api(stack, api_port, metrics_url, tmp_path / "api.log")
+    api = await start_console_api(stack, api_port, metrics_url, tmp_path / "api.log")
     base = f"http://127.0.0.1:{api_port}"
     store = RedisProjectionStore.from_settings(stack.settings, stack.settings.projection_namespace)
     try:

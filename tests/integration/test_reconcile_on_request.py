@@ -14,7 +14,6 @@ logins of that user within the interval asks nothing more; POST /v1/reconcile fo
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import time
 from collections.abc import Callable
@@ -31,39 +30,12 @@ from app.api.tokens import TokenSigner
 from app.domain.wire_ids import row_from_client
 from app.metrics import sample
 from app.stores.redis_projection import RedisProjectionStore
-from tests.integration.stack import PROJECTOR, ROOT, Stack, free_port, read_jsonl, scrape_until
+from tests.integration.stack import Stack, free_port, read_jsonl, scrape_until, start_api
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 API_SECRET = "integration-api-secret-reconcile-0123456789"
 INTERVAL_S = 3600
-
-
-async def start_api(stack: Stack, port: int, log: Path) -> subprocess.Popen[bytes]:
-    env = {**stack.env, "PROJECTOR_API_SECRET": API_SECRET}
-    out = log.open("ab")
-    proc = subprocess.Popen(
-        [*PROJECTOR, "api", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=out,
-        stderr=out,
-    )
-    deadline = time.monotonic() + 120
-    async with aiohttp.ClientSession() as http:
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"projector api exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                async with http.get(f"http://127.0.0.1:{port}/openapi.json") as resp:
-                    if resp.status == 200:
-                        return proc
-            except aiohttp.ClientConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"projector api did not answer:\n{log.read_text()[-3000:]}")
-            await asyncio.sleep(0.3)
 
 
 def simulate(stack: Stack, tmp: Path) -> dict[str, Any]:
@@ -177,7 +149,7 @@ async def test_login_reconciles_drift_and_post_is_bounded(
         frame_topics = [stack.settings.topic_session_delta, stack.settings.topic_badge]
         start = await end_offsets(stack, frame_topics)
 
-        api = await start_api(stack, api_port, tmp_path / "api.log")
+        api = await start_api(stack, api_port, tmp_path / "api.log", {"PROJECTOR_API_SECRET": API_SECRET})
         base = f"http://127.0.0.1:{api_port}"
         worker_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
         async with aiohttp.ClientSession() as http:

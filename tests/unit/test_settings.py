@@ -416,6 +416,7 @@ def test_invalid_fast_lane_values_give_one_line_errors(env: dict[str, str], frag
         Settings.from_env(env)
     assert err.value.problems == [next(p for p in err.value.problems if fragment in p)]
 
+
 def test_the_reconcile_interval_is_bounded_and_its_topic_named() -> None:
     s = Settings.from_env({"PROJECTOR_RECONCILE_MIN_INTERVAL_S": "60", "PROJECTOR_TOPIC_RECONCILE": "rc"})
     assert (s.reconcile_min_interval_s, s.topic_reconcile, s.reconcile_on_login) == (60, "rc", True)
