@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from app.domain.fast_lane import (
+    FAST_LANE_MAX_MEMBERS,
     FAST_LANE_MAX_MEMBERS_MAX,
     FAST_LANE_MAX_MEMBERS_MIN,
+    FAST_LANE_PER_USER_PER_S,
     FAST_LANE_PER_USER_PER_S_MAX,
     FAST_LANE_PER_USER_PER_S_MIN,
 )
 from app.domain.projector import (
-    FAST_LANE_MAX_MEMBERS,
-    FAST_LANE_PER_USER_PER_S,
     MAX_DIRTY_ROWS_MIN,
     UNREAD_PRECISE_LIMIT_MIN,
     WINDOW_MS_MIN,

@@ -60,7 +60,7 @@ from typing import Any
 
 import orjson
 
-from app.domain.projector import FAST_LANE_MAX_MEMBERS
+from app.domain.fast_lane import FAST_LANE_MAX_MEMBERS
 from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,12 +15,13 @@ import orjson
 
 from app.cli.args import int_in, non_negative_int, positive_int, scratch_folder_problem
 from app.domain.fast_lane import (
+    FAST_LANE_MAX_MEMBERS,
     FAST_LANE_MAX_MEMBERS_MAX,
     FAST_LANE_MAX_MEMBERS_MIN,
+    FAST_LANE_PER_USER_PER_S,
     FAST_LANE_PER_USER_PER_S_MAX,
     FAST_LANE_PER_USER_PER_S_MIN,
 )
-from app.domain.projector import FAST_LANE_MAX_MEMBERS, FAST_LANE_PER_USER_PER_S
 from app.replay import Frame, Replayer, ReplayOptions
 from app.replay.driver import DEFAULT_HOT_ROWS
 from app.settings import Settings

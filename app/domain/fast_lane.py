@@ -22,7 +22,11 @@ in that second, which the bound counts.
 
 from __future__ import annotations
 
-# Bounds of the two settings, declared once (the settings and the replay command use them).
+# The two settings' defaults and bounds, declared once (the projector's config, the settings and
+# the replay command use them): direct messages are small conversations; a user takes at most 5
+# fast flushes a second.
+FAST_LANE_MAX_MEMBERS = 2
+FAST_LANE_PER_USER_PER_S = 5
 FAST_LANE_MAX_MEMBERS_MIN = 0  # 0: no conversation is small (mentions, urgent, reads still fast)
 FAST_LANE_MAX_MEMBERS_MAX = 2**32 - 1  # member_count is a u32
 FAST_LANE_PER_USER_PER_S_MIN = 0  # 0: the fast lane is off (every entry waits for the window)

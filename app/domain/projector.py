@@ -22,8 +22,10 @@ from app.domain.entries import (
     ReadEntry,
 )
 from app.domain.fast_lane import (
+    FAST_LANE_MAX_MEMBERS,
     FAST_LANE_MAX_MEMBERS_MAX,
     FAST_LANE_MAX_MEMBERS_MIN,
+    FAST_LANE_PER_USER_PER_S,
     FAST_LANE_PER_USER_PER_S_MAX,
     FAST_LANE_PER_USER_PER_S_MIN,
 )
@@ -38,10 +40,6 @@ from app.domain.unread import UNREAD_PRECISE_LIMIT
 WINDOW_MS_MIN = 0
 MAX_DIRTY_ROWS_MIN = 0
 UNREAD_PRECISE_LIMIT_MIN = 1
-# The fast lane's defaults (docs/contract.md §10; bounds in app/domain/fast_lane.py): direct
-# messages are small conversations; a user takes at most 5 fast flushes a second.
-FAST_LANE_MAX_MEMBERS = 2
-FAST_LANE_PER_USER_PER_S = 5
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,16 +17,16 @@ import msgspec
 
 from app.domain.conversation import ConversationState
 from app.domain.fast_lane import (
+    FAST_LANE_MAX_MEMBERS,
     FAST_LANE_MAX_MEMBERS_MAX,
     FAST_LANE_MAX_MEMBERS_MIN,
+    FAST_LANE_PER_USER_PER_S,
     FAST_LANE_PER_USER_PER_S_MAX,
     FAST_LANE_PER_USER_PER_S_MIN,
 )
 from app.domain.flush import UserFlush
 from app.domain.processor import PartitionProcessor, ProcessingStats, Snapshot
 from app.domain.projector import (
-    FAST_LANE_MAX_MEMBERS,
-    FAST_LANE_PER_USER_PER_S,
     MAX_DIRTY_ROWS_MIN,
     WINDOW_MS_MIN,
     Projector,

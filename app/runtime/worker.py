@@ -67,16 +67,22 @@ def run_worker(
     worker.execute_from_commandline()
 
 
-def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[faust.App, WorkerCore]:
-    os.makedirs(os.path.join(settings.data_dir, settings.app_id), exist_ok=True)
-    app = new_faust_app(settings)
-    mailbox = app.topic(
-        settings.topic_mailbox_tail,
+def input_topic(app: faust.App, name: str, settings: Settings) -> Any:
+    """An input topic of raw records with the worker's partition count: mailbox-tail and the
+    reconcile requests share it, so faust's assignor co-partitions them."""
+    return app.topic(
+        name,
         key_serializer="raw",
         value_serializer="raw",
         partitions=settings.topic_partitions,
         internal=False,
     )
+
+
+def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[faust.App, WorkerCore]:
+    os.makedirs(os.path.join(settings.data_dir, settings.app_id), exist_ok=True)
+    app = new_faust_app(settings)
+    mailbox = input_topic(app, settings.topic_mailbox_tail, settings)
     sender = BatchSender(lambda: raw_producer(app))
     state = WorkerState(settings)
     tables = state.tables
@@ -97,13 +103,7 @@ def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[
             lambda partition: partition in intake.assigned,
             observe=metrics.observe_reconcile if metrics is not None else None,
         )
-        requests_topic = app.topic(
-            settings.topic_reconcile,
-            key_serializer="raw",
-            value_serializer="raw",
-            partitions=settings.topic_partitions,
-            internal=False,
-        )
+        requests_topic = input_topic(app, settings.topic_reconcile, settings)
         reconciles = ReconcileIntake(app, runner, settings.topic_reconcile)
         register_reconcile(app, requests_topic, reconciles)
 
