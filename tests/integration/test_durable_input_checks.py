@@ -18,10 +18,22 @@ from app.settings import Settings
 from tables.durable.changelog import InMemoryChangelog
 from tables.durable.checkpointer import Checkpointer, PersistBatch
 from tables.durable.identity import InputMismatch, check_identity, retention_overrun
-from tables.durable.kafka import input_identity, log_start_offset
+from tables.durable.kafka import InputLookupFailed, input_identity, log_start_offset
 from tables.durable.records import Checkpoint, InputIdentity
 from tables.durable.store import PartitionStore
 from tests.support.private_kafka import PrivateKafka
+
+
+async def created_identity(bootstrap: str, topic: str) -> InputIdentity:
+    """`input_identity` of a topic just created: the broker answers create_topics before every
+    node's metadata describes it (UNKNOWN_TOPIC_OR_PARTITION meanwhile), so it is asked again."""
+    deadline = asyncio.get_running_loop().time() + 60
+    while True:
+        try:
+            return await input_identity(bootstrap, topic)
+        except InputLookupFailed:
+            assert asyncio.get_running_loop().time() < deadline, f"{topic} not described in 60 s"
+            await asyncio.sleep(0.5)
 
 
 async def _checkpoint_on(identity: InputIdentity, path: Path, input_next_offset: int) -> Checkpoint:
@@ -78,7 +90,7 @@ async def test_a_recreated_mailbox_tail_is_refused_in_one_line(
         except KafkaError:
             assert asyncio.get_running_loop().time() < deadline, f"{topic} not recreated in 60 s"
             await asyncio.sleep(0.5)
-    after = await input_identity(servers.kafka_bootstrap, topic)
+    after = await created_identity(servers.kafka_bootstrap, topic)
     assert after.cluster_id == before.cluster_id and after.topic_id != before.topic_id
 
     with pytest.raises(InputMismatch) as refused:
@@ -104,7 +116,7 @@ async def test_a_checkpoint_of_another_cluster_is_refused_in_one_line(
             await admin.create_topics([NewTopic(topic, 2, 1)])  # the same name, on another cluster
         finally:
             await admin.close()
-        other = await input_identity(broker.bootstrap, topic)
+        other = await created_identity(broker.bootstrap, topic)
     finally:
         await asyncio.to_thread(broker.stop)
     assert other.cluster_id != shared.cluster_id
