@@ -5,7 +5,12 @@ A user's state knows its projection_mailbox_seq P (the last entry applied) and t
 its last flush (every client saw at most F: a flush is the only thing that publishes a version).
 The store answers, for the user, the version it holds and how many rows:
 
-* INTACT: version F and as many rows as the state has: nothing was lost.
+* INTACT: version F and every row the flush at F left there. With P == F that is as many rows
+  as the state has. With P > F (entries applied since F, not flushed yet) the rows made since F
+  (never written by a flush: `writes` 0, version above F) are not in the store yet; every other
+  row is, so the store holds exactly that many. Comparing P > F users with the state's whole
+  row count took every user with a conversation begun since its last flush for a loss: a store
+  seen for the first time while traffic flowed counted a restore it did not need (a CI failure).
 * AHEAD: a version above F: a newer writer (another worker, during a hand-over) wrote it; left.
 * RESTATE (P == F): every row and the badge written again AT F, over whatever the store holds
   (nothing, an older version, or some rows at F that a flush wrote into the emptied store), with
@@ -24,7 +29,7 @@ The store answers, for the user, the version it holds and how many rows:
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from app.domain.badge import full_recompute
 from app.domain.conversation import ConversationState
@@ -39,16 +44,18 @@ class Need(enum.Enum):
     REFLUSH = "reflush"
 
 
-def need(user: UserState, rows: int, stored_version: int, stored_rows: int) -> Need:
-    """What `user` (with `rows` rows in the state) needs, given what the store holds."""
+def need(user: UserState, rows: Sequence[ConversationState], stored_version: int, stored_rows: int) -> Need:
+    """What `user` (with these rows: all of its rows in the state) needs, given what the store
+    holds."""
     flushed = user.flushed_seq
     if stored_version > flushed:
         return Need.AHEAD
-    if stored_version == flushed and stored_rows == rows and flushed > 0:
-        return Need.INTACT
-    if user.projection_mailbox_seq > flushed:
-        return Need.REFLUSH
-    return Need.RESTATE
+    pending = user.projection_mailbox_seq > flushed
+    if stored_version == flushed and flushed > 0:
+        left = len(rows) if not pending else sum(1 for row in rows if row.writes or row.version <= flushed)
+        if stored_rows == left:
+            return Need.INTACT
+    return Need.REFLUSH if pending else Need.RESTATE
 
 
 def restatement(

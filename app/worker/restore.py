@@ -343,7 +343,7 @@ class ProjectionRestorer:
                     if conversation_id not in held
                 ]
             report.checked += 1
-            verdict = need(user, len(rows), stored_version, stored_rows)
+            verdict = need(user, rows, stored_version, stored_rows)
             if verdict is Need.INTACT:
                 continue
             if verdict is Need.AHEAD:

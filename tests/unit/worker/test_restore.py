@@ -196,6 +196,74 @@ def test_an_intact_store_is_only_checked_and_its_markers_set() -> None:
     asyncio.run(run())
 
 
+def test_first_sight_while_users_have_new_rows_not_flushed_yet_restores_nothing() -> None:
+    """The CI failure of ebff8eb and e14c6c5: a store seen for the first time while a user had
+    applied entries (a new conversation among them) not flushed yet. The store holds what the
+    user's last flush wrote; the state has one row more, its next flush's. Nothing was lost."""
+    s = Builder()
+    for n in range(1, 4):
+        s.message(7, n, conv=CONV_A)
+        s.message(8, n, conv=CONV_B)
+    first = s.close_part()
+    s.message(7, 1, conv=CONV_B)  # a row the store has never seen
+    s.message(8, 4, conv=CONV_B)  # a row the store holds at an older value
+    second = s.close()
+
+    async def run() -> None:
+        tables, projections, outbox, clock = MemoryTables(), InMemoryProjectionStore(), Outbox(), Clock()
+        core = make_core(1, tables, message_store_for(first + second, 1), projections, outbox, clock)
+        await core.on_records(records(first))
+        await core.flush_all()
+        await core.on_records(records(second, len(first)))  # applied; the window is still open
+        restorer = restorer_for(core, projections)
+        await restorer.check()
+        await restorer.work()
+        assert core.stats.projection_restores == 0 and core.stats.restore_checked_users == 2
+        assert core.stats.restore_reflushed_users == 0
+        await core.flush_all()
+        await settle(core, restorer, clock)
+        assert core.stats.projection_restores == 0
+        rows, badges = await final_projection(projections, [7, 8])
+        expected = run_replay(first + second, ReplayOptions(lanes=1))
+        assert (rows, badges) == (expected.projections, expected.badges)
+
+    asyncio.run(run())
+
+
+def test_a_lost_row_of_a_user_with_entries_not_flushed_is_handed_to_its_next_flush() -> None:
+    """The same user with a row of its last flush gone from the store (the store kept the
+    version): the count of rows left at that version finds it, and the next flush writes the
+    user whole."""
+    s = Builder()
+    s.message(7, 1, conv=CONV_A)
+    s.message(7, 1, conv=CONV_B)
+    first = s.close_part()
+    s.message(7, 2, conv=CONV_B)
+    second = s.close()
+
+    async def run() -> None:
+        tables, projections, outbox, clock = MemoryTables(), InMemoryProjectionStore(), Outbox(), Clock()
+        core = make_core(1, tables, message_store_for(first + second, 1), projections, outbox, clock)
+        await core.on_records(records(first))
+        await core.flush_all()
+        await core.on_records(records(second, len(first)))
+        restorer = restorer_for(core, projections)
+        await restorer.check()
+        await restorer.work()  # first sight: markers set, nothing lost
+        assert core.stats.projection_restores == 0
+        projections.forget_rows(7, [CONV_A])
+        await projections.set_markers(0, RESTORING + "a-dead-worker")  # the partition checked again
+        await restorer.check()
+        await restorer.work()
+        assert core.stats.projection_restores == 1 and core.stats.restore_reflushed_users == 1
+        await core.flush_all()
+        rows, badges = await final_projection(projections, [7])
+        expected = run_replay(first + second, ReplayOptions(lanes=1))
+        assert (rows, badges) == (expected.projections, expected.badges)
+
+    asyncio.run(run())
+
+
 def test_a_flushall_is_restored_at_the_same_versions_with_correction_frames() -> None:
     lines = two_users()
     expected = run_replay(lines, ReplayOptions())
