@@ -2,8 +2,8 @@
 
 What runs is the worker's core (`app.worker.core.WorkerCore`: the offset rule, the processing
 object, the lazy restore, the bounded hot set, the persist to the changelog tables, the flushes)
-over the worker's table layout in RocksDB, opened with the RocksDB options the worker's faust
-tables use (tables/state.py: ROCKSDB_OPTIONS, through faust's own RocksDBOptions). Each
+over the worker's table layout in RocksDB, opened with the RocksDB options of the worker's
+partition stores (tables/durable/store.py: store_options). Each
 measurement is a fresh process (its peak RSS is its own). What the worker does besides (Kafka
 consumer and producer, Cassandra, Redis) costs the same whatever the state's size and is left
 out: the projection store is a sink that encodes every flush as the Redis store does and keeps
