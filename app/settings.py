@@ -238,10 +238,10 @@ class Settings:
     # latency; bench figures in bench/README.md). On by default since 2026-12-02: it had been
     # opt-in while crash runs with it failed; both causes found since were faust behaviours that
     # serial runs had too (a superseded recovery's completion, changelog records faust cleared
-    # unapplied, in faust's table layer the worker no longer uses), and with both fixed every crash run with it on passed (CI-size,
-    # the harder 16-kill variant, the full-size SIGKILL scenario and full-size crash runs; counts
-    # in CHANGELOG.md). false = serial: a batch publishes its own flushes, a persist holds the
-    # intake until the changelog has it.
+    # unapplied, in faust's table layer the worker no longer uses), and with both fixed every
+    # crash run with it on passed (CI-size, the harder 16-kill variant, the full-size SIGKILL
+    # scenario and full-size crash runs; counts in CHANGELOG.md). false = serial: a batch
+    # publishes its own flushes, a persist holds the intake until the changelog has it.
     worker_overlap_flushes: bool = True
     # Dead letters are always counted and always sent to their topic; their log lines are capped
     # at this many per second (the rest summed up in one "N more suppressed" line a second at most;
