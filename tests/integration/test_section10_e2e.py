@@ -15,9 +15,10 @@ fast lane (it waits for the window's end).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -87,55 +88,62 @@ async def until(
         await asyncio.sleep(0.1)
 
 
-async def test_mark_read_and_a_direct_message_reach_the_other_device_by_the_fast_lane(
-    make_stack: Callable[..., Stack],
-) -> None:
-    # An hour's window: nothing in this test is flushed by the window.
-    stack = make_stack("fast", partitions=1, lanes=1, PROJECTOR_PROJECTION_COMPACTION_WINDOW_MS="3600000")
+@contextlib.asynccontextmanager
+async def two_devices(stack: Stack) -> AsyncIterator[tuple[Mailbox, aiohttp.ClientSession, str, str]]:
+    """The worker and two API instances ("devices" of ME), once ME has read a first message in
+    MAIN: (mailbox, http, device A's base URL, device B's)."""
     mailbox = Mailbox(stack)
     stack.start_worker()
     api_a, api_b = Api(stack.settings, "never"), Api(stack.settings, "never")
     device_a, device_b = await api_a.start(), await api_b.start()
-    latencies: dict[str, float] = {}
     try:
         async with aiohttp.ClientSession() as http:
             mailbox.message(MAIN)
             mailbox.stream.read(ME, 1, MAIN)  # the read takes the message with it
             await mailbox.send()
             await until(http, device_a, lambda b, r: MAIN in r and r[MAIN]["read_conversation_seq"] == 1)
-
-            # Device A marks MAIN unread: device B sees it marked, the badge +1.
-            mailbox.stream.entry("mark_unread", ME, MAIN)
-            sent = await mailbox.send()
-            await until(
-                http, device_b, lambda b, r: r[MAIN].get("marked_unread") is True and b["total_unread"] == 1
-            )
-            latencies["mark"] = time.monotonic() - sent
-
-            # A read clears it.
-            mailbox.stream.read(ME, 1, MAIN)
-            sent = await mailbox.send()
-            await until(
-                http, device_b, lambda b, r: r[MAIN].get("marked_unread") is False and b["total_unread"] == 0
-            )
-            latencies["read"] = time.monotonic() - sent
-
-            # An archived direct conversation receives messages: the archived folder's totals move
-            # (the archive entry itself waits for the window; the direct message's flush takes
-            # the user's dirty rows with it).
-            mailbox.stream.entry("archive", ME, ARCHIVED)
-            mailbox.message(ARCHIVED, member_count=2)
-            sent = await mailbox.send()
-            badge, rows = await until(http, device_b, lambda b, r: b["archived_unread"] == 1)
-            latencies["archived direct message"] = time.monotonic() - sent
-            assert rows[ARCHIVED]["archived"] is True and badge["total_unread"] == 0
-            mailbox.message(ARCHIVED, member_count=2)
-            sent = await mailbox.send()
-            await until(http, device_a, lambda b, r: b["archived_unread"] == 2)
-            latencies["second archived direct message"] = time.monotonic() - sent
+            yield mailbox, http, device_a, device_b
     finally:
         await api_a.close()
         await api_b.close()
+
+
+async def test_mark_read_and_a_direct_message_reach_the_other_device_by_the_fast_lane(
+    make_stack: Callable[..., Stack],
+) -> None:
+    # An hour's window: nothing in this test is flushed by the window.
+    stack = make_stack("fast", partitions=1, lanes=1, PROJECTOR_PROJECTION_COMPACTION_WINDOW_MS="3600000")
+    latencies: dict[str, float] = {}
+    async with two_devices(stack) as (mailbox, http, device_a, device_b):
+        # Device A marks MAIN unread: device B sees it marked, the badge +1.
+        mailbox.stream.entry("mark_unread", ME, MAIN)
+        sent = await mailbox.send()
+        await until(
+            http, device_b, lambda b, r: r[MAIN].get("marked_unread") is True and b["total_unread"] == 1
+        )
+        latencies["mark"] = time.monotonic() - sent
+
+        # A read clears it.
+        mailbox.stream.read(ME, 1, MAIN)
+        sent = await mailbox.send()
+        await until(
+            http, device_b, lambda b, r: r[MAIN].get("marked_unread") is False and b["total_unread"] == 0
+        )
+        latencies["read"] = time.monotonic() - sent
+
+        # An archived direct conversation receives messages: the archived folder's totals move
+        # (the archive entry itself waits for the window; the direct message's flush takes
+        # the user's dirty rows with it).
+        mailbox.stream.entry("archive", ME, ARCHIVED)
+        mailbox.message(ARCHIVED, member_count=2)
+        sent = await mailbox.send()
+        badge, rows = await until(http, device_b, lambda b, r: b["archived_unread"] == 1)
+        latencies["archived direct message"] = time.monotonic() - sent
+        assert rows[ARCHIVED]["archived"] is True and badge["total_unread"] == 0
+        mailbox.message(ARCHIVED, member_count=2)
+        sent = await mailbox.send()
+        await until(http, device_a, lambda b, r: b["archived_unread"] == 2)
+        latencies["second archived direct message"] = time.monotonic() - sent
     print(f"\n§10 fast lane, produce -> visible through the API (s): {latencies}")
 
 
@@ -143,58 +151,43 @@ async def test_mark_read_badge_mode_and_archived_totals_through_the_worker(
     make_stack: Callable[..., Stack],
 ) -> None:
     stack = make_stack("sec10", partitions=1, lanes=1)
-    mailbox = Mailbox(stack)
-    stack.start_worker()
-    api_a, api_b = Api(stack.settings, "never"), Api(stack.settings, "never")
-    device_a, device_b = await api_a.start(), await api_b.start()
     latencies: dict[str, float] = {}
-    try:
-        async with aiohttp.ClientSession() as http:
-            mailbox.message(MAIN)
-            mailbox.stream.read(ME, 1, MAIN)
-            await mailbox.send()
-            await until(http, device_a, lambda b, r: MAIN in r and r[MAIN]["read_conversation_seq"] == 1)
+    async with two_devices(stack) as (mailbox, http, device_a, device_b):
+        # Device A marks MAIN unread: device B sees it marked, the badge +1.
+        mailbox.stream.entry("mark_unread", ME, MAIN)
+        sent = await mailbox.send()
+        badge, rows = await until(
+            http, device_b, lambda b, r: r[MAIN].get("marked_unread") is True and b["total_unread"] == 1
+        )
+        latencies["mark"] = time.monotonic() - sent
+        assert rows[MAIN]["unread_count"] == 0
 
-            # Device A marks MAIN unread: device B sees it marked, the badge +1.
-            mailbox.stream.entry("mark_unread", ME, MAIN)
-            sent = await mailbox.send()
-            badge, rows = await until(
-                http, device_b, lambda b, r: r[MAIN].get("marked_unread") is True and b["total_unread"] == 1
-            )
-            latencies["mark"] = time.monotonic() - sent
-            assert rows[MAIN]["unread_count"] == 0
+        # A read (any value) clears it.
+        mailbox.stream.read(ME, 0, MAIN)
+        sent = await mailbox.send()
+        await until(
+            http, device_b, lambda b, r: r[MAIN].get("marked_unread") is False and b["total_unread"] == 0
+        )
+        latencies["read"] = time.monotonic() - sent
 
-            # A read (any value) clears it.
-            mailbox.stream.read(ME, 0, MAIN)
-            sent = await mailbox.send()
-            await until(
-                http, device_b, lambda b, r: r[MAIN].get("marked_unread") is False and b["total_unread"] == 0
-            )
-            latencies["read"] = time.monotonic() - sent
+        # The archived folder's totals move when an archived conversation gets a message.
+        mailbox.message(ARCHIVED)
+        mailbox.stream.entry("archive", ME, ARCHIVED)
+        await mailbox.send()
+        await until(http, device_a, lambda b, r: b["archived_unread"] == 1)
+        mailbox.message(ARCHIVED)
+        mailbox.message(ARCHIVED)
+        mailbox.message(MAIN)
+        mailbox.message(MAIN)
+        sent = await mailbox.send()
+        badge, _ = await until(http, device_b, lambda b, r: b["archived_unread"] == 3)
+        latencies["archived"] = time.monotonic() - sent
+        assert (badge["total_unread"], badge["badge_mode"]) == (2, "messages")
 
-            # The archived folder's totals move when an archived conversation gets a message.
-            mailbox.message(ARCHIVED)
-            mailbox.stream.entry("archive", ME, ARCHIVED)
-            await mailbox.send()
-            await until(http, device_a, lambda b, r: b["archived_unread"] == 1)
-            mailbox.message(ARCHIVED)
-            mailbox.message(ARCHIVED)
-            mailbox.message(MAIN)
-            mailbox.message(MAIN)
-            sent = await mailbox.send()
-            badge, _ = await until(http, device_b, lambda b, r: b["archived_unread"] == 3)
-            latencies["archived"] = time.monotonic() - sent
-            assert (badge["total_unread"], badge["badge_mode"]) == (2, "messages")
-
-            # Switching the badge mode recomputes the badge and the folder totals at once.
-            mailbox.stream.entry(
-                "badge_preferences", ME, MAIN, badge_mode="conversations", include_muted=False
-            )
-            sent = await mailbox.send()
-            badge, _ = await until(http, device_a, lambda b, r: b["badge_mode"] == "conversations")
-            latencies["mode"] = time.monotonic() - sent
-            assert (badge["total_unread"], badge["archived_unread"]) == (1, 1)
-    finally:
-        await api_a.close()
-        await api_b.close()
+        # Switching the badge mode recomputes the badge and the folder totals at once.
+        mailbox.stream.entry("badge_preferences", ME, MAIN, badge_mode="conversations", include_muted=False)
+        sent = await mailbox.send()
+        badge, _ = await until(http, device_a, lambda b, r: b["badge_mode"] == "conversations")
+        latencies["mode"] = time.monotonic() - sent
+        assert (badge["total_unread"], badge["archived_unread"]) == (1, 1)
     print(f"\n§10 end to end, produce -> visible through the API (s): {latencies}")

@@ -196,6 +196,19 @@ def test_an_intact_store_is_only_checked_and_its_markers_set() -> None:
     asyncio.run(run())
 
 
+async def pending_after_a_flush(
+    first: list[bytes], second: list[bytes]
+) -> tuple[WorkerCore, InMemoryProjectionStore, Clock, ProjectionRestorer]:
+    """`first` applied and flushed, `second` applied with its window still open; a restorer that
+    has not looked at the store yet."""
+    tables, projections, outbox, clock = MemoryTables(), InMemoryProjectionStore(), Outbox(), Clock()
+    core = make_core(1, tables, message_store_for(first + second, 1), projections, outbox, clock)
+    await core.on_records(records(first))
+    await core.flush_all()
+    await core.on_records(records(second, len(first)))
+    return core, projections, clock, restorer_for(core, projections)
+
+
 def test_first_sight_while_users_have_new_rows_not_flushed_yet_restores_nothing() -> None:
     """The CI failure of ebff8eb and e14c6c5: a store seen for the first time while a user had
     applied entries (a new conversation among them) not flushed yet. The store holds what the
@@ -210,12 +223,7 @@ def test_first_sight_while_users_have_new_rows_not_flushed_yet_restores_nothing(
     second = s.close()
 
     async def run() -> None:
-        tables, projections, outbox, clock = MemoryTables(), InMemoryProjectionStore(), Outbox(), Clock()
-        core = make_core(1, tables, message_store_for(first + second, 1), projections, outbox, clock)
-        await core.on_records(records(first))
-        await core.flush_all()
-        await core.on_records(records(second, len(first)))  # applied; the window is still open
-        restorer = restorer_for(core, projections)
+        core, projections, clock, restorer = await pending_after_a_flush(first, second)
         await restorer.check()
         await restorer.work()
         assert core.stats.projection_restores == 0 and core.stats.restore_checked_users == 2
@@ -242,12 +250,7 @@ def test_a_lost_row_of_a_user_with_entries_not_flushed_is_handed_to_its_next_flu
     second = s.close()
 
     async def run() -> None:
-        tables, projections, outbox, clock = MemoryTables(), InMemoryProjectionStore(), Outbox(), Clock()
-        core = make_core(1, tables, message_store_for(first + second, 1), projections, outbox, clock)
-        await core.on_records(records(first))
-        await core.flush_all()
-        await core.on_records(records(second, len(first)))
-        restorer = restorer_for(core, projections)
+        core, projections, _, restorer = await pending_after_a_flush(first, second)
         await restorer.check()
         await restorer.work()  # first sight: markers set, nothing lost
         assert core.stats.projection_restores == 0
