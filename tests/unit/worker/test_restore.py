@@ -170,10 +170,13 @@ def two_users() -> list[bytes]:
 
 
 async def worker(
-    lines: Sequence[bytes], hot_rows: int = 500_000
+    lines: Sequence[bytes], hot_rows: int = 500_000, messages: Sequence[bytes] = ()
 ) -> tuple[WorkerCore, InMemoryProjectionStore, Outbox, Clock]:
+    """`lines` applied and flushed; the MessageStore holds their messages (and `messages`'s: a
+    stream's later part, applied afterwards)."""
     tables, projections, outbox, clock = MemoryTables(), InMemoryProjectionStore(), Outbox(), Clock()
-    core = make_core(1, tables, message_store_for(lines, 1), projections, outbox, clock, hot_rows=hot_rows)
+    store = message_store_for([*lines, *messages], 1)
+    core = make_core(1, tables, store, projections, outbox, clock, hot_rows=hot_rows)
     await core.on_records(records(lines))
     await core.flush_all()
     return core, projections, outbox, clock
@@ -201,10 +204,7 @@ async def pending_after_a_flush(
 ) -> tuple[WorkerCore, InMemoryProjectionStore, Clock, ProjectionRestorer]:
     """`first` applied and flushed, `second` applied with its window still open; a restorer that
     has not looked at the store yet."""
-    tables, projections, outbox, clock = MemoryTables(), InMemoryProjectionStore(), Outbox(), Clock()
-    core = make_core(1, tables, message_store_for(first + second, 1), projections, outbox, clock)
-    await core.on_records(records(first))
-    await core.flush_all()
+    core, projections, _, clock = await worker(first, messages=second)
     await core.on_records(records(second, len(first)))
     return core, projections, clock, restorer_for(core, projections)
 
