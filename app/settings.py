@@ -383,6 +383,11 @@ class Settings:
     gateway_resume_bytes: int = bounded(262_144, 0, 1 << 30)
     gateway_resume_window_ms: int = bounded(120_000, 0, 86_400_000)
     gateway_resume_users: int = bounded(50_000, 0, 10_000_000)
+    # Behind a load balancer a reconnect lands on any instance: each instance also keeps the last
+    # frames of the users it holds no log for (raw, this many bytes, oldest dropped first), so a
+    # Last-Event-ID resumes on an instance the user never streamed from. 0 = off (such a
+    # reconnect re-pulls). docs/gateway.md, "Resume and gaps".
+    gateway_recent_frames_bytes: int = bounded(33_554_432, 0, 1 << 36)
     # Browsers' EventSource cannot send headers: POST /v1/stream/ticket (bearer) gives a ticket for
     # ?access_token= that opens /v1/stream only and expires after this many seconds.
     gateway_ticket_ttl_s: int = bounded(60, 5, 3600)

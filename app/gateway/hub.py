@@ -41,6 +41,7 @@ from typing import Any, Final
 import orjson
 
 from app.domain.wire_ids import U64_MAX, frame_to_client
+from app.gateway.recent_frames import RecentFrames
 
 SESSION_DELTA: Final = "SESSION_DELTA"
 BADGE_UPDATE: Final = "BADGE_UPDATE"
@@ -226,6 +227,7 @@ class HubCounters:
     starts: dict[str, int] = field(default_factory=lambda: {FRESH: 0, RESUMED: 0, REPULL: 0})
     replayed: int = 0
     logs_expired: int = 0
+    seeded: int = 0  # new user logs that took another instance's stream's frames from `recent`
 
 
 class FrameHub:
@@ -239,8 +241,12 @@ class FrameHub:
         resume_users: int = 50_000,
         max_connections: int = 20_000,
         clock: Callable[[], float] = time.monotonic,
+        recent: RecentFrames | None = None,
     ) -> None:
         self.buffer_bytes = buffer_bytes
+        # Frames of users without a log here, to seed a log when one of them attaches (a
+        # reconnect that a load balancer sent to this instance): app/gateway/recent_frames.py.
+        self.recent = recent
         self.resume_frames = resume_frames
         self.resume_bytes = resume_bytes
         self.resume_window_s = resume_window_s
@@ -270,6 +276,12 @@ class FrameHub:
         return len(self._users)
 
     # -- frames ----------------------------------------------------------------------------
+
+    def hold(self, user_id: int, raw: bytes) -> None:
+        """A frame of a user this hub does not want (:meth:`wants`), undecoded: kept in
+        :attr:`recent` (if any) in case the user's reconnect comes here."""
+        if self.recent is not None:
+            self.recent.hold(user_id, raw)
 
     def publish(self, frame: Mapping[str, Any], expected_user: int | None = None) -> int:
         """Record and deliver one frame; returns how many connections it was queued on. A
@@ -326,7 +338,7 @@ class FrameHub:
             raise TooManyConnections(f"this process holds {self.connections} streams already")
         log = self._users.get(user_id)
         if log is None:
-            log = self._users[user_id] = UserLog()
+            log = self._users[user_id] = self._seeded_log(user_id)
         elif log.detached_at is not None:
             log.detached_at = None
             self._detached.pop(user_id, None)
@@ -335,6 +347,36 @@ class FrameHub:
         log.connections.append(conn)
         self.connections += 1
         return conn
+
+    def _seeded_log(self, user_id: int) -> UserLog:
+        """A new user log holding the user's frames from :attr:`recent`. Its ``covers_after`` is
+        the first settled SESSION_DELTA's prev (everything above it is held: see
+        app/gateway/recent_frames.py); without one the first store read sets it, as for any new
+        log."""
+        log = UserLog()
+        if self.recent is None:
+            return log
+        frames, evicted = self.recent.take(user_id)
+        floor = None
+        for raw, settled in frames:
+            try:
+                frame = orjson.loads(raw)
+                if not isinstance(frame, dict):
+                    raise FrameError("not an object")
+                owner, entry = entry_of(frame)
+                if owner != user_id:
+                    raise FrameError(f"frame of user {owner} under the key of user {user_id}")
+            except (orjson.JSONDecodeError, FrameError):
+                self.counters.malformed += 1
+                continue
+            self._record(log, entry)
+            if floor is None and settled and entry.chained and entry.prev is not None:
+                floor = entry.prev  # no frame has a version between a delta's prev and its own
+        log.evicted = max(log.evicted, evicted)
+        if floor is not None:
+            log.covers_after = floor
+            self.counters.seeded += 1
+        return log
 
     def start(self, conn: Connection, store_version: int, last_event_id: int | None) -> Start:
         """Decide where the stream starts and queue what the client missed; the connection is

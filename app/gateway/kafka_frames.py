@@ -113,6 +113,8 @@ class KafkaFrameSource:
             await consumer.seek_to_end(*tps)
             for tp in tps:  # resolve the lazy seek now: a stream opened after start() sees every frame
                 await consumer.position(tp)
+            if self.hub.recent is not None:
+                self.hub.recent.start()
         except BaseException:
             await consumer.stop()
             raise
@@ -171,6 +173,8 @@ class KafkaFrameSource:
             return
         if not self.hub.wants(user_id):
             self.stats.skipped += 1
+            if record.value is not None:
+                self.hub.hold(user_id, record.value)
             return
         try:
             frame = orjson.loads(record.value) if record.value is not None else None

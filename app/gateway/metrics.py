@@ -55,6 +55,22 @@ class GatewayCollector(Collector):
             "projector_gateway_frames_replayed", "Frames replayed on resume", c.replayed
         )
         yield CounterMetricFamily(
+            "projector_gateway_resume_logs_seeded",
+            "User logs started from the frames held for users streaming elsewhere",
+            c.seeded,
+        )
+        if hub.recent is not None:
+            yield GaugeMetricFamily(
+                "projector_gateway_recent_frames_bytes",
+                "Bytes of frames held for users without a stream here",
+                hub.recent.size,
+            )
+            yield GaugeMetricFamily(
+                "projector_gateway_recent_frames_users",
+                "Users whose frames are held though they have no stream here",
+                hub.recent.users,
+            )
+        yield CounterMetricFamily(
             "projector_gateway_presence_failures",
             "Presence writes that failed (Redis)",
             self.gateway.presence_failures,

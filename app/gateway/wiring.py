@@ -22,6 +22,7 @@ from app.gateway.hub import FrameHub
 from app.gateway.kafka_frames import KafkaFrameSource
 from app.gateway.presence import RedisPresence
 from app.gateway.push import PushProducer
+from app.gateway.recent_frames import RECENT_SETTLE_S, RecentFrames
 from app.gateway.service import Gateway
 from app.settings import Settings, gateway_partition_set
 
@@ -39,6 +40,7 @@ def hub_from(settings: Settings) -> FrameHub:
         resume_window_s=settings.gateway_resume_window_ms / 1000,
         resume_users=settings.gateway_resume_users,
         max_connections=settings.gateway_max_connections,
+        recent=RecentFrames(capacity_bytes=settings.gateway_recent_frames_bytes, settle_s=RECENT_SETTLE_S),
     )
 
 
