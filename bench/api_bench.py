@@ -171,6 +171,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "PROJECTOR_API_FILL_FROM_STATE": "never",
         "PROJECTOR_LOG_LEVEL": "WARNING",
         "PROJECTOR_GATEWAY_ENABLED": "false",  # pages only (bench/gateway_bench.py times the stream)
+        # A login asks for a reconcile at most once per user per interval: not a page's steady
+        # cost (bench/reconcile_bench.py times a reconcile), and the bench has no topics for it.
+        "PROJECTOR_RECONCILE_ON_LOGIN": "false",
     }
     procs = [
         subprocess.Popen(

@@ -66,6 +66,7 @@ from app.api.sources import LoadedRows, ProjectionReader, StateFiller, StoreMeta
 from app.domain.listing import (
     Folder,
     OrderFields,
+    Placed,
     Position,
     RowError,
     RowFields,
@@ -328,7 +329,7 @@ class SessionLists:
             )
             return False
         for i, row in zip(missing, rows, strict=True):
-            payloads[i] = row_json_to_client(bytes(cast(bytes, row)))
+            payloads[i] = row_json_to_client(bytes(cast(bytes, row)), snapshot.user_id)
         return True
 
     async def _load(self, user_id: int) -> Snapshot:
@@ -359,39 +360,60 @@ class SessionLists:
         if not task.cancelled():
             task.exception()  # retrieved here, so a failure nobody waits for any more is not logged as lost
 
+    def _placed(self, user_id: int) -> dict[bytes, tuple[Placed, bytes]]:
+        """Where the user's newest held snapshot put each row it has read, by the row's bytes:
+        a reload after a few rows changed places the unchanged ones without parsing them (the
+        same bytes are the same order fields, so the same key and folder), and holds the bytes
+        object the older revision holds (one copy for both)."""
+        held = self.cache.held(user_id)
+        if not held:
+            return {}
+        newest = held[-1]
+        return {
+            payload: (Placed(folder, index, key), payload)
+            for folder, listing in newest.folders.items()
+            for index, (key, payload) in enumerate(zip(listing.keys, listing.payloads, strict=True))
+            if payload is not None
+        }
+
     async def _items(
-        self, user_id: int, fill: bool | None
-    ) -> tuple[StoreMeta, list[tuple[OrderFields, bytes]], bool]:
-        """The user's rows as (order fields, JSON held as served), with the fill from state when
-        `fill` says (None: as the fill mode says for this load)."""
+        self, user_id: int, fill: bool | None, placed: dict[bytes, tuple[Placed, bytes]] | None = None
+    ) -> tuple[StoreMeta, list[tuple[OrderFields | Placed, bytes]], bool]:
+        """The user's rows as (order fields or known place, JSON held as served), with the fill
+        from state when `fill` says (None: as the fill mode says for this load)."""
         loaded: LoadedRows = await self.projections.load_rows(user_id)  # rows + meta, one round trip
         meta = loaded.meta
-        items: list[tuple[OrderFields, bytes]] = []
-        known: set[str] = set()
+        items: list[tuple[OrderFields | Placed, bytes]] = []
         unreadable = 0
         for data in loaded.rows:
+            # Held (and served) as clients get it: the u64 user id as a string (docs/contract.md §9).
+            payload = row_json_to_client(data, user_id)
+            if placed and (known_place := placed.get(payload)) is not None:
+                items.append(known_place)
+                continue
             try:
                 fields = _ORDER_DECODER.decode(data)
             except msgspec.DecodeError:  # not a JSON object: one bad row must not hide the list
                 unreadable += 1
                 continue
-            # Held (and served) as clients get it: the u64 user id as a string (docs/contract.md §9).
-            items.append((fields, row_json_to_client(data)))
-            if isinstance(fields.conversation_id, str):
-                known.add(fields.conversation_id)
+            items.append((fields, payload))
         if unreadable:
             log.error("user %d: %d unreadable rows left out", user_id, unreadable)
         if fill is None:
             fill = self.fill_mode == "always" or (meta.version == 0 and not items)
         filled = False
         if self.state is not None and fill:
-            extra = await self.state.rows(user_id, known)
+            known = {
+                str(uuid.UUID(bytes=how.key[4])) if isinstance(how, Placed) else how.conversation_id
+                for how, _ in items
+            }
+            extra = await self.state.rows(user_id, {c for c in known if isinstance(c, str)})
             items.extend((RowFields.of(row), held_json(row_to_client(row))) for row in extra)
             filled = bool(extra)
         return meta, items, filled
 
     async def _build(self, user_id: int) -> Snapshot:
-        meta, items, filled = await self._items(user_id, None)
+        meta, items, filled = await self._items(user_id, None, self._placed(user_id))
         folders, dropped, bad = arrange(items, self.max_rows)
         if bad:
             log.error("user %d: rows left out; %s", user_id, "; ".join(bad[:5]))
@@ -453,6 +475,8 @@ class SessionLists:
         _, items, _ = await self._items(user_id, record.filled_from_state)
         by_conversation: dict[bytes, bytes] = {}
         for fields, payload in items:
+            if isinstance(fields, Placed):  # not asked for: every item was parsed
+                continue
             try:
                 by_conversation[position_from(fields).conversation_id] = payload
             except RowError:

@@ -184,12 +184,11 @@ def position_from(fields: OrderFields) -> Position:
 
 @dataclass(frozen=True, slots=True)
 class Ordered(Generic[T]):
-    """One folder in list order: the items (rows, or whatever the caller keeps per row), their
-    positions and keys (parallel lists)."""
+    """One folder in list order: the items (rows, or whatever the caller keeps per row) and
+    their keys (parallel lists)."""
 
     rows: list[T]
     keys: list[SortKey]
-    positions: list[Position]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -203,48 +202,65 @@ class Ordered(Generic[T]):
         return 0 if position is None else bisect_right(self.keys, position.key)
 
     def head(self, count: int) -> Ordered[T]:
-        return Ordered(self.rows[:count], self.keys[:count], self.positions[:count])
+        return Ordered(self.rows[:count], self.keys[:count])
+
+
+class Placed(NamedTuple):
+    """Where an earlier arrangement put an item that is unchanged since: its folder, its index
+    there and its key (what :func:`arrange` would compute again)."""
+
+    folder: Folder
+    at: int
+    key: SortKey
 
 
 def order(rows: Iterable[Row]) -> Ordered[Row]:
     """Rows in list order (no filtering; RowError for a malformed row)."""
-    return _ordered([(position_of(row), row) for row in rows])
+    return _ordered([(position_of(row).key, row) for row in rows])
 
 
-def _ordered(pairs: list[tuple[Position, T]]) -> Ordered[T]:
-    keyed = sorted(((position.key, position, item) for position, item in pairs), key=itemgetter(0))
-    return Ordered(
-        rows=[item for _, _, item in keyed],
-        keys=[key for key, _, _ in keyed],
-        positions=[position for _, position, _ in keyed],
-    )
+def _ordered(pairs: list[tuple[SortKey, T]]) -> Ordered[T]:
+    # Stable and adaptive: pairs that come already in order (the unchanged rows of a reload,
+    # in their earlier order) cost one comparison each.
+    pairs.sort(key=itemgetter(0))
+    return Ordered(rows=[item for _, item in pairs], keys=[key for key, _ in pairs])
 
 
 def arrange(
-    items: Iterable[tuple[OrderFields, T]], max_rows: int | None = None
+    items: Iterable[tuple[OrderFields | Placed, T]], max_rows: int | None = None
 ) -> tuple[dict[Folder, Ordered[T]], int, list[str]]:
     """Listed items split by folder, each in list order; unlisted ones are left out.
 
-    Each item comes with its row's :class:`OrderFields`; what is kept per row (the row itself,
-    its stored bytes) is the caller's. ``max_rows`` bounds the rows kept over both folders
-    together (the seed's max_conversations_per_user): the *last* rows in order are dropped,
-    main folder kept first. A row whose ordering fields are malformed is left out rather than
-    failing the whole list. Returns the folders, how many listed rows were dropped, and what
-    was wrong with each malformed row.
+    Each item comes with its row's :class:`OrderFields`, or with its :class:`Placed` when an
+    earlier arrangement of the same row bytes is known (a reload after a few rows changed: the
+    unchanged ones are neither parsed nor compared more than once); what is kept per row (the
+    row itself, its stored bytes) is the caller's. ``max_rows`` bounds the rows kept over both
+    folders together (the seed's max_conversations_per_user): the *last* rows in order are
+    dropped, main folder kept first. A row whose ordering fields are malformed is left out
+    rather than failing the whole list. Returns the folders, how many listed rows were dropped,
+    and what was wrong with each malformed row.
     """
-    by_folder: dict[Folder, list[tuple[Position, T]]] = {folder: [] for folder in Folder}
-    main, archived = by_folder[Folder.MAIN], by_folder[Folder.ARCHIVED]
+    fresh: dict[Folder, list[tuple[SortKey, T]]] = {folder: [] for folder in Folder}
+    placed: dict[Folder, list[tuple[int, SortKey, T]]] = {folder: [] for folder in Folder}
+    main, archived = fresh[Folder.MAIN], fresh[Folder.ARCHIVED]
     bad: list[str] = []
     for fields, item in items:
+        if isinstance(fields, Placed):
+            placed[fields.folder].append((fields.at, fields.key, item))
+            continue
         if fields.listed is False:
             continue
         try:
-            position = position_from(fields)
+            key = position_from(fields).key
         except RowError as exc:
             bad.append(str(exc))
             continue
-        (archived if fields.archived is True else main).append((position, item))
-    folders = {folder: _ordered(members) for folder, members in by_folder.items()}
+        (archived if fields.archived is True else main).append((key, item))
+    folders = {}
+    for folder in Folder:
+        earlier = placed[folder]
+        earlier.sort(key=itemgetter(0))  # ints, and mostly a run already
+        folders[folder] = _ordered([(key, item) for _, key, item in earlier] + fresh[folder])
     dropped = 0
     if max_rows is not None:
         budget = max_rows

@@ -56,6 +56,7 @@ ID_SCHEMA: Final[dict[str, Any]] = {
 # the only place a quote-user_id-quote-colon sequence can appear unescaped is that key (inside a
 # string value every quote is escaped).
 _ROW_USER_ID: Final = re.compile(rb'"user_id"\s*:\s*(-?[0-9]+)')
+_AFTER_VALUE: Final = frozenset(b",}")  # what ends a number in compact JSON
 
 
 def id_text(value: int) -> str:
@@ -77,10 +78,18 @@ def parse_id(value: object) -> int:
     return value
 
 
-def row_json_to_client(data: bytes) -> bytes:
+def row_json_to_client(data: bytes, user_id: int | None = None) -> bytes:
     """A stored row's JSON with its ``user_id`` as a string (byte level: the API holds rows as the
     JSON the store returned and never decodes them whole). A row already converted, or without
-    the field, comes back unchanged."""
+    the field, comes back unchanged. With the ``user_id`` the row is expected to carry, the
+    compact form the store writes is found by a plain search (a cold load converts thousands of
+    rows: ~30x cheaper than the pattern); anything else takes the pattern."""
+    if user_id is not None:
+        needle = b'"user_id":%d' % user_id
+        at = data.find(needle)
+        end = at + len(needle)
+        if at >= 0 and end < len(data) and data[end] in _AFTER_VALUE and data.find(b'"user_id"') == at:
+            return b"".join((data[:at], b'"user_id":"%d"' % user_id, data[end:]))
     return _ROW_USER_ID.sub(rb'"user_id":"\1"', data, count=1)
 
 

@@ -130,7 +130,7 @@ async def test_a_failed_load_fails_its_waiters_and_the_next_request_retries() ->
 
 
 def test_ordered_after_is_a_keyset_bound() -> None:
-    assert Ordered([], [], []).after(None) == 0
+    assert Ordered([], []).after(None) == 0
 
 
 async def test_a_cancelled_request_does_not_cancel_the_shared_load() -> None:

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from typing import Any
+
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.domain.client import sort_rows
-from app.domain.listing import Folder, Position, RowError, Zone, build_folders, order, position_of
+from app.domain.listing import (
+    Folder,
+    Placed,
+    Position,
+    RowError,
+    RowFields,
+    Zone,
+    arrange,
+    build_folders,
+    order,
+    position_of,
+)
 from tests.support.rows import cid, expected_order, make_row, mixed_rows
 
 # --------------------------------------------------------------------------------------------
@@ -98,6 +111,46 @@ def test_walking_by_keyset_gives_every_row_once_in_order(
         walked += [r["conversation_id"] for r in page]
         position = position_of(page[-1])
     assert walked == [r["conversation_id"] for r in sort_rows(rows)]
-    for position, key in zip(ordered.positions, ordered.keys, strict=True):
+    for row, key in zip(ordered.rows, ordered.keys, strict=True):
+        position = position_of(row)
         assert Position.of_key(key) == position and position.key == key
         assert all(type(part) in (int, bytes) for part in key)  # untracked by the GC
+
+
+def listable_rows() -> st.SearchStrategy[dict[str, Any]]:
+    return st.builds(
+        lambda n, p, a, archived, listed: make_row(1, n, act=a, pin_rank=p, archived=archived, listed=listed),
+        st.integers(1, 60),
+        st.one_of(st.none(), st.integers(0, 3)),
+        st.one_of(st.none(), st.integers(0, 6)),
+        st.booleans(),
+        st.sampled_from([True, True, True, False]),
+    )
+
+
+@settings(max_examples=200)
+@given(st.data())
+def test_a_rearrangement_with_known_places_equals_a_fresh_one(data: st.DataObject) -> None:
+    """A reload places the rows an earlier arrangement knew (unchanged bytes) by their old
+    place; with any rows changed, added, removed, unlisted or archived since, the result is the
+    arrangement from scratch."""
+    before = data.draw(
+        st.lists(listable_rows(), min_size=0, max_size=40, unique_by=lambda r: r["conversation_id"])
+    )
+    first, _, _ = build_folders(before)
+    known = {
+        id(row): Placed(folder, at, key)
+        for folder, listing in first.items()
+        for at, (row, key) in enumerate(zip(listing.rows, listing.keys, strict=True))
+    }
+    after = [r for r in before if data.draw(st.booleans())]  # some removed
+    changed = data.draw(st.lists(listable_rows(), max_size=10, unique_by=lambda r: r["conversation_id"]))
+    by_id = {r["conversation_id"]: r for r in after}
+    by_id.update({r["conversation_id"]: r for r in changed})  # changed or added
+    rows = data.draw(st.permutations(list(by_id.values())))
+    max_rows = data.draw(st.none() | st.integers(0, 50))
+    items = [(known.get(id(row)) or RowFields.of(row), row) for row in rows]
+    again, dropped, bad = arrange(items, max_rows)
+    fresh, fresh_dropped, fresh_bad = build_folders(rows, max_rows)
+    assert {f: (o.rows, o.keys) for f, o in again.items()} == {f: (o.rows, o.keys) for f, o in fresh.items()}
+    assert (dropped, bad) == (fresh_dropped, fresh_bad)

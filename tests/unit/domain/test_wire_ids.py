@@ -81,3 +81,31 @@ def test_frames_convert_the_frame_and_its_rows_and_back() -> None:
 def test_anything_but_a_canonical_u64_is_refused(bad: object) -> None:
     with pytest.raises(ValueError):
         parse_id(bad)
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=12),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["user_id", "x"]), inner, max_size=2)
+    ),
+    max_leaves=6,
+)
+
+
+@given(
+    st.integers(0, 2**64 - 1),
+    st.integers(0, 2**64 - 1),
+    st.dictionaries(
+        st.sampled_from(["a", "sender_user_id", "user_id", "title", "z"]), _JSON_VALUES, max_size=5
+    ),
+    st.booleans(),
+)
+def test_the_search_for_the_expected_user_id_rewrites_exactly_as_the_pattern(
+    user_id: int, other: int, fields: dict[str, object], first: bool
+) -> None:
+    """The cold load's fast path (the row's expected user_id given) changes nothing: rows of
+    this user, of another, already converted, with lookalike keys and nested user_ids."""
+    for value in (user_id, other, str(user_id)):
+        row = {"user_id": value, **fields} if first else {**fields, "user_id": value}
+        stored = orjson.dumps(row)
+        assert row_json_to_client(stored, user_id) == row_json_to_client(stored)
