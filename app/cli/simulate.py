@@ -126,6 +126,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "projector_entries_missing (default 0)",
     )
     parser.add_argument(
+        "--lane-lag-ms",
+        type=non_negative_int,
+        default=0,
+        metavar="MS",
+        help="hold lane 0's watermark markers back MS after its entries (a slow mailbox writer: "
+        "the other lanes' entries wait above the watermark meanwhile; default 0)",
+    )
+    parser.add_argument(
         "--member-notices",
         action="store_true",
         help="follow every join/leave in a group with a member notification to its members "
@@ -197,6 +205,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
                     stop=stop,
                     progress=show,
                     drop_entries=args.drop_entries,
+                    lane_lag_s=args.lane_lag_ms / 1000,
                 )
             )
         )

@@ -85,6 +85,9 @@ class _Lane:
 # Per chunk: batches taken at once, so the MessageStore write before their entries is one call.
 CHUNK_BATCHES = 256
 CHUNK_ENTRIES = 20_000
+# With lane_lag_s: this lane's markers go out that much later than its entries (as behind a
+# slow mailbox writer), so the other lanes' entries wait above the watermark meanwhile.
+LAGGING_LANE = 0
 # With drop_entries: entries number DROP_SPACING, 2 * DROP_SPACING, ... are left out.
 DROP_SPACING = 97
 
@@ -124,11 +127,14 @@ async def drive(
     stop: asyncio.Event | None = None,
     progress: bool = False,
     drop_entries: int = 0,
+    lane_lag_s: float = 0.0,
 ) -> Report:
     """Run the workload: store first, then entries, then each lane's markers once its entries
     are acknowledged. Stops when the workload ends, after ``duration_s``, or when ``stop`` is
     set; in the last two cases the closing markers are still sent. ``drop_entries``: leave that
-    many entries out on purpose (see the module docstring)."""
+    many entries out on purpose (see the module docstring). ``lane_lag_s``: lane
+    ``LAGGING_LANE``'s markers are held back that long (crash tests: entries wait above the
+    watermark at every moment)."""
     report = Report()
     started = time.monotonic()
     shown = _Progress(progress)
@@ -151,6 +157,8 @@ async def drive(
         while lane.marker is not None:
             (marker, counts), waiting = lane.marker, lane.waiting
             lane.marker, lane.waiting = None, []
+            if lane_lag_s > 0 and marker["lane"] == LAGGING_LANE:
+                await asyncio.sleep(lane_lag_s)  # a slow writer: the lane's watermark trails
             await asyncio.gather(*waiting)  # every entry of this lane <= W is in the log now
             for partition in marker_targets:
                 value = orjson.dumps({**marker, "count": counts.get(partition, 0)})
@@ -365,6 +373,7 @@ async def simulate(
     progress: bool = False,
     connect_timeout_s: float = 10.0,
     drop_entries: int = 0,
+    lane_lag_s: float = 0.0,
 ) -> Report:
     """Open the servers named by ``settings``, run the workload, close everything."""
     cluster = None
@@ -389,6 +398,7 @@ async def simulate(
             stop=stop,
             progress=progress,
             drop_entries=drop_entries,
+            lane_lag_s=lane_lag_s,
         )
     except StoreError as exc:  # Cassandra failed mid-run (unreachable, timed out)
         raise SimulateError(f"cassandra: {exc}") from None

@@ -47,6 +47,13 @@ class CrashPlan:
     # ending the run: the run then still measures equality, and the exits are reported.
     restart_crashed: bool = False
     ready_timeout_s: float = 240.0  # a restart with big changelogs on a loaded machine needs more
+    # Lane 0's markers trail its entries this long (`simulate --lane-lag-ms`): at every kill,
+    # entries of the other lanes wait above the watermark, in the state the persists must keep.
+    lane_lag_ms: int = 0
+    # One more kill in the traffic's last second, while its last entries wait for the lagging
+    # lane: a loss then has no later entry of its row to hide behind (a missed message is
+    # otherwise healed by the next one's recount from the MessageStore).
+    tail_kill: bool = False
 
 
 @dataclass
@@ -62,6 +69,8 @@ class CrashReport:
     lost_unread: int = 0  # unread counts below replay's, summed over rows (entries lost)
     double_counted: int = 0  # unread counts above replay's, summed over rows
     crashes: int = 0  # workers that exited on their own (not killed by the run)
+    tail_kill_late_s: float | None = None  # with CrashPlan.tail_kill: how late it came (0: on time)
+    kills_in_traffic: int = 0  # kills while the simulator was still producing
     crash_lines: list[str] = field(default_factory=list)
     peak_rss_kib: int = 0  # the largest VmHWM of any worker process (read just before each kill)
     catch_up_s: float = 0.0  # from the end of the traffic until every user equals replay's version
@@ -81,9 +90,15 @@ class CrashReport:
     elapsed_s: float = 0.0
     timeline: list[str] = field(default_factory=list)
 
+    def _tail(self) -> str:
+        if self.tail_kill_late_s is None:
+            return ""
+        return ", tail kill " + (f"{self.tail_kill_late_s:.1f}s late" if self.tail_kill_late_s else "on time")
+
     def line(self) -> str:
         return (
-            f"{self.kills} kills ({self.data_lost} with the data dir lost), {self.records} records, "
+            f"{self.kills} kills ({self.kills_in_traffic} during traffic, {self.data_lost} with the "
+            f"data dir lost{self._tail()}), {self.records} records, "
             f"{self.users} users, {self.rows} rows: {self.mismatched_rows} rows and "
             f"{self.mismatched_badges} badges differ from replay; model "
             f"{'equal' if not self.model_difference else 'DIFFERS: ' + self.model_difference}; "
@@ -129,6 +144,14 @@ async def _ready(stack: Stack, index: int, proc: subprocess.Popen[bytes], seen: 
         await asyncio.sleep(0.2)
 
 
+async def _expected_traffic_end(stream: Path, plan: CrashPlan) -> float:
+    """When the paced traffic will have produced its last message (monotonic): its first record
+    in --out starts the schedule of messages / rate seconds."""
+    while not stream.exists() or stream.stat().st_size == 0:
+        await asyncio.sleep(0.05)
+    return time.monotonic() + plan.messages / plan.rate
+
+
 async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashReport:
     report = CrashReport()
     started = time.monotonic()
@@ -146,14 +169,20 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
                 *("--rate", str(plan.rate), "--lanes", str(lanes), "--seed", str(plan.seed)),
                 *("--bad-records", str(plan.bad_records), "--duplicates", str(plan.duplicates)),
                 *("--out", str(stream), "--progress", "never"),
+                *("--lane-lag-ms", str(plan.lane_lag_ms)),
                 timeout=plan.messages / plan.rate + 600,
             )
         )
+        traffic_end = asyncio.create_task(_expected_traffic_end(stream, plan))
         # Worker w runs with data dir worker-{w}-data and logs to worker-{w}.log; `procs[w]` is
         # its current process (a restart appends to the same log).
         procs = {w: stack.start_worker(w) for w in range(plan.workers)}
         readies = dict.fromkeys(procs, 0)
-        for kill in range(1, plan.kills + 1):
+        tail_at: float | None = None  # when the tail kill is due (monotonic), once known
+        tail_done = not plan.tail_kill
+        kill = 0
+        while kill < plan.kills or not tail_done:
+            kill += 1
             victim = (kill - 1) % plan.workers
             while True:
                 try:
@@ -171,11 +200,24 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
                     )
                     readies[victim] = _log_count(stack, victim)
                     procs[victim] = stack.start_worker(victim)
-            await asyncio.sleep(rnd.uniform(*plan.after_ready_s))
+            pause = rnd.uniform(*plan.after_ready_s)
+            if plan.tail_kill and tail_at is None and traffic_end.done():
+                tail_at = traffic_end.result() - rnd.uniform(0.0, 1.0)
+            if tail_at is not None and not tail_done and time.monotonic() + pause >= tail_at:
+                tail_done = True
+                late = time.monotonic() - tail_at
+                pause = max(0.0, -late)
+                report.tail_kill_late_s = max(0.0, late)
+                report.timeline.append(
+                    f"{time.monotonic() - started:6.1f}s the next kill is the tail kill"
+                    + (f" ({late:.1f}s late: the victim was not ready)" if late > 0 else "")
+                )
+            await asyncio.sleep(pause)
             report.peak_rss_kib = max(report.peak_rss_kib, peak_rss_kib(procs[victim].pid))
             procs[victim].send_signal(signal.SIGKILL)
             procs[victim].wait(timeout=30)
             report.kills += 1
+            report.kills_in_traffic += not traffic.done()
             lost = kill in plan.lose_data_at
             note = " + data dir lost" if lost else ""
             report.timeline.append(f"{time.monotonic() - started:6.1f}s kill {kill} (worker {victim}){note}")

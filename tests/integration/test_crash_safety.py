@@ -32,6 +32,8 @@ def ci_size_plan(seed: int) -> CrashPlan:
         workers=2,
         lose_data_at=frozenset({3, 6}),
         seed=seed,
+        lane_lag_ms=1500,
+        tail_kill=True,
     )
 
 
@@ -63,7 +65,7 @@ async def test_random_sigkills_with_a_backlog_under_cpu_contention_lose_nothing(
     stack = make_stack("crash", partitions=4, lanes=3, **overrides)
     report = await run_crash_scenario(stack, tmp_path, ci_size_plan(seed))
     print("\n".join(report.timeline) + "\n" + report.line())
-    assert report.kills >= 5 and report.data_lost >= 1
+    assert report.kills >= 5 and report.data_lost >= 1 and report.kills_in_traffic >= 2
     assert caught(report, stack.settings.topic_partitions) == [], f"seed {seed}: {report.line()}"
 
 
