@@ -71,13 +71,13 @@ async def test_random_sigkills_with_a_backlog_under_cpu_contention_lose_nothing(
 
 @pytest.mark.chaos
 @pytest.mark.skipif(WORKER_BUILD != "pure", reason="plants patch the pure build's classes")
-@pytest.mark.parametrize("plant", ["changelog-gaps", "waiting-dropped", "offset-ahead"])
+@pytest.mark.parametrize("plant", ["changelog-gaps", "waiting-dropped", "range-ahead"])
 async def test_the_crash_test_catches_a_planted_loss(
     make_stack: Callable[..., Stack], tmp_path: Path, plant: str
 ) -> None:
     """The CI crash run's power: its worker is given a deliberately broken persist
     (tests/support/plant_site: a changelog missing some of a persist's rows; a persist without
-    the entries waiting above the watermark; a checkpoint one entry ahead of its state), whose
+    the entries waiting above the watermark; a checkpoint a range of entries ahead of its state), whose
     loss shows only through kills and hand-overs,
     and the run must fail in at least 9 of 10 seeds (CRASH_POWER_RUNS=n to change the count).
     Standby copies on, as deployed."""

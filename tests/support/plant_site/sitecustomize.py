@@ -6,9 +6,10 @@ SESSION_PROJECTOR_PLANT; Python imports this module at start-up, before the work
 plant is a realistic durability bug whose effect shows only when a worker stops, is killed or
 hands a partition over (never in a run without faults), so a test catches it only by its faults:
 
-- `offset-ahead`: every checkpoint names one mailbox-tail entry more than the state holds (a
-  commit past processing): a new owner resumes one entry too far. (Measured: mostly healed by
-  the core itself, which recomputes a row from the MessageStore when a message is missing.)
+- `range-ahead`: every checkpoint names the next offset RANGE_AHEAD entries past what the
+  state holds (a commit of the fetch's end instead of the applied entries): a new owner resumes
+  a range too far. (One entry too far, measured at 0 of 1: the core heals a single missed
+  message by recounting its row from the MessageStore at the next one.)
 - `changelog-gaps`: a persist's append leaves out a quarter of its row records while the local
   store takes them all (the store and its changelog disagree): whoever reads the changelog (a
   standby copy promoted, a lost data dir rebuilt) gets stale rows.
@@ -24,13 +25,14 @@ import os
 import sys
 
 PLANT = os.environ.get("SESSION_PROJECTOR_PLANT", "")
-PLANTS = ("offset-ahead", "waiting-dropped", "changelog-gaps")
+PLANTS = ("range-ahead", "waiting-dropped", "changelog-gaps")
+RANGE_AHEAD = 40
 
 
 def _plant() -> None:
     from tables.durable.tables import CheckpointedTables
 
-    if PLANT == "offset-ahead":
+    if PLANT == "range-ahead":
         import msgspec
 
         put_gate = CheckpointedTables.put_gate
@@ -41,8 +43,8 @@ def _plant() -> None:
             # The worker's partition record repeats the next offset (app/worker/core.py): both move.
             record = msgspec.msgpack.decode(blob)
             if isinstance(record.get("next_offset"), int):
-                record["next_offset"] += 1
-            ahead = None if next_offset is None else next_offset + 1
+                record["next_offset"] += RANGE_AHEAD
+            ahead = None if next_offset is None else next_offset + RANGE_AHEAD
             put_gate(self, partition, msgspec.msgpack.encode(record), ahead)
 
         CheckpointedTables.put_gate = put_gate_ahead  # type: ignore[method-assign]
