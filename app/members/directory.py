@@ -9,8 +9,9 @@ Seed 004's rules and where they live here:
   unchanged member keeps its object (:meth:`Member.with_base`), and a base page never erases
   names, avatars or statistics (they are not base fields).
 * Presentation (``/members/by-user-ids`` with statistics and the viewer's own remarks, plus an
-  optional profile source for names and avatars) runs in batches of at most 50, **at most two in flight**; base paging never waits for it.
-  It only updates members that are still listed: it cannot create or revive one.
+  optional profile source for names and avatars) runs in batches of at most 50, **at most two
+  in flight**; base paging never waits for it. It only updates members that are still listed:
+  it cannot create or revive one. The server's remark replaces a cached one (None clears it).
 * A traversal is **not a snapshot**: members it did not return are checked afterwards with
   ``/members/by-user-ids`` and only confirmed removals are applied.
 * At most 200 pages per traversal; past that the data read so far stays and the traversal

@@ -38,8 +38,7 @@ class CassandraRemarkStore:
             prepared = {name: session.prepare(cql.replace("{ks}", ks)) for name, cql in statements.items()}
         except Exception as exc:  # InvalidRequest: the table is missing
             raise StoreError(
-                f"cannot prepare remark statements in keyspace {ks!r} ({exc}); "
-                "has `projector bootstrap` run?"
+                f"cannot prepare remark statements in keyspace {ks!r} ({exc}); has `projector bootstrap` run?"
             ) from None
         for statement in prepared.values():
             statement.consistency_level = ConsistencyLevel.LOCAL_QUORUM

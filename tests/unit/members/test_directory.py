@@ -548,7 +548,7 @@ async def test_the_viewers_remark_comes_from_the_presentation_and_the_server_win
     await slow.close()
 
 
-async def test_remarks_not_included_or_a_failed_profile_keep_or_update_the_remark_as_the_server_says() -> None:
+async def test_remarks_not_included_keep_the_known_one_and_a_failed_profile_does_not_stop_them() -> None:
     clock = FakeClock()
     server = make_server(clock, 5)
     target = sorted(server.members)[0]
