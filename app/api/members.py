@@ -37,7 +37,7 @@ from app.api.http import ApiContext, ApiError, Route, bad_request, context, curr
 from app.api.member_refs import READERS_PURPOSE, MemberPageRef, MemberRefCodec
 from app.domain.wire_ids import ID_SCHEMA, id_text
 from app.members.model import BY_IDS_MAX, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX, BaseMember, parse_user_id
-from app.members.remarks import REMARK_MAX_CHARS, InvalidRemark, RemarkStore, check_remark
+from app.members.remarks import REMARK_MAX_CHARS, REMARK_PATTERN, InvalidRemark, RemarkStore, check_remark
 from app.members.server import (
     READERS_LIMIT_DEFAULT,
     READERS_LIMIT_MAX,
@@ -690,7 +690,15 @@ SCHEMAS: Final[dict[str, Any]] = {
     },
     "RemarkRequest": {
         "type": "object",
-        "properties": {"remark": {"type": "string", "minLength": 1, "maxLength": REMARK_MAX_CHARS}},
+        "properties": {
+            "remark": {
+                "type": "string",
+                "minLength": 1,
+                # Trimmed, then 1-64 characters without control characters: exactly what the
+                # pattern admits (no maxLength: white space around does not count).
+                "pattern": REMARK_PATTERN,
+            }
+        },
         "required": ["remark"],
         "additionalProperties": False,
     },

@@ -24,8 +24,17 @@ from app.members.model import BY_IDS_MAX, U64_MAX
 # Characters, not bytes: a remark is an alias shown in one row (chat apps allow 16 to 64).
 REMARK_MAX_CHARS: Final = 64
 # Categories never allowed inside a remark: control characters (Cc, e.g. newline, tab, NUL),
-# line and paragraph separators (Zl, Zp), unassigned code points (Cn) and lone surrogates (Cs).
-_FORBIDDEN_CATEGORIES: Final = frozenset({"Cc", "Zl", "Zp", "Cn", "Cs"})
+# line and paragraph separators (Zl, Zp) and lone surrogates (Cs: JSON can carry "\ud800", UTF-8
+# cannot store it). Unassigned code points are allowed: a character newer than this server's
+# Unicode tables (a new emoji) is still a character.
+_FORBIDDEN_CATEGORIES: Final = frozenset({"Cc", "Zl", "Zp", "Cs"})
+# The same rule as a JSON Schema pattern over the text as sent (the API description: a
+# validator or a fuzzer accepts exactly what check_remark accepts, lone surrogates apart): any
+# white space around, then 1 to REMARK_MAX_CHARS characters that start and end with a visible
+# one and hold no control character (C0, DEL, C1) and no line or paragraph separator.
+_EDGE = r"[^\s\x00-\x1f\x7f-\x9f]"
+_INNER = r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]"
+REMARK_PATTERN: Final = rf"^\s*{_EDGE}(?:{_INNER}{{0,{REMARK_MAX_CHARS - 2}}}{_EDGE})?\s*$"
 
 
 class InvalidRemark(ValueError):

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import re
 
-from app.members.remarks import REMARK_MAX_CHARS, InvalidRemark, check_remark, check_targets
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from app.members.remarks import REMARK_MAX_CHARS, REMARK_PATTERN, InvalidRemark, check_remark, check_targets
 
 
 @pytest.mark.parametrize(
@@ -54,3 +58,24 @@ def test_batch_targets_are_distinct_sorted_bounded_u64s() -> None:
             check_targets(1, [bad])
         with pytest.raises(ValueError, match="user id"):
             check_targets(bad, [1])
+
+
+@settings(max_examples=400)
+@given(st.text(max_size=REMARK_MAX_CHARS + 8) | st.from_regex(REMARK_PATTERN))
+@example("\t" + "x" * REMARK_MAX_CHARS + "\n")  # padded past 64: the padding does not count
+@example("x" * (REMARK_MAX_CHARS + 1))
+@example("\u2028x\x85")  # separators and NEL are white space at the edges...
+@example("x\u2028y")  # ...and refused inside
+@example("\x1fx")
+@example("\ufeffx")  # a BOM is a format character, not white space: kept
+@example("a b")
+def test_the_api_descriptions_pattern_admits_exactly_what_check_remark_accepts(text: str) -> None:
+    """The description's pattern (what a validator or the API fuzzer treats as valid) and the
+    server's rule agree on every text (hypothesis never draws lone surrogates: JSON schema
+    patterns cannot name them portably, and the server refuses them anyway)."""
+    try:
+        check_remark(text)
+        accepted = True
+    except InvalidRemark:
+        accepted = False
+    assert bool(re.fullmatch(REMARK_PATTERN, text)) == accepted, repr(text)
