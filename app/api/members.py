@@ -3,6 +3,9 @@
 * ``POST /api/v1/chats/members/page`` — one keyset page of a group's roster.
 * ``POST /api/v1/chats/members/by-user-ids`` — 1..50 members (active or not, marked), with
   statistics on request within a 2 s budget (dropped, never zeroed, when late).
+* ``PUT`` / ``DELETE /api/v1/users/{user_id}/remark`` — set or clear the caller's own remark
+  (备注) on a user; the presentation above hands the caller's remarks out (``remark``, with
+  ``remarks_included``), so every client of that caller converges on the server's value.
 * ``GET /api/v1/chats/{chat_session_uid}/messages/{conversation_seq}/readers`` — who of the
   active members has read up to that message, a page at a time (``limit``, ``page_ref``), within
   a 2 s budget (503 ``timeout``); 404 for a message the group does not have.
@@ -34,6 +37,7 @@ from app.api.http import ApiContext, ApiError, Route, bad_request, context, curr
 from app.api.member_refs import READERS_PURPOSE, MemberPageRef, MemberRefCodec
 from app.domain.wire_ids import ID_SCHEMA, id_text
 from app.members.model import BY_IDS_MAX, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX, BaseMember, parse_user_id
+from app.members.remarks import REMARK_MAX_CHARS, REMARK_PATTERN, InvalidRemark, RemarkStore, check_remark
 from app.members.server import (
     READERS_LIMIT_DEFAULT,
     READERS_LIMIT_MAX,
@@ -49,6 +53,7 @@ SERVICE_KEY: Final = "members"
 _PAGE_FIELDS: Final = frozenset({"chat_session_uid", "page_ref", "limit", "active_only"})
 _BY_IDS_FIELDS: Final = frozenset({"chat_session_uid", "user_ids", "include_stats"})
 _PROFILE_FIELDS: Final = frozenset({"user_ids"})
+_REMARK_FIELDS: Final = frozenset({"remark"})
 PROFILES_BUDGET_S: Final = 2.0
 _MAX_BODY: Final = 64 * 1024  # 50 ids and a uuid fit many times over
 _SEQ_MAX: Final = 2**64 - 2
@@ -58,11 +63,13 @@ def build_member_service(settings: Settings, session: Any) -> MemberService:
     """The production service: Cassandra reads, the configured statistics budget."""
     from app.stores.cassandra_members import CassandraMemberReader
     from app.stores.cassandra_profiles import CassandraProfileStore
+    from app.stores.cassandra_remarks import CassandraRemarkStore
 
     return MemberService(
         CassandraMemberReader(session, settings.cassandra_keyspace),
         stats_budget_s=settings.members_stats_budget_ms / 1000,
         profiles=CassandraProfileStore(session, settings.cassandra_keyspace),
+        remarks=CassandraRemarkStore(session, settings.cassandra_keyspace),
     )
 
 
@@ -224,15 +231,74 @@ async def members_by_user_ids(request: web.Request) -> web.Response:
             counts = result.stats.get(member.user_id)
             if counts is not None:
                 item["record_count"], item["mention_count"] = counts
+        if result.remarks is not None:
+            # The caller's own remark, null for none: with remarks_included the server's word
+            # (a client clears what it had); without it, absent (a client keeps what it had).
+            item["remark"] = result.remarks.get(member.user_id)
         items.append(item)
     return web.json_response(
         {
             "items": items,
             "missing_user_ids": _ids(result.missing_user_ids),
             "stats_included": result.stats is not None,
+            "remarks_included": result.remarks is not None,
             "self_role": result.self_role,
         }
     )
+
+
+def _remark_target(request: web.Request, caller: int) -> int:
+    text = request.match_info["user_id"]
+    try:
+        target = parse_user_id(text)
+    except ValueError:
+        raise bad_request(
+            f"user_id must be a user id (a decimal integer in [0, 2^64)), got {text[:32]!r}"
+        ) from None
+    if target == caller:
+        raise bad_request("a remark is about another user: the caller cannot set one on itself")
+    return target
+
+
+def _remark_store(request: web.Request) -> RemarkStore:
+    store = _service(request).remark_store
+    if store is None:
+        raise ApiError(503, "unavailable", "this server keeps no remarks")
+    return store
+
+
+async def put_remark(request: web.Request) -> web.Response:
+    """Set (or replace) the caller's remark on a user: 400 for a bad id, the caller itself, or a
+    remark that is not 1..64 characters without control characters (after trimming)."""
+    caller = current_user(request)
+    target = _remark_target(request, caller)
+    body = await _body(request, _REMARK_FIELDS)
+    if "remark" not in body:
+        raise bad_request("remark (a string of 1 to 64 characters) is required; DELETE clears it")
+    try:
+        remark = check_remark(body["remark"])
+    except InvalidRemark as exc:
+        raise bad_request(str(exc), "invalid_remark") from None
+    store = _remark_store(request)
+    try:
+        await store.set_remark(caller, target, remark, context(request).deps.clock_ms())
+    except StoreError as exc:
+        raise ApiError(503, "unavailable", str(exc)) from None
+    return web.json_response({"user_id": id_text(target), "remark": remark})
+
+
+async def delete_remark(request: web.Request) -> web.Response:
+    """Clear the caller's remark on a user (clearing none is fine: the answer is the same)."""
+    caller = current_user(request)
+    target = _remark_target(request, caller)
+    if request.can_read_body and await request.content.read(1):
+        raise bad_request("DELETE takes no body")
+    store = _remark_store(request)
+    try:
+        await store.clear_remark(caller, target)
+    except StoreError as exc:
+        raise ApiError(503, "unavailable", str(exc)) from None
+    return web.json_response({"user_id": id_text(target), "remark": None})
 
 
 def message_readers(refs: MemberRefCodec) -> Any:
@@ -357,6 +423,8 @@ def routes(ctx: ApiContext) -> list[Route]:
             READERS_OPERATION,
         ),
         Route("POST", "/api/v1/users/profiles", user_profiles, PROFILES_OPERATION),
+        Route("PUT", "/api/v1/users/{user_id}/remark", put_remark, PUT_REMARK_OPERATION),
+        Route("DELETE", "/api/v1/users/{user_id}/remark", delete_remark, DELETE_REMARK_OPERATION),
     ]
 
 
@@ -491,6 +559,33 @@ PROFILES_OPERATION: Final[dict[str, Any]] = {
     "responses": {"200": _ok("#/components/schemas/UserProfiles"), **_ERRORS},
 }
 
+_REMARK_PATH_ID: Final = {
+    "name": "user_id",
+    "in": "path",
+    "required": True,
+    "description": "The user the remark is about (a u64 as a decimal string; not the caller)",
+    "schema": ID_SCHEMA,
+}
+PUT_REMARK_OPERATION: Final[dict[str, Any]] = {
+    "operationId": "putRemark",
+    "summary": "Set the caller's own remark (备注) on a user",
+    "description": (
+        f"Private to the caller: only the caller's presentations (by-user-ids) carry it. The text "
+        f"is trimmed, then must be 1-{REMARK_MAX_CHARS} characters without control characters or "
+        'line breaks (400 code "invalid_remark" otherwise); an empty remark is refused, DELETE '
+        "clears. 400 for the caller's own id."
+    ),
+    "parameters": [_REMARK_PATH_ID],
+    "requestBody": _json_body("#/components/schemas/RemarkRequest"),
+    "responses": {"200": _ok("#/components/schemas/Remark"), **_ERRORS},
+}
+DELETE_REMARK_OPERATION: Final[dict[str, Any]] = {
+    "operationId": "deleteRemark",
+    "summary": "Clear the caller's own remark on a user (none to clear is not an error)",
+    "parameters": [_REMARK_PATH_ID],
+    "responses": {"200": _ok("#/components/schemas/Remark"), **_ERRORS},
+}
+
 _MEMBER: Final[dict[str, Any]] = {
     "type": "object",
     "properties": {
@@ -502,6 +597,12 @@ _MEMBER: Final[dict[str, Any]] = {
         "left_at_conversation_seq": {"type": ["integer", "null"]},
         "record_count": {"type": "integer", "minimum": 0},
         "mention_count": {"type": "integer", "minimum": 0},
+        "remark": {
+            "type": ["string", "null"],
+            "maxLength": REMARK_MAX_CHARS,
+            "description": "by-user-ids with remarks_included only: the CALLER's remark on this "
+            "member (null: none)",
+        },
     },
     "required": ["user_id", "role", "state", "active"],
 }
@@ -578,9 +679,33 @@ SCHEMAS: Final[dict[str, Any]] = {
             "items": {"type": "array", "items": {"$ref": "#/components/schemas/Member"}},
             "missing_user_ids": {"type": "array", "items": ID_SCHEMA},
             "stats_included": {"type": "boolean"},
+            "remarks_included": {
+                "type": "boolean",
+                "description": "true: every item has remark (the caller's, null for none); false: "
+                "remarks were not read (late or failed) and items have none: keep the known ones",
+            },
             "self_role": {"type": "string"},
         },
-        "required": ["items", "missing_user_ids", "stats_included", "self_role"],
+        "required": ["items", "missing_user_ids", "stats_included", "remarks_included", "self_role"],
+    },
+    "RemarkRequest": {
+        "type": "object",
+        "properties": {
+            "remark": {
+                "type": "string",
+                "minLength": 1,
+                # Trimmed, then 1-64 characters without control characters: exactly what the
+                # pattern admits (no maxLength: white space around does not count).
+                "pattern": REMARK_PATTERN,
+            }
+        },
+        "required": ["remark"],
+        "additionalProperties": False,
+    },
+    "Remark": {
+        "type": "object",
+        "properties": {"user_id": ID_SCHEMA, "remark": {"type": ["string", "null"]}},
+        "required": ["user_id", "remark"],
     },
     "UserProfilesRequest": {
         "type": "object",

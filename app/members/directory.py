@@ -8,9 +8,10 @@ Seed 004's rules and where they live here:
 * Pages of 50 **merge by member reference** (``user_id``): the list is never cleared, an
   unchanged member keeps its object (:meth:`Member.with_base`), and a base page never erases
   names, avatars or statistics (they are not base fields).
-* Presentation (``/members/by-user-ids`` with statistics, plus an optional profile source)
-  runs in batches of at most 50, **at most two in flight**; base paging never waits for it.
-  It only updates members that are still listed: it cannot create or revive one.
+* Presentation (``/members/by-user-ids`` with statistics and the viewer's own remarks, plus an
+  optional profile source for names and avatars) runs in batches of at most 50, **at most two
+  in flight**; base paging never waits for it. It only updates members that are still listed:
+  it cannot create or revive one. The server's remark replaces a cached one (None clears it).
 * A traversal is **not a snapshot**: members it did not return are checked afterwards with
   ``/members/by-user-ids`` and only confirmed removals are applied.
 * At most 200 pages per traversal; past that the data read so far stays and the traversal
@@ -415,6 +416,10 @@ class MemberDirectory:
                     fields["mention_count"] = item.mention_count
                     fields["stats_known"] = True
                 # Statistics late or invalid: keep what we had, never a fake zero.
+                if result is not None and result.remarks_included:
+                    # The viewer's remark as the server has it now: it replaces a cached one,
+                    # and None clears it. Not included (late, failed): the known one stays.
+                    fields["remark"] = item.remark
             if self.profiles is not None:
                 profile = profiles.get(user_id) if profiles is not None else None
                 if profile is None:
@@ -422,7 +427,6 @@ class MemberDirectory:
                 else:
                     fields.update(
                         display_name=profile.display_name,
-                        remark=profile.remark,
                         avatar_url=profile.avatar_url,
                         profile_failed=False,
                         presented=True,

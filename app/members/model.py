@@ -120,7 +120,7 @@ class Member:
     left_at: int | None = None
     # -- presentation ----------------------------------------------------------------------
     display_name: str | None = None
-    remark: str | None = None
+    remark: str | None = None  # the viewer's own remark (备注), from the presentation
     avatar_url: str | None = None
     record_count: int | None = None  # None = unknown (never shown as 0)
     mention_count: int | None = None
@@ -238,11 +238,13 @@ class MemberPage:
 
 @dataclass(frozen=True, slots=True)
 class PresentedMember:
-    """One ``/members/by-user-ids`` item: identity, activity, and (maybe) statistics."""
+    """One ``/members/by-user-ids`` item: identity, activity, (maybe) statistics, and the
+    caller's own remark (meaningful only when the result's ``remarks_included``)."""
 
     base: BaseMember
     record_count: int | None
     mention_count: int | None
+    remark: str | None = None
 
     @property
     def stats_known(self) -> bool:
@@ -252,11 +254,15 @@ class PresentedMember:
     def from_wire(cls, item: Mapping[str, Any]) -> PresentedMember:
         record, mention = item.get("record_count"), item.get("mention_count")
         known = stats_known(record, mention)
+        remark = item.get("remark")
+        if remark is not None and not isinstance(remark, str):
+            raise ValueError(f"member {item.get('user_id')!r}: remark must be a string or null")
         return cls(
             base=BaseMember.from_wire(item),
             # An invalid value is normalised to "unknown", never to a zero.
             record_count=record if known else None,
             mention_count=mention if known else None,
+            remark=remark,
         )
 
 
@@ -268,6 +274,9 @@ class PresentationResult:
     items: tuple[PresentedMember, ...]
     missing_user_ids: tuple[int, ...]
     stats_included: bool
+    # True: each item's ``remark`` is the server's word (None = the caller has none: clear it).
+    # False (remarks late or failed, or an older server): keep the remarks already known.
+    remarks_included: bool = False
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> PresentationResult:
@@ -275,6 +284,7 @@ class PresentationResult:
             items=tuple(PresentedMember.from_wire(item) for item in body.get("items") or ()),
             missing_user_ids=tuple(_user_id(u) for u in body.get("missing_user_ids") or ()),
             stats_included=bool(body.get("stats_included")),
+            remarks_included=body.get("remarks_included") is True,
         )
 
     def removed_user_ids(self) -> frozenset[int]:
@@ -326,10 +336,10 @@ class ReadReceiptsPage:
 
 @dataclass(frozen=True, slots=True)
 class Profile:
-    """Public profile fields (from a profile service the host provides; optional)."""
+    """Public profile fields (from a profile service the host provides; optional). Remarks are
+    not public: they are the viewer's own and come with the presentation (PresentedMember)."""
 
     display_name: str | None = None
-    remark: str | None = None
     avatar_url: str | None = None
 
 

@@ -26,11 +26,13 @@ from app.members.model import (
     join_events,
     stats_known,
 )
+from app.members.remarks import RemarkStore
 from app.members.source import MemberAccessDenied, ProfileSource
 
 log = logging.getLogger("projector.members.server")
 
 STATS_BUDGET_S = 2.0
+REMARKS_BUDGET_S = 2.0
 READERS_BUDGET_S = 2.0
 READERS_LIMIT_DEFAULT = 100
 READERS_LIMIT_MAX = 500
@@ -90,6 +92,10 @@ class Presentation:
     missing_user_ids: list[int]
     stats: dict[int, tuple[int, int]] | None  # None: dropped (late or failed), not zero
     self_role: str
+    # The caller's own remarks on the members found: ``{user_id: remark}``, a member without
+    # one absent. None = not read (no remark store, or late or failed): the client keeps what it
+    # has; a dict = the server's word for every member found (absent = no remark, clear it).
+    remarks: dict[int, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +118,8 @@ class MemberService:
         stats_budget_s: float = STATS_BUDGET_S,
         readers_budget_s: float = READERS_BUDGET_S,
         profiles: ProfileSource | None = None,
+        remarks: RemarkStore | None = None,
+        remarks_budget_s: float = REMARKS_BUDGET_S,
     ) -> None:
         self.reader = reader
         self.stats_budget_s = stats_budget_s
@@ -119,6 +127,10 @@ class MemberService:
         # Public profiles (names, avatars): Cassandra's member_profiles in production
         # (app/stores/cassandra_profiles.py); None = this deployment serves none.
         self.profile_source = profiles
+        # Per-viewer remarks (备注): Cassandra's member_remarks in production
+        # (app/stores/cassandra_remarks.py); None = this deployment keeps none.
+        self.remark_store = remarks
+        self.remarks_budget_s = remarks_budget_s
 
     async def _access(self, conversation_id: str, caller: int) -> str:
         me, disabled = await asyncio.gather(
@@ -185,24 +197,51 @@ class MemberService:
         stats_task = (
             asyncio.ensure_future(self.reader.stats(conversation_id, wanted)) if include_stats else None
         )
+        # The caller's remarks: one read keyed by the caller (never by the group, never another
+        # viewer's), concurrent with the rest and only handed out once access is granted.
+        remarks_task = (
+            asyncio.ensure_future(self.remark_store.remarks(caller, wanted))
+            if self.remark_store is not None
+            else None
+        )
         try:
             role, rows = await self._with_access(
                 conversation_id, caller, self.reader.by_user_ids(conversation_id, wanted)
             )
         except BaseException:
-            if stats_task is not None:
-                stats_task.cancel()
+            for task in (stats_task, remarks_task):
+                if task is not None:
+                    task.cancel()
+                    task.add_done_callback(lambda t: t.cancelled() or t.exception())
             raise
         found = {row.user_id for row in rows}
-        stats = None
-        if stats_task is not None:
-            stats = await self._stats_within_budget(stats_task, found)
+        # Both budgets run at once: the answer waits for the slower one, never for their sum.
+        stats, remarks = await asyncio.gather(
+            self._stats_within_budget(stats_task, found) if stats_task is not None else _none(),
+            self._remarks_within_budget(remarks_task, found) if remarks_task is not None else _none(),
+        )
         return Presentation(
             items=rows,
             missing_user_ids=[u for u in wanted if u not in found],
             stats=stats,
             self_role=role,
+            remarks=remarks,
         )
+
+    async def _remarks_within_budget(
+        self, task: asyncio.Future[dict[int, str]], found: set[int]
+    ) -> dict[int, str] | None:
+        """The caller's remarks on the members found, or None when they are late or failed (the
+        answer then says "not included" and clients keep theirs: a failure never clears one)."""
+        try:
+            remarks = await asyncio.wait_for(task, self.remarks_budget_s)
+        except TimeoutError:
+            log.info("member remarks over the %.1fs budget: not included", self.remarks_budget_s)
+            return None
+        except Exception as exc:  # a store failure: identities still go out
+            log.warning("member remarks failed: %s: %s", type(exc).__name__, exc)
+            return None
+        return {u: remarks[u] for u in found if u in remarks}
 
     async def _stats_within_budget(
         self, task: asyncio.Future[dict[int, tuple[int, int]]], found: set[int]
@@ -279,6 +318,10 @@ class MemberService:
             has_more=has_more,
             next_user_id=members[-1].user_id if has_more else None,
         )
+
+
+async def _none() -> None:
+    return None
 
 
 @dataclass

@@ -99,6 +99,18 @@ class HttpMemberSource:
         except (ValueError, TypeError) as exc:
             raise MemberUnavailable(f"malformed by-user-ids answer: {exc}") from None
 
+    async def set_remark(self, user_id: int, remark: str) -> str | None:
+        """Set the caller's own remark on ``user_id``; the server's stored (trimmed) text. A
+        remark the server refuses (empty, too long, control characters) is a
+        :class:`MemberRequestError` (400)."""
+        answer = await self._request("PUT", f"/api/v1/users/{user_id}/remark", {"remark": remark})
+        stored = answer.get("remark")
+        return stored if isinstance(stored, str) else None
+
+    async def clear_remark(self, user_id: int) -> None:
+        """Clear the caller's own remark on ``user_id`` (none to clear is fine)."""
+        await self._request("DELETE", f"/api/v1/users/{user_id}/remark", None)
+
     async def read_receipts(
         self,
         group: str,

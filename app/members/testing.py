@@ -75,6 +75,8 @@ class FakeMemberServer:
     mention_counts: dict[int, int] = field(default_factory=dict)
     latency_s: float = 2.0
     stats_latency_s: float = 0.0  # > 2.0 makes statistics late (dropped)
+    remarks: dict[int, str] = field(default_factory=dict)  # the caller's own remarks
+    remarks_fail: bool = False  # the server could not read them: answered without remarks
     fail_next: list[Exception] = field(default_factory=list)
     disabled: bool = False
     page_calls: list[tuple[int | None, int]] = field(default_factory=list)
@@ -141,12 +143,14 @@ class FakeMemberServer:
                         base=base,
                         record_count=self.record_counts.get(user_id, 0) if stats else None,
                         mention_count=self.mention_counts.get(user_id, 0) if stats else None,
+                        remark=None if self.remarks_fail else self.remarks.get(user_id),
                     )
                 )
             return PresentationResult(
                 items=tuple(items),
                 missing_user_ids=tuple(u for u in ids if u not in self.members),
                 stats_included=stats,
+                remarks_included=not self.remarks_fail,
             )
         finally:
             self.in_flight_by_ids -= 1

@@ -319,12 +319,14 @@ class FileOnlySink:
 
 
 class CassandraMessageSink:
-    """The Cassandra MessageStore, written from a worker thread (the driver is blocking), and
-    the public profiles of the simulated users (``member_profiles``: names, avatars)."""
+    """The Cassandra MessageStore, written from a worker thread (the driver is blocking), the
+    public profiles of the simulated users (``member_profiles``: names, avatars) and some of
+    their private remarks on each other (``member_remarks``)."""
 
-    def __init__(self, store: Any, profiles: Any = None) -> None:
+    def __init__(self, store: Any, profiles: Any = None, remarks: Any = None) -> None:
         self.store = store
         self.profiles = profiles
+        self.remarks = remarks
 
     async def write_profiles(self, users: Sequence[int]) -> int:
         """One synthetic public profile per simulated user (the member directory shows names)."""
@@ -335,6 +337,21 @@ class CassandraMessageSink:
         rows = [ProfileRow(u, f"Sim user {u:x}", f"https://avatars.invalid/{u}.png") for u in users]
         written: int = await self.profiles.put(rows, 0)
         return written
+
+    async def write_remarks(self, users: Sequence[int]) -> int:
+        """Every third simulated user keeps a remark on the next one (``Sim note <hex id>``), so
+        a member directory shows remarks for some viewers and none for the rest."""
+        if self.remarks is None:
+            return 0
+        pairs = simulated_remarks(users)
+        slots = asyncio.Semaphore(32)
+
+        async def one(viewer: int, target: int, remark: str) -> None:
+            async with slots:
+                await self.remarks.set_remark(viewer, target, remark, 0)
+
+        await asyncio.gather(*(one(*pair) for pair in pairs))
+        return len(pairs)
 
     async def write(
         self,
@@ -354,6 +371,18 @@ class CassandraMessageSink:
         self.store.put_messages(messages)
         self.store.mark_recalled_many(recalls)
         self.store.update_heads(heads)
+
+
+def simulated_remarks(users: Sequence[int]) -> list[tuple[int, int, str]]:
+    """``(viewer, target, remark)``: every third user (by position) on the next one."""
+    ordered = list(users)
+    if len(ordered) < 2:
+        return []
+    return [
+        (viewer, ordered[(i + 1) % len(ordered)], f"Sim note {ordered[(i + 1) % len(ordered)]:x}")
+        for i, viewer in enumerate(ordered)
+        if i % 3 == 0
+    ]
 
 
 class SimulateError(RuntimeError):
@@ -388,6 +417,7 @@ async def simulate(
         workload = Workload(params)
         if isinstance(store, CassandraMessageSink):
             await store.write_profiles(workload.users)
+            await store.write_remarks(workload.users)
         return await drive(
             workload,
             sink,
@@ -421,6 +451,7 @@ def _kafka_errors() -> tuple[type[BaseException], ...]:
 def _open_store(settings: Any, connect_timeout_s: float) -> tuple[MessageSink, Any]:
     from app.stores.cassandra_messages import CassandraMessageStore
     from app.stores.cassandra_profiles import CassandraProfileStore
+    from app.stores.cassandra_remarks import CassandraRemarkStore
     from app.stores.cassandra_session import CassandraUnavailable, open_cluster
 
     try:
@@ -430,10 +461,11 @@ def _open_store(settings: Any, connect_timeout_s: float) -> tuple[MessageSink, A
     try:
         store = CassandraMessageStore(session, settings.cassandra_keyspace)
         profiles = CassandraProfileStore(session, settings.cassandra_keyspace)
+        remarks = CassandraRemarkStore(session, settings.cassandra_keyspace)
     except StoreError as exc:
         cluster.shutdown()
         raise SimulateError(f"cassandra: {exc}") from None
-    return CassandraMessageSink(store, profiles), cluster
+    return CassandraMessageSink(store, profiles, remarks), cluster
 
 
 async def _open_producer(settings: Any, connect_timeout_s: float) -> tuple[Any, RecordSink]:

@@ -193,6 +193,21 @@ MEMBER_PROFILES = Table(
     comment="Public profiles (names, avatars) for /api/v1/users/profiles; `projector profiles load`",
 )
 
+MEMBER_REMARKS = Table(
+    name="member_remarks",
+    columns=(
+        ("viewer_id", "varint"),  # whose remark: only this user ever reads it
+        ("target_user_id", "varint"),  # about whom
+        ("remark", "text"),  # app/members/remarks.py check_remark: 1..64 characters, no controls
+        ("updated_at", "bigint"),  # ms since epoch
+    ),
+    # One partition per viewer: the presentation call reads the remarks on its (at most 50)
+    # members with one single-partition `target_user_id IN (...)` query.
+    partition_key=("viewer_id",),
+    clustering=(("target_user_id", "ASC"),),
+    comment="Per-viewer remarks (备注) for the member presentation; PUT/DELETE /api/v1/users/{id}/remark",
+)
+
 TABLES: tuple[Table, ...] = (
     MESSAGES,
     CONVERSATION_HEADS,
@@ -202,6 +217,7 @@ TABLES: tuple[Table, ...] = (
     CONVERSATIONS_DISABLED,
     GROUP_SETTINGS,
     MEMBER_PROFILES,
+    MEMBER_REMARKS,
 )
 
 

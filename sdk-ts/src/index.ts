@@ -53,6 +53,7 @@ export {
   PAGE_LIMIT_MAX,
   PRESENTATION_MAX,
   READERS_LIMIT_MAX,
+  REMARK_MAX_CHARS,
   classifyMemberError,
   mergeJoinEvents,
   removedRefs,
@@ -68,6 +69,7 @@ export {
   type ReadReceipts,
   type ReadReceiptsRequest,
   type ReaderDetail,
+  type RemarkRequest,
   type Role,
 } from "./members.js";
 export {

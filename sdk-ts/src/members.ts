@@ -1,5 +1,6 @@
 // The member directory's HTTP calls (docs/contract.md §8, seed 004): capability probe, keyset
-// pages, presentation of 1..50 members with statistics, read receipts. Every call takes an
+// pages, presentation of 1..50 members with statistics and the caller's own remarks, setting
+// and clearing a remark, read receipts. Every call takes an
 // AbortSignal. Errors are classified once (errors.ts): 2001/2002 only from the access codes, a
 // backend without the paging API is a MemberApiMissingError, never a fallback to a full read.
 
@@ -23,6 +24,8 @@ export const PAGE_LIMIT_DEFAULT = 50;
 export const PAGE_LIMIT_MAX = 100;
 export const PRESENTATION_MAX = 50;
 export const READERS_LIMIT_MAX = 500;
+/** A remark (备注) is 1..64 characters after trimming, without control characters (server rule). */
+export const REMARK_MAX_CHARS = 64;
 
 /** One roster row: the member's identity and membership, no presentation. */
 export interface BaseMember {
@@ -80,6 +83,10 @@ export interface PresentedMember extends BaseMember {
   readonly mentionCount: number | null;
   /** Both statistics are non-negative safe integers. */
   readonly statsKnown: boolean;
+  /** The CALLER's own remark (备注) on this member, null for none. Meaningful only when the
+   * result's `remarksIncluded`: then it is the server's word (null or absent clears a known
+   * remark). Optional so that a MemberSource written before remarks still type-checks. */
+  readonly remark?: string | null;
 }
 
 export interface PresentationResult {
@@ -88,7 +95,16 @@ export interface PresentationResult {
   /** Refs the server does not know as members of the group at all. */
   readonly missingRefs: readonly MemberRef[];
   readonly statsIncluded: boolean;
+  /** The server read the caller's remarks for this answer. False (late, failed, or an older
+   * server; absent: a MemberSource that knows no remarks): every `remark` is null and says
+   * nothing; keep the remarks already known. */
+  readonly remarksIncluded?: boolean;
   readonly selfRole: string;
+}
+
+export interface RemarkRequest extends CallOptions {
+  /** The member the remark is about (not the caller). */
+  memberRef: MemberRef;
 }
 
 export interface ReaderDetail {
@@ -229,6 +245,7 @@ export function parsePresentation(body: Record<string, unknown>): PresentationRe
   const items = body["items"];
   if (!Array.isArray(items)) throw new ProtocolError("presentation without items");
   const statsIncluded = body["stats_included"] === true;
+  const remarksIncluded = body["remarks_included"] === true;
   const missing = body["missing_user_ids"] ?? [];
   if (!Array.isArray(missing)) throw new ProtocolError("missing_user_ids must be a list");
   return {
@@ -244,12 +261,28 @@ export function parsePresentation(body: Record<string, unknown>): PresentationRe
         recordCount: known ? (record as number) : null,
         mentionCount: known ? (mention as number) : null,
         statsKnown: known,
+        remark: remarksIncluded ? parseRemark((item as Record<string, unknown>)["remark"], base.memberRef) : null,
       };
     }),
     missingRefs: missing.map((u: unknown) => refOf(u, "missing_user_ids[]")),
     statsIncluded,
+    remarksIncluded,
     selfRole: typeof body["self_role"] === "string" ? body["self_role"] : "member",
   };
+}
+
+function parseRemark(value: unknown, ref: MemberRef): string | null {
+  // With remarks_included every item carries one: a string, or null for none. Anything else is a
+  // server this SDK does not understand, not "no remark" (that would clear a known one).
+  if (value === null) return null;
+  if (typeof value !== "string") throw new ProtocolError(`member ${ref}: remark must be a string or null`);
+  return value;
+}
+
+function parseStoredRemark(body: Record<string, unknown>): string | null {
+  const remark = body["remark"];
+  if (remark !== null && typeof remark !== "string") throw new ProtocolError("remark answer: remark must be a string or null");
+  return remark;
 }
 
 function parseReaders(body: Record<string, unknown>): ReadReceipts {
@@ -385,8 +418,26 @@ export class MembersClient {
     return parseReaders(await this.answer(response, "read receipts", request.signal));
   }
 
+  /** Set the caller's own remark on a member (PUT /api/v1/users/{id}/remark); resolves to the
+   * text the server stored (trimmed). The server refuses (RequestError, 400 "invalid_remark") an
+   * empty remark, one over 64 characters, or one with control characters; and the caller's own
+   * ref (400). Other devices of the caller see it with their next presentation. */
+  async setRemark(request: RemarkRequest & { remark: string }): Promise<string | null> {
+    const ref = refOf(request.memberRef, "memberRef");
+    const response = await this.http.send("PUT", `/api/v1/users/${ref}/remark`, { body: { remark: request.remark }, signal: request.signal });
+    return parseStoredRemark(await this.answer(response, "set remark", request.signal));
+  }
+
+  /** Clear the caller's own remark on a member (DELETE; none to clear is not an error). */
+  async clearRemark(request: RemarkRequest): Promise<void> {
+    const ref = refOf(request.memberRef, "memberRef");
+    const response = await this.http.send("DELETE", `/api/v1/users/${ref}/remark`, { signal: request.signal });
+    await this.answer(response, "clear remark", request.signal);
+  }
+
   /** Public profiles of 1..50 members (POST /api/v1/users/profiles): the member store's
-   * ProfileSource. A member the server has no profile for is absent (that profile failed). */
+   * ProfileSource. A member the server has no profile for is absent (that profile failed).
+   * Profiles are public: names and avatars, never a remark (that comes with `presentation`). */
   async profiles(refs: readonly MemberRef[], options: CallOptions = {}): Promise<ReadonlyMap<MemberRef, Profile>> {
     if (refs.length < 1 || refs.length > PRESENTATION_MAX) {
       throw new RangeError(`refs must hold 1 to ${PRESENTATION_MAX} members`);
@@ -401,7 +452,6 @@ export class MembersClient {
       const avatar = item["avatar_url"];
       out.set(refOf(item["user_id"], "user_id"), {
         displayName: typeof name === "string" ? name : null,
-        remark: null, // the viewer's own remarks are not public profile data
         avatarUrl: typeof avatar === "string" ? avatar : null,
       });
     }

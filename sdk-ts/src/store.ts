@@ -7,7 +7,9 @@
 // * Pages merge by memberRef: the list is never cleared, an unchanged member keeps its object,
 //   and a base page never erases names, avatars or statistics.
 // * Presentation runs in batches of at most 50, at most two in flight; paging never waits for
-//   it. It only updates members still held: it never creates or revives one.
+//   it. It only updates members still held: it never creates or revives one. It carries the
+//   viewer's own remarks (备注): the server's remark replaces a cached one and null clears it;
+//   an answer without remarks (remarksIncluded false) keeps the known ones.
 // * A traversal is not a snapshot: members it did not return are checked with the presentation
 //   call afterwards and only confirmed removals apply. At most 200 pages per traversal.
 // * A generation isolates everything asynchronous (request de-duplication keys, cache writes):
@@ -48,6 +50,7 @@ export interface StoreMember {
   readonly joinedAt: number | null;
   readonly leftAt: number | null;
   readonly displayName: string | null;
+  /** The viewer's own remark (备注) on this member: from the presentation, never a profile. */
   readonly remark: string | null;
   readonly avatarUrl: string | null;
   /** Null = unknown (never shown as 0); the row keeps its height. */
@@ -59,9 +62,9 @@ export interface StoreMember {
   readonly presented: boolean;
 }
 
+/** Public profile data: the same for every viewer (a remark is not: it is the viewer's own). */
 export interface Profile {
   readonly displayName: string | null;
-  readonly remark: string | null;
   readonly avatarUrl: string | null;
 }
 
@@ -601,6 +604,9 @@ export class MemberStore {
           fields.statsKnown = true;
         }
         // Statistics late or invalid: keep what was there, never a fake zero.
+        // The viewer's remark as the server has it now (seed 004: the server's presentation wins
+        // over a cached one); not included (late, failed): the known remark stays.
+        if (result?.remarksIncluded === true) fields.remark = item.remark ?? null;
       }
       if (profiles !== undefined) {
         const profile = profiles?.get(ref);
@@ -608,7 +614,6 @@ export class MemberStore {
           fields.profileFailed = true; // the old avatar (and name) stay
         } else {
           fields.displayName = profile.displayName;
-          fields.remark = profile.remark;
           fields.avatarUrl = profile.avatarUrl;
           fields.profileFailed = false;
           fields.presented = true;

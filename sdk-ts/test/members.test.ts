@@ -179,7 +179,44 @@ test("profiles come in batches of 1..50 as the store's ProfileSource; absent = t
   });
   const client = new MembersClient({ baseUrl: "http://api", token: "t", fetch });
   const got = await client.profiles([BIG, "5"]);
-  assert.deepEqual(got.get(BIG), { displayName: "Zoë", remark: null, avatarUrl: "https://cdn/z.png" });
+  assert.deepEqual(got.get(BIG), { displayName: "Zoë", avatarUrl: "https://cdn/z.png" });
   assert.equal(got.has("5"), false);
   await assert.rejects(client.profiles([]), RangeError);
+});
+
+test("the presentation carries the caller's remarks only when the server says it read them", async () => {
+  let answer: Record<string, unknown> = {};
+  const fetch = fakeFetch(() => ({ status: 200, json: answer }));
+  const client = new MembersClient({ baseUrl: "http://api", token: "t", fetch });
+  const item = (id: string, remark?: unknown) => ({ user_id: id, role: "member", state: "active", active: true, ...(remark === undefined ? {} : { remark }) });
+  answer = { items: [item(BIG, "备注 Zoë"), item("5", null)], missing_user_ids: [], stats_included: false, remarks_included: true, self_role: "member" };
+  const got = await client.presentation({ group: GROUP, memberRefs: [BIG, "5"] });
+  assert.equal(got.remarksIncluded, true);
+  assert.deepEqual(got.items.map((m) => [m.memberRef, m.remark]), [[BIG, "备注 Zoë"], ["5", null]]);
+  // Not included (late or failed on the server): no remark is read, whatever the items say.
+  answer = { ...answer, remarks_included: false, items: [item(BIG, "stale?")] };
+  const without = await client.presentation({ group: GROUP, memberRefs: [BIG] });
+  assert.equal(without.remarksIncluded, false);
+  assert.equal(without.items[0]?.remark, null);
+  // Included but not a string or null: a protocol error, never read as "no remark".
+  answer = { ...answer, remarks_included: true, items: [item(BIG, 7)] };
+  await assert.rejects(client.presentation({ group: GROUP, memberRefs: [BIG] }), /remark must be a string or null/);
+});
+
+test("setRemark and clearRemark: PUT and DELETE of the member's remark; a refusal is a request error", async () => {
+  const fetch = fakeFetch((call) => {
+    if (call.method === "DELETE") return { status: 200, json: { user_id: BIG, remark: null } };
+    const remark = (call.body as Record<string, unknown>)["remark"];
+    if (remark === "") return error(400, "invalid_remark", "remark must not be empty or only white space (DELETE clears a remark)");
+    return { status: 200, json: { user_id: BIG, remark: String(remark).trim() } };
+  });
+  const client = new MembersClient({ baseUrl: "http://api", token: "t", fetch });
+  assert.equal(await client.setRemark({ memberRef: BIG, remark: " Zoë " }), "Zoë");
+  assert.equal(fetch.calls[0]?.method, "PUT");
+  assert.equal(fetch.calls[0]?.path, `/api/v1/users/${BIG}/remark`);
+  await client.clearRemark({ memberRef: BIG });
+  assert.deepEqual([fetch.calls[1]?.method, fetch.calls[1]?.path], ["DELETE", `/api/v1/users/${BIG}/remark`]);
+  await assert.rejects(client.setRemark({ memberRef: BIG, remark: "" }), (e: unknown) => e instanceof RequestError && e.status === 400 && /DELETE clears/.test(e.message));
+  await assert.rejects(client.setRemark({ memberRef: "12.5", remark: "x" }), /u64/); // never sent
+  assert.equal(fetch.calls.length, 3);
 });

@@ -31,6 +31,8 @@ type Gate = Promise<void> | null;
 class FakeSource implements MemberSource {
   roster: BaseMember[];
   stats = new Map<string, [number, number]>();
+  /** The caller's remarks on the server; null: the server could not read them (not included). */
+  remarks: Map<string, string> | null = new Map();
   pageCalls = 0;
   presentationCalls: string[][] = [];
   inFlight = 0;
@@ -74,9 +76,9 @@ class FakeSource implements MemberSource {
       const byRef = new Map(this.roster.map((m) => [m.memberRef, m]));
       const items = request.memberRefs.filter((r) => byRef.has(r)).map((r) => {
         const s = this.stats.get(r);
-        return { ...byRef.get(r)!, recordCount: s?.[0] ?? null, mentionCount: s?.[1] ?? null, statsKnown: s !== undefined };
+        return { ...byRef.get(r)!, recordCount: s?.[0] ?? null, mentionCount: s?.[1] ?? null, statsKnown: s !== undefined, remark: this.remarks?.get(r) ?? null };
       });
-      return { items, missingRefs: request.memberRefs.filter((r) => !byRef.has(r)), statsIncluded: request.includeStats === true, selfRole: "admin" };
+      return { items, missingRefs: request.memberRefs.filter((r) => !byRef.has(r)), statsIncluded: request.includeStats === true, remarksIncluded: this.remarks !== null, selfRole: "admin" };
     } finally {
       this.inFlight -= 1;
     }
@@ -109,7 +111,7 @@ test("pages of 50 merge by memberRef; presentation in batches of <= 50, at most 
 test("a re-read keeps unchanged member objects and never erases names or statistics", async () => {
   const source = new FakeSource([1, 2, 3]);
   source.stats.set("1", [7, 2]);
-  const profiles = { profiles: async (refs: readonly string[]) => new Map<string, Profile>(refs.map((r) => [r, { displayName: `n${r}`, remark: null, avatarUrl: `a${r}` }])) };
+  const profiles = { profiles: async (refs: readonly string[]) => new Map<string, Profile>(refs.map((r) => [r, { displayName: `n${r}`, avatarUrl: `a${r}` }])) };
   const store = new MemberStore(KEY, source, { profiles });
   store.subscribe();
   await store.settled();
@@ -293,4 +295,57 @@ test("the first page request goes out before the cache read starts, and the cach
   hold.open();
   await store.settled();
   assert.deepEqual([...store.members.keys()].sort(), ["1", "2"]); // 3: confirmed gone by the server
+});
+
+test("the viewer's remark comes from the presentation: the server's replaces a cached one, null clears it", async () => {
+  const cache = new MemoryMemberCache();
+  const source = new FakeSource([1, 2, 3, 4]);
+  source.remarks = new Map([["1", "old note"], ["2", "to clear"], ["3", "same"]]);
+  // Public profiles never carry a remark: a profile answer must not touch it.
+  const profiles = { profiles: async (refs: readonly string[]) => new Map<string, Profile>(refs.map((r) => [r, { displayName: `n${r}`, avatarUrl: `a${r}` }])) };
+  const first = new MemberStore(KEY, source, { cache, profiles });
+  const sub = first.subscribe();
+  await first.settled();
+  assert.deepEqual(first.sorted().map((m) => m.remark), ["old note", "to clear", "same", null]);
+  assert.equal(first.member("1")?.displayName, "n1");
+  sub.close();
+
+  // On the server: one remark changed, one cleared. Restart: the cache shows first, then the server wins.
+  source.remarks = new Map([["1", "new note"], ["3", "same"]]);
+  const hold = gate();
+  source.pageGate = hold.promise;
+  const again = new MemberStore(KEY, source, { cache, profiles });
+  again.subscribe();
+  await again.until((s) => s.counters.cacheHits === 1);
+  assert.deepEqual(again.sorted().map((m) => m.remark), ["old note", "to clear", "same", null], "the cached remarks first");
+  hold.open();
+  await again.settled();
+  assert.deepEqual(again.sorted().map((m) => m.remark), ["new note", null, "same", null]);
+  const stored = await cache.load(KEY);
+  assert.deepEqual(stored?.members.map((m) => [m.memberRef, m.remark]), [["1", "new note"], ["2", null], ["3", "same"], ["4", null]]);
+
+  // Remarks not included this time (late or failed on the server): the known ones stay.
+  source.remarks = null;
+  await again.invalidate();
+  assert.deepEqual(again.sorted().map((m) => m.remark), ["new note", null, "same", null]);
+});
+
+test("a late cache never brings an old remark back over the server's presentation", async () => {
+  const cache = new MemoryMemberCache();
+  const stale = [1, 2].map((i) => ({ ...base(i), displayName: null, remark: `cached ${i}`, avatarUrl: null, recordCount: null, mentionCount: null, statsKnown: false, profileFailed: false, presented: true }) as StoreMember);
+  await cache.store(KEY, stale, () => true);
+  const release = gate();
+  // Read at once (the stale roster), answered only when released: after the server's answer.
+  const slowCache = { load: async (key: CacheKey) => { const roster = await cache.load(key); await release.promise; return roster; }, store: cache.store.bind(cache), delete: cache.delete.bind(cache) };
+  const source = new FakeSource([1, 2]);
+  source.remarks = new Map([["1", "server note"]]);
+  const store = new MemberStore(KEY, source, { cache: slowCache });
+  store.subscribe();
+  await store.until((s) => s.counters.traversalsCompleted === 1);
+  release.open(); // the cache answers only now, after the server's presentation
+  await store.settled();
+  await tick(5);
+  assert.equal(store.counters.lateCacheDropped, 1);
+  assert.deepEqual(store.sorted().map((m) => m.remark), ["server note", null]);
+  assert.deepEqual((await cache.load(KEY))?.members.map((m) => m.remark), ["server note", null]);
 });

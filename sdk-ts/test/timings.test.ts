@@ -33,7 +33,7 @@ function slowUpstream(ids: string[], pageDelay = LATENCY): MemberSource & Profil
     },
     async profiles(refs): Promise<ReadonlyMap<string, Profile>> {
       await sleep(LATENCY);
-      return new Map(refs.map((r) => [r, { displayName: `m${r}`, remark: null, avatarUrl: `a${r}` }]));
+      return new Map(refs.map((r) => [r, { displayName: `m${r}`, avatarUrl: `a${r}` }]));
     },
   };
 }

@@ -12,6 +12,11 @@ the SDK's.
 * Restart (a new page, the browser's storage kept): the cached 500 are shown before the server
   answers (every member request held); meanwhile one member leaves and one member's name changes
   on the server; once the server answers, page and storage converge to 499 with the new name.
+* Remarks (备注, the viewer's own): set on the server through the API, shown in the page and
+  kept in its storage; changed and cleared on the server, a restart shows the cached remarks
+  first and converges, page and storage, on the server's presentation; a cache read that answers
+  only after the server's presentation (the test holds the page's Web Crypto signing until then)
+  is dropped, never bringing an old remark back. Another viewer's remark never shows.
 * Seed 004's timing scenario: every member/profile request answered 2 s late (the test delays
   them in the browser's network layer); the milestones the page records (cache answer, 500
   cached visible, first 50, full roster) are printed next to the seed's and written to
@@ -60,11 +65,11 @@ SEED = {"cache_answer_ms": 44, "cached_visible_ms": 89, "first50_ms": 2000, "com
 class Group:
     """USER's group of 500 in the stack's Cassandra, with a profile (name, avatar) for each."""
 
-    def __init__(self, stack: Stack, api_url: str) -> None:
+    def __init__(self, stack: Stack, api_url: str, size: int = MEMBERS) -> None:
         self.stack = stack
         self.id = cid(1)
         self.api_url = api_url
-        self.ids = sorted([USER, *range(10_001, 10_001 + MEMBERS - 1)])
+        self.ids = sorted([USER, *range(10_001, 10_001 + size - 1)])
 
     def avatar(self, user_id: int, version: int = 1) -> str:
         return f"{self.api_url}/avatars/{user_id}-{version}.png"
@@ -198,7 +203,7 @@ async def sign_in_and_open(page: Any, api: Api, token: str, group: str) -> None:
 
 
 async def start(
-    make_stack: Callable[..., Stack], tmp_path: Path, prefix: str
+    make_stack: Callable[..., Stack], tmp_path: Path, prefix: str, size: int = MEMBERS
 ) -> tuple[Stack, Api, Group, str]:
     _need_node()
     stack = make_stack(prefix, partitions=1, lanes=1)
@@ -206,7 +211,7 @@ async def start(
     api = Api(stack, tmp_path)
     api.env["PROJECTOR_API_WEB_SDK"] = str(tgz)
     api.env["PROJECTOR_API_RATE_LIMIT_PER_S"] = "0"
-    group = Group(stack, api.url)
+    group = Group(stack, api.url, size)
     await group.seed()
     await seed_list(stack)
     await api.start()
@@ -345,6 +350,123 @@ async def test_seed_004_timing_scenario_with_a_2s_upstream(
         print("\nseed 004 timings (browser, 2 s upstream):")
         for name, seed in SEED.items():
             print(f"  {name:18} seed ~{seed} ms   ours {ours[name]} ms")
+    finally:
+        await context.close()
+        api.stop()
+
+
+REMARK_SIZE = 60  # two pages: enough for a roster, quick to seed and walk
+# Holds every Web Crypto signature the page asks for while its member store is not fresh: the
+# cache's read (which verifies a signature) then answers only after the server's answer, when
+# the test calls window.__releaseCache(). The store's own write (after "fresh") is not held.
+HOLD_CACHE_READ = """(() => {
+  const sign = SubtleCrypto.prototype.sign;
+  let release;
+  const released = new Promise((resolve) => (release = resolve));
+  window.__releaseCache = () => release();
+  window.__heldSigns = 0;
+  SubtleCrypto.prototype.sign = async function (...args) {
+    const store = window.__sp && window.__sp.store;
+    if (!(store && store.fresh)) {
+      window.__heldSigns += 1;
+      await released;
+    }
+    return sign.apply(this, args);
+  };
+})();"""
+STORED_REMARKS = """(async () => {
+  const r = await window.__sp.cache.load(window.__sp.store.key);
+  return r && Object.fromEntries(r.members.filter((m) => m.remark !== null).map((m) => [m.userId, m.remark]));
+})()"""
+
+
+def row_name(user_id: int) -> str:
+    return f"document.querySelector('#member-list li[data-member-ref=\"{user_id}\"] .name').textContent"
+
+
+async def remark(api: Api, method: str, viewer: int, target: int, text: str | None = None) -> None:
+    """PUT or DELETE `viewer`'s remark on `target` through the API (another device of the viewer)."""
+    import aiohttp
+
+    token = TokenSigner(SECRET).mint(viewer, int(time.time()) + 3600)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.request(
+            method,
+            f"{api.url}/api/v1/users/{target}/remark",
+            json=None if text is None else {"remark": text},
+            headers={"Authorization": f"Bearer {token}"},
+        ) as response,
+    ):
+        answer = await response.json()
+        assert response.status == 200, answer
+        assert answer["remark"] == (None if text is None else text.strip())
+
+
+async def test_a_remark_changed_on_the_server_converges_in_the_page_and_its_storage(
+    make_stack: Callable[..., Stack], tmp_path: Path, browser: Any
+) -> None:
+    _, api, group, token = await start(make_stack, tmp_path, "brem", size=REMARK_SIZE)
+    changed, cleared, others = group.ids[3], group.ids[17], group.ids[40]
+    other_viewer = group.ids[5]
+    await remark(api, "PUT", USER, changed, "Old note")
+    await remark(api, "PUT", USER, cleared, "  To be cleared ")
+    await remark(api, "PUT", other_viewer, others, "Not USER's note")  # per viewer: never shown to USER
+    context = await browser.new_context()
+    try:
+        # -- first visit: the remarks come with the presentation and go to storage ------------------
+        page = await context.new_page()
+        await sign_in_and_open(page, api, token, group.id)
+        await until(page, COMPLETE, "the roster with remarks")
+        await until(page, "window.__sp.store.counters.cacheWrites >= 1", "the cache write")
+        assert await page.evaluate(row_name(changed)) == "Old note"
+        assert await page.evaluate(row_name(cleared)) == "To be cleared"
+        assert await page.evaluate(row_name(others)) == f"Member {others}"
+        assert await page.evaluate(STORED_REMARKS) == {
+            str(changed): "Old note",
+            str(cleared): "To be cleared",
+        }
+        await page.close()
+
+        # -- on the server: one remark changed, one cleared ---------------------------------------
+        await remark(api, "PUT", USER, changed, "New note")
+        await remark(api, "DELETE", USER, cleared)
+
+        # -- restart: the cached remarks first, then the server's presentation wins ---------------
+        page = await context.new_page()
+        net = Network()
+        net.hold_pages_after = 0  # nothing answered until the cached roster is on screen
+        await net.install(page)
+        await sign_in_and_open(page, api, token, group.id)
+        await until(page, f"{ROWS} === {REMARK_SIZE}", "the cached roster")
+        assert net.answered("page") == 0 and net.answered("presentation") == 0, net.log
+        assert await page.evaluate("window.__sp.store.counters.cacheHits") == 1
+        assert await page.evaluate(row_name(changed)) == "Old note"  # the cache's, for now
+        assert await page.evaluate(row_name(cleared)) == "To be cleared"
+        net.released.set()
+        await until(page, COMPLETE, "the refreshed roster")
+        await until(page, f"{row_name(changed)} === 'New note'", "the changed remark in the page")
+        await until(page, f"{row_name(cleared)} === 'Member {cleared}'", "the cleared remark in the page")
+        await until(page, "window.__sp.store.counters.cacheWrites >= 1", "the cache write")
+        assert await page.evaluate(STORED_REMARKS) == {str(changed): "New note"}
+        await page.close()
+
+        # -- a late cache: it answers only after the server's presentation, and is dropped --------
+        await remark(api, "PUT", USER, changed, "Newest note")
+        page = await context.new_page()
+        await page.add_init_script(HOLD_CACHE_READ)
+        await sign_in_and_open(page, api, token, group.id)
+        await until(page, COMPLETE, "the server's roster while the cache read is held")
+        assert await page.evaluate("window.__heldSigns") >= 1  # the cache read was really held
+        assert await page.evaluate("window.__sp.store.counters.cacheHits") == 0
+        assert await page.evaluate(row_name(changed)) == "Newest note"
+        await until(page, "window.__sp.store.counters.cacheWrites >= 1", "the cache write")
+        await page.evaluate("window.__releaseCache()")
+        await until(page, "window.__sp.store.counters.lateCacheDropped === 1", "the late cache dropped")
+        assert await page.evaluate("window.__sp.store.counters.cacheHits") == 0
+        assert await page.evaluate(row_name(changed)) == "Newest note"
+        assert await page.evaluate(row_name(cleared)) == f"Member {cleared}"
+        assert await page.evaluate(STORED_REMARKS) == {str(changed): "Newest note"}
     finally:
         await context.close()
         api.stop()

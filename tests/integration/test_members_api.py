@@ -30,6 +30,7 @@ from app.settings import Settings
 from app.stores.cassandra_members import CassandraMemberReader
 from app.stores.cassandra_messages import CassandraMessageStore, NewMessage
 from app.stores.cassandra_profiles import CassandraProfileStore
+from app.stores.cassandra_remarks import CassandraRemarkStore
 from app.stores.cassandra_state import UserConversationStateWriter
 from app.stores.memory_projection import InMemoryProjectionStore
 
@@ -67,6 +68,11 @@ class Live:
         async with self.http.post(self.base_url + path, json=body, headers=headers) as resp:
             return resp.status, await resp.json()
 
+    async def send(self, method: str, path: str, body: Any = None, user_id: int = CALLER) -> tuple[int, Any]:
+        headers = {"Authorization": "Bearer " + self.token(user_id)}
+        async with self.http.request(method, self.base_url + path, json=body, headers=headers) as resp:
+            return resp.status, await resp.json()
+
     async def get(self, path: str, user_id: int = CALLER) -> tuple[int, dict[str, Any]]:
         headers = {"Authorization": "Bearer " + self.token(user_id)}
         async with self.http.get(self.base_url + path, headers=headers) as resp:
@@ -95,7 +101,11 @@ async def live(schema: str, cassandra_session: Any, monkeypatch: pytest.MonkeyPa
         # JVM may take longer than the product's 2 s (the budget itself: unit-tested).
         extra={
             "members": MemberService(
-                reader, stats_budget_s=30.0, profiles=CassandraProfileStore(cassandra_session, schema)
+                reader,
+                stats_budget_s=30.0,
+                profiles=CassandraProfileStore(cassandra_session, schema),
+                remarks=CassandraRemarkStore(cassandra_session, schema),
+                remarks_budget_s=30.0,
             )
         },
     )
@@ -376,3 +386,32 @@ async def test_profiles_reach_the_member_store_through_the_api(
     assert directory.members[40].avatar_url == "https://cdn.example/40.png"
     assert directory.members[41].profile_failed and directory.members[41].display_name is None
     await directory.aclose()
+
+
+async def test_remarks_per_viewer_through_the_api_on_cassandra(live: Live) -> None:
+    """PUT/DELETE /api/v1/users/{id}/remark write member_remarks; each caller's by-user-ids
+    carries that caller's remarks only (null where it has none), ids past 2^53 exact."""
+    group = new_group()
+    big = 2**64 - 2
+    other = 6
+    await live.members(group, [CALLER, other, big])
+    status, answer = await live.send("PUT", f"/api/v1/users/{big}/remark", {"remark": "Big one "})
+    assert (status, answer) == (200, {"user_id": str(big), "remark": "Big one"})
+    assert (await live.send("PUT", f"/api/v1/users/{big}/remark", {"remark": "theirs"}, other))[0] == 200
+    status, refused = await live.send("PUT", f"/api/v1/users/{big}/remark", {"remark": "x" * 65})
+    assert status == 400 and refused["error"]["code"] == "invalid_remark"
+
+    body = {"chat_session_uid": group, "user_ids": [str(u) for u in (CALLER, other, big)]}
+    for viewer, expected in ((CALLER, "Big one"), (other, "theirs")):
+        status, presented = await live.post(BY_IDS, body, user_id=viewer)
+        assert status == 200 and presented["remarks_included"] is True
+        assert {i["user_id"]: i["remark"] for i in presented["items"]} == {
+            str(CALLER): None,
+            str(other): None,
+            str(big): expected,
+        }
+    assert (await live.send("DELETE", f"/api/v1/users/{big}/remark"))[0] == 200
+    status, presented = await live.post(BY_IDS, body)
+    assert [i["remark"] for i in presented["items"]] == [None, None, None]
+    status, presented = await live.post(BY_IDS, body, user_id=other)
+    assert {i["user_id"]: i["remark"] for i in presented["items"]}[str(big)] == "theirs"

@@ -84,15 +84,22 @@ async def test_simulation_lands_in_kafka_and_cassandra(
     # Every simulated user has a public profile the member directory can show (issue 34).
     from app.simulate.workload import Workload
     from app.stores.cassandra_profiles import CassandraProfileStore
+    from app.stores.cassandra_remarks import CassandraRemarkStore
 
     users = Workload(params).users
     cluster, session = await asyncio.to_thread(open_cluster, settings)
     try:
         shown = await CassandraProfileStore(session, schema).profiles(users[:50])
+        remarks = CassandraRemarkStore(session, schema)
+        # Some viewers keep a private remark on another user; each viewer sees only its own.
+        remarks_of = {viewer: await remarks.remarks(viewer, users[:50]) for viewer in users[:4]}
     finally:
         cluster.shutdown()
     assert sorted(shown) == sorted(users[:50])
     assert shown[users[0]].display_name == f"Sim user {users[0]:x}"
+    assert remarks_of[users[0]] == {users[1]: f"Sim note {users[1]:x}"}
+    assert remarks_of[users[3]] == {users[4]: f"Sim note {users[4]:x}"}
+    assert remarks_of[users[1]] == {} and remarks_of[users[2]] == {}
 
     lines = out_path.read_bytes().splitlines()
     file_records = [orjson.loads(line) for line in lines]

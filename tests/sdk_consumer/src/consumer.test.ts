@@ -17,6 +17,7 @@ import {
   MemberStore,
   MembersClient,
   MemoryMemberCache,
+  REMARK_MAX_CHARS,
   RequestError,
   SessionsClient,
   isAbort,
@@ -124,8 +125,18 @@ test("probes the member API and pages the directory with an AbortSignal", async 
 
   // Public profiles (seeded by the Python side: one for the largest u64, none for the caller).
   const profiles = await members.profiles(["18446744073709551615", USER], { signal: controller.signal });
-  assert.deepEqual(profiles.get("18446744073709551615"), { displayName: "Zoë", remark: null, avatarUrl: "https://cdn.example/max.png" });
+  assert.deepEqual(profiles.get("18446744073709551615"), { displayName: "Zoë", avatarUrl: "https://cdn.example/max.png" });
   assert.equal(profiles.has(USER), false);
+
+  // The caller's own remark (备注): set, seen in the caller's presentation, cleared.
+  const target = EXPECT.members.find((m) => m !== USER)!;
+  assert.equal(await members.setRemark({ memberRef: target, remark: "  consumer note ", signal: controller.signal }), "consumer note");
+  const noted = await members.presentation({ group: GROUP, memberRefs: [target], signal: controller.signal });
+  assert.equal(noted.remarksIncluded, true);
+  assert.equal(noted.items[0]?.remark, "consumer note");
+  await assert.rejects(members.setRemark({ memberRef: target, remark: "x".repeat(REMARK_MAX_CHARS + 1) }), (e: unknown) => e instanceof RequestError && e.status === 400);
+  await members.clearRemark({ memberRef: target, signal: controller.signal });
+  assert.equal((await members.presentation({ group: GROUP, memberRefs: [target] })).items[0]?.remark, null);
 
   // Read receipts come a page at a time (limit, opaque pageRef), in roster order.
   const readRefs: string[] = [];

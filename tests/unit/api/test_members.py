@@ -23,6 +23,7 @@ from app.api.tokens import TokenSigner
 from app.members.cache import CacheKey
 from app.members.directory import MemberDirectory
 from app.members.model import BaseMember, MemberPage
+from app.members.remarks import REMARK_MAX_CHARS, InMemoryRemarkStore
 from app.members.server import InMemoryMemberReader, MemberService
 from app.members.source import HttpMemberSource, MemberAccessDenied, MemberRequestError
 from app.settings import Settings
@@ -43,12 +44,19 @@ class Api:
     client: TestClient[Any, Any]
     reader: InMemoryMemberReader
     service: MemberService
+    remarks: InMemoryRemarkStore
 
     def auth(self, user_id: int = ME) -> dict[str, str]:
         return {"Authorization": "Bearer " + TokenSigner(SECRET).mint(user_id, T0 // 1000 + 3600)}
 
     async def post(self, path: str, body: Any, user_id: int = ME) -> tuple[int, dict[str, Any]]:
         async with self.client.post(path, json=body, headers=self.auth(user_id)) as resp:
+            return resp.status, await resp.json()
+
+    async def send(
+        self, method: str, path: str, body: Any = None, user_id: int = ME, **kwargs: Any
+    ) -> tuple[int, dict[str, Any]]:
+        async with self.client.request(method, path, json=body, headers=self.auth(user_id), **kwargs) as resp:
             return resp.status, await resp.json()
 
     async def get(self, path: str, user_id: int = ME) -> tuple[int, dict[str, Any]]:
@@ -72,14 +80,15 @@ async def api(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Api]:
         )
     reader = InMemoryMemberReader()
     reader.put(G1, BaseMember(ME, "admin", "active", 1, None))
-    service = MemberService(reader, stats_budget_s=0.2)
+    remarks = InMemoryRemarkStore()
+    service = MemberService(reader, stats_budget_s=0.2, remarks=remarks, remarks_budget_s=0.2)
     deps = Deps(
         projections=MemoryProjectionReader(InMemoryProjectionStore()),
         clock_ms=lambda: T0,
         extra={"members": service},
     )
     async with TestClient(TestServer(create_app(SETTINGS, deps))) as client:
-        yield Api(client, reader, service)
+        yield Api(client, reader, service, remarks)
 
 
 async def walk(api: Api, group: str, **options: Any) -> list[dict[str, Any]]:
@@ -511,3 +520,122 @@ async def test_the_python_client_pages_read_receipts_and_gets_404_as_a_request_e
         with pytest.raises(MemberRequestError) as missing:
             await source.read_receipts(G1, 99)
         assert missing.value.status == 404
+
+
+def remark_path(user_id: object) -> str:
+    return f"/api/v1/users/{user_id}/remark"
+
+
+async def test_remarks_are_per_viewer_and_come_with_the_callers_presentation(api: Api) -> None:
+    ids = roster(api.reader, G1, 3)
+    other = ids[0]  # another member of the group, who is also a viewer
+    status, answer = await api.send("PUT", remark_path(ids[1]), {"remark": "  Finance Zhang  "})
+    assert (status, answer) == (200, {"user_id": str(ids[1]), "remark": "Finance Zhang"})  # trimmed
+    assert (await api.send("PUT", remark_path(ids[2]), {"remark": "备注"}))[0] == 200
+    assert (await api.send("PUT", remark_path(ids[1]), {"remark": "other's view"}, user_id=other))[0] == 200
+
+    body = {"chat_session_uid": G1, "user_ids": [ME, *ids]}
+    status, mine = await api.post(BY_IDS, body)
+    assert status == 200 and mine["remarks_included"] is True
+    assert {i["user_id"]: i["remark"] for i in mine["items"]} == {
+        str(ME): None,
+        str(ids[0]): None,
+        str(ids[1]): "Finance Zhang",
+        str(ids[2]): "备注",
+    }
+    status, theirs = await api.post(BY_IDS, body, user_id=other)
+    assert status == 200
+    assert {i["user_id"]: i["remark"] for i in theirs["items"]} == {
+        str(ME): None,
+        str(ids[0]): None,
+        str(ids[1]): "other's view",
+        str(ids[2]): None,
+    }
+    # One read per presentation, keyed by the caller only.
+    assert {viewer for viewer, _ in api.remarks.reads} == {ME, other}
+
+    # Replace, then clear: the next presentation says so (null), clearing twice is fine.
+    assert (await api.send("PUT", remark_path(ids[1]), {"remark": "Zhang"}))[1]["remark"] == "Zhang"
+    assert (await api.post(BY_IDS, body))[1]["items"][2]["remark"] == "Zhang"
+    for _ in range(2):
+        status, answer = await api.send("DELETE", remark_path(ids[1]))
+        assert (status, answer) == (200, {"user_id": str(ids[1]), "remark": None})
+    items = {i["user_id"]: i for i in (await api.post(BY_IDS, body))[1]["items"]}
+    assert items[str(ids[1])]["remark"] is None and items[str(ids[2])]["remark"] == "备注"
+
+
+@pytest.mark.parametrize(
+    ("path_id", "body", "reason"),
+    [
+        ("12", {}, "remark .* is required"),
+        ("12", {"remark": None}, "must be a string"),
+        ("12", {"remark": 5}, "must be a string"),
+        ("12", {"remark": ""}, "must not be empty"),
+        ("12", {"remark": "   "}, "must not be empty"),
+        ("12", {"remark": "x" * (REMARK_MAX_CHARS + 1)}, f"at most {REMARK_MAX_CHARS}"),
+        ("12", {"remark": "two\nlines"}, "U\\+000A"),
+        ("12", {"remark": "ok", "color": "red"}, "unknown field"),
+        ("12", ["remark"], "JSON object"),
+        ("abc", {"remark": "ok"}, "user_id must be a user id"),
+        ("-1", {"remark": "ok"}, "user_id must be a user id"),
+        ("012", {"remark": "ok"}, "user_id must be a user id"),
+        (str(2**64), {"remark": "ok"}, "user_id must be a user id"),
+        (str(ME), {"remark": "ok"}, "cannot set one on itself"),
+    ],
+)
+async def test_bad_remark_requests_are_400_with_the_reason(
+    api: Api, path_id: str, body: Any, reason: str
+) -> None:
+    status, answer = await api.send("PUT", remark_path(path_id), body)
+    assert status == 400, answer
+    assert re.search(reason, answer["error"]["message"]), answer
+    assert api.remarks.rows == {}  # nothing stored
+
+
+async def test_bad_remark_deletes_are_400_and_an_unconfigured_server_is_503(api: Api) -> None:
+    for path_id, reason in (("x", "user_id must be a user id"), (str(ME), "on itself")):
+        status, answer = await api.send("DELETE", remark_path(path_id))
+        assert status == 400 and reason in answer["error"]["message"], answer
+    status, answer = await api.send("DELETE", remark_path(12), data=b'{"remark": "x"}')
+    assert status == 400 and "no body" in answer["error"]["message"]
+    api.service.remark_store = None
+    status, answer = await api.send("PUT", remark_path(12), {"remark": "ok"})
+    assert (status, answer["error"]["code"]) == (503, "unavailable")
+    status, plain = await api.post(BY_IDS, {"chat_session_uid": G1, "user_ids": [ME]})
+    assert status == 200 and plain["remarks_included"] is False and "remark" not in plain["items"][0]
+
+
+async def test_late_or_failed_remarks_are_not_included_but_identities_and_stats_come() -> None:
+    class SlowRemarks(InMemoryRemarkStore):
+        async def remarks(self, viewer_id: int, target_ids: Any) -> dict[int, str]:
+            await asyncio.sleep(600)
+            return {}
+
+    class BrokenRemarks(InMemoryRemarkStore):
+        async def remarks(self, viewer_id: int, target_ids: Any) -> dict[int, str]:
+            raise RuntimeError("cassandra timed out")
+
+    reader = InMemoryMemberReader()
+    reader.put(G1, BaseMember(ME, "member", "active", 1, None))
+    reader.stats_by_member[(G1, ME)] = (4, 1)
+    for store in (SlowRemarks(), BrokenRemarks()):
+        service = MemberService(reader, stats_budget_s=5.0, remarks=store, remarks_budget_s=0.1)
+        result = await service.present(G1, ME, [ME], True)
+        assert result.remarks is None  # not included: clients keep theirs, never cleared by this
+        assert [m.user_id for m in result.items] == [ME] and result.stats == {ME: (4, 1)}
+
+
+async def test_the_python_client_sets_and_clears_remarks_and_reads_them_back(api: Api) -> None:
+    ids = roster(api.reader, G1, 2)
+    async with aiohttp.ClientSession() as http:
+        source = HttpMemberSource(str(api.client.make_url("")), api.auth()["Authorization"][7:], http)
+        assert await source.set_remark(ids[0], " Zhang ") == "Zhang"
+        result = await source.by_user_ids(G1, ids, False)
+        assert result.remarks_included
+        assert {i.base.user_id: i.remark for i in result.items} == {ids[0]: "Zhang", ids[1]: None}
+        with pytest.raises(MemberRequestError) as refused:
+            await source.set_remark(ids[0], "\x00")
+        assert refused.value.status == 400 and refused.value.code is None
+        await source.clear_remark(ids[0])
+        result = await source.by_user_ids(G1, ids, False)
+        assert [i.remark for i in result.items] == [None, None]

@@ -75,7 +75,7 @@ async def test_pages_merge_without_replacing_unchanged_members() -> None:
     clock = FakeClock()
     server = make_server(clock, 120)
     server.record_counts = {u: 3 for u in server.members}
-    profiles = FakeProfiles(clock, {u: Profile(f"n{u}", None, f"a{u}") for u in server.members})
+    profiles = FakeProfiles(clock, {u: Profile(f"n{u}", f"a{u}") for u in server.members})
     directory = MemberDirectory(KEY, server, profiles=profiles)
     directory.subscribe()
     await run_to_completion(clock, directory)
@@ -322,7 +322,7 @@ async def test_presentation_never_creates_or_revives_and_profile_failure_keeps_o
     clock = FakeClock()
     server = make_server(clock, 3)
     ids = sorted(server.members)
-    profiles = FakeProfiles(clock, {u: Profile(f"name{u}", None, f"avatar{u}") for u in ids})
+    profiles = FakeProfiles(clock, {u: Profile(f"name{u}", f"avatar{u}") for u in ids})
     directory = MemberDirectory(KEY, server, profiles=profiles)
     directory.subscribe()
     await run_to_completion(clock, directory)
@@ -494,4 +494,83 @@ async def test_admin_entry_and_join_events_come_from_the_pages_not_the_cache() -
     assert sum(len(e.invitees) for e in directory.join_events.values()) == 121
     await directory.clear()
     assert directory.capabilities == {} and directory.join_events == {}
+    await directory.aclose()
+
+
+async def test_the_viewers_remark_comes_from_the_presentation_and_the_server_wins_over_the_cache(
+    tmp_path: Path,
+) -> None:
+    """Remarks (备注) are the viewer's: they come with the presentation, never with the public
+    profile. A cached remark is shown first after a restart, then the server's presentation
+    replaces it (a changed one) or clears it (a removed one), in memory and on disk; a cache
+    that answers after the server is dropped whole."""
+    clock = FakeClock()
+    server = make_server(clock, 60)
+    changed, cleared, kept = sorted(server.members)[1:4]
+    server.remarks = {changed: "old note", cleared: "to be cleared", kept: "same"}
+    profiles = FakeProfiles(clock, {u: Profile(f"n{u}", f"a{u}") for u in server.members})
+    first = MemberDirectory(KEY, server, make_cache(tmp_path, clock), profiles=profiles)
+    first.subscribe()
+    await run_to_completion(clock, first)
+    assert {u: m.remark for u, m in first.members.items() if m.remark} == server.remarks
+    assert first.members[changed].display_name == f"n{changed}"  # the public name stays apart
+    await first.aclose()
+    await first.cache.close()  # type: ignore[union-attr]
+
+    # On the server: one remark changed, one cleared.
+    server.remarks = {changed: "new note", kept: "same"}
+    cache = make_cache(tmp_path, clock)
+    second = MemberDirectory(KEY, server, cache, profiles=profiles)
+    second.subscribe()
+    await wait(second, lambda d: len(d.members) == 61)  # the cached roster, the server not answered
+    assert second.members[changed].remark == "old note" and second.members[cleared].remark == "to be cleared"
+    await run_to_completion(clock, second)
+    assert second.members[changed].remark == "new note"
+    assert second.members[cleared].remark is None
+    assert second.members[kept].remark == "same"
+    roster = await cache.load(KEY)
+    assert roster is not None
+    on_disk = {m.user_id: m.remark for m in roster.members if m.remark is not None}
+    assert on_disk == {changed: "new note", kept: "same"}
+    await second.aclose()
+    await cache.close()
+
+    # A late cache (it answers after the server's first page) never brings the old remark back.
+    server.remarks = {changed: "newest note"}
+    slow = SlowCache(tmp_path / "members.sqlite", SIGNING_KEY, clock=clock, delay_s=5.0)
+    late = MemberDirectory(KEY, server, slow, profiles=profiles)
+    late.subscribe()
+    await slow.wait_read()
+    await run_to_completion(clock, late)
+    assert late.counters.late_cache_dropped == 1 and late.counters.cache_hits == 0
+    assert late.members[changed].remark == "newest note" and late.members[kept].remark is None
+    await late.aclose()
+    await slow.close()
+
+
+async def test_remarks_not_included_keep_the_known_one_and_a_failed_profile_does_not_stop_them() -> None:
+    clock = FakeClock()
+    server = make_server(clock, 5)
+    target = sorted(server.members)[0]
+    server.remarks = {target: "note"}
+    profiles = FakeProfiles(clock, {u: Profile(f"n{u}", f"a{u}") for u in server.members})
+    directory = MemberDirectory(KEY, server, profiles=profiles)
+    directory.subscribe()
+    await run_to_completion(clock, directory)
+    assert directory.members[target].remark == "note"
+    # The server could not read remarks this time: the known remark stays (never cleared by a failure).
+    server.remarks_fail = True
+    server.remarks = {}
+    directory.refresh()
+    await run_to_completion_again(clock, directory)
+    assert directory.members[target].remark == "note"
+    # Public profiles fail, the presentation carries a new remark: the remark still updates
+    # (seed 004: a failed profile keeps the old avatar only; names, remarks, stats update).
+    server.remarks_fail = False
+    server.remarks = {target: "renamed note"}
+    profiles.fail = MemberUnavailable("profiles down")
+    directory.refresh()
+    await run_to_completion_again(clock, directory)
+    member = directory.members[target]
+    assert member.profile_failed and member.remark == "renamed note" and member.avatar_url == f"a{target}"
     await directory.aclose()
