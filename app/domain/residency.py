@@ -14,7 +14,7 @@ Pure: the source is a port; time is not read here.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any, Protocol
 
 from app.domain.conversation import ConversationState
@@ -40,8 +40,19 @@ class StateSource(Protocol):
         """Every row of the user, by conversation id."""
         ...
 
-    def row_keys(self) -> Iterator[tuple[int, str]]:
-        """Every row's (user, conversation), in (user, conversation) order, without reading it."""
+    def rows_after(
+        self, after: tuple[int, str] | None, limit: int
+    ) -> list[tuple[tuple[int, str], dict[str, Any]]]:
+        """At most `limit` rows whose (user, conversation) is above `after` (None: from the
+        first), in (user, conversation) order."""
+        ...
+
+    def row_key_bounds(self) -> tuple[tuple[int, str], tuple[int, str]] | None:
+        """The first and the last row's (user, conversation) (None: no rows)."""
+        ...
+
+    def estimated_rows(self) -> int:
+        """About how many rows there are (the store's estimate)."""
         ...
 
 
@@ -147,20 +158,20 @@ class Residency:
 
     # -- reading --------------------------------------------------------------------------------
 
-    def cold_rows(self, wanted: Callable[[int, str], bool]) -> Iterator[ConversationState]:
-        """Rows not in memory that `wanted` picks by their key, read (not kept) one by one."""
-        users = self.projector.users
-        picked: list[tuple[int, str]] = []
-        for user_id, conversation_id in self.source.row_keys():
-            user = users.get(user_id)
-            if user is not None and conversation_id in user.rows:
-                continue  # resident: the caller sees it among the resident rows
-            if wanted(user_id, conversation_id):
-                picked.append((user_id, conversation_id))
-        for start in range(0, len(picked), 512):
-            chunk = picked[start : start + 512]
-            for (user_id, conversation_id), record in self.source.get_rows(chunk).items():
-                yield ConversationState.load(record[ROW_STATE_KEY], user_id, conversation_id)
+    def rows_after(self, after: tuple[int, str] | None, limit: int) -> list[ConversationState]:
+        """Persisted rows in key order (the unread audit's sweep, app/domain/audit.RowRange), read
+        and not kept: the state as last persisted, whether or not the row is in memory. Reads the
+        source only, so the worker may call it in a worker thread."""
+        return [
+            ConversationState.load(record[ROW_STATE_KEY], user_id, conversation_id)
+            for (user_id, conversation_id), record in self.source.rows_after(after, limit)
+        ]
+
+    def key_bounds(self) -> tuple[tuple[int, str], tuple[int, str]] | None:
+        return self.source.row_key_bounds()
+
+    def estimated_rows(self) -> int:
+        return self.source.estimated_rows()
 
     # -- helpers ------------------------------------------------------------------------------
 
