@@ -48,7 +48,7 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.domain import seqs
 from app.domain.badge import Badge, full_recompute
@@ -67,6 +67,26 @@ Draw = Callable[[int, str], float]
 RowKey = tuple[int, str]
 # (unread_count, unread_exact, mention_count, mention_first_conversation_seq)
 Counts = tuple[int, bool, int, int | None]
+
+
+class AuditFacts(Protocol):
+    """What the selection reads of a row: a live `ConversationState`, or the `RowFacts` of a
+    persisted record (`ConversationState.audit_facts`, without loading the row)."""
+
+    @property
+    def unread_count(self) -> int: ...
+
+    @property
+    def unread_exact(self) -> bool: ...
+
+    @property
+    def changed_at(self) -> int: ...
+
+    @property
+    def base(self) -> int: ...
+
+    @property
+    def latest(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +110,7 @@ class AuditPolicy:
         return max(self.sample_rate, self.zero_sample_rate)
 
 
-def eligible(row: ConversationState, now_ms: int, policy: AuditPolicy) -> bool:
+def eligible(row: AuditFacts, now_ms: int, policy: AuditPolicy) -> bool:
     return (
         row.unread_count > 0
         and row.unread_exact
@@ -99,7 +119,7 @@ def eligible(row: ConversationState, now_ms: int, policy: AuditPolicy) -> bool:
     )
 
 
-def eligible_at_zero(row: ConversationState, now_ms: int, policy: AuditPolicy) -> bool:
+def eligible_at_zero(row: AuditFacts, now_ms: int, policy: AuditPolicy) -> bool:
     """A row at 0 unread that one bounded read recounts: exact, idle, (base, latest] <= limit."""
     return (
         row.unread_count == 0
@@ -109,7 +129,7 @@ def eligible_at_zero(row: ConversationState, now_ms: int, policy: AuditPolicy) -
     )
 
 
-def audit_rate(row: ConversationState, now_ms: int, policy: AuditPolicy) -> float:
+def audit_rate(row: AuditFacts, now_ms: int, policy: AuditPolicy) -> float:
     """The probability that one round audits this row: its kind's rate, 0 when not auditable."""
     if eligible(row, now_ms, policy):
         return policy.sample_rate
@@ -176,8 +196,9 @@ class RowRange(Protocol):
     """One partition's persisted rows in key order, read-only (the worker's RocksDB store). Its
     reads block: the worker calls them in a worker thread, never on the event loop."""
 
-    def rows_after(self, after: RowKey | None, limit: int) -> list[ConversationState]:
-        """At most `limit` rows whose key is above `after` (None: from the first), in key order."""
+    def rows_after(self, after: RowKey | None, limit: int) -> list[tuple[RowKey, list[Any]]]:
+        """At most `limit` rows whose key is above `after` (None: from the first), in key order:
+        each its key and its record (`ConversationState.dump()`'s form, not loaded)."""
         ...
 
     def key_bounds(self) -> tuple[RowKey, RowKey] | None:
@@ -198,11 +219,11 @@ def round_budget(estimated_rows: int, policy: AuditPolicy) -> int:
     return max(1, math.ceil(estimated_rows * share))
 
 
-def drawn(row: ConversationState, now_ms: int, policy: AuditPolicy, draw: Draw) -> bool:
-    """Whether a row the sweep read is audited this round: with probability rate / share, so
-    that, read once every 1/share rounds, it is audited at its rate per round on average."""
-    rate = audit_rate(row, now_ms, policy)
-    return rate > 0.0 and draw(row.user_id, row.conversation_id) < rate / policy.read_share
+def drawn(key: RowKey, rate: float, policy: AuditPolicy, draw: Draw) -> bool:
+    """Whether a row the sweep read, auditable at `rate`, is audited this round: with
+    probability rate / share, so that, read once every 1/share rounds, it is audited at its rate
+    per round on average."""
+    return rate > 0.0 and draw(*key) < rate / policy.read_share
 
 
 _UUID_SPACE = 1 << 128
@@ -235,7 +256,7 @@ class Tick:
 
     read: int = 0  # rows read from the store
     eligible: int = 0  # of them, auditable (rate > 0)
-    chosen: list[ConversationState] = field(default_factory=list)  # drawn, in key order
+    chosen: list[ConversationState] = field(default_factory=list)  # drawn (loaded), in key order
     swept: bool = False  # back where the round began: every row was read once this round
 
 
@@ -275,16 +296,17 @@ class KeyRangeSampler:
             batch = rows.rows_after(self.cursor, wanted)
             ended = len(batch) < wanted  # the end of the key space
             if self._wrapped and origin is not None:
-                kept = [row for row in batch if (row.user_id, row.conversation_id) <= origin]
+                kept = [item for item in batch if item[0] <= origin]
                 ended = ended or len(kept) < len(batch)
                 batch = kept
-            for row in batch:
+            for key, record in batch:
                 tick.read += 1
-                self.cursor = (row.user_id, row.conversation_id)
-                if audit_rate(row, now_ms, policy) > 0.0:
+                self.cursor = key
+                rate = audit_rate(ConversationState.audit_facts(record), now_ms, policy)
+                if rate > 0.0:
                     tick.eligible += 1
-                    if drawn(row, now_ms, policy, draw):
-                        tick.chosen.append(row)
+                    if drawn(key, rate, policy, draw):
+                        tick.chosen.append(ConversationState.load(record, *key))
                         if room is not None and len(tick.chosen) >= room:
                             return tick
             if not ended:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Collection, Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from app.domain.conversation import ConversationState
 from app.domain.member_stats import MemberStats
@@ -56,6 +56,14 @@ class StateSource(Protocol):
         ...
 
 
+class ReadUser(NamedTuple):
+    """A user read away from the loop (`Residency.read_user`): its record and rows, loaded."""
+
+    user_id: int
+    record: dict[str, Any]
+    rows: list[tuple[ConversationState, Any]]  # each row and its member stats record (or None)
+
+
 class Residency:
     """The projector's `StateLoader` over a `StateSource`, with a bounded number of rows in
     memory (`hot_rows`)."""
@@ -76,6 +84,9 @@ class Residency:
         # badge in full (a restart is a reconcile trigger, seed §3.4), which reads all their rows.
         self.reconcile_on_load = False
         self.reads = 0  # rows and users read from the source (tests, metrics)
+        # Eviction rounds that dropped rows: a read made away from the loop (`read_user`) may be
+        # attached only if none happened since it began (`attach`).
+        self.evictions = 0
         projector.loader = self
 
     # -- StateLoader --------------------------------------------------------------------------
@@ -150,6 +161,8 @@ class Residency:
             self.member_stats.pop((user_id, conversation_id), None)
             touched.add(user_id)
         self.resident_rows -= len(chosen)
+        if chosen:
+            self.evictions += 1
         for user_id in touched:
             user = projector.users[user_id]
             if not user.rows and user_id not in pinned_users and user_id not in dirty:
@@ -158,20 +171,53 @@ class Residency:
 
     # -- reading --------------------------------------------------------------------------------
 
-    def rows_after(self, after: tuple[int, str] | None, limit: int) -> list[ConversationState]:
-        """Persisted rows in key order (the unread audit's sweep, app/domain/audit.RowRange), read
-        and not kept: the state as last persisted, whether or not the row is in memory. Reads the
-        source only, so the worker may call it in a worker thread."""
-        return [
-            ConversationState.load(record[ROW_STATE_KEY], user_id, conversation_id)
-            for (user_id, conversation_id), record in self.source.rows_after(after, limit)
-        ]
+    def rows_after(
+        self, after: tuple[int, str] | None, limit: int
+    ) -> list[tuple[tuple[int, str], list[Any]]]:
+        """Persisted rows in key order (the unread audit's sweep, app/domain/audit.RowRange), not
+        loaded and not kept: the state as last persisted, whether or not the row is in memory.
+        Reads the source only, so the worker may call it in a worker thread."""
+        return [(key, record[ROW_STATE_KEY]) for key, record in self.source.rows_after(after, limit)]
 
     def key_bounds(self) -> tuple[tuple[int, str], tuple[int, str]] | None:
         return self.source.row_key_bounds()
 
     def estimated_rows(self) -> int:
         return self.source.estimated_rows()
+
+    def read_user(self, user_id: int) -> ReadUser | None:
+        """The user's record and every row, loaded but not adopted (None: no such user). Reads
+        the source only, so the worker may call it in a worker thread; `attach` adopts it."""
+        record = self.source.get_users((user_id,)).get(user_id)
+        if record is None:
+            return None
+        rows = [
+            (ConversationState.load(row[ROW_STATE_KEY], user_id, conversation_id), row.get(MEMBER_STATS_KEY))
+            for conversation_id, row in self.source.user_rows(user_id)
+        ]
+        return ReadUser(user_id, record, rows)
+
+    def attach(self, read: ReadUser, evictions: int) -> UserState | None:
+        """On the loop: the user in memory and complete, from a `read_user` that began when
+        `self.evictions` was `evictions`; rows in memory meanwhile stay as they are. None (nothing
+        done) if rows were evicted since: a row could have been read, changed, persisted and
+        evicted meanwhile, and the read copy would be older than its state. Without an eviction
+        in between, a row not in memory now never was since the read, so its copy is current."""
+        if evictions != self.evictions:
+            return None
+        user = self.projector.users.get(read.user_id)
+        if user is None:
+            user = self._adopt_user(read.user_id, read.record)
+        if not user.complete:
+            for row, stats in read.rows:
+                if row.conversation_id not in user.rows:
+                    user.rows[row.conversation_id] = row
+                    if stats is not None:
+                        self.member_stats[(user.user_id, row.conversation_id)] = MemberStats.load(stats)
+                    self.resident_rows += 1
+                    self.reads += 1
+            user.complete = True
+        return user
 
     # -- helpers ------------------------------------------------------------------------------
 

@@ -11,11 +11,11 @@ One round (`audit_tick`), per owned partition:
     loop), else the persisted copy; rows waiting for a flush are left out
   → recounted from the MessageStore in a worker thread (the port is synchronous: one bounded
     range read per row, never on the event loop)
-  → per user, under the core's flush lock (no flush writes the user meanwhile): the user's rows
-    read into memory if they are not (the verdict recomputes the badge from all of them), the
-    stored rows and meta read, `audit_user` judges, corrects the state where it drifted (joins the
-    partition's hot state: persisted before an in-place correction, else within a window) and
-    names the repair of the store:
+  → per user: the user and all its rows read into memory if they are not (in the worker thread;
+    the verdict recomputes the badge from all of them), then under the core's flush lock (no
+    flush writes the user meanwhile) the stored rows and meta read, `audit_user` judges,
+    corrects the state where it drifted (joins the partition's hot state: persisted before an
+    in-place correction, else within a window) and names the repair of the store:
       CORRECT    → ProjectionStore.correct (only while the store still holds the version it was
                    compared at), then correction frames: SESSION_DELTA with the corrected rows,
                    BADGE_UPDATE if the stored badge was off (docs/contract.md §3.4, "Unread
@@ -65,10 +65,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("projector.audit")
 
-# Rows read from the persisted state per tick (one hop to the worker thread): a few
-# milliseconds of decoding at most. The thread holds the GIL while it decodes, and a thread gives
-# the GIL up only every `sys.getswitchinterval()` (5 ms): a short slice keeps the loop's wait short.
-_READ_SLICE = 500
+# Rows read from the persisted state per tick (one hop to the worker thread). The thread holds
+# the GIL while it reads and decodes, and a thread gives it up to a waiting one only every
+# `sys.getswitchinterval()` (5 ms): the loop waits for a tick to end, so the tick is kept short
+# (100 rows: ~0.8 ms, p99 1.5 ms at 10M rows; 500 rows put the loop's lag p99 at ~16 ms,
+# bench/audit_bench.py).
+_READ_SLICE = 100
 # Rows recounted per hop to the worker thread (one range read each).
 _RECOUNT_SLICE = 64
 
@@ -182,13 +184,12 @@ async def _round(
             break
         if residency is None or state.released:
             continue
-        drawn_rows = await _sweep(state, residency, policy, now_ms, draw, rng, room, report)
-        chosen = _live_copies(state, drawn_rows, policy, now_ms)
+        chosen = await sweep_round(state, residency, policy, now_ms, draw, rng, room, report)
         report.sampled += len(chosen)
-        await _recount_and_judge(core, state, chosen, limit, report)
+        await _recount_and_judge(core, state, residency, chosen, limit, report)
 
 
-async def _sweep(
+async def sweep_round(
     state: PartitionState,
     residency: Residency,
     policy: AuditPolicy,
@@ -198,7 +199,10 @@ async def _sweep(
     room: int,
     report: AuditReport,
 ) -> list[ConversationState]:
-    """This round's ticks of the partition's sweep: each a bounded read in the worker thread."""
+    """This round's ticks of the partition's sweep, each a bounded read in the worker thread,
+    then the tick's drawn rows as copies to recount (`_live_copies`, on the loop: at most a
+    tick's worth). The part of a round that reads the state (bench/audit_bench.py times it on the
+    event loop)."""
     sweep = _sweeps.get(state)
     if sweep is None:
         bounds = await asyncio.to_thread(residency.key_bounds)
@@ -214,7 +218,7 @@ async def _sweep(
         budget -= tick.read
         report.read += tick.read
         report.eligible += tick.eligible
-        drawn_rows.extend(tick.chosen)
+        drawn_rows.extend(_live_copies(state, tick.chosen, policy, now_ms))
         if tick.swept or tick.read == 0:
             break
     return drawn_rows
@@ -244,6 +248,7 @@ def _live_copies(
 async def _recount_and_judge(
     core: WorkerCore,
     state: PartitionState,
+    residency: Residency,
     chosen: Sequence[ConversationState],
     limit: int,
     report: AuditReport,
@@ -261,7 +266,25 @@ async def _recount_and_judge(
     for user_id in sorted(recounted):
         if core.partitions.get(state.partition) is not state:  # handed to another worker since
             return
+        await _bring_in(state, residency, user_id)
         await _judge(core, state, user_id, recounted[user_id], report)
+
+
+async def _bring_in(state: PartitionState, residency: Residency, user_id: int) -> None:
+    """The user in memory with every row before the verdict (it recomputes the badge from all of
+    them), read in the worker thread; if rows were evicted meanwhile the read is dropped and the
+    verdict reads the user on the loop (`judge_user`'s `complete`)."""
+    user = state.processor.users.get(user_id)
+    if user is not None and user.complete:
+        return
+    evictions = residency.evictions
+    try:
+        read = await asyncio.to_thread(residency.read_user, user_id)
+    except Exception as exc:  # the verdict's own read tries again
+        log.warning("unread audit: reading user %d failed: %s", user_id, exc)
+        return
+    if read is not None and not state.released:
+        residency.attach(read, evictions)
 
 
 def _recount_all(rows: Sequence[ConversationState], store: MessageStore, limit: int) -> list[bool]:

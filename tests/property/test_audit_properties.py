@@ -168,7 +168,7 @@ def sweep_rows(keys: list[tuple[int, int]], unread_every: int) -> list[Conversat
 def audit_round(
     sweep: KeyRangeSampler, store: ListRange, policy: AuditPolicy, slice_rows: int, salt: int
 ) -> list[tuple[int, str]]:
-    """One round as app/worker/audit._sweep drives it: the round's budget in ticks of at most
+    """One round as app/worker/audit.sweep_round drives it: the round's budget in ticks of at most
     `slice_rows`, up to `max_rows` drawn; the keys read, in order."""
     budget = round_budget(store.estimated_rows(), policy)
     draw = keyed_draw(salt)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
+from typing import Any
 
 from app.domain.audit import RowKey
 from app.domain.conversation import ConversationState
@@ -24,11 +25,11 @@ class ListRange:
         self.keys = [key_of(row) for row in self.rows]
         self.reads: list[int] = []  # rows returned, per call
 
-    def rows_after(self, after: RowKey | None, limit: int) -> list[ConversationState]:
+    def rows_after(self, after: RowKey | None, limit: int) -> list[tuple[RowKey, list[Any]]]:
         start = 0 if after is None else bisect.bisect_right(self.keys, after)
         got = self.rows[start : start + max(limit, 0)]
         self.reads.append(len(got))
-        return got
+        return [(key_of(row), row.dump()) for row in got]
 
     def key_bounds(self) -> tuple[RowKey, RowKey] | None:
         return (self.keys[0], self.keys[-1]) if self.keys else None

@@ -394,6 +394,68 @@ def test_a_row_at_zero_unread_whose_recount_differs_is_found_and_corrected() -> 
     run(scenario())
 
 
+async def cold_world() -> World:
+    """three_users() projected by a core whose hot set is one row, persisted after the flush:
+    the rows are clean and left memory (their users' records stay)."""
+    w = World(three_users())
+    w.core = make_core(1, w.tables, w.store, w.projections, w.outbox, w.clock, hot_rows=1)  # type: ignore[arg-type]
+    await w.project()
+    await w.core.persist(w.core.partitions[0])
+    residency = w.core.partitions[0].processor.residency
+    assert residency is not None
+    persisted = residency.rows_after(None, 99)
+    w.last_ts = max(ConversationState.audit_facts(record).changed_at for _, record in persisted)
+    return w
+
+
+def test_rows_evicted_from_memory_are_audited_from_the_persisted_state() -> None:
+    """A hot set of one row: after the flush every user's rows left memory. The sweep reads them
+    from the tables, the users are read back (off the loop) for the verdict, and drift found in
+    a cold row is corrected as in a warm one."""
+
+    async def scenario() -> None:
+        w = await cold_world()
+        processor = w.core.partitions[0].processor
+        assert processor.resident_rows <= 1 and not _rows(w.core)
+        await w.drift(7, CONV_A, unread_count=40)
+        report = await w.audit()
+        assert (report.read, report.eligible, report.audited) == (5, 3, 3)
+        assert (report.drifted, report.corrected) == (1, 1)
+        rows, badges = await w.stored()
+        assert rows == w.expected.projections and badges == w.expected.badges
+
+    run(scenario())
+
+
+def test_a_user_read_off_the_loop_is_not_attached_if_rows_were_evicted_meanwhile() -> None:
+    async def scenario() -> None:
+        w = await cold_world()
+        processor = w.core.partitions[0].processor
+        residency = processor.residency
+        assert residency is not None and not processor.users[7].rows
+        before = residency.evictions
+        read = residency.read_user(7)  # as the audit does in its worker thread
+        assert read is not None and {row.conversation_id for row, _ in read.rows} == {CONV_A, CONV_B}
+        # Meanwhile (A) and (B) get a message: loaded, changed, persisted and evicted again.
+        later = StreamBuilder()
+        later.seq, later.ts = 100, w.last_ts + 10
+        later.message(7, 4)
+        later.message(7, 3, conv=CONV_B)
+        await w.core.on_records(records(later.close(), len(w.lines)))
+        await w.core.flush_all()
+        await w.core.persist(w.core.partitions[0])  # the flushed rows are clean: evicted
+        assert residency.evictions != before and not processor.users[7].rows
+        assert residency.attach(read, before) is None  # its (A) is older than the state's
+        assert not processor.users[7].rows and not processor.users[7].complete
+        fresh = residency.read_user(7)
+        assert fresh is not None
+        user = residency.attach(fresh, residency.evictions)
+        assert user is not None and user.complete
+        assert (user.rows[CONV_A].unread_count, user.rows[CONV_B].unread_count) == (4, 3)
+
+    run(scenario())
+
+
 class CountingTables(MemoryTables):
     """MemoryTables that count the rows each `rows_after` call returns, and in which thread."""
 
