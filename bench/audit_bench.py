@@ -47,8 +47,9 @@ from rocksdict import Rdict, WriteBatch, WriteOptions
 from app.domain import seqs
 from app.domain.audit import AuditPolicy, Sampler, keyed_draw
 from app.domain.conversation import ConversationState
-from app.domain.projector import Projector, ProjectorConfig
-from app.domain.residency import ROW_STATE_KEY, Residency
+from app.domain.processor import PartitionProcessor
+from app.domain.projector import ProjectorConfig
+from app.domain.residency import ROW_STATE_KEY
 from app.settings import Settings
 from app.stores.memory_messages import InMemoryMessageStore
 from app.worker.audit import AuditReport, sweep_round
@@ -266,7 +267,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"store: {args.rows:,} rows in {folder} (built in {built_s:.1f} s; 0 = reused)", flush=True)
     tables = open_tables(folder)
     source = TablesSource(tables, 0)
-    residency = Residency(Projector(ProjectorConfig(), InMemoryMessageStore()), source, {}, hot_rows=0)
+    # The partition's processor as the worker restores it (nothing in memory: every row cold).
+    processor = PartitionProcessor.restore_lazily(
+        ProjectorConfig(), InMemoryMessageStore(), source, None, [], [], track_changes=True, hot_rows=500_000
+    )
+    residency = processor.residency
+    assert residency is not None
     print(f"RocksDB's estimate of its keys: {tables.estimated_rows(0):,}", flush=True)
     limit = settings.unread_precise_limit
     old_policy = AuditPolicy(
@@ -284,7 +290,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     results: list[Figures] = [await idle_floor(args.floor_s)]
     rng = random.Random(7)
-    state = PartitionState(0, cast(Any, None))  # sweep_round reads `released` and keys its sweep by it
+    state = PartitionState(0, processor)
 
     async def sweep(n: int) -> tuple[int, int]:
         report = AuditReport()

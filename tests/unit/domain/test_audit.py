@@ -108,6 +108,24 @@ def test_eligible_rows_have_unread_are_exact_idle_and_fit_one_read() -> None:
     assert not eligible(inexact, idle, policy())
 
 
+def test_a_records_audit_facts_are_its_rows_and_select_alike() -> None:
+    """The sweep selects on a record's facts without loading the row: the same fields, the same
+    verdict as the loaded row, in every record format."""
+    user = two_unread_rows().projector.users[USER]
+    now = max(r.changed_at for r in user.rows.values()) + DAY
+    mixed = AuditPolicy(sample_rate=0.5, idle_ms=DAY, max_rows=10, zero_sample_rate=0.25)
+    for row in user.rows.values():
+        record = row.dump()
+        facts = ConversationState.audit_facts(record)
+        assert facts == (row.unread_count, row.unread_exact, row.changed_at, row.base, row.latest)
+        assert audit_rate(facts, now, mixed) == audit_rate(row, now, mixed)
+        for older in (record[:-1], record[:-2]):  # formats 3 and 2
+            older = [4 - (len(record) - len(older)), *older[1:]]
+            assert ConversationState.audit_facts(older) == facts
+    with pytest.raises(ValueError):
+        ConversationState.audit_facts([99, *user.rows[A].dump()[1:]])
+
+
 def test_the_sampler_keeps_at_most_max_rows_with_the_lowest_draws() -> None:
     rows = []
     for n in range(50):
