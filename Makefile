@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup tools run test test-fast test-compiled test-differential chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api bench-reconcile \
+.PHONY: help setup tools run test test-fast test-compiled test-differential chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api bench-reconcile bench-audit \
 	redis-cluster-up redis-cluster-down redis-cluster-status kafka-cluster-up kafka-cluster-down kafka-cluster-status \
 	chaos-infra-check chaos sdk crash-power
 
@@ -129,3 +129,6 @@ bench-reconcile: services-up ## One user's reconcile on login (real Redis + Cass
 
 bench-api: services-up ## Query API benchmark: warm/cold page p50/p99 (server side) and warm requests/s, 5,000-conversation user
 	$(PY) bench/api_bench.py
+
+bench-audit: setup ## Unread audit at 10M rows (a real partition store): event-loop lag p50/p99 and cost per round, the sweep against the former full scan
+	PYTHONPATH=. $(PY) bench/audit_bench.py --rows 10000000 --sweep-rounds 20 --json bench/out/audit/report.json

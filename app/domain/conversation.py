@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -38,6 +38,17 @@ from app.domain.record_fields import (
     str_field,
 )
 from app.domain.unread import derive_from_hand, prune_to_base, recompute, settle
+
+
+class RowFacts(NamedTuple):
+    """A row's fields the unread audit selects on (`ConversationState.audit_facts`); the same
+    names as the row's, so the audit's rules take either."""
+
+    unread_count: int
+    unread_exact: bool
+    changed_at: int
+    base: int
+    latest: int
 
 
 class ConversationState:
@@ -522,6 +533,22 @@ class ConversationState:
         row.recalled = load(recalled)
         return row
 
+    @staticmethod
+    def audit_facts(record: list[Any]) -> RowFacts:
+        """What the unread audit selects a row on (app/domain/audit.py), read from its changelog
+        record without loading the row (the seq sets stay undecoded): the audit's sweep reads
+        many rows and loads only those it draws. Same places in every record format."""
+        if record[0] not in (_RECORD_FORMAT, _RECORD_FORMAT_3, _RECORD_FORMAT_2):
+            raise ValueError(f"unknown row record format {record[0]!r}")
+        head_seq = optional_int_field(record[_HEAD_SEQ_AT], "head_seq")
+        return RowFacts(
+            int_field(record[_UNREAD_COUNT_AT], "unread_count"),
+            bool_field(record[_UNREAD_EXACT_AT], "unread_exact"),
+            int_field(record[_CHANGED_AT_AT], "changed_at"),
+            int_field(record[_BASE_AT], "base"),
+            head_seq or 0,
+        )
+
     def copy(self) -> ConversationState:
         """An independent copy (seq sets included)."""
         return ConversationState.load(self.dump(), self.user_id, self.conversation_id)
@@ -627,6 +654,12 @@ _RECORD_FORMAT = 4
 _RECORD_FORMAT_3 = 3
 _RECORD_FORMAT_2 = 2
 _RECORD_LENGTH = 1 + len(_PLAIN_FIELDS) + len(_BITMAP_FIELDS) + 2
+# A field's place in a record (after the format number), for `audit_facts`.
+_BASE_AT = 1 + _PLAIN_FIELDS.index("base")
+_CHANGED_AT_AT = 1 + _PLAIN_FIELDS.index("changed_at")
+_HEAD_SEQ_AT = 1 + _PLAIN_FIELDS.index("head_seq")
+_UNREAD_COUNT_AT = 1 + _PLAIN_FIELDS.index("unread_count")
+_UNREAD_EXACT_AT = 1 + _PLAIN_FIELDS.index("unread_exact")
 # `load` unpacks and `dump` writes a record in this exact order: a new field must be added to both.
 # fmt: off
 assert _PLAIN_FIELDS == (

@@ -23,7 +23,7 @@ processing-time driver when the open window ends.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from operator import lt
@@ -724,19 +724,6 @@ class PartitionProcessor:
     def dirty_rows(self, user_id: int) -> Collection[str]:
         """The user's rows waiting for the next flush."""
         return self.projector.dirty.rows.get(user_id, ())
-
-    def settled_rows(self, wanted: Callable[[int, str], bool] | None = None) -> Iterator[ConversationState]:
-        """Rows with nothing waiting for a flush (what the unread audit may sample): the ones in
-        memory, then (with persisted state behind) the others that `wanted` picks by their key,
-        read one by one and not kept."""
-        dirty = self.projector.dirty.rows
-        for user in list(self.projector.users.values()):
-            waiting = dirty.get(user.user_id)
-            for conversation_id, row in list(user.rows.items()):
-                if waiting is None or conversation_id not in waiting:
-                    yield row
-        if self.residency is not None:
-            yield from self.residency.cold_rows(wanted or (lambda user_id, conversation_id: True))
 
     def mark_dirty(self, user_id: int, conversation_ids: Iterable[str], now: int) -> None:
         """Have these rows written again by the user's next flush (within one window)."""

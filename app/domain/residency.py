@@ -14,8 +14,8 @@ Pure: the source is a port; time is not read here.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import Any, Protocol
+from collections.abc import Collection, Iterable, Iterator
+from typing import Any, NamedTuple, Protocol
 
 from app.domain.conversation import ConversationState
 from app.domain.member_stats import MemberStats
@@ -40,9 +40,28 @@ class StateSource(Protocol):
         """Every row of the user, by conversation id."""
         ...
 
-    def row_keys(self) -> Iterator[tuple[int, str]]:
-        """Every row's (user, conversation), in (user, conversation) order, without reading it."""
+    def rows_after(
+        self, after: tuple[int, str] | None, limit: int
+    ) -> list[tuple[tuple[int, str], dict[str, Any]]]:
+        """At most `limit` rows whose (user, conversation) is above `after` (None: from the
+        first), in (user, conversation) order."""
         ...
+
+    def row_key_bounds(self) -> tuple[tuple[int, str], tuple[int, str]] | None:
+        """The first and the last row's (user, conversation) (None: no rows)."""
+        ...
+
+    def estimated_rows(self) -> int:
+        """About how many rows there are (the store's estimate)."""
+        ...
+
+
+class ReadUser(NamedTuple):
+    """A user read away from the loop (`Residency.read_user`): its record and rows, loaded."""
+
+    user_id: int
+    record: dict[str, Any]
+    rows: list[tuple[ConversationState, Any]]  # each row and its member stats record (or None)
 
 
 class Residency:
@@ -65,6 +84,9 @@ class Residency:
         # badge in full (a restart is a reconcile trigger, seed §3.4), which reads all their rows.
         self.reconcile_on_load = False
         self.reads = 0  # rows and users read from the source (tests, metrics)
+        # Eviction rounds that dropped rows: a read made away from the loop (`read_user`) may be
+        # attached only if none happened since it began (`attach`).
+        self.evictions = 0
         projector.loader = self
 
     # -- StateLoader --------------------------------------------------------------------------
@@ -139,6 +161,8 @@ class Residency:
             self.member_stats.pop((user_id, conversation_id), None)
             touched.add(user_id)
         self.resident_rows -= len(chosen)
+        if chosen:
+            self.evictions += 1
         for user_id in touched:
             user = projector.users[user_id]
             if not user.rows and user_id not in pinned_users and user_id not in dirty:
@@ -147,20 +171,53 @@ class Residency:
 
     # -- reading --------------------------------------------------------------------------------
 
-    def cold_rows(self, wanted: Callable[[int, str], bool]) -> Iterator[ConversationState]:
-        """Rows not in memory that `wanted` picks by their key, read (not kept) one by one."""
-        users = self.projector.users
-        picked: list[tuple[int, str]] = []
-        for user_id, conversation_id in self.source.row_keys():
-            user = users.get(user_id)
-            if user is not None and conversation_id in user.rows:
-                continue  # resident: the caller sees it among the resident rows
-            if wanted(user_id, conversation_id):
-                picked.append((user_id, conversation_id))
-        for start in range(0, len(picked), 512):
-            chunk = picked[start : start + 512]
-            for (user_id, conversation_id), record in self.source.get_rows(chunk).items():
-                yield ConversationState.load(record[ROW_STATE_KEY], user_id, conversation_id)
+    def rows_after(
+        self, after: tuple[int, str] | None, limit: int
+    ) -> list[tuple[tuple[int, str], list[Any]]]:
+        """Persisted rows in key order (the unread audit's sweep, app/domain/audit.RowRange), not
+        loaded and not kept: the state as last persisted, whether or not the row is in memory.
+        Reads the source only, so the worker may call it in a worker thread."""
+        return [(key, record[ROW_STATE_KEY]) for key, record in self.source.rows_after(after, limit)]
+
+    def key_bounds(self) -> tuple[tuple[int, str], tuple[int, str]] | None:
+        return self.source.row_key_bounds()
+
+    def estimated_rows(self) -> int:
+        return self.source.estimated_rows()
+
+    def read_user(self, user_id: int) -> ReadUser | None:
+        """The user's record and every row, loaded but not adopted (None: no such user). Reads
+        the source only, so the worker may call it in a worker thread; `attach` adopts it."""
+        record = self.source.get_users((user_id,)).get(user_id)
+        if record is None:
+            return None
+        rows = [
+            (ConversationState.load(row[ROW_STATE_KEY], user_id, conversation_id), row.get(MEMBER_STATS_KEY))
+            for conversation_id, row in self.source.user_rows(user_id)
+        ]
+        return ReadUser(user_id, record, rows)
+
+    def attach(self, read: ReadUser, evictions: int) -> UserState | None:
+        """On the loop: the user in memory and complete, from a `read_user` that began when
+        `self.evictions` was `evictions`; rows in memory meanwhile stay as they are. None (nothing
+        done) if rows were evicted since: a row could have been read, changed, persisted and
+        evicted meanwhile, and the read copy would be older than its state. Without an eviction
+        in between, a row not in memory now never was since the read, so its copy is current."""
+        if evictions != self.evictions:
+            return None
+        user = self.projector.users.get(read.user_id)
+        if user is None:
+            user = self._adopt_user(read.user_id, read.record)
+        if not user.complete:
+            for row, stats in read.rows:
+                if row.conversation_id not in user.rows:
+                    user.rows[row.conversation_id] = row
+                    if stats is not None:
+                        self.member_stats[(user.user_id, row.conversation_id)] = MemberStats.load(stats)
+                    self.resident_rows += 1
+                    self.reads += 1
+            user.complete = True
+        return user
 
     # -- helpers ------------------------------------------------------------------------------
 

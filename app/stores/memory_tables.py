@@ -7,6 +7,7 @@ append is discarded by its missing checkpoint)."""
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Collection, Iterator, Sequence
 
@@ -103,6 +104,29 @@ class MemoryTables:
 
     def row_keys(self, partition: int) -> Iterator[tuple[int, str]]:
         return iter([parse_row_key(key) for key in sorted(self._table(partition, "rows"))])
+
+    def rows_after(
+        self, partition: int, after: tuple[int, str] | None, limit: int
+    ) -> list[tuple[tuple[int, str], bytes]]:
+        table = self._table(partition, "rows")
+        keys = sorted(list(table))  # list(): one step under the GIL (a worker thread calls this)
+        start = 0 if after is None else bisect.bisect_right(keys, row_key(*after))
+        out = []
+        for key in keys[start : start + max(limit, 0)]:
+            value = table.get(key)
+            if value is not None:
+                out.append((parse_row_key(key), value))
+        return out
+
+    def row_key_bounds(self, partition: int) -> tuple[tuple[int, str], tuple[int, str]] | None:
+        table = self._table(partition, "rows")
+        if not table:
+            return None
+        keys = list(table)
+        return parse_row_key(min(keys)), parse_row_key(max(keys))
+
+    def estimated_rows(self, partition: int) -> int:
+        return len(self._table(partition, "rows"))
 
     def gate(self, partition: int) -> bytes | None:
         return self._table(partition, "gates").get(GATE_KEY)

@@ -125,6 +125,44 @@ class RocksTables:
             if len(key) == _ROW_KEY_BYTES:
                 yield parse_row_key(key)
 
+    def rows_after(
+        self, partition: int, after: tuple[int, str] | None, limit: int
+    ) -> list[tuple[tuple[int, str], bytes]]:
+        out: list[tuple[tuple[int, str], bytes]] = []
+        if limit <= 0:
+            return out
+        start = None if after is None else row_key(*after)
+        iterator = self._db("rows", partition).iter()
+        if start is None:
+            iterator.seek_to_first()
+        else:
+            iterator.seek(start)
+            if iterator.valid() and iterator.key() == start:
+                iterator.next()
+        while iterator.valid() and len(out) < limit:
+            key: bytes = iterator.key()
+            if len(key) == _ROW_KEY_BYTES:
+                out.append((parse_row_key(key), iterator.value()))
+            iterator.next()
+        return out
+
+    def row_key_bounds(self, partition: int) -> tuple[tuple[int, str], tuple[int, str]] | None:
+        iterator = self._db("rows", partition).iter()
+        iterator.seek_to_first()
+        while iterator.valid() and len(iterator.key()) != _ROW_KEY_BYTES:
+            iterator.next()
+        if not iterator.valid():
+            return None
+        first = parse_row_key(iterator.key())
+        iterator.seek_to_last()
+        while iterator.valid() and len(iterator.key()) != _ROW_KEY_BYTES:
+            iterator.prev()
+        return first, parse_row_key(iterator.key())
+
+    def estimated_rows(self, partition: int) -> int:
+        value = self._db("rows", partition).property_int_value("rocksdb.estimate-num-keys")
+        return int(value) if value is not None else 0
+
     def users(self, partition: int) -> Iterator[tuple[int, bytes]]:
         """Every user's record, in user id order."""
         for key, value in self._db("users", partition).items():

@@ -1,16 +1,21 @@
 """The unread audit in the worker (issue 7): a periodic round over the rows this worker holds.
 
-One round (`audit_tick`):
+One round (`audit_tick`), per owned partition:
 
-  the rows of every partition held here, minus those waiting for a flush
-  → Sampler (app/domain/audit.py): rows with unread, idle for `idle_ms`, drawn at the sample
-    rate, at most `max_rows`
-  → copies of them recounted from the MessageStore in a worker thread (the port is synchronous:
-    one bounded range read per row, never on the event loop)
-  → per user, under the core's flush lock (no flush writes the user meanwhile): the stored rows
-    and meta are read, `audit_user` judges, corrects the state where it drifted (joins the
-    partition's hot state: persisted before an in-place correction, else within a window) and
-    names the repair of the store:
+  its persisted rows (the partition's RocksDB store), read by a sweep in key order that goes on
+  where the last round stopped (app/domain/audit.KeyRangeSampler): `round_budget` rows a round,
+  at most `_READ_SLICE` rows per tick, each tick read, decoded and drawn in a worker thread
+  (RocksDB reads block; the event loop only waits for the answer)
+  → the drawn rows (unread > 0 at `sample_rate`, at 0 unread at `zero_sample_rate`, idle for
+    `idle_ms`, at most `max_rows` a round): the live row where it is in memory (copied on the
+    loop), else the persisted copy; rows waiting for a flush are left out
+  → recounted from the MessageStore in a worker thread (the port is synchronous: one bounded
+    range read per row, never on the event loop)
+  → per user: the user and all its rows read into memory if they are not (in the worker thread;
+    the verdict recomputes the badge from all of them), then under the core's flush lock (no
+    flush writes the user meanwhile) the stored rows and meta read, `audit_user` judges,
+    corrects the state where it drifted (joins the partition's hot state: persisted before an
+    in-place correction, else within a window) and names the repair of the store:
       CORRECT    → ProjectionStore.correct (only while the store still holds the version it was
                    compared at), then correction frames: SESSION_DELTA with the corrected rows,
                    BADGE_UPDATE if the stored badge was off (docs/contract.md §3.4, "Unread
@@ -36,9 +41,23 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from app.domain.audit import AuditPolicy, Repair, Sampler, audit_user, copy_row, keyed_draw, recount
+from app.domain.audit import (
+    START_KEY_BITS,
+    AuditPolicy,
+    Draw,
+    KeyRangeSampler,
+    Repair,
+    audit_rate,
+    audit_user,
+    copy_row,
+    keyed_draw,
+    recount,
+    round_budget,
+    start_key,
+)
 from app.domain.conversation import ConversationState
 from app.domain.ports import MessageStore
+from app.domain.residency import Residency
 
 if TYPE_CHECKING:
     from app.settings import Settings
@@ -46,9 +65,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("projector.audit")
 
-# Rows scanned (or copied) between two yields to the event loop: scanning a million rows takes
-# about half a second, which must not stall the agent's batches.
-_SCAN_SLICE = 20_000
+# Rows read from the persisted state per tick (one hop to the worker thread). The thread holds
+# the GIL while it reads and decodes, and a thread gives it up to a waiting one only every
+# `sys.getswitchinterval()` (5 ms): the loop waits for a tick to end, so the tick is kept short
+# (100 rows: ~0.8 ms, p99 1.5 ms at 10M rows; 500 rows put the loop's lag p99 at ~16 ms,
+# bench/audit_bench.py).
+_READ_SLICE = 100
 # Rows recounted per hop to the worker thread (one range read each).
 _RECOUNT_SLICE = 64
 
@@ -59,6 +81,7 @@ class AuditConfig:
     interval_ms: int
     idle_ms: int
     max_rows: int
+    zero_sample_rate: float = 0.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AuditConfig:
@@ -67,15 +90,21 @@ class AuditConfig:
             interval_ms=settings.unread_audit_interval_ms,
             idle_ms=settings.unread_audit_idle_ms,
             max_rows=settings.unread_audit_max_rows,
+            zero_sample_rate=settings.unread_audit_zero_sample_rate,
         )
+
+    @property
+    def on(self) -> bool:
+        return max(self.sample_rate, self.zero_sample_rate) > 0.0
 
 
 @dataclass(slots=True)
 class AuditReport:
     """What one round did (also logged)."""
 
-    eligible: int = 0  # rows with unread, idle, within one bounded read
-    sampled: int = 0  # of those, drawn (after the cap)
+    read: int = 0  # persisted rows the sweep read (decoded in the worker thread)
+    eligible: int = 0  # of those, auditable: idle, exact, within one bounded read (rate > 0)
+    sampled: int = 0  # of those, drawn (after the cap), not waiting for a flush
     audited: int = 0  # compared with their recount (unchanged since the copy, not waiting)
     drifted: int = 0  # the stored row or the state's counts differed from the recount
     corrected: int = 0  # drifted rows repaired: written in place, or handed to the next flush
@@ -92,6 +121,8 @@ class AuditReport:
 
 # Cores with a round under way: a round that outlasts the interval is not joined by the next.
 _running: weakref.WeakSet[WorkerCore] = weakref.WeakSet()
+# Each owned partition's sweep, kept across rounds (a partition assigned again starts anew).
+_sweeps: weakref.WeakKeyDictionary[PartitionState, KeyRangeSampler] = weakref.WeakKeyDictionary()
 
 
 async def audit_tick(
@@ -102,7 +133,7 @@ async def audit_tick(
     `rng` seeds the round's draw (a fresh `random.Random()` when not given; tests pass a seeded
     one). The drift ratio gauge takes this round's share when it compared any row."""
     report = AuditReport()
-    if config.sample_rate <= 0.0:
+    if not config.on:
         return report
     if core in _running:
         report.overlapped = True
@@ -124,8 +155,9 @@ async def audit_tick(
         stats.audit_drift_ratio = ratio
     log.log(
         logging.INFO if report.drifted or report.failed else logging.DEBUG,
-        "unread audit: %d eligible, %d sampled, %d audited, %d drifted (%d in the state), "
+        "unread audit: %d read, %d eligible, %d sampled, %d audited, %d drifted (%d in the state), "
         "%d corrected, %d refused, %d failed, %d not judged",
+        report.read,
         report.eligible,
         report.sampled,
         report.audited,
@@ -143,23 +175,88 @@ async def _round(
     core: WorkerCore, config: AuditConfig, now_ms: int, rng: random.Random, report: AuditReport
 ) -> None:
     limit = core.config.unread_precise_limit
-    policy = AuditPolicy(config.sample_rate, config.idle_ms, config.max_rows, limit)
-    sampler = Sampler(policy, now_ms, keyed_draw(rng.getrandbits(128)))
-    scanned = 0
-    for row in core.settled_rows():
-        sampler.offer(row)
-        scanned += 1
-        if scanned >= _SCAN_SLICE:
-            scanned = 0
-            await asyncio.sleep(0)
-    chosen = sampler.chosen()
-    report.eligible = sampler.eligible_rows
-    report.sampled = len(chosen)
+    policy = AuditPolicy(config.sample_rate, config.idle_ms, config.max_rows, limit, config.zero_sample_rate)
+    draw = keyed_draw(rng.getrandbits(128))
+    for state in list(core.partitions.values()):
+        room = policy.max_rows - report.sampled
+        residency = state.processor.residency
+        if room <= 0:
+            break
+        if residency is None or state.released:
+            continue
+        chosen = await sweep_round(state, residency, policy, now_ms, draw, rng, room, report)
+        report.sampled += len(chosen)
+        await _recount_and_judge(core, state, residency, chosen, limit, report)
+
+
+async def sweep_round(
+    state: PartitionState,
+    residency: Residency,
+    policy: AuditPolicy,
+    now_ms: int,
+    draw: Draw,
+    rng: random.Random,
+    room: int,
+    report: AuditReport,
+) -> list[ConversationState]:
+    """This round's ticks of the partition's sweep, each a bounded read in the worker thread,
+    then the tick's drawn rows as copies to recount (`_live_copies`, on the loop: at most a
+    tick's worth). The part of a round that reads the state (bench/audit_bench.py times it on the
+    event loop)."""
+    sweep = _sweeps.get(state)
+    if sweep is None:
+        bounds = await asyncio.to_thread(residency.key_bounds)
+        start = None if bounds is None else start_key(bounds, rng.getrandbits(START_KEY_BITS))
+        sweep = _sweeps[state] = KeyRangeSampler(start)
+    budget = round_budget(await asyncio.to_thread(residency.estimated_rows), policy)
+    sweep.begin_round()
+    drawn_rows: list[ConversationState] = []
+    while budget > 0 and len(drawn_rows) < room and not state.released:
+        tick = await asyncio.to_thread(
+            sweep.tick, residency, min(_READ_SLICE, budget), now_ms, policy, draw, room - len(drawn_rows)
+        )
+        budget -= tick.read
+        report.read += tick.read
+        report.eligible += tick.eligible
+        drawn_rows.extend(_live_copies(state, tick.chosen, policy, now_ms))
+        if tick.swept or tick.read == 0:
+            break
+    return drawn_rows
+
+
+def _live_copies(
+    state: PartitionState, drawn_rows: Sequence[ConversationState], policy: AuditPolicy, now_ms: int
+) -> list[ConversationState]:
+    """On the loop: the rows to recount, as copies. A row in memory is copied from the live one
+    (it may be ahead of its persisted copy: it is kept only if still auditable), a row not in
+    memory is its persisted copy. Rows waiting for a flush are left out (their stored copy is
+    legitimately behind)."""
+    processor = state.processor
+    chosen: list[ConversationState] = []
+    for row in drawn_rows:
+        if row.conversation_id in processor.dirty_rows(row.user_id):
+            continue
+        user = processor.users.get(row.user_id)
+        live = user.rows.get(row.conversation_id) if user is not None else None
+        if live is None:
+            chosen.append(row)  # read for this round alone: nobody else holds it
+        elif audit_rate(live, now_ms, policy) > 0.0:
+            chosen.append(copy_row(live))
+    return chosen
+
+
+async def _recount_and_judge(
+    core: WorkerCore,
+    state: PartitionState,
+    residency: Residency,
+    chosen: Sequence[ConversationState],
+    limit: int,
+    report: AuditReport,
+) -> None:
     # user_id -> conversation_id -> recounted copy
     recounted: dict[int, dict[str, ConversationState]] = {}
     for start in range(0, len(chosen), _RECOUNT_SLICE):
-        # Copied on the loop (the live rows change under it), recounted off it.
-        copies = [copy_row(row) for row in chosen[start : start + _RECOUNT_SLICE]]
+        copies = chosen[start : start + _RECOUNT_SLICE]
         done = await asyncio.to_thread(_recount_all, copies, core.message_store, limit)
         for row, ok in zip(copies, done, strict=True):
             if ok:
@@ -167,11 +264,27 @@ async def _round(
             else:
                 report.failed += 1
     for user_id in sorted(recounted):
-        rows = recounted[user_id]
-        holder = core.holder(user_id)
-        if holder is None:  # the partition went to another worker since the scan
-            continue
-        await _judge(core, holder, user_id, rows, report)
+        if core.partitions.get(state.partition) is not state:  # handed to another worker since
+            return
+        await _bring_in(state, residency, user_id)
+        await _judge(core, state, user_id, recounted[user_id], report)
+
+
+async def _bring_in(state: PartitionState, residency: Residency, user_id: int) -> None:
+    """The user in memory with every row before the verdict (it recomputes the badge from all of
+    them), read in the worker thread; if rows were evicted meanwhile the read is dropped and the
+    verdict reads the user on the loop (`judge_user`'s `complete`)."""
+    user = state.processor.users.get(user_id)
+    if user is not None and user.complete:
+        return
+    evictions = residency.evictions
+    try:
+        read = await asyncio.to_thread(residency.read_user, user_id)
+    except Exception as exc:  # the verdict's own read tries again
+        log.warning("unread audit: reading user %d failed: %s", user_id, exc)
+        return
+    if read is not None and not state.released:
+        residency.attach(read, evictions)
 
 
 def _recount_all(rows: Sequence[ConversationState], store: MessageStore, limit: int) -> list[bool]:
@@ -195,7 +308,9 @@ async def _judge(
     rows: dict[str, ConversationState],
     report: AuditReport,
 ) -> None:
-    judged = await judge_user(core, state, user_id, rows, "unread audit")
+    # `complete`: a user (or rows) not in memory is read into it first; the badge is recomputed
+    # from every row of the user.
+    judged = await judge_user(core, state, user_id, rows, "unread audit", complete=True)
     report.audited += judged.audited
     report.drifted += judged.drifted
     report.state_corrected += judged.state_corrected

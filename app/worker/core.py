@@ -28,14 +28,13 @@ import base64
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import orjson
 
-from app.domain.conversation import ConversationState
 from app.domain.entries import MAX_RECORD_BYTES
 from app.domain.flush import UserFlush, badge_update_frame, session_delta_frame
 from app.domain.notices import MemberNotice
@@ -986,11 +985,6 @@ class WorkerCore:
             )
 
     # -- the unread audit's access (app/worker/audit.py) ----------------------------------------
-
-    def settled_rows(self) -> Iterator[ConversationState]:
-        """Every row of every owned partition with nothing waiting for a flush."""
-        for state in list(self.partitions.values()):
-            yield from state.processor.settled_rows()
 
     def holder(self, user_id: int) -> PartitionState | None:
         """The owned partition holding this user's state, if any."""

@@ -106,6 +106,21 @@ class StateTables(Protocol):
         """Every row's (user, conversation), in key order, values not read."""
         ...
 
+    def rows_after(
+        self, partition: int, after: tuple[int, str] | None, limit: int
+    ) -> list[tuple[tuple[int, str], bytes]]:
+        """At most `limit` rows whose key is above `after`'s (None: from the first), in key
+        order. Safe to call from a worker thread (the unread audit's sweep reads off the loop)."""
+        ...
+
+    def row_key_bounds(self, partition: int) -> tuple[tuple[int, str], tuple[int, str]] | None:
+        """The first and the last row's (user, conversation) in key order (None: no rows)."""
+        ...
+
+    def estimated_rows(self, partition: int) -> int:
+        """About how many rows the partition holds, cheaply (RocksDB's estimate of its keys)."""
+        ...
+
     def gate(self, partition: int) -> bytes | None: ...
 
     def pending(self, partition: int) -> list[bytes]:

@@ -3,7 +3,7 @@ worker's `StateTables` port: records decoded here (msgpack)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 from typing import Any
 
 import msgspec
@@ -33,5 +33,14 @@ class TablesSource:
             for cid, blob in self.tables.user_rows(self.partition, user_id)
         ]
 
-    def row_keys(self) -> Iterator[tuple[int, str]]:
-        return self.tables.row_keys(self.partition)
+    def rows_after(
+        self, after: tuple[int, str] | None, limit: int
+    ) -> list[tuple[tuple[int, str], dict[str, Any]]]:
+        found = self.tables.rows_after(self.partition, after, limit)
+        return [(key, msgspec.msgpack.decode(blob)) for key, blob in found]
+
+    def row_key_bounds(self) -> tuple[tuple[int, str], tuple[int, str]] | None:
+        return self.tables.row_key_bounds(self.partition)
+
+    def estimated_rows(self) -> int:
+        return self.tables.estimated_rows(self.partition)

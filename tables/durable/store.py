@@ -165,6 +165,48 @@ class PartitionStore:
             raise ValueError("state keys do not start with 0x00")
         return self._scan(prefix or b"\x01", everything_after=not prefix)
 
+    def items_after(self, prefix: bytes, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+        """At most `limit` of the (key, value) pairs starting with `prefix` whose key is above
+        `after` (None: from the first), in key order: one seek and `limit` steps."""
+        if not prefix or prefix.startswith(b"\x00"):
+            raise ValueError("a state key prefix, not empty and not 0x00")
+        out: list[tuple[bytes, bytes]] = []
+        if limit <= 0:
+            return out
+        iterator = self._db.iter()
+        iterator.seek(prefix if after is None else after)
+        if after is not None and iterator.valid() and iterator.key() == after:
+            iterator.next()
+        while iterator.valid() and len(out) < limit:
+            key: bytes = iterator.key()
+            if not key.startswith(prefix):
+                break
+            out.append((key, iterator.value()))
+            iterator.next()
+        return out
+
+    def key_bounds(self, prefix: bytes) -> tuple[bytes, bytes] | None:
+        """The first and the last key starting with `prefix` (None: there is none)."""
+        if not prefix or prefix.startswith(b"\x00") or prefix.endswith(b"\xff"):
+            raise ValueError("a state key prefix, not empty, not 0x00, not ending in 0xff")
+        iterator = self._db.iter()
+        iterator.seek(prefix)
+        if not iterator.valid() or not iterator.key().startswith(prefix):
+            return None
+        first: bytes = iterator.key()
+        # The key right after the prefix's range: its last byte + 1 (so seek_for_prev lands on
+        # the range's last key).
+        iterator.seek_for_prev(prefix[:-1] + bytes([prefix[-1] + 1]))
+        if iterator.valid() and iterator.key() == prefix[:-1] + bytes([prefix[-1] + 1]):
+            iterator.prev()
+        last: bytes = iterator.key()
+        return first, last
+
+    def estimated_keys(self) -> int:
+        """RocksDB's estimate of the keys it holds (every kind: rows, users, waiting entries)."""
+        value = self._db.property_int_value("rocksdb.estimate-num-keys")
+        return int(value) if value is not None else 0
+
     def _scan(self, prefix: bytes, everything_after: bool = False) -> Iterator[tuple[bytes, bytes]]:
         iterator = self._db.iter()
         iterator.seek(prefix)

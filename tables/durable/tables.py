@@ -302,6 +302,25 @@ class CheckpointedTables:
         for key, _ in self._read_store(partition).items(_ROW):
             yield parse_row_key(key[1:])
 
+    def rows_after(
+        self, partition: int, after: tuple[int, str] | None, limit: int
+    ) -> list[tuple[tuple[int, str], bytes]]:
+        # Called from a worker thread (the audit's sweep): reads an open store only.
+        store = self.stores.get(partition)
+        if store is None:
+            return []
+        start = None if after is None else row_state_key(*after)
+        return [(parse_row_key(key[1:]), value) for key, value in store.items_after(_ROW, start, limit)]
+
+    def row_key_bounds(self, partition: int) -> tuple[tuple[int, str], tuple[int, str]] | None:
+        store = self.stores.get(partition)
+        bounds = None if store is None else store.key_bounds(_ROW)
+        return None if bounds is None else (parse_row_key(bounds[0][1:]), parse_row_key(bounds[1][1:]))
+
+    def estimated_rows(self, partition: int) -> int:
+        store = self.stores.get(partition)
+        return 0 if store is None else store.estimated_keys()
+
     def gate(self, partition: int) -> bytes | None:
         checkpoint = self._read_store(partition).position.checkpoint
         if checkpoint is None or not checkpoint.meta:

@@ -296,6 +296,46 @@ async def test_row_keys_are_every_row_in_key_order_and_only_rows(tables: StateTa
     assert list(tables.row_keys(0)) == []
 
 
+async def test_rows_after_reads_bounded_ranges_in_key_order_and_the_bounds_are_the_ends(
+    tables: StateTables,
+) -> None:
+    """The unread audit's sweep (app/worker/audit.py): a range after any key (present or not),
+    at most `limit` rows, never a user record or a pending entry; the first and last row keys;
+    an estimate of the rows that sees them (RocksDB's counts every kind of key: at least the rows)."""
+    users = [BIG_USER, 2**63, 256, 2, FAUST_LOOKALIKE_USER, 0]
+    for user in users:
+        for cid in (CONV_C, CONV_A, CONV_B):
+            tables.put_row(1, user, cid, f"{user}/{cid[:2]}".encode())
+        tables.put_user(1, user, b"u")
+        tables.put_pending(1, user, 5, b"p")
+    tables.put_gate(1, b"gate")
+    await tables.commit()
+    every = [(user, cid) for user in sorted(users) for cid in (CONV_A, CONV_B, CONV_C)]
+    walked: list[tuple[int, str]] = []
+    after: tuple[int, str] | None = None
+    while True:
+        got = tables.rows_after(1, after, 4)
+        assert len(got) <= 4
+        for key, value in got:
+            assert value == f"{key[0]}/{key[1][:2]}".encode()
+        walked += [key for key, _ in got]
+        if len(got) < 4:
+            break
+        after = got[-1][0]
+    assert walked == every
+    # After a key that is no row: from the next row on.
+    assert [k for k, _ in tables.rows_after(1, (256, "00000000-0000-4000-8000-000000000000"), 2)] == [
+        (256, CONV_A),
+        (256, CONV_B),
+    ]
+    assert [k for k, _ in tables.rows_after(1, (3, CONV_A), 1)] == [(256, CONV_A)]
+    assert tables.rows_after(1, every[-1], 10) == [] and tables.rows_after(1, None, 0) == []
+    assert tables.row_key_bounds(1) == (every[0], every[-1])
+    assert tables.row_key_bounds(0) is None and tables.rows_after(0, None, 5) == []
+    # The durable store's estimate counts its position record too: "about", not exact.
+    assert tables.estimated_rows(1) >= len(every) and tables.estimated_rows(0) <= 1
+
+
 async def test_reads_show_only_what_was_written_after_commits_of_every_table(tables: StateTables) -> None:
     """After commits every table also holds its implementation's bookkeeping (faust: the
     persisted changelog offset, a 16-byte key in each database): none of it reads as state."""

@@ -7,6 +7,11 @@
   from the MessageStore to exactly its counts (an audit of a correct projection finds nothing).
 * `recount_undoes_any_drift`: whatever happened to a row's counts and hand, its recount is the
   definition again.
+* `sweep_covers_the_key_space`: the key-range sampler, from any start key, over any keys
+  (clustered or spread user ids, any UUIDs), any slice, share and cap: no tick reads more than
+  its slice, no row is read twice in a round, every row is read within ceil(rows / rows a round
+  reads) rounds, and (rate = share) every auditable row is drawn by then; rows at half the share
+  are all drawn within 40 sweeps.
 """
 
 from __future__ import annotations
@@ -17,9 +22,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.domain import seqs
-from app.domain.audit import AuditPolicy, Sampler, copy_row, counts, eligible, keyed_draw, recount
+from app.domain.audit import (
+    START_KEY_BITS,
+    AuditPolicy,
+    KeyRangeSampler,
+    Sampler,
+    copy_row,
+    counts,
+    eligible,
+    keyed_draw,
+    number_key,
+    recount,
+    round_budget,
+    start_key,
+)
 from app.domain.conversation import ConversationState
 from app.replay import Replayer, ReplayOptions
+from tests.support.row_range import ListRange, key_of
 from tests.support.strategies import Stream, scenarios, streams
 
 SLOW = settings(
@@ -126,3 +145,111 @@ def test_recount_undoes_any_drift(stream: Stream, seed: int) -> None:
                 drifted.mentioning = seqs.discard(drifted.mentioning, seq)
         recount(drifted, replayer.store, 200)
         assert counts(drifted) == truth, ("recount_undoes_any_drift", row.as_row())
+
+
+# -- the key-range sampler ------------------------------------------------------------------------
+
+_user_ids = st.one_of(st.integers(0, 40), st.integers(0, 2**64 - 1))
+row_keys_strategy = st.lists(
+    st.tuples(_user_ids, st.integers(0, 2**128 - 1)), min_size=1, max_size=300, unique=True
+)
+
+
+def sweep_rows(keys: list[tuple[int, int]], unread_every: int) -> list[ConversationState]:
+    rows = []
+    for n, (user_id, low) in enumerate(keys):
+        row = ConversationState(*number_key(user_id * 2**128 + low))
+        if unread_every and n % unread_every == 0:
+            row.unread_count, row.head_seq = 1, 1
+        rows.append(row)
+    return rows
+
+
+def audit_round(
+    sweep: KeyRangeSampler, store: ListRange, policy: AuditPolicy, slice_rows: int, salt: int
+) -> list[tuple[int, str]]:
+    """One round as app/worker/audit.sweep_round drives it: the round's budget in ticks of at most
+    `slice_rows`, up to `max_rows` drawn; the keys read, in order."""
+    budget = round_budget(store.estimated_rows(), policy)
+    draw = keyed_draw(salt)
+    sweep.begin_round()
+    drawn = 0
+    read: list[tuple[int, str]] = []
+    while budget > 0 and drawn < policy.max_rows:
+        mark = len(store.reads)
+        tick = sweep.tick(store, min(slice_rows, budget), 0, policy, draw, policy.max_rows - drawn)
+        # Bounded work per tick: no store read returns more than the slice, and the tick counts
+        # what it read (a read past where the round began is read but not counted).
+        assert tick.read <= slice_rows and max(store.reads[mark:], default=0) <= slice_rows
+        assert sum(store.reads[mark:]) >= tick.read
+        budget -= tick.read
+        drawn += len(tick.chosen)
+        read += [key_of(row) for row in tick.chosen]
+        if tick.swept or tick.read == 0:
+            break
+    return read
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    keys=row_keys_strategy,
+    unread_every=st.integers(0, 3),  # 0: every row at 0 unread
+    share=st.sampled_from((0.003, 0.1, 0.37, 1.0)),
+    slice_rows=st.integers(1, 40),
+    max_rows=st.integers(1, 400),
+    pick=st.integers(0, 2**START_KEY_BITS - 1),
+    overestimate=st.integers(1, 3),
+)
+def test_sweep_covers_the_key_space(
+    keys: list[tuple[int, int]],
+    unread_every: int,
+    share: float,
+    slice_rows: int,
+    max_rows: int,
+    pick: int,
+    overestimate: int,
+) -> None:
+    rows = sweep_rows(keys, unread_every)
+    store = ListRange(rows, overestimate)
+    bounds = store.key_bounds()
+    assert bounds is not None
+    # Rate = share for both kinds: every row read is drawn, so drawn = read.
+    policy = AuditPolicy(sample_rate=share, idle_ms=0, max_rows=max_rows, zero_sample_rate=share)
+    sweep = KeyRangeSampler(start_key(bounds, pick))
+    # A round reads its budget (of the estimate), up to the cap, never more than every row once.
+    per_round = min(round_budget(store.estimated_rows(), policy), max_rows, len(rows))
+    rounds = -(-len(rows) // per_round)
+    seen: set[tuple[int, str]] = set()
+    for n in range(rounds):
+        read = audit_round(sweep, store, policy, slice_rows, salt=n)
+        assert len(read) == len(set(read)), "sweep_covers_the_key_space: a row read twice in a round"
+        assert len(read) == per_round
+        seen.update(read)
+    assert seen == set(store.keys), "sweep_covers_the_key_space"
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    keys=row_keys_strategy,
+    share=st.sampled_from((0.1, 0.5, 1.0)),
+    slice_rows=st.integers(1, 40),
+    pick=st.integers(0, 2**START_KEY_BITS - 1),
+    salt=st.integers(0, 2**64),
+)
+def test_at_half_the_share_every_row_is_drawn_within_40_sweeps(
+    keys: list[tuple[int, int]], share: float, slice_rows: int, pick: int, salt: int
+) -> None:
+    """Rows with unread at the share (drawn whenever read), rows at 0 at half of it: drawn with
+    probability 1/2 each time read (a fresh salt each round), missed by 40 sweeps with
+    probability 2^-40."""
+    rows = sweep_rows(keys, unread_every=2)
+    store = ListRange(rows)
+    bounds = store.key_bounds()
+    assert bounds is not None
+    policy = AuditPolicy(sample_rate=share, idle_ms=0, max_rows=10**6, zero_sample_rate=share / 2)
+    sweep = KeyRangeSampler(start_key(bounds, pick))
+    rounds = 40 * -(-len(rows) // round_budget(len(rows), policy))
+    drawn: set[tuple[int, str]] = set()
+    for n in range(rounds):
+        drawn.update(audit_round(sweep, store, policy, slice_rows, salt=salt + n))
+    assert drawn == set(store.keys), "sweep_covers_the_key_space"

@@ -252,6 +252,7 @@ def test_unread_audit_defaults() -> None:
     assert s.unread_audit_interval_ms == 600_000
     assert s.unread_audit_idle_ms == 86_400_000  # "no change for 24 h"
     assert s.unread_audit_max_rows == 20_000
+    assert s.unread_audit_zero_sample_rate == 0.001  # rows at 0 unread: a rate of their own
 
 
 def test_unread_audit_values_parse_and_round_trip() -> None:
@@ -260,9 +261,11 @@ def test_unread_audit_values_parse_and_round_trip() -> None:
             "PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": " 1 ",
             "PROJECTOR_UNREAD_AUDIT_INTERVAL_MS": "2000",
             "PROJECTOR_UNREAD_AUDIT_IDLE_MS": "0",
+            "PROJECTOR_UNREAD_AUDIT_ZERO_SAMPLE_RATE": "0.25",
         }
     )
     assert (s.unread_audit_sample_rate, s.unread_audit_interval_ms, s.unread_audit_idle_ms) == (1.0, 2000, 0)
+    assert s.unread_audit_zero_sample_rate == 0.25
     assert (
         Settings.from_env({"PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": "2.5e-3"}).unread_audit_sample_rate == 0.0025
     )
@@ -290,6 +293,10 @@ def test_unread_audit_values_parse_and_round_trip() -> None:
         ),
         ({"PROJECTOR_UNREAD_AUDIT_IDLE_MS": "-1"}, "PROJECTOR_UNREAD_AUDIT_IDLE_MS: -1 must be >= 0"),
         ({"PROJECTOR_UNREAD_AUDIT_MAX_ROWS": "0"}, "PROJECTOR_UNREAD_AUDIT_MAX_ROWS: 0 must be >= 1"),
+        (
+            {"PROJECTOR_UNREAD_AUDIT_ZERO_SAMPLE_RATE": "1.5"},
+            "PROJECTOR_UNREAD_AUDIT_ZERO_SAMPLE_RATE: 1.5 is not in 0..1",
+        ),
     ],
 )
 def test_invalid_unread_audit_values_give_clear_errors(env: dict[str, str], fragment: str) -> None:

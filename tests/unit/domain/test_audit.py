@@ -8,15 +8,23 @@ import pytest
 
 from app.domain import seqs
 from app.domain.audit import (
+    START_KEY_BITS,
     AuditPolicy,
+    KeyRangeSampler,
     Repair,
     Sampler,
+    audit_rate,
     audit_user,
     copy_row,
     counts,
     eligible,
+    eligible_at_zero,
+    key_number,
     keyed_draw,
+    number_key,
     recount,
+    round_budget,
+    start_key,
 )
 from app.domain.badge import Badge, full_recompute
 from app.domain.conversation import ConversationState
@@ -24,6 +32,7 @@ from app.domain.flush import Correction
 from app.domain.projection_store import StoredRows
 from app.domain.projector import Projector, UserState
 from app.replay import Replayer, ReplayOptions
+from tests.support.row_range import ListRange, key_of
 from tests.support.strategies import BASE_TS, Builder
 
 DAY = 86_400_000
@@ -99,6 +108,24 @@ def test_eligible_rows_have_unread_are_exact_idle_and_fit_one_read() -> None:
     assert not eligible(inexact, idle, policy())
 
 
+def test_a_records_audit_facts_are_its_rows_and_select_alike() -> None:
+    """The sweep selects on a record's facts without loading the row: the same fields, the same
+    verdict as the loaded row, in every record format."""
+    user = two_unread_rows().projector.users[USER]
+    now = max(r.changed_at for r in user.rows.values()) + DAY
+    mixed = AuditPolicy(sample_rate=0.5, idle_ms=DAY, max_rows=10, zero_sample_rate=0.25)
+    for row in user.rows.values():
+        record = row.dump()
+        facts = ConversationState.audit_facts(record)
+        assert facts == (row.unread_count, row.unread_exact, row.changed_at, row.base, row.latest)
+        assert audit_rate(facts, now, mixed) == audit_rate(row, now, mixed)
+        for older in (record[:-1], record[:-2]):  # formats 3 and 2
+            older = [4 - (len(record) - len(older)), *older[1:]]
+            assert ConversationState.audit_facts(older) == facts
+    with pytest.raises(ValueError):
+        ConversationState.audit_facts([99, *user.rows[A].dump()[1:]])
+
+
 def test_the_sampler_keeps_at_most_max_rows_with_the_lowest_draws() -> None:
     rows = []
     for n in range(50):
@@ -138,6 +165,114 @@ def test_policy_bounds_are_checked() -> None:
     for bad in ({"sample_rate": 1.5}, {"sample_rate": -0.1}, {"max_rows": 0}, {"idle_ms": -1}):
         with pytest.raises(ValueError):
             AuditPolicy(**{"sample_rate": 0.1, "idle_ms": 0, "max_rows": 1, **bad})  # type: ignore[arg-type]
+
+
+def test_rows_at_zero_are_auditable_at_a_rate_of_their_own() -> None:
+    user = two_unread_rows().projector.users[USER]
+    a, c = user.rows[A], user.rows[C]
+    now = max(r.changed_at for r in user.rows.values()) + DAY
+    both = AuditPolicy(sample_rate=0.25, idle_ms=DAY, max_rows=10, zero_sample_rate=0.0625)
+    assert not eligible_at_zero(a, now, both) and eligible_at_zero(c, now, both)
+    assert (audit_rate(a, now, both), audit_rate(c, now, both)) == (0.25, 0.0625)
+    assert audit_rate(c, now - 1, both) == 0.0  # not idle
+    inexact = copy_row(c)
+    inexact.unread_exact = False
+    assert audit_rate(inexact, now, both) == 0.0
+    assert both.read_share == 0.25 and AuditPolicy(0.0, 0, 1, zero_sample_rate=0.5).read_share == 0.5
+    with pytest.raises(ValueError):
+        AuditPolicy(0.1, 0, 1, zero_sample_rate=1.5)
+    # The former sampler takes them too (bench/audit_bench.py compares both).
+    sampler = Sampler(AuditPolicy(1.0, DAY, 10, zero_sample_rate=1.0), now, keyed_draw(3))
+    for row in user.rows.values():
+        sampler.offer(row)
+    assert [r.conversation_id for r in sampler.chosen()] == [A, B, C]
+
+
+def test_round_budget_is_the_read_share_of_the_rows() -> None:
+    assert round_budget(40_000, policy(rate=0.005)) == 200
+    assert round_budget(10, policy(rate=0.005)) == 1  # at least one row while the audit is on
+    assert round_budget(10, policy(rate=0.0)) == 0 and round_budget(0, policy(rate=1.0)) == 0
+    assert round_budget(1000, AuditPolicy(0.001, 0, 1, zero_sample_rate=0.01)) == 10
+
+
+def test_start_keys_lie_between_the_bounds_and_round_trip_as_numbers() -> None:
+    first, last = (5, "00000000-0000-4000-8000-000000000001"), (9, C)
+    for key in (first, last, (2**64 - 1, "ffffffff-ffff-ffff-ffff-ffffffffffff")):
+        assert number_key(key_number(key)) == key
+    rnd = random.Random(5)
+    users = set()
+    for _ in range(2000):
+        key = start_key((first, last), rnd.getrandbits(START_KEY_BITS))
+        assert first <= key <= last
+        users.add(key[0])
+    assert users == {5, 6, 7, 8, 9}  # uniform over the key space: every user id between
+    assert start_key((last, last), rnd.getrandbits(START_KEY_BITS)) == last
+
+
+def idle_rows(count: int, unread: int = 0, users: int = 97) -> list[ConversationState]:
+    rows = []
+    for n in range(count):
+        row = ConversationState(n % users, f"{n:08x}-0000-4000-8000-{n:012x}")
+        row.unread_count = unread
+        row.head_seq = unread
+        rows.append(row)
+    return rows
+
+
+def test_a_tick_reads_at_most_its_limit_whatever_the_store_holds() -> None:
+    store = ListRange(idle_rows(100_000, unread=1))
+    sweep = KeyRangeSampler()
+    sweep.begin_round()
+    every = policy(rate=1.0, idle_ms=0, max_rows=10**6)
+    for _ in range(30):
+        tick = sweep.tick(store, 500, 0, every, keyed_draw(1))
+        assert tick.read == 500 == len(tick.chosen) and not tick.swept
+    assert sum(store.reads) == 30 * 500 and max(store.reads) == 500
+    assert sweep.cursor == key_of(store.rows[30 * 500 - 1])
+
+
+def test_a_round_goes_around_the_end_once_and_stops_where_it_began() -> None:
+    store = ListRange(idle_rows(1000, unread=1))
+    every = policy(rate=1.0, idle_ms=0, max_rows=10**6)
+    sweep = KeyRangeSampler(start=store.keys[699])
+    sweep.begin_round()
+    read: list[tuple[int, str]] = []
+    while True:
+        tick = sweep.tick(store, 64, 0, every, keyed_draw(2))
+        read += [key_of(row) for row in tick.chosen]
+        if tick.swept:
+            break
+    assert read == store.keys[700:] + store.keys[:700]  # each row once, in sweep order
+    assert sweep.sweeps == 1 and sweep.cursor == store.keys[699]
+
+
+def test_the_cap_stops_the_sweep_on_the_last_row_drawn_and_the_next_round_goes_on_there() -> None:
+    store = ListRange(idle_rows(1000, unread=1))
+    every = policy(rate=1.0, idle_ms=0, max_rows=10**6)
+    sweep = KeyRangeSampler()
+    sweep.begin_round()
+    tick = sweep.tick(store, 500, 0, every, keyed_draw(2), room=30)
+    assert tick.read == 30 and len(tick.chosen) == 30 and sweep.cursor == store.keys[29]
+    sweep.begin_round()
+    tick = sweep.tick(store, 10, 0, every, keyed_draw(2))
+    assert [key_of(row) for row in tick.chosen] == store.keys[30:40]
+
+
+def test_rows_read_are_drawn_at_their_rate_over_the_read_share() -> None:
+    """Unread rows at 0.5 and rows at 0 at 0.125, read at share 0.5: an unread row read is
+    always drawn, a row at 0 a quarter of the time."""
+    rows = idle_rows(4000, unread=1) + [
+        ConversationState(10_000 + n, f"{n:08x}-0000-4000-8000-{n:012x}") for n in range(4000)
+    ]
+    store = ListRange(rows)
+    mixed = AuditPolicy(sample_rate=0.5, idle_ms=0, max_rows=10**6, zero_sample_rate=0.125)
+    sweep = KeyRangeSampler()
+    sweep.begin_round()
+    tick = sweep.tick(store, 10_000, 0, mixed, keyed_draw(9))
+    assert tick.read == tick.eligible == 8000 and tick.swept
+    with_unread = sum(1 for row in tick.chosen if row.unread_count)
+    at_zero = len(tick.chosen) - with_unread
+    assert with_unread == 4000 and abs(at_zero / 4000 - 0.25) < 0.03
 
 
 # -- the recount ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -25,7 +26,7 @@ from app.replay import ReplayOptions, ReplayResult, run_replay
 from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.memory_tables import MemoryTables
-from app.worker.audit import AuditConfig, AuditReport, audit_tick
+from app.worker.audit import _READ_SLICE, AuditConfig, AuditReport, _sweeps, audit_tick
 from app.worker.core import WorkerCore
 from tests.support.builders import CONV_A, CONV_B, StreamBuilder
 from tests.support.clock import ManualClock
@@ -343,6 +344,163 @@ def test_a_store_ahead_of_the_worker_is_not_judged() -> None:
         w.projections._users[7].version += 1  # another writer got there first
         report = await w.audit()
         assert report.not_judged == 2 and report.audited == 1  # only user 8's row
+
+    run(scenario())
+
+
+def test_a_row_at_zero_unread_whose_recount_differs_is_found_and_corrected() -> None:
+    """A row whose counts drifted to 0 (a message the incremental path lost) is where a missed
+    message hides: the former sampler never drew a row at 0 unread; rows at 0 now have a rate of
+    their own."""
+
+    s = StreamBuilder()
+    for seq in (1, 2, 3):
+        s.message(7, seq)  # user 7, A: 3 unread
+        s.message(8, seq)
+    s.read(8, 3)  # user 8, A: all read
+    s.message(9, 1, sender=9, conv=CONV_C)  # user 9, C: its own message
+
+    async def scenario() -> None:
+        w = World(s.close())
+        await w.project()
+        # (7, A) loses its 3 unread: in the state (persisted so) and in the store.
+        state = w.core.partitions[0]
+        user = state.processor.users[7]
+        row = user.rows[CONV_A]
+        assert row.unread_count == 3
+        row.unread_count, row.counting = 0, None
+        user.badge = Badge(user.badge.total_unread - 3, *user.badge[1:])
+        state.processor.touch([(7, CONV_A)], [7], w.clock())
+        await w.core.persist(state)
+        await w.drift(7, CONV_A, unread_count=0)
+
+        unread_only = await w.audit()  # rate 1 for rows with unread, 0 for rows at 0 (as before)
+        assert (unread_only.read, unread_only.eligible, unread_only.audited) == (3, 0, 0)
+        assert row.unread_count == 0  # every row is at 0 now: none is drawn
+
+        frames_before = len(w.outbox.sent)
+        zeros_too = AuditConfig(1.0, 60_000, DAY, 100_000, zero_sample_rate=1.0)
+        report = await w.audit(config=zeros_too)
+        assert (report.eligible, report.sampled, report.audited) == (3, 3, 3)
+        assert (report.drifted, report.state_corrected, report.corrected) == (1, 1, 1)
+        assert row.unread_count == 3 and user.badge == Badge(3, 0, 0)
+        rows, badges = await w.stored()
+        assert rows == w.expected.projections and badges == w.expected.badges
+        frames = w.outbox.sent[frames_before:]
+        assert [(f["type"], f["user_id"], f["correction"]) for f in frames] == [("SESSION_DELTA", 7, True)]
+        corrected = [(r["conversation_id"], r["unread_count"]) for r in frames[0]["conversations"]]
+        assert corrected == [(CONV_A, 3)]
+
+    run(scenario())
+
+
+async def cold_world() -> World:
+    """three_users() projected by a core whose hot set is one row, persisted after the flush:
+    the rows are clean and left memory (their users' records stay)."""
+    w = World(three_users())
+    w.core = make_core(1, w.tables, w.store, w.projections, w.outbox, w.clock, hot_rows=1)  # type: ignore[arg-type]
+    await w.project()
+    await w.core.persist(w.core.partitions[0])
+    residency = w.core.partitions[0].processor.residency
+    assert residency is not None
+    persisted = residency.rows_after(None, 99)
+    w.last_ts = max(ConversationState.audit_facts(record).changed_at for _, record in persisted)
+    return w
+
+
+def test_rows_evicted_from_memory_are_audited_from_the_persisted_state() -> None:
+    """A hot set of one row: after the flush every user's rows left memory. The sweep reads them
+    from the tables, the users are read back (off the loop) for the verdict, and drift found in
+    a cold row is corrected as in a warm one."""
+
+    async def scenario() -> None:
+        w = await cold_world()
+        processor = w.core.partitions[0].processor
+        assert processor.resident_rows <= 1 and not _rows(w.core)
+        await w.drift(7, CONV_A, unread_count=40)
+        report = await w.audit()
+        assert (report.read, report.eligible, report.audited) == (5, 3, 3)
+        assert (report.drifted, report.corrected) == (1, 1)
+        rows, badges = await w.stored()
+        assert rows == w.expected.projections and badges == w.expected.badges
+
+    run(scenario())
+
+
+def test_a_user_read_off_the_loop_is_not_attached_if_rows_were_evicted_meanwhile() -> None:
+    async def scenario() -> None:
+        w = await cold_world()
+        processor = w.core.partitions[0].processor
+        residency = processor.residency
+        assert residency is not None and not processor.users[7].rows
+        before = residency.evictions
+        read = residency.read_user(7)  # as the audit does in its worker thread
+        assert read is not None and {row.conversation_id for row, _ in read.rows} == {CONV_A, CONV_B}
+        # Meanwhile (A) and (B) get a message: loaded, changed, persisted and evicted again.
+        later = StreamBuilder()
+        later.seq, later.ts = 100, w.last_ts + 10
+        later.message(7, 4)
+        later.message(7, 3, conv=CONV_B)
+        await w.core.on_records(records(later.close(), len(w.lines)))
+        await w.core.flush_all()
+        await w.core.persist(w.core.partitions[0])  # the flushed rows are clean: evicted
+        assert residency.evictions != before and not processor.users[7].rows
+        assert residency.attach(read, before) is None  # its (A) is older than the state's
+        assert not processor.users[7].rows and not processor.users[7].complete
+        fresh = residency.read_user(7)
+        assert fresh is not None
+        user = residency.attach(fresh, residency.evictions)
+        assert user is not None and user.complete
+        assert (user.rows[CONV_A].unread_count, user.rows[CONV_B].unread_count) == (4, 3)
+
+    run(scenario())
+
+
+class CountingTables(MemoryTables):
+    """MemoryTables that count the rows each `rows_after` call returns, and in which thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[int] = []
+        self.threads: set[str] = set()
+
+    def rows_after(
+        self, partition: int, after: tuple[int, str] | None, limit: int
+    ) -> list[tuple[tuple[int, str], bytes]]:
+        got = super().rows_after(partition, after, limit)
+        self.reads.append(len(got))
+        self.threads.add(threading.current_thread().name)
+        return got
+
+
+def test_a_round_reads_its_share_of_the_rows_in_bounded_ticks_off_the_loop() -> None:
+    """40,000 rows persisted, 20 rounds at rate 0.05: each round reads 2,000 rows (its share),
+    at most `_READ_SLICE` rows per tick, in a worker thread; the rounds sweep on where the last
+    one stopped, so after 20 rounds every row was read exactly once."""
+
+    async def scenario() -> None:
+        w = World(three_users())
+        w.tables = tables = CountingTables()
+        w.core = make_core(1, tables, w.store, w.projections, w.outbox, w.clock)  # type: ignore[arg-type]
+        await w.project()
+        idle = ConversationState(0, CONV_A)  # nothing unread: not eligible at rate 0 for zeros
+        blob = msgspec.msgpack.encode({"s": idle.dump()})
+        for n in range(40_000 - 5):
+            tables.put_row(0, 1_000 + n % 9_000, f"{n:08x}-0000-4000-8000-{n:012x}", blob)
+        await tables.commit()
+        assert tables.estimated_rows(0) == 40_000
+        config = AuditConfig(0.05, 60_000, DAY, 100_000)
+        seen: list[int] = []
+        for _ in range(20):
+            tables.reads.clear()
+            report = await w.audit(config=config)
+            assert report.read == sum(tables.reads) == 2_000  # ceil(40,000 x 0.05)
+            assert max(tables.reads) <= _READ_SLICE and len(tables.reads) >= 2_000 // _READ_SLICE
+            seen.append(report.read)
+        assert threading.main_thread().name not in tables.threads
+        assert sum(seen) == 40_000
+        sweep = _sweeps[w.core.partitions[0]]
+        assert sweep.sweeps == 1  # once around: the key space's end passed once in 20 rounds
 
     run(scenario())
 
