@@ -22,11 +22,10 @@ from typing import Any
 
 from app.connections import (
     kafka_client_options,
-    kafka_error_text,
-    kafka_hosts,
+    kafka_security_options,
+    kafka_unreachable,
     keyspace_replication,
     quiet_logger,
-    unreachable_hint,
 )
 from app.settings import Settings
 from app.stores.cassandra_session import CassandraUnavailable, open_cluster
@@ -150,8 +149,7 @@ async def ensure_topics(
                 await asyncio.wait_for(admin.start(), timeout=timeout_s)
         except (KafkaError, TimeoutError, OSError) as exc:
             raise KafkaUnavailable(
-                f"cannot reach Kafka at {settings.kafka_bootstrap} ({kafka_error_text(exc)})"
-                + unreachable_hint(kafka_hosts(settings.kafka_bootstrap))
+                await kafka_unreachable(settings.kafka_bootstrap, kafka_security_options(settings), exc)
             ) from None
         present = set(await admin.list_topics())
         missing = [n for n in names if n not in present]
