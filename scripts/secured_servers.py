@@ -431,7 +431,7 @@ def cassandra_session(port: int, ca: Path, username: str, password: str) -> tupl
 def set_up_roles(port: int, ca: Path, secrets_: dict[str, str]) -> str | None:
     """Once the default superuser can log in: role `projector` with every permission on every
     keyspace, and a random password for `cassandra`. None when done (or done before), else why not."""
-    from cassandra import AuthenticationFailed
+    from cassandra import AuthenticationFailed  # type: ignore[attr-defined,unused-ignore]
     from cassandra.cluster import NoHostAvailable
 
     try:

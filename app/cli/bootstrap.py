@@ -20,13 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.connections import (
-    kafka_client_options,
-    kafka_security_options,
-    kafka_unreachable,
-    keyspace_replication,
-    quiet_logger,
-)
+from app.connections import kafka_client_options, kafka_security_options, keyspace_replication, quiet_logger
+from app.kafka.refusal import kafka_unreachable
 from app.settings import Settings
 from app.stores.cassandra_session import CassandraUnavailable, open_cluster
 from app.stores.schema import TABLES, create_keyspace_cql

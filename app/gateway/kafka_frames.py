@@ -30,8 +30,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 
-from app.connections import kafka_client_options, kafka_security_options, kafka_unreachable, quiet_logger
+from app.connections import kafka_client_options, kafka_security_options, quiet_logger
 from app.gateway.hub import FrameHub
+from app.kafka.refusal import kafka_unreachable
 from app.settings import Settings
 
 log = logging.getLogger("projector.gateway.kafka")

@@ -17,7 +17,8 @@ from typing import Any
 
 from aiokafka.client import AIOKafkaClient
 
-from app.connections import kafka_client_options, kafka_security_options, kafka_unreachable
+from app.connections import kafka_client_options, kafka_security_options
+from app.kafka.refusal import kafka_unreachable
 from app.settings import Settings
 
 

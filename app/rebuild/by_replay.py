@@ -90,7 +90,8 @@ async def _start(consumer: Any, bootstrap: str, security: Mapping[str, Any]) -> 
     error (and the consumer is closed: aiokafka complains about an unclosed one at exit otherwise)."""
     from aiokafka.errors import KafkaError
 
-    from app.connections import kafka_unreachable, quiet_logger
+    from app.connections import quiet_logger
+    from app.kafka.refusal import kafka_unreachable
 
     try:
         with quiet_logger("aiokafka"):

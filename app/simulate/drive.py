@@ -444,11 +444,11 @@ async def _open_producer(settings: Any, connect_timeout_s: float) -> tuple[Any, 
         kafka_client_options,
         kafka_error_text,
         kafka_hosts,
-        kafka_refusal,
         kafka_security_options,
         quiet_logger,
         unreachable_hint,
     )
+    from app.kafka.refusal import kafka_refusal
 
     producer = AIOKafkaProducer(
         **kafka_client_options(settings),

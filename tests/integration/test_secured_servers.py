@@ -87,7 +87,7 @@ def run_tag() -> str:
 def stack(secured: Secured, tmp_path_factory: pytest.TempPathFactory, run_tag: str) -> Iterator[Stack]:
     """One bootstrapped stack on the secured servers (its Redis namespace on the shared Redis)."""
     tmp = tmp_path_factory.mktemp("secured-stack")
-    stack = Stack(f"t-secured-{run_tag}", tmp, **secured.env)
+    stack = Stack(f"t-secured-{run_tag}", tmp, partitions=2, lanes=2, **secured.env)
     done = stack.run("bootstrap")
     said = done.stdout.decode()
     assert f"keyspace {stack.settings.cassandra_keyspace}: created" in said, said
