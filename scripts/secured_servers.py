@@ -4,8 +4,10 @@ test (issue 32 item 6; tests/integration/test_secured_servers.py) or for trying 
 hand. Both run from the jars `make services-up` resolved (.local/kafka/lib, .local/cassandra/lib:
 nothing is downloaded here), on free ports of 127.0.0.1, with everything they write under DIR.
 
-    .venv/bin/python scripts/secured_servers.py up DIR     start both, wait until they serve
-    .venv/bin/python scripts/secured_servers.py down DIR   stop both (SIGTERM, then SIGKILL)
+    .venv/bin/python scripts/secured_servers.py up DIR     start both in a new folder, wait until they serve
+    .venv/bin/python scripts/secured_servers.py down DIR   stop both (SIGTERM, then SIGKILL); the data stays
+    (`make secured-servers-up` / `make secured-servers-down` do the same in .local/secured, and
+    the down deletes the folder)
 
 What `up` makes, with passwords drawn anew each time:
 
@@ -483,6 +485,9 @@ def up(folder: Path, timeout: float) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     if (folder / "secured.json").exists():
         raise SetupError(f"{folder} already holds secured servers: `down` them first, or give another folder")
+    if any((folder / name).exists() for name in ("tls", "kafka", "cassandra")):
+        # Their storage holds the users and passwords of that run: new ones would not log in.
+        raise SetupError(f"{folder} holds the data of an earlier run: delete it, or give another folder")
     secrets_ = {
         name: secrets.token_urlsafe(18)
         for name in (
