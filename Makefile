@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup tools run test test-fast test-compiled test-differential chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api bench-reconcile bench-audit \
+.PHONY: help setup tools run test secured-servers-up secured-servers-down test-fast test-compiled test-differential chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api bench-reconcile bench-audit \
 	redis-cluster-up redis-cluster-down redis-cluster-status kafka-cluster-up kafka-cluster-down kafka-cluster-status \
 	chaos-infra-check chaos sdk crash-power
 
@@ -49,6 +49,14 @@ kafka-cluster-down: ## Stop this checkout's 3-node Kafka cluster (data kept in .
 
 kafka-cluster-status: ## Health of the 3-node Kafka cluster, one line per node
 	bash scripts/kafka_cluster.sh status
+
+SECURED_DIR ?= .local/secured
+secured-servers-up: services-up ## A SASL_SSL Kafka and a Cassandra with passwords and client TLS on free ports (scripts/secured_servers.py); settings in SECURED_DIR (.local/secured)/secured.env
+	$(PY) scripts/secured_servers.py up $(SECURED_DIR)
+
+secured-servers-down: ## Stop the secured Kafka and Cassandra of SECURED_DIR and delete the folder (the next up makes new certificates and passwords)
+	$(PY) scripts/secured_servers.py down $(SECURED_DIR)
+	rm -rf $(SECURED_DIR)
 
 chaos-infra-check: services-up tools ## The chaos tooling's own tests (-m chaos): starts the Kafka cluster itself, stops it after unless KAFKA_CLUSTER_KEEP=1
 	$(PY) -m pytest -q -m chaos tests/chaos

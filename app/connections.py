@@ -165,6 +165,27 @@ def kafka_error_text(exc: BaseException) -> str:
     return text if text.startswith(type(exc).__name__) else f"{type(exc).__name__}: {text}"
 
 
+def tls_refusal(server: str, address: str, exc: BaseException | str, cafile_setting: str) -> str:
+    """The line for a server certificate the client refused (``exc``: the verification error or
+    its text): not trusted (the CA file), or not naming the address (the certificate)."""
+    reason = getattr(exc, "verify_message", None) or _verify_text(str(exc))
+    if "hostname mismatch" in reason.lower() or "ip address mismatch" in reason.lower():
+        return (
+            f"{server} at {address} presented a TLS certificate for another name ({reason}): connect by a "
+            "name or address its certificate lists"
+        )
+    return (
+        f"{server} at {address} presented a TLS certificate this client does not trust ({reason}): "
+        f"{cafile_setting} must name the CA that signed it"
+    )
+
+
+def _verify_text(text: str) -> str:
+    """ "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: X (_ssl.c:1006)" -> "X"."""
+    reason = text.partition("certificate verify failed: ")[2] or text
+    return reason.split(" (_ssl.c")[0].strip()
+
+
 @contextlib.contextmanager
 def quiet_logger(name: str, level: int = logging.CRITICAL) -> Iterator[None]:
     """Raise a library logger's level for a block: a failed connect the caller reports in one

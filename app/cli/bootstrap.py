@@ -20,14 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.connections import (
-    kafka_client_options,
-    kafka_error_text,
-    kafka_hosts,
-    keyspace_replication,
-    quiet_logger,
-    unreachable_hint,
-)
+from app.connections import kafka_client_options, kafka_security_options, keyspace_replication, quiet_logger
+from app.kafka.refusal import kafka_unreachable
 from app.settings import Settings
 from app.stores.cassandra_session import CassandraUnavailable, open_cluster
 from app.stores.schema import TABLES, create_keyspace_cql
@@ -150,8 +144,7 @@ async def ensure_topics(
                 await asyncio.wait_for(admin.start(), timeout=timeout_s)
         except (KafkaError, TimeoutError, OSError) as exc:
             raise KafkaUnavailable(
-                f"cannot reach Kafka at {settings.kafka_bootstrap} ({kafka_error_text(exc)})"
-                + unreachable_hint(kafka_hosts(settings.kafka_bootstrap))
+                await kafka_unreachable(settings.kafka_bootstrap, kafka_security_options(settings), exc)
             ) from None
         present = set(await admin.list_topics())
         missing = [n for n in names if n not in present]

@@ -30,8 +30,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 
-from app.connections import kafka_client_options
+from app.connections import kafka_client_options, kafka_security_options, quiet_logger
 from app.gateway.hub import FrameHub
+from app.kafka.refusal import kafka_unreachable
 from app.settings import Settings
 
 log = logging.getLogger("projector.gateway.kafka")
@@ -100,11 +101,14 @@ class KafkaFrameSource:
             fetch_max_wait_ms=100,  # an idle partition answers within 100 ms: low latency
         )
         try:
-            await consumer.start()
-        except KafkaError as exc:
-            raise GatewayStartError(
-                f"cannot reach Kafka at {self.settings.kafka_bootstrap} for the live stream: {exc}"
-            ) from None
+            with quiet_logger("aiokafka"):  # its line per failed connect: the error says it once
+                await consumer.start()
+        except (KafkaError, OSError) as exc:
+            await consumer.stop()  # else asyncio reports an unclosed consumer at exit
+            reason = await kafka_unreachable(
+                self.settings.kafka_bootstrap, kafka_security_options(self.settings), exc
+            )
+            raise GatewayStartError(f"the live stream: {reason}") from None
         try:
             self.partitions = await self._partition_count(consumer)
             chosen = range(self.partitions) if self.wanted is None else sorted(self.wanted)

@@ -17,7 +17,8 @@ from typing import Any
 
 from aiokafka.client import AIOKafkaClient
 
-from app.connections import kafka_client_options, kafka_error_text, kafka_hosts, unreachable_hint
+from app.connections import kafka_client_options, kafka_security_options
+from app.kafka.refusal import kafka_unreachable
 from app.settings import Settings
 
 
@@ -67,8 +68,7 @@ class KafkaProbe:
         except (KafkaError, OSError) as exc:
             await self._drop_client()
             raise KafkaUnreachable(
-                f"cannot reach Kafka at {bootstrap} ({kafka_error_text(exc)})"
-                + unreachable_hint(kafka_hosts(bootstrap))
+                await kafka_unreachable(bootstrap, kafka_security_options(self.settings), exc)
             ) from None
         self._metadata, self._at = metadata, self.clock()
         return metadata

@@ -85,22 +85,20 @@ class ReplaySourceError(RuntimeError):
     """mailbox-tail cannot be read: Kafka does not answer, or the topic is not there."""
 
 
-async def _start(consumer: Any, bootstrap: str) -> None:
-    """Start the consumer; a Kafka that does not answer is one clear error (and the consumer is
-    closed: aiokafka complains about an unclosed one at exit otherwise)."""
+async def _start(consumer: Any, bootstrap: str, security: Mapping[str, Any]) -> None:
+    """Start the consumer; a Kafka that does not answer, or refuses the credentials, is one clear
+    error (and the consumer is closed: aiokafka complains about an unclosed one at exit otherwise)."""
     from aiokafka.errors import KafkaError
 
-    from app.connections import kafka_error_text, kafka_hosts, quiet_logger, unreachable_hint
+    from app.connections import quiet_logger
+    from app.kafka.refusal import kafka_unreachable
 
     try:
         with quiet_logger("aiokafka"):
             await consumer.start()
     except (KafkaError, OSError) as exc:
         await consumer.stop()
-        raise ReplaySourceError(
-            f"cannot reach Kafka at {bootstrap} ({kafka_error_text(exc)})"
-            + unreachable_hint(kafka_hosts(bootstrap))
-        ) from None
+        raise ReplaySourceError(await kafka_unreachable(bootstrap, security, exc)) from None
 
 
 async def rebuild_by_replay(
@@ -131,7 +129,7 @@ async def rebuild_by_replay(
         auto_offset_reset="earliest",
         **dict(kafka_options or {}),  # security options (app/connections.kafka_security_options)
     )
-    await _start(consumer, bootstrap)
+    await _start(consumer, bootstrap, kafka_options or {})
     try:
         if topic not in await consumer.topics():
             raise ReplaySourceError(

@@ -472,7 +472,15 @@ async def _open_producer(settings: Any, connect_timeout_s: float) -> tuple[Any, 
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaError
 
-    from app.connections import kafka_client_options, kafka_error_text, kafka_hosts, unreachable_hint
+    from app.connections import (
+        kafka_client_options,
+        kafka_error_text,
+        kafka_hosts,
+        kafka_security_options,
+        quiet_logger,
+        unreachable_hint,
+    )
+    from app.kafka.refusal import kafka_refusal
 
     producer = AIOKafkaProducer(
         **kafka_client_options(settings),
@@ -486,15 +494,17 @@ async def _open_producer(settings: Any, connect_timeout_s: float) -> tuple[Any, 
     )
     topic = settings.topic_mailbox_tail
     try:
-        await asyncio.wait_for(producer.start(), timeout=connect_timeout_s)
+        with quiet_logger("aiokafka"):  # its line per failed connect: the error below says it once
+            await asyncio.wait_for(producer.start(), timeout=connect_timeout_s)
         metadata = await producer.client.fetch_all_metadata()
     except (KafkaError, TimeoutError, OSError) as exc:
         with contextlib.suppress(Exception):
             await producer.stop()
-        raise SimulateError(
-            f"kafka: cannot reach {settings.kafka_bootstrap} ({kafka_error_text(exc)})"
+        reason = await kafka_refusal(settings.kafka_bootstrap, kafka_security_options(settings)) or (
+            f"cannot reach {settings.kafka_bootstrap} ({kafka_error_text(exc)})"
             + unreachable_hint(kafka_hosts(settings.kafka_bootstrap))
-        ) from None
+        )
+        raise SimulateError(f"kafka: {reason}") from None
     partitions = metadata.partitions_for_topic(topic)
     if not partitions:
         await producer.stop()

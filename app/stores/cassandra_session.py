@@ -74,7 +74,8 @@ def open_cluster(
     except NoHostAvailable as exc:
         cluster.shutdown()
         raise CassandraUnavailable(
-            f"cannot reach Cassandra at {points} port {settings.cassandra_port} ({_reasons(exc)}){hint}"
+            refusal(exc)
+            or f"cannot reach Cassandra at {points} port {settings.cassandra_port} ({_reasons(exc)}){hint}"
         ) from None
     if require_keyspace and settings.cassandra_keyspace not in cluster.metadata.keyspaces:
         cluster.shutdown()
@@ -88,6 +89,31 @@ def missing_keyspace(keyspace: str) -> str:
         f"keyspace {keyspace!r} (PROJECTOR_CASSANDRA_KEYSPACE) does not exist in Cassandra: "
         "create it with `projector bootstrap`"
     )
+
+
+def refusal(exc: Any) -> str | None:
+    """When Cassandra answered and refused this client (its login, or its TLS certificate was not
+    trusted here), the line naming the settings to fix; None otherwise (not reached)."""
+    from cassandra import AuthenticationFailed
+
+    from app.connections import tls_refusal
+
+    errors = getattr(exc, "errors", None)
+    if not isinstance(errors, dict):
+        return None
+    for host, err in errors.items():
+        if isinstance(err, AuthenticationFailed):
+            # "Failed to authenticate to H: Error from server: code=0100 [Bad credentials] message=..."
+            said = str(err)
+            detail = said.partition('message="')[2].rstrip('"') or said
+            return (
+                f"Cassandra at {host} refused the login: {detail}; check PROJECTOR_CASSANDRA_USERNAME "
+                "and PROJECTOR_CASSANDRA_PASSWORD"
+            )
+        # The driver re-raises a failed TLS handshake as a socket error carrying the text only.
+        if "CERTIFICATE_VERIFY_FAILED" in str(err):
+            return tls_refusal("Cassandra", host, str(err), "PROJECTOR_CASSANDRA_SSL_CAFILE")
+    return None
 
 
 def _reasons(exc: Any) -> str:

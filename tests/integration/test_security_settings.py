@@ -6,8 +6,11 @@
   certificate (a private Debian `redis-server` on a free port, certificates made by the test),
   only with the settings: without the password it is refused, without the CA it does not trust it.
 
-Kafka SASL/TLS and Cassandra authentication/TLS are covered where the clients are built
-(tests/unit/test_connections.py): the shared local Kafka and Cassandra run without them.
+Kafka SASL/TLS and Cassandra authentication/TLS against real secured servers (a SASL_SSL Kafka, a
+Cassandra with passwords and client TLS, started by scripts/secured_servers.py): the whole product
+through them and the refused credentials are in tests/integration/test_secured_servers.py; every
+client constructor getting the settings in tests/unit/test_connections.py. The shared local Kafka
+and Cassandra run without them.
 """
 
 from __future__ import annotations
