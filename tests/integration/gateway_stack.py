@@ -21,6 +21,8 @@ from app.api.stream import STREAM_KEY
 from app.api.tokens import TokenSigner
 from app.gateway.service import Gateway
 from app.gateway.wiring import open_gateway
+from app.sdk import LiveSessionList, SessionsClient
+from app.sdk.stream import LiveStream
 from app.settings import Settings
 from app.stores.redis_projection import RedisProjectionStore
 from tests.support.api import SECRET
@@ -73,3 +75,22 @@ async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float
         if time.monotonic() > deadline:
             raise AssertionError(f"not met after {timeout}s: {what}")
         await asyncio.sleep(0.2)
+
+
+async def assert_device_matches(
+    api: SessionsClient, live: LiveSessionList, follow: LiveStream, badge: dict[str, Any], timeout: float = 60
+) -> None:
+    """A device following the stream reaches the version of ``badge`` (replay's badge record of
+    its user) with that badge, and its folders equal a fresh walk of the same store."""
+    version = badge["projection_mailbox_seq"]
+
+    def arrived() -> bool:
+        held = live.view.badge
+        return live.view.version == version and held is not None and held.version == version
+
+    await follow.until(arrived, timeout)
+    held = live.view.badge
+    assert held is not None and held.total_unread == badge["total_unread"], badge["user_id"]
+    assert held.total_mention == badge["total_mention"], badge["user_id"]
+    assert [dict(r) for r in live.main()] == (await api.walk("main", 50)).rows, badge["user_id"]
+    assert [dict(r) for r in live.archived()] == (await api.walk("archived", 50)).rows, badge["user_id"]

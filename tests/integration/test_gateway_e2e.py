@@ -20,7 +20,13 @@ import redis.asyncio as redis
 from app.gateway.presence import RedisPresence
 from app.sdk import LiveSessionList, SessionsClient
 from app.sdk.stream import LiveStream
-from tests.integration.gateway_stack import Instance, eventually, gateway_instance, token
+from tests.integration.gateway_stack import (
+    Instance,
+    assert_device_matches,
+    eventually,
+    gateway_instance,
+    token,
+)
 from tests.integration.stack import PROJECTOR, ROOT, Stack, read_jsonl
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -152,21 +158,7 @@ async def test_two_instances_stream_online_users_and_push_offline_ones(
             await stack.wait_for_versions(versions, timeout=300, alive=stack.alive())
 
             for user, (api, live, follow) in clients.items():
-
-                def arrived(live: LiveSessionList = live, user: int = user) -> bool:
-                    badge = live.view.badge
-                    return (
-                        live.view.version == versions[user]
-                        and badge is not None
-                        and (badge.version == versions[user])
-                    )
-
-                await follow.until(arrived, 60)
-                badge = live.view.badge
-                assert badge is not None and badge.total_unread == badges[user]["total_unread"]
-                assert badge.total_mention == badges[user]["total_mention"]
-                assert [dict(r) for r in live.main()] == (await api.walk("main", 50)).rows, user
-                assert [dict(r) for r in live.archived()] == (await api.walk("archived", 50)).rows, user
+                await assert_device_matches(api, live, follow, badges[user])
 
             def all_pushed(records: list[dict[str, Any]]) -> bool:
                 last = {int(r["user_id"]): r["projection_mailbox_seq"] for r in records}

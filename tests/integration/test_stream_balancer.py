@@ -18,7 +18,13 @@ import pytest
 
 from app.sdk import LiveSessionList, SessionsClient
 from app.sdk.stream import LiveStream
-from tests.integration.gateway_stack import Instance, eventually, gateway_instance, token
+from tests.integration.gateway_stack import (
+    Instance,
+    assert_device_matches,
+    eventually,
+    gateway_instance,
+    token,
+)
 from tests.integration.stack import Stack, read_jsonl
 from tests.integration.test_gateway_e2e import run_async
 from tests.support.balancer import Balancer
@@ -92,20 +98,7 @@ async def test_streams_through_a_balancer_resume_on_another_instance_when_theirs
                 await stack.wait_for_versions(versions, timeout=300, alive=stack.alive())
 
                 for user, (api, live, follow) in devices.items():
-
-                    def arrived(live: LiveSessionList = live, user: int = user) -> bool:
-                        badge = live.view.badge
-                        return (
-                            live.view.version == versions[user]
-                            and badge is not None
-                            and (badge.version == versions[user])
-                        )
-
-                    await follow.until(arrived, 60)
-                    badge = live.view.badge
-                    assert badge is not None and badge.total_unread == badges[user]["total_unread"]
-                    assert [dict(r) for r in live.main()] == (await api.walk("main", 50)).rows, user
-                    assert [dict(r) for r in live.archived()] == (await api.walk("archived", 50)).rows, user
+                    await assert_device_matches(api, live, follow, badges[user])
                     hellos = follow.stats.hellos
                     # One pull at the start; every reconnect resumed: nothing re-pulled, ever.
                     assert hellos.get("fresh") == 1 and "repull" not in hellos, (user, hellos)
