@@ -278,3 +278,32 @@ async def execute_all_async(
     if not statements:
         return []
     return await asyncio.to_thread(execute_all, session, statements, what=what, concurrency=concurrency)
+
+
+async def one_page(session: Any, statement: Any, params: Sequence[Any], what: str) -> list[Any]:
+    """The first page of the answer to ``statement`` bound to ``params``, without blocking the
+    event loop (the driver's callbacks run on its own thread). For statements whose whole answer
+    fits in one page: a write, a read of one partition's batch of at most 50. Any failure,
+    binding included, is a :class:`StoreError` naming ``what``."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[list[Any]] = loop.create_future()
+
+    def settle(rows: list[Any] | None, exc: BaseException | None) -> None:
+        if done.done():  # the caller gave up (cancelled): nothing to hand over
+            return
+        if exc is not None:
+            done.set_exception(StoreError(f"cassandra {what} failed: {type(exc).__name__}: {exc}"))
+        else:
+            done.set_result(rows or [])
+
+    def on_rows(rows: Any) -> None:
+        loop.call_soon_threadsafe(settle, list(rows or ()), None)
+
+    def on_error(exc: BaseException) -> None:
+        loop.call_soon_threadsafe(settle, None, exc)
+
+    try:
+        session.execute_async(statement.bind(params)).add_callbacks(on_rows, on_error)
+    except Exception as exc:
+        raise StoreError(f"cassandra {what} failed: {type(exc).__name__}: {exc}") from None
+    return await done

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from app.members.model import BY_IDS_MAX, Profile
-from app.stores.cassandra_exec import StoreError, checked_keyspace
+from app.stores.cassandra_exec import StoreError, checked_keyspace, one_page
 from app.stores.schema import check_user_id
 
 MAX_NAME_CHARS: Final = 256
@@ -94,31 +94,7 @@ class CassandraProfileStore:
         return len(todo)
 
     async def _execute(self, statement: Any, params: tuple[Any, ...], what: str) -> list[Any]:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[list[Any]] = loop.create_future()
-
-        def settle(rows: list[Any] | None, exc: BaseException | None) -> None:
-            if done.done():  # the caller gave up (cancelled): nothing to hand over
-                return
-            if exc is not None:
-                done.set_exception(exc)
-            else:
-                done.set_result(rows or [])
-
-        def on_rows(rows: Any) -> None:
-            # One page: a batch of at most 50 keys and a write answer both fit in the first.
-            loop.call_soon_threadsafe(settle, list(rows or ()), None)
-
-        def on_error(exc: BaseException) -> None:
-            loop.call_soon_threadsafe(settle, None, exc)
-
-        try:
-            self.session.execute_async(statement.bind(params)).add_callbacks(on_rows, on_error)
-            return await done
-        except StoreError:
-            raise
-        except Exception as exc:
-            raise StoreError(f"cassandra {what} failed: {type(exc).__name__}: {exc}") from None
+        return await one_page(self.session, statement, params, what)
 
 
 def parse_profile_line(line: str, number: int) -> ProfileRow:

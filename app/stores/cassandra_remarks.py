@@ -9,12 +9,11 @@ client timestamps (a PUT then a DELETE from one API process apply in that order)
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
 from app.members.remarks import InvalidRemark, check_remark, check_targets
-from app.stores.cassandra_exec import StoreError, checked_keyspace
+from app.stores.cassandra_exec import StoreError, checked_keyspace, one_page
 from app.stores.schema import check_user_id
 
 
@@ -64,26 +63,4 @@ class CassandraRemarkStore:
         await self._execute(self._clear, (viewer_id, target_id), "remark clear")
 
     async def _execute(self, statement: Any, params: tuple[Any, ...], what: str) -> list[Any]:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[list[Any]] = loop.create_future()
-
-        def settle(rows: list[Any] | None, exc: BaseException | None) -> None:
-            if done.done():  # the caller gave up (cancelled): nothing to hand over
-                return
-            if exc is not None:
-                done.set_exception(StoreError(f"cassandra {what} failed: {type(exc).__name__}: {exc}"))
-            else:
-                done.set_result(rows or [])
-
-        def on_rows(rows: Any) -> None:
-            # One page: at most 50 rows of one partition (and a write's empty answer) fit in it.
-            loop.call_soon_threadsafe(settle, list(rows or ()), None)
-
-        def on_error(exc: BaseException) -> None:
-            loop.call_soon_threadsafe(settle, None, exc)
-
-        try:
-            self.session.execute_async(statement.bind(params)).add_callbacks(on_rows, on_error)
-        except Exception as exc:
-            raise StoreError(f"cassandra {what} failed: {type(exc).__name__}: {exc}") from None
-        return await done
+        return await one_page(self.session, statement, params, what)
