@@ -159,6 +159,7 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
     stream = tmp / f"crash-stream-{plan.seed}.jsonl"
     lanes = stack.settings.lanes
     loops = _busy_loops(plan.busy_loops)
+    traffic_end: asyncio.Task[float] | None = None
     try:
         traffic = asyncio.create_task(
             asyncio.to_thread(
@@ -230,6 +231,8 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
         traffic_done = time.monotonic()
         report.timeline.append(f"{traffic_done - started:6.1f}s traffic done")
     finally:
+        if traffic_end is not None:  # still polling when the simulator never wrote a record
+            traffic_end.cancel()
         for loop in loops:
             loop.kill()
             loop.wait()
