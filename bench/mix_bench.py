@@ -55,6 +55,8 @@ import math
 import os
 import random
 import secrets
+import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -531,6 +533,7 @@ class MixBench:
         }
         self.worker_args = worker_bench.parse([part for flag in flags.items() for part in flag])
         self.worker_args.keep_logs = args.keep_logs
+        self.worker_args.wrapper = args.wrapper
         self.bench = worker_bench.Bench(self.worker_args, kind="mbench")
         self.secret = secrets.token_urlsafe(32)
 
@@ -653,6 +656,7 @@ class MixBench:
             f"{len(traffic.fast_users)} fast + {len(traffic.sample_users)} sampled users over SSE"
         )
         argv, worker_env, cwd = bench.worker_command("worker", env)
+        argv = [*shlex.split(a.wrapper), *argv]
         worker = bench.spawn(argv, worker_env, bench.work / f"{name}-worker.log", cwd)
         api_log = bench.work / f"{name}-api.log"
         api_env = {
@@ -776,7 +780,7 @@ class MixBench:
                     await asyncio.wait_for(sdk.wait(), timeout=30)
                 except TimeoutError:
                     sdk.kill()
-            bench.stop(worker)
+            bench.stop(worker, signal.SIGINT if a.wrapper else signal.SIGTERM)
             bench.stop(api)
         records = await bench.kafka.read(deltas)
         frames: list[tuple[int, int, list[str]]] = []
@@ -1001,8 +1005,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dm-partners", type=int, default=int(env("MBENCH_DM_PARTNERS", "2")))
     p.add_argument("--mention-every", type=int, default=int(env("MBENCH_MENTION_EVERY", "20")))
     p.add_argument("--all-mention-every", type=int, default=int(env("MBENCH_ALL_MENTION_EVERY", "0")))
-    p.add_argument("--backlog-groups", type=int, default=int(env("MBENCH_BACKLOG_GROUPS", "10")))
-    p.add_argument("--backlog-seconds", type=float, default=float(env("MBENCH_BACKLOG_SECONDS", "15")))
+    p.add_argument("--backlog-groups", type=int, default=int(env("MBENCH_BACKLOG_GROUPS", "30")))
+    p.add_argument("--backlog-seconds", type=float, default=float(env("MBENCH_BACKLOG_SECONDS", "20")))
     p.add_argument("--marker-every", type=int, default=500)
     p.add_argument("--live-seconds", type=float, default=float(env("MBENCH_LIVE_SECONDS", "50")))
     p.add_argument("--warmup-seconds", type=float, default=float(env("MBENCH_WARMUP_SECONDS", "5")))
@@ -1019,6 +1023,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=float(env("MBENCH_TIMEOUT", "300")), help="per run, s")
     p.add_argument("--report", type=Path, default=ROOT / "bench/out/mix_report.json")
     p.add_argument("--keep-logs", action="store_true")
+    p.add_argument(
+        "--wrapper",
+        default="",
+        help="prefix for every worker's command, e.g. a profiler (stopped with SIGINT)",
+    )
     return p.parse_args(argv)
 
 
