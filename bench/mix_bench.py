@@ -83,7 +83,6 @@ FAST_P99_MS = 239.0
 GROUP_P99_OVER_WINDOW_MS = 300.0
 MIX_OVER_GROUP = 0.9
 FOLLOW_WAVE = 50  # SDK streams opened at a time
-J1_MIN_RATIO = 90.0
 
 
 def log(message: str) -> None:
@@ -404,6 +403,9 @@ def j1_figures(
     messages = sum(rows.values())
     bound = math.ceil(span_s * 1000 / window_ms) + 1
     max_window = max(window.values(), default=0)
+    # As bench/harness.py's J-1 verdict: messages / the bound (90 for J-1's 1,000 messages over
+    # 50 s at a 5 s window: what this bench's live phase paces by default).
+    min_ratio = math.floor(max(rows.values(), default=0) / bound)
     ratio_window = messages / max(1, sum(window.values()))
     ratio_all = messages / max(1, sum(writes.values()))
     return {
@@ -418,8 +420,8 @@ def j1_figures(
         "rows_never_written": sum(1 for w in writes.values() if w == 0),
         "compression_ratio_window_writes": round(ratio_window, 2),
         "compression_ratio_all_writes": round(ratio_all, 2),
-        "min_compression_ratio": math.floor(max(rows.values(), default=0) / bound),
-        "passed": max_window <= bound and ratio_window >= J1_MIN_RATIO,
+        "min_compression_ratio": min_ratio,
+        "passed": max_window <= bound and ratio_window >= min_ratio,
     }
 
 
@@ -966,7 +968,8 @@ def render(report: dict[str, Any]) -> str:
             f"J-1 (group rows, {j1['rows']:,} rows, {j1['messages_per_row_max']} messages each"
             f" over {j1['span_s']} s): "
             f"window writes per row max {j1['max_window_writes_per_row']} (<= {j1['bound']}), "
-            f"ratio {j1['compression_ratio_window_writes']} (>= {J1_MIN_RATIO:g}): {mark('j1')}; "
+            f"ratio {j1['compression_ratio_window_writes']} (>= {j1['min_compression_ratio']}):"
+            f" {mark('j1')}; "
             f"all writes max {j1['max_writes_per_row']}, ratio {j1['compression_ratio_all_writes']} "
             f"({j1['fast_writes']:,} fast writes, at most {j1['max_fast_writes_per_row']} a row)"
         )
