@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup tools run test test-fast test-compiled test-differential chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api bench-reconcile \
+.PHONY: help setup tools run test test-fast test-compiled test-differential chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api bench-reconcile bench-mix \
 	redis-cluster-up redis-cluster-down redis-cluster-status kafka-cluster-up kafka-cluster-down kafka-cluster-status \
 	chaos-infra-check chaos sdk crash-power
 
@@ -129,3 +129,6 @@ bench-reconcile: services-up ## One user's reconcile on login (real Redis + Cass
 
 bench-api: services-up ## Query API benchmark: warm/cold page p50/p99 (server side) and warm requests/s, 5,000-conversation user
 	$(PY) bench/api_bench.py
+
+bench-mix: services-up ## The product's mix (issue 33): group traffic at 0.5x capacity, 5 s window, DMs and mentions through it; entry -> SSE event (~3 min)
+	$(PY) bench/mix_bench.py
