@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,59 @@ def pct(values: list[float], q: float) -> float:
 
 def ms(values: list[float]) -> dict[str, float]:
     return {"p50": round(pct(values, 0.5), 1), "p99": round(pct(values, 0.99), 1), "n": len(values)}
+
+
+# -- SDK streams that time what they apply (this bench's latency phase, bench/mix_bench.py) --------
+
+
+def listening_url(line: str) -> str | None:
+    """The URL `projector api` announces on its first line ("... listening on URL ..."), or None."""
+    if "listening on " not in line:
+        return None
+    return line.split("listening on ")[1].split()[0].rstrip(",")
+
+
+AppliedHook = Callable[[int, int, int], None]  # (user, version, time_ns): a SESSION_DELTA applied
+
+
+def follow_users(
+    url: str, secret: str, users: list[int], on_applied: AppliedHook, stop: asyncio.Event
+) -> tuple[list[tuple[Any, Any]], list[asyncio.Task[None]]]:
+    """One SDK `LiveStream` per user over the gateway's SSE stream, each running until `stop`;
+    `on_applied(user, version, time.time_ns())` right after the SDK applied a SESSION_DELTA (its
+    version covers every entry of the user up to it). Returns ([(client, stream)], tasks)."""
+    from app.sdk import LiveSessionList, SessionsClient
+    from app.sdk.stream import LiveStream
+
+    class Timed(LiveSessionList):
+        async def apply(self, frame: Any) -> Any:
+            result = await super().apply(frame)
+            if frame.get("type") == "SESSION_DELTA" and result.applied:
+                on_applied(self.user_id, frame["projection_mailbox_seq"], time.time_ns())
+            return result
+
+    signer = TokenSigner(secret)
+    clients: list[tuple[Any, Any]] = []
+    tasks: list[asyncio.Task[None]] = []
+    for user in users:
+        api = SessionsClient(url, signer.mint(user, int(time.time()) + 3600))
+        follow = LiveStream(Timed(api, user), read_timeout_s=30)
+        clients.append((api, follow))
+        tasks.append(asyncio.create_task(follow.run(stop)))
+    return clients, tasks
+
+
+async def until_synced(clients: list[tuple[Any, Any]], timeout_s: float) -> None:
+    """Every stream has said hello and pulled its list (frames after that are applied on it)."""
+    for _, follow in clients:
+        await follow.until(lambda f=follow: f.synced, timeout_s)
+
+
+async def close_followers(clients: list[tuple[Any, Any]], tasks: list[asyncio.Task[None]]) -> None:
+    """After `stop` is set: the streams' tasks end, then their HTTP sessions close."""
+    await asyncio.gather(*tasks)
+    for api, _ in clients:
+        await api.close()
 
 
 # -- the client process: N raw SSE connections ---------------------------------------------------
@@ -223,9 +276,10 @@ class Bench:
         api = self.projector("api", "--port", "0", stdout=subprocess.PIPE)
         assert api.stdout is not None
         line = (await asyncio.wait_for(asyncio.to_thread(api.stdout.readline), timeout=120)).decode()
-        if "listening on" not in line:
+        url = listening_url(line)
+        if url is None:
             raise RuntimeError(f"projector api did not start: {line!r}")
-        self.url = line.split("listening on ")[1].split()[0].rstrip(",")
+        self.url = url
         self.api_pid = api.pid
 
     async def cleanup(self) -> None:
@@ -298,24 +352,16 @@ class Bench:
     # -- 1. latency ------------------------------------------------------------------------
 
     async def latency(self) -> dict[str, Any]:
-        from app.sdk import LiveSessionList, SessionsClient
-        from app.sdk.stream import LiveStream
-
         args = self.args
         users = [FIRST_USER + 500_000 + i for i in range(args.latency_users)]
         sent: dict[int, dict[int, int]] = {u: {} for u in users}  # user -> mailbox_seq -> ns
         sdk_ms: list[float] = []
         plain_ms: list[float] = []
 
-        class Timed(LiveSessionList):
-            async def apply(self, frame: Any) -> Any:
-                result = await super().apply(frame)
-                now = time.time_ns()
-                if frame.get("type") == "SESSION_DELTA" and result.applied:
-                    pending = sent[self.user_id]
-                    for seq in [s for s in pending if s <= frame["projection_mailbox_seq"]]:
-                        sdk_ms.append((now - pending.pop(seq)) / 1e6)
-                return result
+        def covered(user: int, version: int, now: int) -> None:
+            pending = sent[user]
+            for seq in [s for s in pending if s <= version]:
+                sdk_ms.append((now - pending.pop(seq)) / 1e6)
 
         plain_seen: dict[int, int] = dict.fromkeys(users, 0)
         produced_at: dict[tuple[int, int], int] = {}
@@ -337,16 +383,9 @@ class Bench:
 
         worker = self.projector("worker", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         stop = asyncio.Event()
-        clients = []
-        tasks = []
-        for user in users:
-            api = SessionsClient(self.url, TokenSigner(self.secret).mint(user, int(time.time()) + 3600))
-            follow = LiveStream(Timed(api, user), read_timeout_s=30)
-            clients.append((api, follow))
-            tasks.append(asyncio.create_task(follow.run(stop)))
+        clients, tasks = follow_users(self.url, self.secret, users, covered, stop)
         try:
-            for _, follow in clients:
-                await follow.until(lambda f=follow: f.synced, 60)  # type: ignore[misc]
+            await until_synced(clients, 60)
             async with (
                 self.producer() as producer,
                 self.plain_consumer(self.settings.topic_session_delta) as pc,
@@ -381,9 +420,7 @@ class Bench:
                 await watcher
         finally:
             stop.set()
-            await asyncio.gather(*tasks)
-            for api, _ in clients:
-                await api.close()
+            await close_followers(clients, tasks)
         return {
             "window_ms": args.window_ms,
             "rate_per_s": args.latency_rate,

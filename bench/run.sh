@@ -61,4 +61,13 @@ if [ "${BENCH_PERSIST:-1}" != 0 ]; then
     bash scripts/services.sh up >/dev/null
     PYTHONPATH=. "$PY" bench/durable_persist_bench.py --reps "${PBENCH_REPS:-40}" || status=$?
 fi
+# The product's mix (issue 33 item 5): the worker at the 5 s window fed group traffic at 0.5 x its
+# capacity (measured side by side on a backlog, with and without a stream of direct messages and
+# mentions), `projector api` with its gateway, SDK streams over SSE: fast-lane and group entries
+# produced -> SDK event, J-1 of the group rows (bench/README.md). ~3 minutes; sizes from MBENCH_*;
+# BENCH_MIX=0 skips it (alone: `make bench-mix`).
+if [ "${BENCH_MIX:-1}" != 0 ]; then
+    bash scripts/services.sh up >/dev/null
+    "$PY" bench/mix_bench.py || status=$?
+fi
 exit "$status"

@@ -358,9 +358,9 @@ class Run:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, kind: str = "wbench") -> None:
         self.args = args
-        self.prefix = f"wbench-{uuid.uuid4().hex[:8]}"
+        self.prefix = f"{kind}-{uuid.uuid4().hex[:8]}"
         self.work = Path(args.work_dir) / self.prefix
         self.work.mkdir(parents=True, exist_ok=True)
         self.input_topic = f"{self.prefix}-mailbox-tail"
@@ -544,15 +544,20 @@ class Bench:
         subprocess.run(["tar", "-x", "-C", str(self.base_dir)], input=archive.stdout, check=True)
         log(f"worker-base: {ref} = {self.base_sha[:12]} in {self.base_dir}")
 
-    async def run_one(self, contender: str, rep: int, stream: Stream) -> Run:
+    async def run_one(
+        self, contender: str, rep: int, stream: Stream, input_topic: str = "", tag: str = ""
+    ) -> Run:
+        """One throughput run of `contender` over `stream`, pre-produced to `input_topic` (default:
+        the bench's own); `tag` tells apart the runs of one contender over several streams."""
         a = self.args
-        name = f"{self.prefix}-{contender}{rep}"
+        input_topic = input_topic or self.input_topic
+        name = f"{self.prefix}-{contender}{tag}{rep}"
         log_path = self.work / f"{name}.log"
         partitions = a.partitions
         cwd = ROOT
         if contender in WORKERS:
             window_ms = a.latency_window_ms if contender == "worker-lw" else a.window_ms
-            env = self.worker_env(name, window_ms, self.input_topic)
+            env = self.worker_env(name, window_ms, input_topic)
             if contender == "worker-lw" and a.lw_batch_records:
                 # A batch is applied as a unit and flushes after it: with the product's batches
                 # (20,000 records, ~2 s of work) a backlog would be flushed once per batch, not
@@ -572,7 +577,7 @@ class Bench:
             await self.kafka.create([progress], partitions)
             argv = [
                 sys.executable, "bench/aiokafka_loop.py", "--bootstrap", a.bootstrap,
-                "--input", self.input_topic, "--output", progress, "--group", f"{name}-group",
+                "--input", input_topic, "--output", progress, "--group", f"{name}-group",
             ]  # fmt: skip
             env = dict(os.environ)
             expected = len(stream.records)
@@ -582,7 +587,7 @@ class Bench:
             config = {
                 "app_id": f"{name}-app",
                 "bootstrap": a.bootstrap,
-                "input": self.input_topic,
+                "input": input_topic,
                 "output": progress,
                 "partitions": partitions,
                 "datadir": str(self.work / f"{name}-data"),

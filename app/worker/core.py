@@ -867,21 +867,44 @@ class WorkerCore:
                 await self.persist(state)
             published = 0
             while state.publishable:
-                batches = state.unpublished[0]
+                count, batches = self._next_write(state)
                 try:
-                    published += await self._write(batches)
+                    published += await self._write(batches, flushes=count)
                 except Exception as exc:
                     if not self._store_failed(exc, state):
                         raise
                     break  # queued, and recorded unflushed by every persist until written
                 self._store_succeeded()
-                state.unpublished.pop(0)
-                state.published_flushes += 1
+                del state.unpublished[:count]
+                state.published_flushes += count
                 # Their records now say these versions are flushed (with the next persist).
                 state.processor.touch((), [batch.user_id for batch in batches], self.clock())
             return published
 
-    async def _write(self, batches: list[UserFlush]) -> int:
+    @staticmethod
+    def _next_write(state: PartitionState) -> tuple[int, list[UserFlush]]:
+        """The oldest queued flushes that go to the store in one write: the oldest, and after it
+        every next durable one while no user repeats. The fast lane queues one flush per user
+        (docs/contract.md §10), a store round trip each when written one by one; written together
+        each user's batch is still atomic, and a user's versions still reach the store and the
+        frames in order (a user appears once per write; a flush naming a user already in it
+        starts the next write)."""
+        queued = state.unpublished
+        batches = list(queued[0])
+        durable = min(len(queued), state.durable_flushes - state.published_flushes)
+        users = {batch.user_id for batch in batches}
+        count = 1
+        while count < durable:
+            following = queued[count]
+            if any(batch.user_id in users for batch in following):
+                break
+            users.update(batch.user_id for batch in following)
+            batches += following
+            count += 1
+        return count, batches
+
+    async def _write(self, batches: list[UserFlush], flushes: int = 1) -> int:
+        """One store write of `batches` (the users of `flushes` queued flushes), then their frames."""
         started = time.perf_counter()
         previous = await self.projection_store.write(batches)
         if self.after_store_write is not None:
@@ -915,7 +938,7 @@ class WorkerCore:
             badges.append((key, orjson.dumps(badge)))
         if deltas:
             await self.outbox.frames(deltas, badges)
-        self.stats.flushes += 1
+        self.stats.flushes += flushes
         self.stats.frames += len(deltas) + len(badges)
         elapsed = time.perf_counter() - started
         self.stats.last_flush_ms = elapsed * 1000

@@ -5,7 +5,9 @@ sent with the batch that applied it, while a group message waits for the window'
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
+from app.domain.flush import UserFlush
 from app.settings import Settings
 from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
@@ -70,3 +72,40 @@ def test_with_the_fast_lane_off_both_wait_for_the_window() -> None:
     at_batch, before_end, at_end = run(per_user_per_s=0)
     assert at_batch == before_end == []
     assert at_end == [(1, 2), (2, 1)]
+
+
+class CountingStore(InMemoryProjectionStore):
+    """The projection store, recording the users of each write call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[int]] = []
+
+    async def write(self, batches: Sequence[UserFlush]) -> list[int | None]:
+        self.calls.append([batch.user_id for batch in batches])
+        return await super().write(batches)
+
+
+def test_the_fast_flushes_of_a_batch_go_to_the_store_in_one_write_until_a_user_repeats() -> None:
+    """Four direct messages in one batch are four fast flushes (users 1, 2, 3, then 1 again):
+    users 1-3 go in one store write, the second flush of user 1 starts the next one, and every
+    user's frames still come in version order."""
+    s = StreamBuilder()
+    firsts = [s.message(user, 1, conv=DM, member_count=2) for user in (1, 2, 3)]
+    again = s.message(1, 2, conv=DM, member_count=2)
+    lines = s.close()
+    store = CountingStore()
+    outbox = RecordingOutbox()
+    settings = Settings(projection_compaction_window_ms=WINDOW_MS)
+    core = WorkerCore(
+        WorkerConfig.from_settings(settings),
+        message_store=message_store_for(lines, 1),
+        projection_store=store,
+        tables=MemoryTables(),
+        outbox=outbox,
+        clock=ManualClock(),
+    )
+    asyncio.run(core.on_records(records(lines)))
+    assert store.calls == [[1, 2, 3], [1]]
+    assert deltas(outbox) == [(1, firsts[0]), (2, firsts[1]), (3, firsts[2]), (1, again)]
+    assert core.stats.flushes == 4  # queued flushes published, however many writes carried them
