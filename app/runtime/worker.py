@@ -116,6 +116,7 @@ def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[
     # the previous flush is written (WorkerCore.background_publish).
     core.background_publish = settings.worker_overlap_flushes
     core.commit_outside_state_lock = settings.worker_overlap_flushes
+    core.visible_before_durable = settings.worker_visible_before_durable
 
     gc_policy = GcPolicy.from_settings(settings)
     gc_monitor = GcMonitor()

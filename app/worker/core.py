@@ -290,6 +290,13 @@ class WorkerCore:
         # go on meanwhile). False: it holds it, the intake waits. `PROJECTOR_WORKER_OVERLAP_FLUSHES`
         # sets both in the worker.
         self.commit_outside_state_lock = False
+        # True: a flush goes to the store and the frames without waiting for a persist (visible
+        # before durable; the persist follows within a window). Sound because a flush's rows and
+        # badge are a function of the entries applied up to its version: after a crash the
+        # re-read reproduces the same version with the same values (the store refuses it as a
+        # repeat) or a newer one. False: each publish persists the partition first.
+        # `PROJECTOR_WORKER_VISIBLE_BEFORE_DURABLE` sets it in the worker (docs/durability.md).
+        self.visible_before_durable = False
         self.max_queued_flushes = 4
         self.publish_wanted = asyncio.Event()
         self.dead_letter_log = RateLimitedLog(log, config.dead_letter_log_per_s, "dead letters")
@@ -798,7 +805,6 @@ class WorkerCore:
         duplicates: changes that flush nothing still move the durable offset)."""
         self.dead_letter_log.tick()
         flushed = 0
-        window = self.config.window_ms
         for state in list(self.partitions.values()):
             if state.released:
                 continue
@@ -808,7 +814,11 @@ class WorkerCore:
                     state.queue([batches])
             if state.unpublished:
                 flushed += await self.publish(state)
-            elif state.unpersisted_since is not None and now - state.unpersisted_since >= window:
+                if self.visible_before_durable and not state.released and self._persist_due(state, now):
+                    # Publishing no longer persists: the window's persist still comes, however
+                    # busy the fast lane keeps the publisher.
+                    await self.persist(state)
+            elif self._persist_due(state, now):
                 await self.persist(state)
             elif state.owing and self.mirror is not None and self.mirror.caught_up:
                 # Its records still say "owed" and the mirror has written it all since: without
@@ -816,6 +826,11 @@ class WorkerCore:
                 # saying so, and a restart restaged writes already made.
                 await self.persist(state)
         return flushed
+
+    def _persist_due(self, state: PartitionState, now: int) -> bool:
+        """Changes older than a window are not persisted yet."""
+        since = state.unpersisted_since
+        return since is not None and now - since >= self.config.window_ms
 
     async def flush_all(self) -> int:
         """Everything flushes now (a clean stop); the mirror writes what it owes first, so the
@@ -860,13 +875,14 @@ class WorkerCore:
                 return 0
             failing = self.store_backoff is not None and self.store_backoff.failing
             uncovered = state.durable_flushes < state.queued_flushes
-            if not (failing and state.unpersisted_since is None and not uncovered):
+            visible_first = self.visible_before_durable
+            if not visible_first and not (failing and state.unpersisted_since is None and not uncovered):
                 # Persisted even with nothing queued: the caller asked for a flush, and a persist
                 # is what makes the offsets durable. (A retry after a failed write, with nothing
                 # changed since, has nothing to make durable: its flushes were persisted.)
                 await self.persist(state)
             published = 0
-            while state.publishable:
+            while self._publishable(state):
                 count, batches = self._next_write(state)
                 try:
                     published += await self._write(batches, flushes=count)
@@ -879,10 +895,20 @@ class WorkerCore:
                 state.published_flushes += count
                 # Their records now say these versions are flushed (with the next persist).
                 state.processor.touch((), [batch.user_id for batch in batches], self.clock())
+            if visible_first and now:
+                # A clean stop's or a test's flush: what it wrote is made durable at once (its
+                # records then say flushed, and the offsets can be committed).
+                await self.persist(state)
             return published
 
-    @staticmethod
-    def _next_write(state: PartitionState) -> tuple[int, list[UserFlush]]:
+    def _publishable(self, state: PartitionState) -> bool:
+        """The oldest queued flush may be written now: any queued one when flushes are visible
+        before durable, else one a completed persist covers."""
+        if self.visible_before_durable:
+            return not state.released and bool(state.unpublished)
+        return state.publishable
+
+    def _next_write(self, state: PartitionState) -> tuple[int, list[UserFlush]]:
         """The oldest queued flushes that go to the store in one write: the oldest, and after it
         every next durable one while no user repeats. The fast lane queues one flush per user
         (docs/contract.md §10), a store round trip each when written one by one; written together
@@ -891,10 +917,13 @@ class WorkerCore:
         starts the next write)."""
         queued = state.unpublished
         batches = list(queued[0])
-        durable = min(len(queued), state.durable_flushes - state.published_flushes)
+        if self.visible_before_durable:
+            writable = len(queued)
+        else:
+            writable = min(len(queued), state.durable_flushes - state.published_flushes)
         users = {batch.user_id for batch in batches}
         count = 1
-        while count < durable:
+        while count < writable:
             following = queued[count]
             if any(batch.user_id in users for batch in following):
                 break

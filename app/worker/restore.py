@@ -15,8 +15,9 @@ Detection, every `interval_ms` (`check`; the Redis side is app/stores/redis_rest
 A whole-partition restore sets the partition's markers to ``restoring:<token>`` first, then goes
 through every user of the partition in chunks of `chunk_users`, in user id order: the users
 come from the changelog tables' keys (read in slices, values not read: the state may be far
-bigger than memory; every user a flush ever published is there, since a partition is persisted
-before its flushes are published), each user from memory if resident (newer than the tables),
+bigger than memory; every user a flush published is there within a window of that flush — a user
+flushed visible before durable and not persisted yet is caught by its next flush finding the
+store behind, the third detection), each user from memory if resident (newer than the tables),
 else read from the tables without joining the hot set. One chunk:
 
   under the core's flush lock (no flush writes meanwhile; the partition's queued flushes go

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import pytest
+
 from app.domain.flush import UserFlush
 from app.settings import Settings
 from app.stores.memory_messages import InMemoryMessageStore
@@ -109,3 +111,37 @@ def test_the_fast_flushes_of_a_batch_go_to_the_store_in_one_write_until_a_user_r
     assert store.calls == [[1, 2, 3], [1]]
     assert deltas(outbox) == [(1, firsts[0]), (2, firsts[1]), (3, firsts[2]), (1, again)]
     assert core.stats.flushes == 4  # queued flushes published, however many writes carried them
+
+
+@pytest.mark.parametrize(("visible_first", "persists_at_batch"), [(True, 0), (False, 1)])
+def test_visible_before_durable_a_direct_message_is_written_before_its_persist(
+    visible_first: bool, persists_at_batch: int
+) -> None:
+    """PROJECTOR_WORKER_VISIBLE_BEFORE_DURABLE (the worker's default): the direct message's flush
+    reaches the store and the frames with its batch and no persist precedes it; the partition is
+    persisted at the window's end. Durable before visible (false): the flush waits for a persist."""
+    s = StreamBuilder()
+    s.message(1, 1, conv=DM, member_count=2)
+    lines = s.close()
+    clock = ManualClock()
+    outbox = RecordingOutbox()
+    core = WorkerCore(
+        WorkerConfig.from_settings(Settings(projection_compaction_window_ms=WINDOW_MS)),
+        message_store=message_store_for(lines, 1),
+        projection_store=InMemoryProjectionStore(),
+        tables=MemoryTables(),
+        outbox=outbox,
+        clock=clock,
+    )
+    core.visible_before_durable = visible_first
+
+    async def go() -> tuple[int, int, int]:
+        await core.on_records(records(lines))
+        at_batch = core.partition(0).persists
+        clock.now += WINDOW_MS
+        await core.flush_due(clock.now)
+        return at_batch, core.partition(0).persists, len(deltas(outbox))
+
+    at_batch, at_window, frames = asyncio.run(go())
+    assert (at_batch, frames) == (persists_at_batch, 1)
+    assert at_window >= 1  # durable within the window either way
