@@ -18,11 +18,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.gateway.hub import FrameHub
 from app.gateway.kafka_frames import SourceStats
-from app.gateway.metrics import register as register_gateway
 from app.gateway.push import PushStats
 from app.gateway.recent_frames import RecentFrames
 from app.gateway.service import Gateway
 from app.metrics import ApiMetrics, OpsMetrics, RebuildMetrics, WorkerMetrics, exposition
+from app.metrics.gateway import register as register_gateway
 
 # Label values that depend on the machine or the build, not on the declarations.
 _MACHINE_LABELS = frozenset(
