@@ -31,6 +31,8 @@ class SnapshotSource(Protocol):
 
 
 class ApiMetrics(ProcessMetrics):
+    """The API's registry: one row per metric (attribute = metric)."""
+
     snapshot_hits = MetricSpec(
         Counter, "projector_snapshot_hits", "Pages served from a held snapshot (no load)"
     )

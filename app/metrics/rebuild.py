@@ -16,6 +16,8 @@ REBUILD_DIFF_KINDS: Final = ("added", "removed", "changed")
 
 
 class RebuildMetrics(ProcessMetrics):
+    """The rebuild tool's registry: one row per metric (attribute = metric)."""
+
     # Which namespace the rebuild writes: the operator console shows it next to the serving one (an
     # info gauge, always 1; no sample until the namespace is known).
     info = MetricSpec(

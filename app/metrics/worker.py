@@ -45,6 +45,8 @@ class DurableCounts(Protocol):
 
 
 class WorkerMetrics(ProcessMetrics):
+    """The worker's registry: one row per metric (attribute = metric), pulled by :meth:`sync`."""
+
     entries_in = MetricSpec(
         Counter, "projector_entries_in", "Mailbox entries read (markers excluded), dead letters included"
     )
