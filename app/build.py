@@ -1,6 +1,6 @@
 """What this process is: the package version, the Python running it, and whether the compiled
 build (mypyc, issue 14: setup.py) is in use. ``projector --version`` prints it and every process
-exports it as ``projector_build_info{version,python,compiled} 1`` (app/metrics.py), so a
+exports it as ``projector_build_info{version,python,compiled} 1`` (app/metrics/process.py), so a
 dashboard shows which build each worker and API runs during a rolling upgrade."""
 
 from __future__ import annotations

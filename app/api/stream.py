@@ -241,7 +241,7 @@ def install(app: web.Application, ctx: ApiContext) -> None:
 def routes(ctx: ApiContext) -> list[Route]:
     gateway = gateway_of(ctx)
     if gateway is not None:
-        from app.gateway.metrics import register
+        from app.metrics.gateway import register
 
         register(ctx.metrics.registry, gateway)
     return [

@@ -15,7 +15,7 @@ rebuilt from state. The result is a full replay's on every field state can know;
 or after T above the state's version, else state's ``updated_mailbox_seq``.
 
 ``--metrics-port PORT`` serves the progress gauges (projector_rebuild_work_items / _work_done /
-_progress_ratio, app/metrics.py) on ``GET /metrics`` while the rebuild runs, and for
+_progress_ratio, app/metrics/rebuild.py) on ``GET /metrics`` while the rebuild runs, and for
 ``--metrics-hold`` seconds after it (a scraper's interval is longer than a short rebuild).
 
 Without ``--swap`` nothing that serves changes: NS is a namespace nobody reads. Rebuilding into

@@ -11,7 +11,7 @@ from app.metrics import RebuildMetrics
 
 class Progress:
     """One line, rewritten in place on a terminal (else a line every few seconds): users done,
-    rows, rate, ETA. Also the process's rebuild gauges (app/metrics.py)."""
+    rows, rate, ETA. Also the process's rebuild gauges (app/metrics/rebuild.py)."""
 
     def __init__(
         self,

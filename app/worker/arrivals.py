@@ -1,7 +1,7 @@
 """The worker's log of the arrival reconciliation (docs/contract.md §9, app/domain/arrivals.py):
 one line when a lane of an owned partition starts missing entries (or misses a different
 number), one when nothing is missing any more. The metric (projector_entries_missing) is pulled
-by app/metrics.py; this only says it in the log, once per change, not per check."""
+by app/metrics/worker.py; this only says it in the log, once per change, not per check."""
 
 from __future__ import annotations
 

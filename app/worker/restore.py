@@ -40,7 +40,7 @@ What clients see: a restored user's rows and badge as correction frames restatin
 (never a new version, never an older one): a client holding that version overwrites with equal
 values; one that pulled an emptied or partial list during the loss gets every row. Metrics:
 projector_projection_restores_total (restores, of a partition or of some users, that had to
-write something) and the users/rows counters (app/metrics.py); a WARNING line per restore that
+write something) and the users/rows counters (app/metrics/worker.py); a WARNING line per restore that
 wrote anything ("projection store lost data (<reason>): restored partition ..."), INFO lines for
 checks that found nothing lost (markers are also absent the first time a store is seen).
 """

@@ -44,7 +44,7 @@ class PartitionLost(Exception):
 
 @dataclass
 class DurableStats:
-    """Counts the worker's metrics read (app/metrics.py)."""
+    """Counts the worker's metrics read (app/metrics/worker.py)."""
 
     persists: int = 0
     persist_failures: int = 0

@@ -5,7 +5,7 @@ Sources, all read-only:
 * each URL of ``PROJECTOR_OPS_METRICS_URLS`` (a worker's ``GET /metrics``, or a running
   rebuild's ``--metrics-port``), scraped concurrently with a short timeout; a worker is the owner
   of the partitions its gauges are labelled with (``projector_watermark_hi{partition}`` and
-  friends, app/metrics.py). Configured, not discovered: Kafka's group membership does not say
+  friends, app/metrics/worker.py). Configured, not discovered: Kafka's group membership does not say
   where a member serves /metrics. Two owners of one partition = a rebalance in flight (shown).
 * the workers' consumer group (``PROJECTOR_APP_ID``) committed offsets and the log ends of
   mailbox-tail (the OpsBus port): the lag in records;

@@ -122,7 +122,7 @@ class Bus:
 
 
 def worker_metrics_text() -> str:
-    """A worker's exposition with the real metric names (app/metrics.py), owning partition 0."""
+    """A worker's exposition with the real metric names (app/metrics/worker.py), owning partition 0."""
     m = WorkerMetrics()
     m.watermark_hi.labels("0").set(120)
     m.watermark_lane.labels("0", "0").set(120)
