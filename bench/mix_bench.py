@@ -633,14 +633,17 @@ class MixBench:
 
     # -- 2 + 3. live -----------------------------------------------------------------------------
 
-    async def live(self, capacity: float) -> dict[str, Any]:
+    async def live(
+        self, capacity: float, tag: str = "", settings: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """One live run; `settings`: worker settings of this run only (the baseline's)."""
         a, bench = self.args, self.bench
         per_group = a.group_rate * a.group_size
         groups = a.live_groups or max(1, round(a.load * capacity / per_group))
         traffic = Traffic(self.shape(groups))
-        name = f"{bench.prefix}-live"
+        name = f"{bench.prefix}-live{tag}"
         topic = f"{name}-mailbox-tail"
-        env = bench.worker_env(name, a.window_ms, topic)
+        env = {**bench.worker_env(name, a.window_ms, topic), **(settings or {})}
         deltas = env["PROJECTOR_TOPIC_SESSION_DELTA"]
         bench.check(
             await asyncio.to_thread(
@@ -985,6 +988,18 @@ def render(report: dict[str, Any]) -> str:
             f"  SDK: {sdk['frames']:,} frames, {sdk['repulls']} repull events, {sdk['syncs']} pulls, "
             f"{sdk['disconnects']} disconnects"
         )
+    base = report.get("live_baseline")
+    if live and base:
+        label = ",".join(f"{k}={v}" for k, v in base["settings"].items())
+        out.append(f"baseline live run, same traffic ({label}):")
+        for key, what in (("fast_lane", "fast lane"), ("group_sampled", "group (sampled)")):
+            mine, theirs = live[key], base[key]
+            if mine.get("n") and theirs.get("n"):
+                out.append(
+                    f"  {what:16s} p50 {theirs['p50_ms']:7.1f}  p99 {theirs['p99_ms']:7.1f} ms;"
+                    f" this run / baseline: p50 {mine['p50_ms'] / theirs['p50_ms']:.3f},"
+                    f" p99 {mine['p99_ms'] / theirs['p99_ms']:.3f}"
+                )
     for note in report.get("notes", []):
         out.append(f"note: {note}")
     return "\n".join(out)
@@ -1021,6 +1036,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=0.0,
         help="skip the throughput part and take this capacity (entries/s)",
+    )
+    p.add_argument(
+        "--baseline",
+        default=env("MBENCH_BASELINE", "PROJECTOR_WORKER_VISIBLE_BEFORE_DURABLE=false"),
+        help="worker settings (K=V,...) of a second live run side by side, the baseline; '' skips it",
     )
     p.add_argument("--tick-ms", type=float, default=10.0)
     p.add_argument("--timeout", type=float, default=float(env("MBENCH_TIMEOUT", "300")), help="per run, s")
@@ -1067,6 +1087,14 @@ async def amain(args: argparse.Namespace) -> int:
         else:
             try:
                 report["live"] = await mix.live(capacity)
+                if args.baseline:
+                    # The same live run with the former rule, side by side on the same machine.
+                    setting = dict(part.split("=", 1) for part in args.baseline.split(","))
+                    log(f"live baseline: {args.baseline}")
+                    report["live_baseline"] = {
+                        "settings": setting,
+                        **await mix.live(capacity, "-base", setting),
+                    }
             except RuntimeError as exc:
                 failed = True
                 notes.append(f"live phase failed: {exc}")
