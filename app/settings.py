@@ -368,6 +368,11 @@ class Settings:
     api_snapshot_max_rows: int = bounded(5000, 1)
     # LRU bound on the rows held by all snapshots together (memory: ~1 KB per row).
     api_snapshot_cache_rows: int = 500_000
+    # The API's cyclic GC (app/runtime/gc_tuning.py, as the worker's): the held snapshots are a
+    # large long-lived heap, and with Python's default first threshold a cold page (~25,000 new
+    # objects) ran a full collection over it every few loads: cold-page CPU p99 55-59 ms against
+    # 21-25 ms at 50,000 (40 held 5,000-row snapshots, issue 32). 0 = Python's own thresholds.
+    api_gc_threshold: int = bounded(50_000, 0, 10_000_000)
     # When the API fills rows missing from the projection store from Cassandra (docs/contract.md §5):
     # "empty" = only when the store holds nothing for the user (projection lost, user not yet
     # flushed), "always" = join UserConversationState on every snapshot load (also catches

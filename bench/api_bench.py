@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import random
 import re
@@ -144,11 +145,19 @@ async def get(
         body = await resp.read()
         if resp.status != 200:
             raise RuntimeError(f"{url}: {resp.status} {body[:200]!r}")
-        server = float(re.search(r"dur=([0-9.]+)", resp.headers["Server-Timing"])[1])  # type: ignore[index]
+        timing = resp.headers["Server-Timing"]
+        server = float(re.search(r"app;dur=([0-9.]+)", timing)[1])  # type: ignore[index]
+        loop_cpu = re.search(r"loop-cpu;dur=([0-9.]+)", timing)
+        LOOP_CPU.append(float(loop_cpu[1]) if loop_cpu else math.nan)
     return orjson.loads(body), server, (time.perf_counter() - started) * 1000
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
+# The `loop-cpu` of each response `get` read, in order (the server's CPU for that request when
+# requests come one at a time: not inflated by other jobs on a shared machine).
+LOOP_CPU: list[float] = []
+
+
+async def main(args: argparse.Namespace, settings_env: dict[str, str] | None = None) -> dict[str, Any]:
     secret = secrets.token_urlsafe(32)
     namespace = f"bench-api-{uuid.uuid4().hex[:8]}"
     settings = Settings.from_env()
@@ -157,6 +166,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     rows = rows_for(USER, args.conversations)
     version = 1
     await store.write([batch(USER, rows, version)])
+    # Other users the instance holds snapshots of, as a busy instance does (the heap its
+    # collector walks): each first page read once below.
+    others = [USER + n for n in range(1, args.held_users + 1)]
+    for other_user in others:
+        await store.write([batch(other_user, rows_for(other_user, args.conversations, seed=other_user), 1)])
     # `projector api` needs a bootstrapped keyspace (the member directory's tables): a private one.
     from app.cli.bootstrap import ensure_cassandra_schema
 
@@ -174,6 +188,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         # A login asks for a reconcile at most once per user per interval: not a page's steady
         # cost (bench/reconcile_bench.py times a reconcile), and the bench has no topics for it.
         "PROJECTOR_RECONCILE_ON_LOGIN": "false",
+        **(settings_env or {}),
     }
     procs = [
         subprocess.Popen(
@@ -192,6 +207,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         url = f"{base}/v1/sessions?limit={args.limit}"
         connector = aiohttp.TCPConnector(limit=args.concurrency)
         async with aiohttp.ClientSession(connector=connector) as http:
+            for other_user in others:
+                token = TokenSigner(secret).mint(other_user, int(time.time()) + 3600)
+                await get(http, url, {"Authorization": "Bearer " + token})
             # One full walk: the cursors every warm request below reuses (all of one revision).
             cursors: list[str] = []
             body, _, _ = await get(http, url, headers)
@@ -212,6 +230,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             warm_cpu = (cpu_ms(proc.pid) - cpu_before) / args.warm
             cold_server: list[float] = []
             cold_client: list[float] = []
+            cold_loop_cpu: list[float] = []
             adopted_server: list[float] = []
             adopted_client: list[float] = []
             cpu_before = cpu_ms(proc.pid)
@@ -223,6 +242,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 await store.write([batch(USER, [changed], version)])
                 body, server, wall = await get(http, url, headers)
                 assert body["projection_mailbox_seq"] == version  # really reloaded
+                cold_loop_cpu.append(LOOP_CPU[-1])
                 cold_server.append(server)
                 cold_client.append(wall)
                 # The next page of that walk on the other instance: an adoption.
@@ -280,6 +300,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "server": summary(cold_server),
             "client": summary(cold_client),
             "server_cpu_ms_per_request": round(cold_cpu, 3),
+            "server_loop_cpu": summary(cold_loop_cpu),
         },
         "adopted_page": {"server": summary(adopted_server), "client": summary(adopted_client)},
         "throughput": {
@@ -303,11 +324,28 @@ def cli() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="throughput phase bound")
     parser.add_argument("--max-requests", type=int, default=200_000, help="throughput phase bound")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--held-users", type=int, default=40, help="other 5,000-row users whose snapshots the API holds"
+    )
     parser.add_argument("--report", default=str(ROOT / "bench" / "out" / "api_report.json"))
+    parser.add_argument(
+        "--baseline",
+        default="PROJECTOR_API_GC_THRESHOLD=0",
+        help="API settings (K=V,...) of a baseline run side by side (cold pages); '' skips it",
+    )
     args = parser.parse_args()
     report = asyncio.run(main(args))
+    if args.baseline:
+        setting = dict(part.split("=", 1) for part in args.baseline.split(","))
+        report["baseline"] = {"settings": setting, **asyncio.run(main(args, setting))}
     Path(args.report).parent.mkdir(parents=True, exist_ok=True)
     Path(args.report).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    print_report(report)
+    print(f"report: {args.report}")
+    return 0
+
+
+def print_report(report: dict[str, Any]) -> None:
     w, c, t = report["warm_page"], report["cold_first_page"], report["throughput"]
     a = {**report["adopted_page"], "server_cpu_ms_per_request": float("nan")}
     print(f"query API, one user with {report['conversations']} conversations, limit {report['limit']}")
@@ -322,8 +360,22 @@ def cli() -> int:
         )
     rate = f"{t['requests_per_s']} requests/s, {t['requests_per_server_cpu_s']} per server CPU second"
     print(f"warm pages: {rate} ({t['requests']} in {t['seconds']} s, {t['concurrency']} concurrent)")
-    print(f"report: {args.report}")
-    return 0
+    cpu = c["server_loop_cpu"]
+    print(f"cold first page, server loop CPU: p50 {cpu['p50_ms']:.3f} ms, p99 {cpu['p99_ms']:.3f} ms")
+    base = report.get("baseline")
+    if base:
+        label = ",".join(f"{k}={v}" for k, v in base["settings"].items())
+        b = base["cold_first_page"]
+        print(f"baseline, run after it ({label}):")
+        for what, mine, theirs in (
+            ("cold server", c["server"], b["server"]),
+            ("cold loop CPU", cpu, b["server_loop_cpu"]),
+        ):
+            print(
+                f"  {what:14s} p50 {theirs['p50_ms']:.3f} ms, p99 {theirs['p99_ms']:.3f} ms;"
+                f" this run / baseline: p50 {mine['p50_ms'] / theirs['p50_ms']:.3f},"
+                f" p99 {mine['p99_ms'] / theirs['p99_ms']:.3f}"
+            )
 
 
 if __name__ == "__main__":

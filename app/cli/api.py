@@ -114,9 +114,12 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     from app.api import create_app
     from app.api.guard import RedactedAccessLogger, runner_args
     from app.logs import access_logger, announce
+    from app.runtime.gc_tuning import GcPolicy
 
     async with open_deps(settings) as deps:
         app = create_app(settings, deps)
+        # Start-up's objects frozen, a larger first threshold: cold pages' p99 (settings).
+        GcPolicy(threshold=settings.api_gc_threshold, freeze=True).apply()
         # PROJECTOR_API_ACCESS_LOG: off by default, one log line per page would dominate the cost.
         # The request handler's settings are keyword arguments of AppRunner itself (it hands them
         # to every RequestHandler). Given as `handler_args=` (web.run_app's name), aiohttp failed to
