@@ -203,6 +203,7 @@ function selectConversation(conversationId) {
   state.mentioned.clear();
   $("compose-text").value = "";
   $("mentioned").textContent = "";
+  delete $("mentioned").dataset.refs;
   closeReads();
   const latest = latestSeq(conversationId);
   $("read-seq").value = latest === null ? "" : String(latest);
