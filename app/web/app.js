@@ -403,6 +403,7 @@ function closePicker() {
   state.activeCandidate = 0;
   candidateRows.clear();
   $("mention-list").replaceChildren();
+  delete $("mention-list").dataset.prefix;
   $("mention-list").hidden = true;
   $("mention-status").hidden = true;
 }
@@ -461,6 +462,9 @@ function renderCandidates(picker) {
   const ul = $("mention-list");
   const wasHidden = ul.hidden;
   placeRows(ul, lis);
+  // A new prefix is a new list: from its top (a list left scrolled to its end would show more).
+  if (ul.dataset.prefix !== picker.prefix) ul.scrollTop = 0;
+  ul.dataset.prefix = picker.prefix;
   ul.hidden = lis.length === 0;
   ul.dataset.matches = String(picker.matches.length);
   ul.dataset.complete = String(picker.complete);
