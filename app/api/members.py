@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from decimal import Decimal
 from typing import Any, Final
 
@@ -267,38 +267,53 @@ def _remark_store(request: web.Request) -> RemarkStore:
     return store
 
 
-async def put_remark(request: web.Request) -> web.Response:
-    """Set (or replace) the caller's remark on a user: 400 for a bad id, the caller itself, or a
-    remark that is not 1..64 characters without control characters (after trimming)."""
-    caller = current_user(request)
-    target = _remark_target(request, caller)
+async def _remark_from_body(request: web.Request) -> str:
+    """PUT's remark: required, 1..64 characters without control characters after trimming."""
     body = await _body(request, _REMARK_FIELDS)
     if "remark" not in body:
         raise bad_request("remark (a string of 1 to 64 characters) is required; DELETE clears it")
     try:
-        remark = check_remark(body["remark"])
+        return check_remark(body["remark"])
     except InvalidRemark as exc:
         raise bad_request(str(exc), "invalid_remark") from None
+
+
+async def _no_remark(request: web.Request) -> None:
+    """DELETE's remark: none, and no body."""
+    if request.can_read_body and await request.content.read(1):
+        raise bad_request("DELETE takes no body")
+
+
+async def _change_remark(
+    request: web.Request, read_remark: Callable[[web.Request], Awaitable[str | None]]
+) -> web.Response:
+    """PUT and DELETE of the caller's remark on a user, checked in one order: the target (400 for
+    a bad id or the caller itself), then the request's remark (``read_remark``; None clears),
+    then the store (503 when this server keeps none or it fails). The answer is the remark the
+    server now holds."""
+    caller = current_user(request)
+    target = _remark_target(request, caller)
+    remark = await read_remark(request)
     store = _remark_store(request)
     try:
-        await store.set_remark(caller, target, remark, context(request).deps.clock_ms())
+        if remark is None:
+            await store.clear_remark(caller, target)
+        else:
+            await store.set_remark(caller, target, remark, context(request).deps.clock_ms())
     except StoreError as exc:
         raise ApiError(503, "unavailable", str(exc)) from None
     return web.json_response({"user_id": id_text(target), "remark": remark})
 
 
+async def put_remark(request: web.Request) -> web.Response:
+    """Set (or replace) the caller's remark on a user: 400 for a bad id, the caller itself, or a
+    remark that is not 1..64 characters without control characters (after trimming)."""
+    return await _change_remark(request, _remark_from_body)
+
+
 async def delete_remark(request: web.Request) -> web.Response:
     """Clear the caller's remark on a user (clearing none is fine: the answer is the same)."""
-    caller = current_user(request)
-    target = _remark_target(request, caller)
-    if request.can_read_body and await request.content.read(1):
-        raise bad_request("DELETE takes no body")
-    store = _remark_store(request)
-    try:
-        await store.clear_remark(caller, target)
-    except StoreError as exc:
-        raise ApiError(503, "unavailable", str(exc)) from None
-    return web.json_response({"user_id": id_text(target), "remark": None})
+    return await _change_remark(request, _no_remark)
 
 
 def message_readers(refs: MemberRefCodec) -> Any:

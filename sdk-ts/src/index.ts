@@ -110,3 +110,17 @@ export {
   type WebStorageMemberCacheOptions,
 } from "./web-cache.js";
 export { DEFAULT_LIMITS, FORMAT_VERSION, type CacheLimits } from "./cache-format.js";
+export {
+  MENTION_ROWS_DEFAULT,
+  MentionPicker,
+  ReadReceiptDetails,
+  foldName,
+  isUnknownMessage,
+  matchesMention,
+  mentionCandidates,
+  mentionNames,
+  type MentionPickerOptions,
+  type ReadDetailRow,
+  type ReadReceiptDetailsOptions,
+  type ReadReceiptSource,
+} from "./member-views.js";

@@ -37,6 +37,7 @@ import pytest
 
 from app.api.tokens import TokenSigner
 from app.domain.badge import Badge
+from app.stores.cassandra_messages import CassandraMessageStore, NewMessage
 from app.stores.cassandra_profiles import CassandraProfileStore, ProfileRow
 from app.stores.cassandra_session import open_cluster
 from app.stores.cassandra_state import UserConversationStateWriter
@@ -71,6 +72,10 @@ class Group:
         self.api_url = api_url
         self.ids = sorted([USER, *range(10_001, 10_001 + size - 1)])
 
+    def name(self, user_id: int) -> str:
+        """The public display name seeded for `user_id`."""
+        return f"Member {user_id}"
+
     def avatar(self, user_id: int, version: int = 1) -> str:
         return f"{self.api_url}/avatars/{user_id}-{version}.png"
 
@@ -87,7 +92,7 @@ class Group:
                     self.id, user_id, "owner" if user_id == USER else "member", "active", 1, None
                 )
             await writer.flush()
-            rows = [ProfileRow(u, f"Member {u}", self.avatar(u)) for u in self.ids]
+            rows = [ProfileRow(u, self.name(u), self.avatar(u)) for u in self.ids]
             await CassandraProfileStore(session, keyspace).put(rows, 1)
         finally:
             cluster.shutdown()
@@ -193,8 +198,8 @@ VISIBLE_AVATARS = """(() => {
 })()"""
 
 
-async def sign_in_and_open(page: Any, api: Api, token: str, group: str) -> None:
-    await page.goto(f"{api.url}/app/")
+async def sign_in_and_open(page: Any, api: Api, token: str, group: str, query: str = "") -> None:
+    await page.goto(f"{api.url}/app/{query}")
     await page.fill("#token", token)
     await page.click("#connect")
     row = page.locator(f'#list li.row[data-conversation-id="{group}"]')
@@ -203,7 +208,11 @@ async def sign_in_and_open(page: Any, api: Api, token: str, group: str) -> None:
 
 
 async def start(
-    make_stack: Callable[..., Stack], tmp_path: Path, prefix: str, size: int = MEMBERS
+    make_stack: Callable[..., Stack],
+    tmp_path: Path,
+    prefix: str,
+    size: int = MEMBERS,
+    group_type: type[Group] = Group,
 ) -> tuple[Stack, Api, Group, str]:
     _need_node()
     stack = make_stack(prefix, partitions=1, lanes=1)
@@ -211,7 +220,7 @@ async def start(
     api = Api(stack, tmp_path)
     api.env["PROJECTOR_API_WEB_SDK"] = str(tgz)
     api.env["PROJECTOR_API_RATE_LIMIT_PER_S"] = "0"
-    group = Group(stack, api.url, size)
+    group = group_type(stack, api.url, size)
     await group.seed()
     await seed_list(stack)
     await api.start()
@@ -467,6 +476,257 @@ async def test_a_remark_changed_on_the_server_converges_in_the_page_and_its_stor
         assert await page.evaluate(row_name(changed)) == "Newest note"
         assert await page.evaluate(row_name(cleared)) == f"Member {cleared}"
         assert await page.evaluate(STORED_REMARKS) == {str(changed): "Newest note"}
+    finally:
+        await context.close()
+        api.stop()
+
+
+# -- the @-candidates and the read-receipt details (the drawer's store, seed 004) ------------------
+
+FIRST_NAMES = ("Ada", "Adam", "Bea", "Ben", "Cy", "Dora")  # "ada" matches Ada and Adam
+VIEW_SIZE = 120  # three member pages of 50, three read-receipt pages of 50
+READ_SEQ = 8
+MENTION_ROWS = 10  # app.js: candidates rendered at first and per scroll to the end
+
+
+class NamedGroup(Group):
+    """USER's group with first names sharing prefixes, and one message (READ_SEQ) sent by the
+    first member, read by every third other member: the server's truth for the views."""
+
+    def __init__(self, stack: Stack, api_url: str, size: int = VIEW_SIZE) -> None:
+        super().__init__(stack, api_url, size)
+        self.first_names = {u: FIRST_NAMES[i % len(FIRST_NAMES)] for i, u in enumerate(self.ids)}
+        self.sender = self.ids[0]
+        self.readers = {u for i, u in enumerate(self.ids) if i % 3 == 1}
+
+    def name(self, user_id: int) -> str:
+        return f"{self.first_names[user_id]} {user_id}"
+
+    def read_truth(self, members: list[int]) -> tuple[list[str], list[str]]:
+        """(read, not read) of READ_SEQ among `members`, as the API orders them."""
+        others = [u for u in members if u != self.sender]
+        return [str(u) for u in others if u in self.readers], [
+            str(u) for u in others if u not in self.readers
+        ]
+
+    async def seed(self) -> None:
+        await super().seed()
+        cluster, session = await self._session()
+        try:
+            keyspace = self.stack.settings.cassandra_keyspace
+            writer = UserConversationStateWriter(session, keyspace)
+            for user_id in self.readers:
+                writer.stage(user_id, self.id, {"read_seq": READ_SEQ})
+            await writer.flush()
+            message = NewMessage(
+                self.id, READ_SEQ, "m-read", "0" * 31 + "8", self.sender, 1, True, frozenset()
+            )
+            await asyncio.to_thread(CassandraMessageStore(session, keyspace).put_messages, [message])
+        finally:
+            cluster.shutdown()
+
+
+CANDIDATES = "[...document.querySelectorAll('#mention-list li.candidate')].map((li) => li.dataset.memberRef)"
+CANDIDATE_NAMES = (
+    "[...document.querySelectorAll('#mention-list li.candidate .name')].map((e) => e.textContent)"
+)
+PAGE_MEMBER_REQUESTS = "window.__sp.store.counters"
+SCROLL_CANDIDATES_TO_END = (
+    "(() => { const ul = document.getElementById('mention-list'); ul.scrollTop = 1e9; })()"
+)
+
+
+def visible_avatars(rows: str, box: str) -> str:
+    """The avatar URLs of `rows` inside `box` and the viewport (with the loader's 100px margin:
+    a superset of what the IntersectionObserver reports as visible)."""
+    return f"""(() => {{
+  const box = document.querySelector('{box}').getBoundingClientRect();
+  return [...document.querySelectorAll('{rows}')].filter((li) => {{
+    const r = li.getBoundingClientRect();
+    const inBox = r.bottom > box.top && r.top < box.bottom;
+    return inBox && r.bottom > -100 && r.top < innerHeight + 100;
+  }}).map((li) => li.querySelector('img').dataset.url);
+}})()"""
+
+
+async def type_mention(page: Any, text: str) -> None:
+    """Replace the compose box's text with `text` (one input event, the caret at its end)."""
+    await page.fill("#compose-text", text)
+
+
+async def all_candidates(page: Any, expected_matches: int) -> list[str]:
+    """The candidate rows once the list was scrolled to its end until every match is rendered
+    (and left scrolled to its end)."""
+    await until(page, f"document.getElementById('mention-list').dataset.matches === '{expected_matches}'")
+    for _ in range(expected_matches // MENTION_ROWS + 2):
+        await page.evaluate(SCROLL_CANDIDATES_TO_END)  # the page renders more rows at the end
+        await asyncio.sleep(0.2)
+        if len(await page.evaluate(CANDIDATES)) >= expected_matches:
+            break
+    await page.evaluate(SCROLL_CANDIDATES_TO_END)
+    shown: list[str] = await page.evaluate(CANDIDATES)
+    return shown
+
+
+async def test_the_at_picker_filters_the_drawers_store_and_follows_a_removal_and_a_remark(
+    make_stack: Callable[..., Stack], tmp_path: Path, browser: Any
+) -> None:
+    _, api, group, token = await start(make_stack, tmp_path, "bment", VIEW_SIZE, NamedGroup)
+    assert isinstance(group, NamedGroup)
+    context = await browser.new_context()
+    try:
+        page = await context.new_page()
+        net = Network()
+        await net.install(page)
+        await sign_in_and_open(page, api, token, group.id)
+        await until(page, COMPLETE, "the drawer's roster with names")
+        requests_before = len(net.log)
+        counters_before = await page.evaluate(PAGE_MEMBER_REQUESTS)
+
+        def matching(prefix: str) -> list[str]:
+            return [str(u) for u in group.ids if u != USER and group.name(u).lower().startswith(prefix)]
+
+        # "@adam": exactly the Adams, a screenful first, the rest as the list scrolls.
+        adams = matching("adam")
+        assert len(adams) > MENTION_ROWS
+        await type_mention(page, "hi @adam")
+        await until(page, f"{CANDIDATES}.length === {MENTION_ROWS}", "the first candidates")
+        assert await page.evaluate(CANDIDATES) == adams[:MENTION_ROWS]
+        assert await page.evaluate(CANDIDATE_NAMES) == [group.name(int(u)) for u in adams[:MENTION_ROWS]]
+        # Avatars: only for candidate rows that were visible (the list shows about 6 of 10).
+        await asyncio.sleep(0.5)
+        visible = set(await page.evaluate(visible_avatars("#mention-list li.candidate", "#mention-list")))
+        asked = await page.evaluate("window.__sp.viewAvatarLoads.mentions")
+        assert asked and set(asked) <= visible and len(asked) < MENTION_ROWS, (asked, visible)
+        assert await all_candidates(page, len(adams)) == adams
+        last = group.avatar(int(adams[-1]))
+        await until(page, f"window.__sp.viewAvatarLoads.mentions.includes('{last}')", "the last row's avatar")
+        asked = await page.evaluate("window.__sp.viewAvatarLoads.mentions")
+        assert len(asked) < len(adams), "rows scrolled past (never visible) had their avatars loaded"
+        # A shorter prefix: Ada and Adam (the prefix is over the whole name, case folded).
+        await type_mention(page, "hi @Ada")
+        assert await all_candidates(page, len(matching("ada"))) == matching("ada")
+
+        # One store: the drawer's members, never requested again, the very same objects.
+        assert len(net.log) == requests_before, net.log[requests_before:]
+        assert await page.evaluate(PAGE_MEMBER_REQUESTS) == counters_before
+        assert await page.evaluate(
+            "window.__sp.picker.store === window.__sp.store && window.__sp.picker.matches.every("
+            "(m) => m === window.__sp.store.member(m.memberRef))"
+        )
+
+        # Choosing one (Enter on the first): its name goes into the text, the picker closes.
+        await type_mention(page, "hi @adam")
+        await until(page, f"{CANDIDATES}.length === {MENTION_ROWS}")
+        await page.keyboard.press("ArrowDown")
+        await page.keyboard.press("Enter")
+        assert await page.input_value("#compose-text") == f"hi @{group.name(int(adams[1]))} "
+        assert await page.locator("#mentioned").get_attribute("data-refs") == adams[1]
+        assert await page.locator("#mention-list").is_hidden()
+        await type_mention(page, "@zz")
+        await until(
+            page, "document.getElementById('mention-status').textContent === 'no member matches \"@zz\"'"
+        )
+
+        # On the server: an Adam leaves, a Cy is renamed "Adamo", USER notes a Bea as "Adam's sister".
+        gone = int(adams[0])
+        renamed = next(u for u in group.ids if group.first_names[u] == "Cy")
+        noted = next(u for u in group.ids if group.first_names[u] == "Bea")
+        await group.leave_and_rename(gone, renamed, f"Adamo {renamed}")
+        await remark(api, "PUT", USER, noted, "Adam's sister")
+        await page.click("#member-refresh")
+        await until(page, "window.__sp.store.counters.traversalsCompleted >= 2", "the re-read")
+        await until(page, "window.__sp.store.counters.removalsConfirmed === 1", "the removal")
+        await type_mention(page, "@adam")
+        expected = sorted([*(int(u) for u in adams[1:]), renamed, noted])
+        assert await all_candidates(page, len(expected)) == [str(u) for u in expected]
+        noted_row = f'#mention-list li[data-member-ref="{noted}"]'
+        assert await page.locator(f"{noted_row} .name").text_content() == "Adam's sister"
+        assert await page.locator(f"{noted_row} .also").text_content() == group.name(noted)
+        assert await page.locator(f'#mention-list li[data-member-ref="{gone}"]').count() == 0
+        assert await page.evaluate(f"window.__sp.store.member('{gone}')") is None
+    finally:
+        await context.close()
+        api.stop()
+
+
+READ_ROWS = "[...document.querySelectorAll('#{list} li.reader')].map((li) => li.dataset.memberRef)"
+READ_PAGE = 50
+
+
+async def test_the_read_view_pages_the_servers_read_facts_with_names_from_the_shared_store(
+    make_stack: Callable[..., Stack], tmp_path: Path, browser: Any
+) -> None:
+    _, api, group, token = await start(make_stack, tmp_path, "bread", VIEW_SIZE, NamedGroup)
+    assert isinstance(group, NamedGroup)
+    context = await browser.new_context()
+    try:
+        page = await context.new_page()
+        net = Network()
+        await net.install(page)
+        readers_requests: list[str] = []
+
+        async def log_readers(route: Any) -> None:
+            readers_requests.append(route.request.url)
+            await route.continue_()
+
+        await page.route("**/messages/*/readers*", log_readers)
+        await sign_in_and_open(page, api, token, group.id, f"?readLimit={READ_PAGE}")
+        await until(page, COMPLETE, "the drawer's roster with names")
+        member_requests = len(net.log)
+
+        await page.fill("#read-seq", str(READ_SEQ))
+        await page.click("#read-open")
+        await until(page, "document.getElementById('reads').dataset.pages === '1'", "the first read page")
+        read, unread = group.read_truth(group.ids[:READ_PAGE])
+        assert await page.evaluate(READ_ROWS.format(list="read-list")) == read
+        assert await page.evaluate(READ_ROWS.format(list="unread-list")) == unread
+        names = await page.locator("#read-list li.reader .name").all_text_contents()
+        assert names == [group.name(int(u)) for u in read]  # from the drawer's store
+        assert await page.locator("#read-error").is_hidden()  # a silent view: no "updating" line
+
+        # Avatars only for the read rows that were visible.
+        await page.evaluate("document.getElementById('read-list').scrollIntoView()")
+        await asyncio.sleep(0.5)
+        visible = set(await page.evaluate(visible_avatars("#reads li.reader", "#read-list")))
+        visible |= set(await page.evaluate(visible_avatars("#reads li.reader", "#unread-list")))
+        asked = await page.evaluate("window.__sp.viewAvatarLoads.reads")
+        assert asked and set(asked) <= visible, (asked, visible)
+        assert len(asked) < len(read) + len(unread)
+
+        # Page on to the end: exactly the server's truth for the seq.
+        while await page.locator("#read-more").is_visible():
+            pages = await page.evaluate("document.getElementById('reads').dataset.pages")
+            await page.click("#read-more")
+            await until(page, f"document.getElementById('reads').dataset.pages === '{int(pages) + 1}'")
+        read, unread = group.read_truth(group.ids)
+        assert await page.evaluate(READ_ROWS.format(list="read-list")) == read
+        assert await page.evaluate(READ_ROWS.format(list="unread-list")) == unread
+        assert await page.locator("#read-count").text_content() == str(len(read))
+        assert await page.locator("#unread-count").text_content() == str(len(unread))
+        assert await page.evaluate("document.getElementById('reads').dataset.pages") == str(
+            -(-VIEW_SIZE // READ_PAGE)
+        )
+        assert len(readers_requests) == -(-VIEW_SIZE // READ_PAGE)
+        assert all("basic_only=true" in u and f"limit={READ_PAGE}" in u for u in readers_requests)
+        # One store: the read view asked the server for no member the drawer had loaded.
+        assert len(net.log) == member_requests, net.log[member_requests:]
+
+        # An unknown message: the API's 404, said plainly, no rows.
+        await page.fill("#read-seq", "999")
+        await page.click("#read-open")
+        await until(page, "document.getElementById('read-error').textContent !== ''", "the 404")
+        await until(page, "document.getElementById('read-error').textContent !== 'loading…'", "the 404")
+        assert await page.locator("#read-error").text_content() == "No message #999 in this conversation."
+        assert await page.evaluate(READ_ROWS.format(list="read-list")) == []
+        assert await page.locator("#read-more").is_hidden()
+        # Not a message number: said before any request goes out.
+        asked_before = len(readers_requests)
+        await page.fill("#read-seq", "0")
+        await page.click("#read-open")
+        text = await page.locator("#read-error").text_content()
+        assert text is not None and text.startswith('"0" is not a message number')
+        assert len(readers_requests) == asked_before
     finally:
         await context.close()
         api.stop()
