@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup tools run test secured-servers-up secured-servers-down test-fast test-compiled test-differential chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api bench-reconcile bench-audit \
+.PHONY: help setup tools run test secured-servers-up secured-servers-down test-fast test-compiled test-differential chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api bench-reconcile bench-audit bench-replay-memory \
 	redis-cluster-up redis-cluster-down redis-cluster-status kafka-cluster-up kafka-cluster-down kafka-cluster-status \
 	chaos-infra-check chaos sdk crash-power
 
@@ -140,3 +140,6 @@ bench-api: services-up ## Query API benchmark: warm/cold page p50/p99 (server si
 
 bench-audit: setup ## Unread audit at 10M rows (a real partition store): event-loop lag p50/p99 and cost per round, the sweep against the former full scan
 	PYTHONPATH=. $(PY) bench/audit_bench.py --rows 10000000 --sweep-rounds 20 --json bench/out/audit/report.json
+
+bench-replay-memory: setup ## Peak RSS of `replay --state-dir` on the first 0.5M, 1M and all 3.5M lines of a 200,000-user stream, next to the build before the shared memtable budget, outputs compared byte for byte (~20 min; RMBENCH_STREAM=FILE reuses a stream)
+	PYTHONPATH=. $(PY) bench/replay_memory_bench.py $(if $(RMBENCH_STREAM),--stream $(RMBENCH_STREAM))
