@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 VENV_OK := .venv/.installed
 
-.PHONY: help setup tools run test secured-servers-up secured-servers-down test-fast test-compiled test-differential chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api bench-reconcile bench-audit bench-mix \
+.PHONY: help setup tools run test secured-servers-up secured-servers-down test-fast test-compiled test-differential chaos-crash chaos-garbage chaos-api lint typecheck check services-up services-down services-status bench clean proto bench-api bench-reconcile bench-audit bench-mix bench-replay-memory \
 	redis-cluster-up redis-cluster-down redis-cluster-status kafka-cluster-up kafka-cluster-down kafka-cluster-status \
 	chaos-infra-check chaos sdk crash-power
 
@@ -143,3 +143,6 @@ bench-audit: setup ## Unread audit at 10M rows (a real partition store): event-l
 
 bench-mix: services-up ## The product's mix (issue 33): group traffic at 0.5x capacity, 5 s window, DMs and mentions through it; entry -> SSE event (~3 min)
 	$(PY) bench/mix_bench.py
+
+bench-replay-memory: setup ## Peak RSS of `replay --state-dir` on the first 0.5M, 1M and all 3.5M lines of a 200,000-user stream, next to the build before the shared memtable budget, outputs compared byte for byte (~20 min; RMBENCH_STREAM=FILE reuses a stream)
+	PYTHONPATH=. $(PY) bench/replay_memory_bench.py $(if $(RMBENCH_STREAM),--stream $(RMBENCH_STREAM))

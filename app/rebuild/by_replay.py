@@ -8,7 +8,9 @@ too. Nothing is produced: no frames (clients must never hear of a namespace that
 and no dead letters (the worker sent them the first time; they are counted). No consumer group:
 the worker's committed offsets are untouched. A rebuild that dies starts over (its tables are
 memory, or with ``--state-dir`` a scratch RocksDB folder: the worker's hot set then keeps at most
-``hot_rows`` rows per partition in memory, so a log of any size rebuilds in bounded memory).
+``hot_rows`` rows per partition in memory, and the folder's databases share one memtable budget
+and one block cache whatever the partitions (app/stores/rocks_tables.py), so a log of any size
+rebuilds in bounded memory).
 
 From a timestamp (``--from-timestamp T``, for a log partly past retention): each partition is read
 from the first record whose Kafka timestamp is >= T (``offsets_for_times``). Entries before T are

@@ -151,7 +151,9 @@ class Replayer:
         # chunk of input; the messages learned live there too (only the chunk's in memory).
         self.tables = RocksTables(state_dir) if state_dir is not None else None
         self.rocks_store = (
-            RocksMessageStore(state_dir / "messages", scratch_options(self.tables.cache))
+            RocksMessageStore(
+                state_dir / "messages", scratch_options(self.tables.cache, self.tables.memtables)
+            )
             if state_dir is not None and self.tables is not None
             else None
         )

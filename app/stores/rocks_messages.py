@@ -22,6 +22,7 @@ from rocksdict import Rdict, WriteBatch
 
 from app.domain.conversation_ids import conversation_uuid_bytes
 from app.domain.ports import StoredMessage
+from app.stores.rocks_tables import memtable_bytes
 
 # A message's record, in the order the value holds it: [message_id, activity_id, sender_id,
 # counts_unread, present, recalled, mentions (sorted list)].
@@ -109,6 +110,10 @@ class RocksMessageStore:
             batch.put(_key(conversation_id, seq), encode(record))
         self._db.write(batch)
         self._recent.clear()
+
+    def memtable_bytes(self, *, active_only: bool = False) -> int:
+        """What the database's memtables hold now (app.stores.rocks_tables.memtable_bytes)."""
+        return memtable_bytes(self._db, active_only=active_only)
 
     def close(self) -> None:
         self.commit()

@@ -4,6 +4,9 @@ or a rebuild that does not fit in memory (`projector replay --state-dir`, `proje
 
 One database per table and partition (`{dir}/{table}-{partition}`), the same byte keys as the
 faust tables (app/worker/ports.py), writes staged until `commit` (one write batch per database).
+
+Memory: the databases of a folder share one block cache (BLOCK_CACHE_BYTES) and one memtable
+budget (MEMTABLE_BUDGET_BYTES), whatever the number of databases and the length of the log.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteBufferManager
 
 from app.worker.ports import GATE_KEY, parse_row_key, pending_key, row_key, user_key
 
@@ -22,6 +25,15 @@ _ROW_KEY_BYTES = 24
 # share of its memory (a replay of 1M rows with --state-dir peaked above 300 MiB). Smaller
 # memtables only mean more, smaller files for the compaction to merge.
 WRITE_BUFFER_BYTES = 16 * 1024 * 1024
+# The memtables of all the databases of a folder together (RocksDB's WriteBufferManager, shared
+# by their options): once their mutable memtables pass 7/8 of it, the next write to a database
+# flushes that database's memtable. Without it each database had its own 2 x WRITE_BUFFER_BYTES,
+# so a replay's memory grew with the databases the log had reached so far (issue 33, item 4:
+# the messages' database fills only once the log's messages start, +13.6% of peak RSS from the
+# first 1M lines of a 200,000-user stream to all of it), and a rebuild's with its partitions
+# (4 databases each). The bound: this budget plus the memtables being written out (a flush
+# frees its memtable when the file is written) plus one write batch; writes never stall.
+MEMTABLE_BUDGET_BYTES = 32 * 1024 * 1024
 # One block cache for all the databases of a folder. RocksDB's default is a 32 MiB cache per
 # database, and a replay reads back every row it evicted: the rows' and the users' caches filled
 # (measured: ~45 MiB of a replay's 415 MiB peak). Reads are point reads of recently written keys
@@ -29,21 +41,29 @@ WRITE_BUFFER_BYTES = 16 * 1024 * 1024
 BLOCK_CACHE_BYTES = 8 * 1024 * 1024
 
 
-def scratch_options(cache: Any) -> Any:
-    """Options of a scratch database: WRITE_BUFFER_BYTES memtables, blocks cached in `cache`
-    (shared by the folder's databases)."""
+def scratch_options(cache: Any, memtables: Any) -> Any:
+    """Options of a scratch database: WRITE_BUFFER_BYTES memtables within the `memtables`
+    budget (a WriteBufferManager) and blocks cached in `cache`, both shared by the folder's
+    databases."""
     options = Options(raw_mode=True)
     options.set_write_buffer_size(WRITE_BUFFER_BYTES)
+    options.set_write_buffer_manager(memtables)
     table = BlockBasedOptions()
     table.set_block_cache(cache)
     options.set_block_based_table_factory(table)
     return options
 
 
+def memtable_bytes(db: Any, *, active_only: bool = False) -> int:
+    """What an open database's memtables hold now (see RocksTables.memtable_bytes)."""
+    name = "rocksdb.cur-size-active-mem-table" if active_only else "rocksdb.cur-size-all-mem-tables"
+    return int(db.property_int_value(name) or 0)
+
+
 class RocksTables:
-    """`options`: makes each database's rocksdict Options (default: RocksDB's own, with
-    WRITE_BUFFER_BYTES memtables). The state bench passes the worker's (faust's) options, so that
-    it measures the memory the worker's tables really take."""
+    """`options`: makes each database's rocksdict Options (default: `scratch_options` over the
+    folder's `cache` and `memtables`). The state bench passes the worker's (faust's) options, so
+    that it measures the memory the worker's tables really take."""
 
     def __init__(self, folder: Path, options: Callable[[], Any] | None = None) -> None:
         self.folder = folder
@@ -51,12 +71,16 @@ class RocksTables:
         folder.mkdir(parents=True, exist_ok=True)
         self._dbs: dict[tuple[str, int], Any] = {}
         self.cache = Cache(BLOCK_CACHE_BYTES)
+        self.memtables = WriteBufferManager(MEMTABLE_BUDGET_BYTES, False)
         self._staged: list[tuple[str, int, bytes, bytes | None]] = []
 
     def _db(self, table: str, partition: int) -> Any:
         db = self._dbs.get((table, partition))
         if db is None:
-            options = self._options() if self._options is not None else scratch_options(self.cache)
+            if self._options is not None:
+                options = self._options()
+            else:
+                options = scratch_options(self.cache, self.memtables)
             db = self._dbs[(table, partition)] = Rdict(str(self.folder / f"{table}-{partition}"), options)
         return db
 
@@ -174,6 +198,14 @@ class RocksTables:
 
     def pending(self, partition: int) -> list[bytes]:
         return list(self._db("pending", partition).values())
+
+    def memtable_bytes(self, *, active_only: bool = False) -> int:
+        """What the memtables of the open databases hold now: those taking writes, and (unless
+        `active_only`) those being written out to files."""
+        return sum(memtable_bytes(db, active_only=active_only) for db in self._dbs.values())
+
+    def database_count(self) -> int:
+        return len(self._dbs)
 
     def close(self) -> None:
         for db in self._dbs.values():

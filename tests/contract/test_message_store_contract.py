@@ -87,7 +87,8 @@ class RocksWriter(MemoryWriter):
         from app.stores.rocks_messages import RocksMessageStore
         from app.stores.rocks_tables import RocksTables, scratch_options
 
-        self.rocks = RocksMessageStore(folder / "messages", scratch_options(RocksTables(folder).cache))
+        tables = RocksTables(folder)
+        self.rocks = RocksMessageStore(folder / "messages", scratch_options(tables.cache, tables.memtables))
         self.memory = self.rocks  # type: ignore[assignment]  # the same learning calls
         self.store = self.rocks
         self.commit = commit
