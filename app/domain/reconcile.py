@@ -27,10 +27,12 @@ import msgspec
 
 from app.domain.conversation import ConversationState
 
-Trigger = Literal["login", "stream", "request"]
+Trigger = Literal["login", "stream", "request", "epoch", "retention"]
 # What asked: a first page without cursor ("login"), the live stream's hello ("stream"),
-# POST /v1/reconcile ("request").
-TRIGGERS: Final[tuple[Trigger, ...]] = ("login", "stream", "request")
+# POST /v1/reconcile ("request"), a login whose slot of the previous projection epoch was still
+# held ("epoch": the epoch moved since the user's last reconcile, app/domain/retention.py), the
+# worker after a retention overrun of the user's partition ("retention").
+TRIGGERS: Final[tuple[Trigger, ...]] = ("login", "stream", "request", "epoch", "retention")
 
 
 class ReconcileRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
