@@ -70,6 +70,13 @@ def decode_request(raw: bytes | None) -> ReconcileRequest | None:
     return request
 
 
+def recovers_lost_entries(trigger: Trigger) -> bool:
+    """The reconcile the worker asks after a retention overrun recounts taking every stored message
+    in a row's unread window as received (app.domain.audit.recount's `lost_entries`): the
+    deleted entries may have been those messages."""
+    return trigger == "retention"
+
+
 def is_stale(request: ReconcileRequest, now_ms: int, max_age_ms: int) -> bool:
     """Older than the interval: a newer request may already have been accepted for the user, and
     a worker that was away (or a consumer group with no committed offset reading the topic from

@@ -20,9 +20,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Final
 
-# Reconcile requests the worker sends per chunk after an overrun; the next chunk waits until
-# this one is acknowledged (a partition of 100,000 users is 200 round trips, off the intake).
-REQUEST_CHUNK: Final = 500
+# Reconcile requests the worker sends per chunk after an overrun; the next chunk waits until this
+# one is acknowledged and the reconcile runner's backlog is under a chunk (app/worker/retention.py),
+# so a request is handled well within the age at which the runner drops it as stale (a minute at
+# least: 200 reconciles of ~100 ms each is 20 s).
+REQUEST_CHUNK: Final = 200
 
 
 def overrun_mark(topic: str, partition: int) -> str:

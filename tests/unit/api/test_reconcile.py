@@ -216,7 +216,7 @@ async def test_the_route_is_described(api: Api) -> None:
     assert "ReconcileAccepted" in doc["components"]["schemas"]
 
 
-async def test_a_login_after_a_projection_epoch_bump_is_reconciled_again_within_the_interval(api: Api) -> None:
+async def test_a_login_after_a_projection_epoch_bump_is_reconciled_again_in_the_interval(api: Api) -> None:
     from app.api.fleet import memory_fleet
     from app.api.reconcile import EPOCH_REFRESH_MS
 
