@@ -147,6 +147,7 @@ def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[
         settings.topic_mailbox_tail,
         lambda partition: partition in intake.assigned,
         reconcile_backlog,
+        input_end=state.input_end,
     )
     if metrics is not None:
         metrics.watch_retention(retention.counts)

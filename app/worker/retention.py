@@ -5,8 +5,11 @@ worker knows, so users with an open stream are corrected without a login.
   RebalanceCompletion (app/runtime/worker.py) finds the log start past the checkpoint
   → `RetentionReconciles.overrun(partition, checkpoint_next)` (awaited there: one script call)
   → the epoch bumped (`EpochBump`: app/stores/redis_epoch.bump_epoch, idempotent per overrun)
-  → a task (off the intake): the partition's users, read from the state tables' row keys in
-    pages in a worker thread, with the ones resident in memory; then reconcile requests (trigger
+  → a task (off the intake): first the partition reads on to mailbox-tail's end as it was at the
+    overrun (`input_end`; at most `CATCH_UP_MAX_S`), so the entries kept after the deleted ones are
+    applied and a row's unread window reaches over the deleted messages; then the partition's
+    users, read from the state tables' row keys in pages in a worker thread, with the ones
+    resident in memory; then reconcile requests (trigger
     "retention", keyed by the user, on topic reconcile-request) in chunks of `REQUEST_CHUNK`, the
     next chunk once the previous is acknowledged and the reconcile runner's backlog is under one
     chunk (the runner handles them in order, app/worker/reconcile.py). Stops when the partition
@@ -37,8 +40,10 @@ log = logging.getLogger("projector.retention")
 
 # Row keys read per page from the state tables (one hop to a worker thread each).
 ROW_PAGE = 5_000
-# How often the sender looks at the runner's backlog while it waits (seconds).
+# How often the sender looks at the runner's backlog, or the partition's offset, while it waits (s).
 BACKLOG_POLL_S = 0.2
+# How long the reconciles wait for the partition to read on to the end it had at the overrun.
+CATCH_UP_MAX_S = 600.0
 
 # (mark, the checkpoint's next offset) -> (bumped, the epoch now)
 EpochBump = Callable[[str, int], Awaitable[tuple[bool, int]]]
@@ -72,6 +77,7 @@ class RetentionReconciles:
         owned: Callable[[int], bool],
         backlog: Callable[[], int],
         *,
+        input_end: Callable[[int], Awaitable[int]] | None = None,
         chunk: int = REQUEST_CHUNK,
         clock_ms: Callable[[], int] = _wall_ms,
     ) -> None:
@@ -81,6 +87,7 @@ class RetentionReconciles:
         self.topic = topic
         self.owned = owned
         self.backlog = backlog
+        self.input_end = input_end
         self.chunk = chunk
         self.clock_ms = clock_ms
         self.counts = RetentionCounts()
@@ -106,9 +113,30 @@ class RetentionReconciles:
             )
         if self.sender is None:
             return
-        task = asyncio.get_running_loop().create_task(self.ask_users(partition))
+        task = asyncio.get_running_loop().create_task(self.caught_up_then_ask(partition))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    async def caught_up_then_ask(self, partition: int) -> int:
+        await self.catch_up(partition)
+        return await self.ask_users(partition)
+
+    async def catch_up(self, partition: int) -> None:
+        """Until the partition applied mailbox-tail up to its end of now (or moved, or the wait
+        ran out: the reconciles go then anyway)."""
+        if self.input_end is None:
+            return
+        try:
+            end = await self.input_end(partition)
+        except Exception as exc:  # the reconciles go without waiting
+            log.warning("partition %d: mailbox-tail's end unknown (%s): reconciling now", partition, exc)
+            return
+        deadline = time.monotonic() + CATCH_UP_MAX_S
+        while self.owned(partition) and time.monotonic() < deadline:
+            state = self.core.partitions.get(partition)
+            if state is None or (state.next_offset or 0) >= end:
+                return
+            await asyncio.sleep(BACKLOG_POLL_S)
 
     async def users(self, partition: int) -> list[int]:
         """The users of `partition` the worker knows (row keys paged in a worker thread)."""

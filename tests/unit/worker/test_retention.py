@@ -190,3 +190,43 @@ def test_a_failed_bump_is_counted_and_the_users_are_asked_anyway() -> None:
         assert [r.user_id for r in sender.sent] == [ME, PEER, OTHER]
 
     asyncio.run(scenario())
+
+
+def test_the_reconciles_wait_until_the_partition_read_on_to_the_end_it_had_at_the_overrun() -> None:
+    async def scenario() -> None:
+        kept, deleted, after = three_parts()
+        w = World([*kept, *deleted, *after])
+        await w.core.on_records(records(kept))
+        await w.core.flush_all()
+        checkpoint_next, log_start = len(kept), len(kept) + len(deleted)
+        w.core.retention_overrun(0, log_start)
+        runner = ReconcileRunner(
+            w.core, ReconcileConfig(max_age_ms=HOUR, limit=200), lambda p: True, clock_ms=w.clock
+        )
+        sender = RunnerSender(runner)
+
+        async def input_end(partition: int) -> int:
+            return log_start + len(after)  # the entries after the deleted ones, not applied yet
+
+        retention = RetentionReconciles(
+            w.core,
+            MemoryEpoch().bump,
+            sender,
+            "mailbox-tail",
+            lambda p: True,
+            lambda: 0,
+            input_end=input_end,
+            clock_ms=w.clock,
+        )
+        await retention.overrun(0, checkpoint_next)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert sender.sent == []  # waiting for the partition to read on
+        await w.core.on_records(records(after, start=log_start))
+        await w.core.flush_all()
+        await retention.drain()
+        assert [r.user_id for r in sender.sent] == [ME, PEER, OTHER]
+        want = {(r["user_id"], r["conversation_id"]): r for r in w.expected.projections}
+        assert stored_row((await w.stored())[0], ME, A) == want[(ME, A)]
+
+    asyncio.run(scenario())
