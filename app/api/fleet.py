@@ -5,7 +5,8 @@ InMemoryProjectionStore, as instances over one Redis share theirs).
 * :meth:`FleetState.take_token`: the per-user token bucket, one atomic step per request;
 * :meth:`FleetState.claim_reconcile`: at most one reconcile per user per interval (docs/contract.md
   §10, "Reconcile on request"), one atomic step; :meth:`FleetState.release_reconcile` gives the
-  slot back when the request could not be sent;
+  slot back when the request could not be sent; the slot is per projection epoch
+  (:meth:`FleetState.projection_epoch`, bumped by a retention overrun: app/domain/retention.py);
 * :attr:`FleetState.snapshots`: the walks' frozen records (app/api/snapshots.py): ``publish``
   gives a new snapshot its revision (the user's counter, fleet-wide) and makes it the live one;
   ``record`` is what any instance reads to serve a cursor of a snapshot it does not hold.
@@ -18,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final, Protocol
 
+from app.domain.retention import slot_reopened, slot_value
 from app.stores.memory_projection import InMemoryProjectionStore
 
 # Buckets kept at most by a RateLimiter (the least recently used beyond it are dropped: a dropped
@@ -70,13 +72,20 @@ class FleetState(Protocol):
         """0: the request may go (a token was taken); else the ms until the user's next token."""
         ...
 
-    async def claim_reconcile(self, user_id: int, token: str, interval_ms: int, now_ms: int) -> int:
-        """0: the user's reconcile slot was free and is now `token`'s for `interval_ms`; else the ms
-        until it is free again (nothing changed)."""
+    async def claim_reconcile(
+        self, user_id: int, token: str, interval_ms: int, now_ms: int, epoch: int = 0
+    ) -> int:
+        """0: the user's reconcile slot was free and is now `token`'s for `interval_ms`; -1: the
+        same, the slot having been held since an earlier projection `epoch` (which frees it:
+        app.domain.retention.slot_reopened); else the ms until it is free again (nothing changed)."""
         ...
 
-    async def release_reconcile(self, user_id: int, token: str) -> None:
+    async def release_reconcile(self, user_id: int, token: str, epoch: int = 0) -> None:
         """Free the slot if `token` still holds it (its request was never sent)."""
+        ...
+
+    async def projection_epoch(self) -> int:
+        """The projection epoch (app/stores/redis_epoch.py; 0 before any retention overrun)."""
         ...
 
 
@@ -111,19 +120,30 @@ class MemoryFleetState:
         self._buckets: dict[tuple[float, float], RateLimiter] = {}
         self._now = 0
         self.snapshots = MemorySnapshots()
-        self._reconcile: dict[int, tuple[str, int]] = {}  # user -> (token, free again at ms)
+        # user -> (slot value, free again at ms, epoch claimed in)
+        self._reconcile: dict[int, tuple[str, int, int]] = {}
+        self.epoch = 0  # the projection epoch (tests set it)
 
-    async def claim_reconcile(self, user_id: int, token: str, interval_ms: int, now_ms: int) -> int:
+    async def claim_reconcile(
+        self, user_id: int, token: str, interval_ms: int, now_ms: int, epoch: int = 0
+    ) -> int:
         held = self._reconcile.get(user_id)
+        claimed = (slot_value(epoch, token), now_ms + interval_ms, epoch)
         if held is not None and held[1] > now_ms:
-            return held[1] - now_ms
-        self._reconcile[user_id] = (token, now_ms + interval_ms)
+            if not slot_reopened(held[2], epoch):
+                return held[1] - now_ms
+            self._reconcile[user_id] = claimed
+            return -1
+        self._reconcile[user_id] = claimed
         return 0
 
-    async def release_reconcile(self, user_id: int, token: str) -> None:
+    async def release_reconcile(self, user_id: int, token: str, epoch: int = 0) -> None:
         held = self._reconcile.get(user_id)
-        if held is not None and held[0] == token:
+        if held is not None and held[0] == slot_value(epoch, token):
             del self._reconcile[user_id]
+
+    async def projection_epoch(self) -> int:
+        return self.epoch
 
     async def take_token(self, user_id: int, burst: float, per_s: float, now_ms: int) -> int:
         limiter = self._buckets.get((burst, per_s))

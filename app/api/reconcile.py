@@ -4,7 +4,10 @@ A login (the first page of a walk, i.e. ``GET /v1/sessions`` without cursor, and
 stream's hello) and ``POST /v1/reconcile`` ask the worker that owns the caller for a reconcile
 (app/worker/reconcile.py): first one atomic claim of the user's reconcile slot in the projection
 store (``SET NX PX`` under the user's hash tag, app/stores/redis_fleet.py), so the fleet asks at
-most once per user per ``PROJECTOR_RECONCILE_MIN_INTERVAL_S``; then a request record on topic
+most once per user per ``PROJECTOR_RECONCILE_MIN_INTERVAL_S`` and projection epoch (a retention
+overrun bumps the epoch, app/domain/retention.py: a slot of an earlier epoch is free, and the
+request so let through is counted as trigger "epoch"; the epoch is read at most every
+`EPOCH_REFRESH_MS`); then a request record on topic
 reconcile-request, keyed by the user (the port :class:`ReconcileRequests`; the Kafka adapter is
 app/kafka/reconcile.py, injected as ``deps.extra[REQUESTS_KEY]``).
 
@@ -42,6 +45,10 @@ FAILED: Final = "failed"  # the store or Kafka failed (POST: 503)
 UNAVAILABLE: Final = "unavailable"  # no request topic configured (POST: 503)
 # Login tasks in flight at most; beyond it a login asks nothing (counted as failed).
 MAX_LOGIN_TASKS: Final = 1000
+# The projection epoch is read again once the last read is this old (ms): a login within this
+# long after a retention overrun may still claim in the old epoch (its reconcile then reads the
+# state the overrun left anyway, being after it).
+EPOCH_REFRESH_MS: Final = 5_000
 
 
 class ReconcileRequests(Protocol):
@@ -69,6 +76,20 @@ class Reconciler:
         self.on_login = on_login
         self.counts: Counter[tuple[str, str]] = Counter()  # (trigger, outcome) -> requests
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._epoch = 0
+        self._epoch_read_at_ms: int | None = None
+
+    async def epoch(self, now_ms: int) -> int:
+        """The projection epoch, read again when the last read is `EPOCH_REFRESH_MS` old; a read
+        that fails keeps the last one (the slot then behaves as before the bump)."""
+        read_at = self._epoch_read_at_ms
+        if read_at is None or now_ms - read_at >= EPOCH_REFRESH_MS or now_ms < read_at:
+            try:
+                self._epoch = await self.fleet.projection_epoch()
+            except Exception as exc:
+                log.warning("reconcile: reading the projection epoch failed: %s", exc)
+            self._epoch_read_at_ms = now_ms
+        return self._epoch
 
     async def ask(self, user_id: int, trigger: Trigger) -> int:
         """0: accepted and sent; else the ms until the user may ask again. Raises what the store
@@ -83,20 +104,23 @@ class Reconciler:
             )
         token = secrets.token_hex(8)
         now = self.clock_ms()
+        epoch = await self.epoch(now)
         try:
-            left = await self.fleet.claim_reconcile(user_id, token, self.interval_ms, now)
+            left = await self.fleet.claim_reconcile(user_id, token, self.interval_ms, now, epoch)
         except Exception:
             self.counts[(trigger, FAILED)] += 1
             raise
         if left > 0:
             self.counts[(trigger, LIMITED)] += 1
             return left
+        if left < 0:  # the slot of an earlier epoch: the epoch let this one through
+            trigger = "epoch"
         try:
             await self.requests.send(ReconcileRequest(user_id, now, trigger))
         except Exception:
             self.counts[(trigger, FAILED)] += 1
             try:
-                await self.fleet.release_reconcile(user_id, token)
+                await self.fleet.release_reconcile(user_id, token, epoch)
             except Exception as exc:  # the slot then expires with its interval
                 log.warning("reconcile: giving user %d's slot back failed: %s", user_id, exc)
             raise

@@ -331,14 +331,22 @@ def copy_row(row: ConversationState) -> ConversationState:
     return row.copy()
 
 
-def recount(row: ConversationState, store: MessageStore, limit: int) -> None:
+def recount(row: ConversationState, store: MessageStore, limit: int, *, lost_entries: bool = False) -> None:
     """Recount `row` (a copy: it is changed in place) from the MessageStore.
 
     The hand over (base, latest] is emptied and refilled by the bounded range read of `recompute`
     (messages this user received, recalls that reached this user); above `latest` the hand is
     kept (a former member's messages past `left_at`), and `floor` stays honest: complete above
-    `latest` only if it was before."""
+    `latest` only if it was before.
+
+    `lost_entries` (a reconcile after a retention overrun, app/domain/retention.py): entries of
+    this user may have been deleted unread, so "received" cannot be told from the state: every
+    message the store holds in (base, latest] is taken as received first (one more bounded read),
+    as a rebuild from state takes the store (`recompute(received_only=False)`)."""
     base, latest = row.base, row.latest
+    if lost_entries and base < latest <= base + limit:
+        for message in store.range(row.conversation_id, base, latest):
+            row.received = seqs.add(row.received, message.conversation_seq)
     if latest > base:
         row.counting = seqs.remove_range(row.counting, base + 1, latest + 1)
         row.mentioning = seqs.remove_range(row.mentioning, base + 1, latest + 1)
@@ -351,7 +359,9 @@ def counts(row: ConversationState) -> Counts:
 
 
 def adopt(live: ConversationState, recounted: ConversationState) -> None:
-    """The live row takes the recount's counts and the hand behind them."""
+    """The live row takes the recount's counts and the hand behind them (and what it took as
+    received: a recount only ever adds to the copy's, and the copy is of the same version)."""
+    live.received = recounted.received
     live.counting = recounted.counting
     live.mentioning = recounted.mentioning
     live.floor = recounted.floor

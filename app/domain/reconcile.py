@@ -27,10 +27,12 @@ import msgspec
 
 from app.domain.conversation import ConversationState
 
-Trigger = Literal["login", "stream", "request"]
+Trigger = Literal["login", "stream", "request", "epoch", "retention"]
 # What asked: a first page without cursor ("login"), the live stream's hello ("stream"),
-# POST /v1/reconcile ("request").
-TRIGGERS: Final[tuple[Trigger, ...]] = ("login", "stream", "request")
+# POST /v1/reconcile ("request"), a login whose slot of the previous projection epoch was still
+# held ("epoch": the epoch moved since the user's last reconcile, app/domain/retention.py), the
+# worker after a retention overrun of the user's partition ("retention").
+TRIGGERS: Final[tuple[Trigger, ...]] = ("login", "stream", "request", "epoch", "retention")
 
 
 class ReconcileRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
@@ -66,6 +68,13 @@ def decode_request(raw: bytes | None) -> ReconcileRequest | None:
     if request.user_id < 0 or request.requested_at_ms < 0:
         return None
     return request
+
+
+def recovers_lost_entries(trigger: Trigger) -> bool:
+    """The reconcile the worker asks after a retention overrun recounts taking every stored message
+    in a row's unread window as received (app.domain.audit.recount's `lost_entries`): the
+    deleted entries may have been those messages."""
+    return trigger == "retention"
 
 
 def is_stale(request: ReconcileRequest, now_ms: int, max_age_ms: int) -> bool:

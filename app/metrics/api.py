@@ -15,7 +15,7 @@ from app.metrics.declare import MetricSet, MetricSpec, TotalsSeen
 from app.metrics.process import ProcessMetrics
 
 # The labels of projector_api_reconcile_requests_total (docs/contract.md §10).
-RECONCILE_TRIGGERS: Final = ("login", "stream", "request")
+RECONCILE_TRIGGERS: Final = ("login", "stream", "request", "epoch")
 RECONCILE_REQUEST_OUTCOMES: Final = ("accepted", "limited", "failed", "unavailable")
 
 

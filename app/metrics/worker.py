@@ -17,6 +17,7 @@ from app.metrics.process import ProcessMetrics
 
 if TYPE_CHECKING:
     from app.worker.core import WorkerCore
+    from app.worker.retention import RetentionCounts
 
 # app.domain.reconcile.Outcome's values (the worker's projector_reconciles_total{outcome}).
 RECONCILE_OUTCOMES: Final = (
@@ -227,6 +228,27 @@ class WorkerMetrics(ProcessMetrics):
         "projector_retention_lost_offsets",
         "mailbox-tail offsets deleted before the worker applied them",
     )
+    # After a retention overrun (app/worker/retention.py): the projection epoch, the reconciles asked.
+    projection_epoch_bumps = MetricSpec(
+        Counter,
+        "projector_projection_epoch_bumps",
+        "Retention overruns that bumped the projection epoch (once per overrun; a failed bump is "
+        "counted in projector_projection_epoch_bump_failures)",
+    )
+    projection_epoch_bump_failures = MetricSpec(
+        Counter,
+        "projector_projection_epoch_bump_failures",
+        "Projection epoch bumps the projection store did not take (logins within the interval are "
+        "then not reconciled again; the partition's users are asked anyway)",
+    )
+    retention_reconciles = MetricSpec(
+        Counter,
+        "projector_retention_reconciles",
+        "Reconcile requests the worker asked for the users of a partition after its retention overrun, "
+        "by outcome (sent, unsent: the send failed or the partition moved first)",
+        ("outcome",),
+        made_at_start=(("sent",), ("unsent",)),
+    )
     # Per partition, for the operator console's fleet view: the gate (hi and each lane's last
     # marker), what waits above it, and rows still owing Cassandra mirror writes.
     watermark_hi = MetricSpec(
@@ -312,6 +334,7 @@ class WorkerMetrics(ProcessMetrics):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         super().__init__(registry)
         self._durable: DurableCounts | None = None
+        self._retention: RetentionCounts | None = None
         self._seen = TotalsSeen()
         self._lag_partitions: set[int] = set()
         self._lanes: set[tuple[str, str]] = set()
@@ -328,6 +351,10 @@ class WorkerMetrics(ProcessMetrics):
         """Count the checkpointed tables' persists, claims and rebuilds (`sync` reads them)."""
         self._durable = counts
 
+    def watch_retention(self, counts: RetentionCounts) -> None:
+        """Count the epoch bumps and reconciles after retention overruns (`sync` reads them)."""
+        self._retention = counts
+
     def sync(self, core: WorkerCore) -> None:
         """Pull the core's totals and gauges into the metrics (cheap: a few dict reads)."""
         stats = core.stats
@@ -342,6 +369,18 @@ class WorkerMetrics(ProcessMetrics):
             self.standby_records_applied.inc(seen.delta("standby_records", durable.standby_records))
         self.retention_overruns.inc(seen.delta("retention_overruns", stats.retention_overruns))
         self.retention_lost_offsets.inc(seen.delta("retention_lost", stats.retention_lost_offsets))
+        retention = self._retention
+        if retention is not None:
+            self.projection_epoch_bumps.inc(seen.delta("epoch_bumps", retention.epoch_bumps))
+            self.projection_epoch_bump_failures.inc(
+                seen.delta("epoch_bump_failures", retention.epoch_bump_failures)
+            )
+            self.retention_reconciles.labels("sent").inc(
+                seen.delta("retention_sent", retention.reconciles_asked)
+            )
+            self.retention_reconciles.labels("unsent").inc(
+                seen.delta("retention_unsent", retention.reconciles_unsent)
+            )
         self.entries_in.inc(seen.delta("entries", stats.entries))
         self.entries_applied.inc(seen.delta("applied", stats.applied))
         self.entries_duplicate.inc(seen.delta("duplicates", stats.duplicates))

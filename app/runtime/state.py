@@ -84,3 +84,8 @@ class WorkerState:
         """mailbox-tail's log start for the partition."""
         changelog = await self.start()
         return await changelog.topic_start_offset(self.settings.topic_mailbox_tail, partition)
+
+    async def input_end(self, partition: int) -> int:
+        """mailbox-tail's end offset for the partition."""
+        changelog = await self.start()
+        return await changelog.topic_end_offset(self.settings.topic_mailbox_tail, partition)

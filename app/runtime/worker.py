@@ -24,6 +24,7 @@ from agents.reconcile import ReconcileIntake, register_reconcile
 from app.build import build_info
 from app.kafka.batches import BatchSender
 from app.kafka.health import KafkaProbe
+from app.kafka.reconcile import KafkaReconcileRequests
 from app.metrics import WorkerMetrics
 from app.runtime.app import COMMIT_INTERVAL_S, new_faust_app
 from app.runtime.gc_tuning import GcMonitor, GcPolicy
@@ -32,12 +33,14 @@ from app.runtime.outbox import KafkaOutbox
 from app.runtime.state import WorkerState
 from app.runtime.web import start_metrics_server
 from app.settings import Settings
+from app.stores.redis_epoch import bump_epoch
 from app.worker.arrivals import MissingLog
 from app.worker.audit import AuditConfig, audit_tick
 from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms
 from app.worker.ports import StateTables
 from app.worker.reconcile import ReconcileConfig, ReconcileRunner
 from app.worker.restore import ProjectionRestorer, RestoreConfig
+from app.worker.retention import RetentionReconciles
 from app.worker.retry import Backoff
 from tables.durable.identity import InputMismatch
 from tables.durable.tables import owned_elsewhere
@@ -79,6 +82,11 @@ def input_topic(app: faust.App, name: str, settings: Settings) -> Any:
     )
 
 
+def no_backlog() -> int:
+    """The reconcile runner's backlog when the worker has none."""
+    return 0
+
+
 def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[faust.App, WorkerCore]:
     os.makedirs(os.path.join(settings.data_dir, settings.app_id), exist_ok=True)
     app = new_faust_app(settings)
@@ -96,6 +104,7 @@ def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[
     # Reconcile on request (docs/contract.md §10): co-partitioned with mailbox-tail, so the
     # requests of a user reach the worker that owns the user's partition.
     reconciles: ReconcileIntake | None = None
+    reconcile_backlog: Callable[[], int] = no_backlog
     if reconcile_requests:
         runner = ReconcileRunner(
             core,
@@ -106,6 +115,7 @@ def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[
         requests_topic = input_topic(app, settings.topic_reconcile, settings)
         reconciles = ReconcileIntake(app, runner, settings.topic_reconcile)
         register_reconcile(app, requests_topic, reconciles)
+        reconcile_backlog = runner.queue.qsize
 
         @app.task  # type: ignore[untyped-decorator]  # faust's decorator is untyped
         async def reconcile_requests_task() -> None:
@@ -127,8 +137,28 @@ def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[
 
     app.before_consumer_stop.append(gc_summary)
 
+    # A retention overrun bumps the projection epoch and, with the request topic, asks a reconcile
+    # of each user of the partition (app/worker/retention.py).
+    retention_sender = KafkaReconcileRequests(settings) if reconcile_requests else None
+    retention = RetentionReconciles(
+        core,
+        lambda mark, checkpoint_next: bump_epoch(_projection_store(core), mark, checkpoint_next),
+        retention_sender,
+        settings.topic_mailbox_tail,
+        lambda partition: partition in intake.assigned,
+        reconcile_backlog,
+        input_end=state.input_end,
+    )
+    if metrics is not None:
+        metrics.watch_retention(retention.counts)
+    if retention_sender is not None:
+
+        async def close_retention_sender() -> None:
+            await retention_sender.aclose()
+
+        app.before_consumer_stop.append(close_retention_sender)
     on_rebalance = RebalanceCompletion(
-        app, intake, core, tables, state.input_start, settings, gc_policy, gc_monitor
+        app, intake, core, tables, state.input_start, settings, gc_policy, gc_monitor, retention.overrun
     )
 
     @app.on_rebalance_complete.connect  # type: ignore[arg-type]  # mode's signal stubs want sync
@@ -277,6 +307,7 @@ class RebalanceCompletion:
         settings: Settings,
         gc_policy: GcPolicy,
         gc_monitor: GcMonitor,
+        on_overrun: Callable[[int, int], Awaitable[None]] | None = None,
         exit_process: Callable[[int], None] = os._exit,
     ) -> None:
         self.app = app
@@ -289,6 +320,7 @@ class RebalanceCompletion:
         self.standbys = settings.table_standby_replicas > 0
         self.gc_policy = gc_policy
         self.gc_monitor = gc_monitor
+        self.on_overrun = on_overrun  # (partition, the checkpoint's next offset), after the core's
         self.exit_process = exit_process
 
     async def __call__(self) -> list[int]:
@@ -309,6 +341,8 @@ class RebalanceCompletion:
             log_start = await self.input_start(partition)
             if log_start > expected:
                 self.core.retention_overrun(partition, log_start)
+                if self.on_overrun is not None:
+                    await self.on_overrun(partition, expected)
         self.tables.keep_standbys(owned_elsewhere(self.partitions, assigned) if self.standbys else ())
         # What the restore read is long-lived: out of the collector's reach from now on.
         self.gc_policy.settle("assignment")

@@ -8,8 +8,10 @@ as app/stores/redis_projection.py's scripts do)::
                                   PEXPIRE: the time a drained bucket takes to fill again (an
                                   absent bucket is a full one, so nothing is lost when it goes)
 
-    {ns}:reconcile:{<user_id>}  string  the token of the last accepted reconcile request
-                                  PX: the reconcile interval (absent: a reconcile may be asked)
+    {ns}:reconcile:{<user_id>}  string  "<epoch>:<token>" of the last accepted reconcile request
+                                  (the projection epoch it was claimed in, app/stores/redis_epoch.py)
+                                  PX: the reconcile interval (absent, or of an earlier epoch: a
+                                  reconcile may be asked)
 
 ``ns`` is the base namespace (Settings.projection_namespace), not the serving one: a rebuild's
 swap does not refill everyone's bucket nor reopen everyone's reconcile slot.
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from app.domain.retention import slot_value
+from app.stores.redis_epoch import read_epoch
 from app.stores.redis_projection import SERVED_FIELDS, RedisProjectionStore, Script
 
 # KEYS: the bucket. ARGV: burst, tokens per ms, now (ms). Returns 0 (take one token: go) or the
@@ -58,18 +62,27 @@ return wait
 """)
 
 
-# KEYS: the user's reconcile slot. ARGV: token, interval ms. Returns 0 (claimed: SET NX PX) or the
-# ms until the slot is free (PTTL; at least 1).
+# KEYS: the user's reconcile slot. ARGV: "<epoch>:<token>", interval ms, epoch. Returns 0 (claimed:
+# SET NX PX), -1 (claimed: the slot was held since an earlier projection epoch, which frees it:
+# app.domain.retention.slot_reopened) or the ms until the slot is free (PTTL; at least 1). A value
+# without an epoch (from before epochs) is epoch 0's.
 CLAIM_SCRIPT: Final = Script("""
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return 0
+end
+local held = redis.call('GET', KEYS[1])
+local held_epoch = 0
+if held then held_epoch = tonumber(string.match(held, '^(%d+):')) or 0 end
+if held_epoch < tonumber(ARGV[3]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return -1
 end
 local left = redis.call('PTTL', KEYS[1])
 if left < 1 then left = 1 end
 return left
 """)
 
-# KEYS: the slot. ARGV: token. Deletes it only while that token holds it.
+# KEYS: the slot. ARGV: "<epoch>:<token>". Deletes it only while that claim holds it.
 RELEASE_SCRIPT: Final = Script("""
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -102,18 +115,27 @@ class RedisFleetState:
     def reconcile_key(self, user_id: int) -> str:
         return f"{self.base}:reconcile:{{{user_id}}}"
 
-    async def claim_reconcile(self, user_id: int, token: str, interval_ms: int, now_ms: int) -> int:
-        """0 when the slot was free (now taken for `interval_ms`); else the ms until it is free.
-        `now_ms` is not needed: the slot expires on the store's clock (one clock for the fleet)."""
+    async def claim_reconcile(
+        self, user_id: int, token: str, interval_ms: int, now_ms: int, epoch: int = 0
+    ) -> int:
+        """0 when the slot was free (now taken for `interval_ms`), -1 when it was held since an
+        earlier projection epoch (taken too); else the ms until it is free. `now_ms` is not
+        needed: the slot expires on the store's clock (one clock for the fleet)."""
         reply = await self.store.run_script(
-            "reconcile claim", CLAIM_SCRIPT, [self.reconcile_key(user_id)], [token, str(int(interval_ms))]
+            "reconcile claim",
+            CLAIM_SCRIPT,
+            [self.reconcile_key(user_id)],
+            [slot_value(epoch, token), str(int(interval_ms)), str(int(epoch))],
         )
         return int(reply)
 
-    async def release_reconcile(self, user_id: int, token: str) -> None:
+    async def release_reconcile(self, user_id: int, token: str, epoch: int = 0) -> None:
         await self.store.run_script(
-            "reconcile release", RELEASE_SCRIPT, [self.reconcile_key(user_id)], [token]
+            "reconcile release", RELEASE_SCRIPT, [self.reconcile_key(user_id)], [slot_value(epoch, token)]
         )
+
+    async def projection_epoch(self) -> int:
+        return await read_epoch(self.store)
 
 
 # -- snapshots (app/api/snapshots.py) ------------------------------------------------------------

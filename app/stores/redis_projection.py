@@ -170,8 +170,12 @@ SERVING_RECHECK_S = 1.0
 
 def own_key(namespace: str) -> re.Pattern[str]:
     """The names of a namespace's keys: a user's rows, meta and write counts, and what the API
-    fleet keeps there (app/stores/redis_fleet.py: rate buckets, snapshot records, reconcile slots)."""
-    return re.compile(rf"{re.escape(namespace)}:(rows|meta|writes|rate|snap|reconcile):\{{(\d+)\}}(?::r\d+)?")
+    fleet keeps there (app/stores/redis_fleet.py: rate buckets, snapshot records, reconcile slots),
+    and the projection epoch (app/stores/redis_epoch.py: hash tag ``{pe}``, not a user)."""
+    return re.compile(
+        rf"{re.escape(namespace)}:(?:(rows|meta|writes|rate|snap|reconcile):\{{(\d+)\}}(?::r\d+)?"
+        r"|projection-epoch(?:-overruns)?:\{pe\})"
+    )
 
 
 def _extra(meta: Sequence[Any]) -> list[int]:

@@ -45,6 +45,7 @@ from app.domain.reconcile import (
     ReconcileResult,
     decode_request,
     is_stale,
+    recovers_lost_entries,
     split_rows,
     wants_recount,
 )
@@ -179,7 +180,7 @@ class ReconcileRunner:
             return ReconcileResult(user_id, Outcome.UNKNOWN_USER)
         counted = [row for row in copies.values() if wants_recount(row, self.config.limit)]
         try:
-            await self._recount(counted)
+            await self._recount(counted, lost_entries=recovers_lost_entries(request.trigger))
         except Exception as exc:  # the store's own error types differ per adapter
             log.warning("reconcile: recounting user %d failed: %s", user_id, exc)
             return ReconcileResult(user_id, Outcome.FAILED, rows=len(copies))
@@ -212,7 +213,7 @@ class ReconcileRunner:
             return replace(base, outcome=Outcome.REFLUSHED)
         return base
 
-    async def _recount(self, rows: list[ConversationState]) -> None:
+    async def _recount(self, rows: list[ConversationState], *, lost_entries: bool = False) -> None:
         """The copies recounted in worker threads: slices of `_RECOUNT_SLICE` rows, at most
         `_RECOUNT_PARALLEL` slices at once (each row is one bounded MessageStore read, ~1 ms on a
         local Cassandra: one after the other, a 5,000-row user took seconds)."""
@@ -221,7 +222,7 @@ class ReconcileRunner:
 
         async def one(chunk: list[ConversationState]) -> None:
             async with gate:
-                await asyncio.to_thread(_recount_all, chunk, store, limit)
+                await asyncio.to_thread(_recount_all, chunk, store, limit, lost_entries)
 
         slices = [rows[i : i + _RECOUNT_SLICE] for i in range(0, len(rows), _RECOUNT_SLICE)]
         await asyncio.gather(*(one(chunk) for chunk in slices))
@@ -245,7 +246,9 @@ class ReconcileRunner:
         return {p: o for p, o in self.handled.items() if committed.get(p) != o and self.owned(p)}
 
 
-def _recount_all(rows: Sequence[ConversationState], store: MessageStore, limit: int) -> None:
+def _recount_all(
+    rows: Sequence[ConversationState], store: MessageStore, limit: int, lost_entries: bool
+) -> None:
     """In the worker thread: recount each copy (raises on the first failing read)."""
     for row in rows:
-        recount(row, store, limit)
+        recount(row, store, limit, lost_entries=lost_entries)

@@ -179,6 +179,17 @@ class KafkaChangelog:
     async def start_offset(self, partition: int) -> int:
         return await log_start_offset(self._consumer, self.topic, partition)
 
+    async def topic_end_offset(self, topic: str, partition: int) -> int:
+        """The end of another topic's partition (mailbox-tail's: how far a partition read on after
+        a retention overrun before its users are reconciled, app/worker/retention.py)."""
+        tp = TopicPartition(topic, partition)
+        try:
+            offsets = await self._consumer.end_offsets([tp])
+        except KafkaError as exc:
+            raise ChangelogUnavailable(f"{topic}[{partition}] end offset: {exc!r}") from None
+        end: int = offsets[tp]
+        return end
+
     async def topic_start_offset(self, topic: str, partition: int) -> int:
         """The log start of another topic's partition (mailbox-tail's: where a partition with no
         checkpoint starts, and the retention check)."""

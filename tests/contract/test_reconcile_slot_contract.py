@@ -62,3 +62,36 @@ async def test_the_memory_slot_expires_on_the_callers_clock() -> None:
     assert await fleet.claim_reconcile(7, "a", INTERVAL_MS, T0) == 0
     assert await fleet.claim_reconcile(7, "b", INTERVAL_MS, T0 + INTERVAL_MS - 1) == 1
     assert await fleet.claim_reconcile(7, "b", INTERVAL_MS, T0 + INTERVAL_MS) == 0
+
+
+async def test_a_slot_of_an_earlier_projection_epoch_is_free_once_per_epoch(make_store: MakeStore) -> None:
+    fleet = fleet_of(make_store())
+    assert await fleet.claim_reconcile(7, "a", INTERVAL_MS, T0, epoch=0) == 0
+    assert await fleet.claim_reconcile(7, "b", INTERVAL_MS, T0 + 1, epoch=0) > 0
+    # The epoch moved (a retention overrun): the slot held since epoch 0 is free, and says so.
+    assert await fleet.claim_reconcile(7, "c", INTERVAL_MS, T0 + 2, epoch=1) == -1
+    assert await fleet.claim_reconcile(7, "d", INTERVAL_MS, T0 + 3, epoch=1) > 0
+    # An instance still on the old epoch does not take it back.
+    assert await fleet.claim_reconcile(7, "e", INTERVAL_MS, T0 + 4, epoch=0) > 0
+    # A release names the epoch it claimed in: the old claim's release frees nothing.
+    await fleet.release_reconcile(7, "a", epoch=0)
+    assert await fleet.claim_reconcile(7, "f", INTERVAL_MS, T0 + 5, epoch=1) > 0
+    await fleet.release_reconcile(7, "c", epoch=1)
+    assert await fleet.claim_reconcile(7, "g", INTERVAL_MS, T0 + 6, epoch=1) == 0
+    # An epoch that jumped by several frees the slot too.
+    assert await fleet.claim_reconcile(7, "h", INTERVAL_MS, T0 + 7, epoch=4) == -1
+
+
+async def test_the_redis_projection_epoch_bumps_once_per_overrun(make_redis_store: MakeRedisStore) -> None:
+    from app.stores.redis_epoch import bump_epoch, read_epoch
+
+    store = make_redis_store()
+    fleet = RedisFleetState(store)
+    assert await read_epoch(store) == 0 and await fleet.projection_epoch() == 0
+    assert await bump_epoch(store, "mailbox-tail/3", 120) == (True, 1)
+    # The same overrun found again (a restart before the checkpoint moved past it): no bump.
+    assert await bump_epoch(store, "mailbox-tail/3", 120) == (False, 1)
+    # Another partition's overrun, and a later one of the same partition: one bump each.
+    assert await bump_epoch(store, "mailbox-tail/4", 120) == (True, 2)
+    assert await bump_epoch(store, "mailbox-tail/3", 900) == (True, 3)
+    assert await fleet.projection_epoch() == 3

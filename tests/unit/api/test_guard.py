@@ -228,11 +228,16 @@ class _DownFleet:
     async def take_token(self, user_id: int, burst: float, per_s: float, now_ms: int) -> int:
         raise ProjectionStoreError("projection store (test) unreachable during rate limit")
 
-    async def claim_reconcile(self, user_id: int, token: str, interval_ms: int, now_ms: int) -> int:
+    async def claim_reconcile(
+        self, user_id: int, token: str, interval_ms: int, now_ms: int, epoch: int = 0
+    ) -> int:
         raise ProjectionStoreError("projection store (test) unreachable during reconcile claim")
 
-    async def release_reconcile(self, user_id: int, token: str) -> None:
+    async def release_reconcile(self, user_id: int, token: str, epoch: int = 0) -> None:
         raise ProjectionStoreError("projection store (test) unreachable during reconcile release")
+
+    async def projection_epoch(self) -> int:
+        raise ProjectionStoreError("projection store (test) unreachable during epoch read")
 
 
 @pytest.mark.parametrize(("mode", "want"), [("open", 200), ("closed", 503)])

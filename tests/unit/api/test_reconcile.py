@@ -214,3 +214,34 @@ async def test_the_route_is_described(api: Api) -> None:
     assert {"202", "400", "401", "429", "503"} <= set(op["responses"])
     assert "Retry-After" in op["responses"]["429"]["headers"]
     assert "ReconcileAccepted" in doc["components"]["schemas"]
+
+
+async def test_a_login_after_a_projection_epoch_bump_is_reconciled_again_in_the_interval(api: Api) -> None:
+    from app.api.fleet import memory_fleet
+    from app.api.reconcile import EPOCH_REFRESH_MS
+
+    client = api.clients[0]
+    async with client.get("/v1/sessions", headers=api.auth()) as resp:
+        assert resp.status == 200
+    await api.drain()
+    assert api.requests.sent == [ReconcileRequest(ME, T0, "login")]
+    # A retention overrun bumps the epoch (the worker's side: app/stores/redis_epoch.py).
+    reader = client.app[CONTEXT].deps.projections
+    assert isinstance(reader, MemoryProjectionReader)
+    memory_fleet(reader.store).epoch = 1
+    api.clock.now += EPOCH_REFRESH_MS  # the instance reads the epoch again
+    async with client.get("/v1/sessions", headers=api.auth()) as resp:
+        assert resp.status == 200
+    await api.drain()
+    later = T0 + EPOCH_REFRESH_MS
+    assert api.requests.sent[1:] == [ReconcileRequest(ME, later, "epoch")]
+    # Once per epoch: the next login within the interval asks nothing.
+    async with client.get("/v1/sessions", headers=api.auth()) as resp:
+        assert resp.status == 200
+    await api.drain()
+    assert len(api.requests.sent) == 2
+    async with client.get("/metrics") as resp:
+        text = await resp.text()
+    name = "projector_api_reconcile_requests_total"
+    assert sample(text, name, [("trigger", "epoch"), ("outcome", "accepted")]) == 1
+    assert sample(text, name, [("trigger", "login"), ("outcome", "limited")]) == 1

@@ -37,6 +37,7 @@ class PlacedPartitions:
     def __init__(self, offsets: dict[int, int | None]) -> None:
         self.offsets = offsets
         self.overruns: list[tuple[int, int]] = []
+        self.handled: list[tuple[int, int]] = []  # (partition, the checkpoint's next offset)
 
     def expected_offset(self, partition: int) -> int | None:
         return self.offsets.get(partition)
@@ -80,6 +81,11 @@ def completion(
     async def log_start(partition: int) -> int:
         return {0: 55, 2: 0}[partition]
 
+    async def on_overrun(partition: int, checkpoint_next: int) -> None:
+        # After the core's own handling (the projection epoch, the reconciles: app/worker/retention.py).
+        assert core.overruns[-1][0] == partition
+        core.handled.append((partition, checkpoint_next))
+
     handler = RebalanceCompletion(
         app,
         intake,
@@ -89,6 +95,7 @@ def completion(
         settings,
         GcPolicy(threshold=0, freeze=True),
         monitor,
+        on_overrun,
         exit_process=exits.append,
     )
     return core, standbys, monitor, handler, exits
@@ -107,6 +114,7 @@ def test_the_mailbox_partitions_assigned_are_restored_and_the_others_kept_as_sta
     assert intake.assigned == [[0, 2]]
     # Partition 0's checkpoint needs offset 40, mailbox-tail starts at 55: entries deleted unread.
     assert core.overruns == [(0, 55)]
+    assert core.handled == [(0, 40)]  # with the offset the checkpoint needed
     assert standbys.kept == [[1, 3]]
     assert exits == []
     assert gc.get_freeze_count() > 0 and monitor.installed
