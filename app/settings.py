@@ -255,7 +255,7 @@ class Settings:
     # 0 = only those summaries).
     dead_letter_log_per_s: int = bounded(5, 0, 10_000)
 
-    # --- projection restore (issue 18; app/worker/restore.py) -------------------------------------
+    # --- projection repair (issue 18; app/worker/repair.py) ---------------------------------------
     # Every `store_check_interval_ms` the worker asks the projection store whether it lost data
     # (its markers for the worker's partitions gone, or a server's run id changed: a restart, a
     # failover) and, if so, writes the projection of those partitions again from its own state,

@@ -36,7 +36,7 @@ Lifecycle, and why:
   reloads when the store's version moved, so a fresh walk always reflects the store, and the
   version it reports is the one its rows are as of (the client's SessionView.reset needs that).
   Likewise when the store's ``corrections`` moved: the audit, the console's reconcile and the
-  projection restore rewrite rows without a new version (correction frames reach the walks in
+  projection repair rewrite rows without a new version (correction frames reach the walks in
   flight), and a held snapshot must not serve the rows they replaced to new walks, on any
   instance. A new walk is served the fleet's live snapshot when it is current (held here, or
   adopted), else a new one is built and published.

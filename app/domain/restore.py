@@ -1,4 +1,4 @@
-"""The projection restore's decisions (issue 18; the I/O is app/worker/restore.py): what one
+"""The projection repair's decisions (issue 18; the I/O is app/worker/repair.py): what one
 user needs when the projection store may have lost it, and the write that restores it.
 
 A user's state knows its projection_mailbox_seq P (the last entry applied) and the version F of

@@ -304,7 +304,7 @@ class WorkerMetrics(ProcessMetrics):
         "Nothing is held back or invented because of it",
         ("partition", "lane"),
     )
-    # The projection restore (issue 18, app/worker/restore.py): a store that lost data written
+    # The projection repair (issue 18, app/worker/repair.py): a store that lost data written
     # again from the workers' state.
     projection_restores = MetricSpec(
         Counter,

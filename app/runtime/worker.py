@@ -39,7 +39,7 @@ from app.worker.audit import AuditConfig, audit_tick
 from app.worker.core import WorkerConfig, WorkerCore, wall_clock_ms
 from app.worker.ports import StateTables
 from app.worker.reconcile import ReconcileConfig, ReconcileRunner
-from app.worker.restore import ProjectionRestorer, RestoreConfig
+from app.worker.repair import ProjectionRepairer, RepairConfig
 from app.worker.retention import RetentionReconciles
 from app.worker.retry import Backoff
 from tables.durable.identity import InputMismatch
@@ -244,16 +244,16 @@ def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[
         if reconciles is not None:
             await reconciles.commit()
 
-    restore = RestoreConfig.from_settings(settings)
-    if restore.interval_ms > 0:
+    repair = RepairConfig.from_settings(settings)
+    if repair.interval_ms > 0:
         from app.stores.redis_restore import RedisRestoreTarget
 
-        restorer = ProjectionRestorer(core, RedisRestoreTarget(_projection_store(core)), restore)
+        repairer = ProjectionRepairer(core, RedisRestoreTarget(_projection_store(core)), repair)
 
         @app.task  # type: ignore[untyped-decorator]  # faust's decorator is untyped
-        async def projection_restore() -> None:
-            """Finds a projection store that lost data and writes it again (app/worker/restore.py)."""
-            await restorer.run()
+        async def projection_repair() -> None:
+            """Finds a projection store that lost data and writes it again (app/worker/repair.py)."""
+            await repairer.run()
 
     audit = AuditConfig.from_settings(settings)
 

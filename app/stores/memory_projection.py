@@ -49,12 +49,12 @@ class InMemoryProjectionStore:
     def __init__(self, count_writes: bool = False) -> None:
         self.count_writes = count_writes
         self._users: dict[int, _UserRecord] = {}
-        # The projection restore's markers and the "server run id" (app/stores/redis_restore.py).
+        # The projection repair's markers and the "server run id" (app/stores/redis_restore.py).
         self._markers: dict[int, str] = {}
         self._run_id = 1
 
     async def restore(self, batches: Sequence[UserFlush]) -> list[int | None]:
-        """`write`, as the projection restore writes (RESTORE_SCRIPT): a batch at the stored
+        """`write`, as the projection repair writes (RESTORE_SCRIPT): a batch at the stored
         version is written too, only an older one refused; writes are not counted."""
         results: list[int | None] = []
         for batch in encode_batches(batches):
@@ -88,7 +88,7 @@ class InMemoryProjectionStore:
             out.append((record.version, len(record.rows)) if record is not None else (0, 0))
         return out
 
-    # -- the projection restore's markers (app/worker/restore.RestoreTarget) --------------------
+    # -- the projection repair's markers (app/worker/repair.RepairTarget) --------------------
 
     async def identity(self) -> frozenset[str]:
         return frozenset({f"run-{self._run_id}"})

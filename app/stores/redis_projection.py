@@ -247,7 +247,7 @@ return stored
 """
 
 
-# The projection restore's write (issue 18, `restore`; app/worker/restore.py): WRITE_SCRIPT's
+# The projection repair's write (issue 18, `restore`; app/worker/repair.py): WRITE_SCRIPT's
 # layout, but a version EQUAL to the stored one is written too (only an older batch is refused),
 # and writes are never counted (that hook measures the flush path's compaction, J-1). After a
 # data loss a flush may have written some of a user's rows at version V into the emptied store;
@@ -501,7 +501,7 @@ class RedisProjectionStore:
         return results
 
     async def restore(self, batches: Sequence[UserFlush]) -> list[int | None]:
-        """`write`, for the projection restore (RESTORE_SCRIPT): a batch whose version equals the
+        """`write`, for the projection repair (RESTORE_SCRIPT): a batch whose version equals the
         stored one is written too; only an older one is refused (None)."""
         encoded = encode_batches(batches)
         await self.follow_serving()

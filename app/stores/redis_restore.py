@@ -1,5 +1,5 @@
-"""What the projection restore (app/worker/restore.py) asks of Redis: has the store lost data,
-and the restore's own writes. The `RestoreTarget` port on a `RedisProjectionStore`.
+"""What the projection repair (app/worker/repair.py) asks of Redis: has the store lost data,
+and the restore's own writes. The `RepairTarget` port on a `RedisProjectionStore`.
 
 How a loss shows (README, "Failure behaviours"; what clients see: docs/contract.md §4):
 
@@ -67,7 +67,7 @@ def marker_tags(cluster: bool) -> list[str]:
 
 
 class RedisRestoreTarget:
-    """The restore's port (app/worker/restore.RestoreTarget) on the worker's projection store."""
+    """The restore's port (app/worker/repair.RepairTarget) on the worker's projection store."""
 
     def __init__(self, store: RedisProjectionStore) -> None:
         self.store = store

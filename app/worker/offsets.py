@@ -1,7 +1,7 @@
 """Which records of a fetched batch may be applied: the log is applied without a hole, ever.
 
 Every owned partition has an *expected offset*: the next mailbox-tail offset its state has not
-applied yet. It is persisted with the partition's state (the gate record), so after a restart or
+applied yet. It is persisted with the partition's state (its checkpoint), so after a restart or
 a hand-over it says exactly where the state stands in the log, whatever offset the consumer
 group committed or the consumer happens to fetch from.
 
@@ -25,10 +25,9 @@ its records are not adjacent, or the position after it is not its last record + 
 and moves the position) is taken only once a read from `expected` itself shows the same hole
 (`first_hole`): the positions around a fetch are read in the consumer's thread while faust may be
 seeking the same consumer from the event loop's thread, so a hole can also be a seek that landed
-between the two reads (issue 11: partition 0 of a crash run jumped 7,571 offsets on an empty
-fetch). A real hole (a transaction marker, a compacted record) is still there when the log is read
-again from `expected`; a seek is not. mailbox-tail written by plain producers has no holes, so
-this costs nothing there.
+between the two reads. A real hole (a transaction marker, a compacted record) is still there when
+the log is read again from `expected`; a seek is not. mailbox-tail written by plain producers has
+no holes, so this costs nothing there.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Issue 18, scenario "redis-loss": the projection store loses everything and the worker writes
-it again by itself (automatic projection restore, issue 18 item 1).
+it again by itself (automatic projection repair, issue 18 item 1).
 
 A redis-server of the test's own that keeps nothing on disk (never the shared 6379): FLUSHALL
 while the stream runs, then, after the stream, a SIGKILL and a restart that comes back empty with
 a new run id (a failover to an empty replica). After each loss, with no command run, the store
 must hold rows and badges equal to `projector replay` again; how long that took is measured.
 
-Runs only where the restore exists (app/worker/restore.py, branch h/restore until it lands on
+Runs only where the repair exists (app/worker/repair.py, branch h/restore until it lands on
 main): elsewhere it is skipped with that reason, and `make chaos` reports it as not yet run."""
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ RESTORES = "projector_projection_restores_total"
 
 
 def _restore_missing() -> bool:
-    return importlib.util.find_spec("app.worker.restore") is None
+    return importlib.util.find_spec("app.worker.repair") is None
 
 
 needs_restore = pytest.mark.skipif(
     _restore_missing(),
-    reason="automatic projection restore (issue 18 item 1, branch h/restore) is not on this branch yet",
+    reason="automatic projection repair (issue 18 item 1, branch h/restore) is not on this branch yet",
 )
 
 

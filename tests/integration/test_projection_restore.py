@@ -1,4 +1,4 @@
-"""The projection restore on the real servers (issue 18, app/worker/restore.py): a worker and the
+"""The projection repair on the real servers (issue 18, app/worker/repair.py): a worker and the
 query API over a redis-server of the test's own that keeps nothing on disk. Mid-stream the
 server is FLUSHALLed (flushes go on into the emptied store); after the whole stream it is
 SIGKILLed and started again, empty, with a new run id (no entry comes after that: only the
@@ -241,7 +241,7 @@ async def test_the_projection_comes_back_by_itself_after_a_flushall_and_after_a_
     # The FLUSHALL (one partition at least: users of the other may all have been flushed again
     # whole before it was checked), the restart (both).
     assert log.count("projection store lost data") >= 3, stack.log_tail(lines=120)
-    assert "restored partition" in log
+    assert "repaired partition" in log
     assert "Traceback" not in log
 
 

@@ -1,4 +1,4 @@
-"""The projection restore's marker keys (app/stores/redis_restore.py), without a server: on a
+"""The projection repair's marker keys (app/stores/redis_restore.py), without a server: on a
 Redis Cluster a master that loses its data must lose markers of every partition, whatever slots
 it owns, as long as it owns a whole stretch of MARKER_STRETCHES."""
 

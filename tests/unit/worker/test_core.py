@@ -551,7 +551,7 @@ def test_a_kill_between_the_persist_and_the_store_write_loses_no_row() -> None:
 
 
 def test_work_no_flush_carried_survives_two_crashes_in_a_row() -> None:
-    """A restored partition reads only the users its gate record lists as having work no flush
+    """A restored partition reads only the users its checkpoint lists as having work no flush
     carried. That list must survive the restored worker's own persists until those users are
     flushed: killed again before the flush, the next restart must still find them."""
     s = StreamBuilder()

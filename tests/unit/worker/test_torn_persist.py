@@ -1,6 +1,6 @@
 """A worker killed while the broker acknowledges a persist: the records of one persist go to
-several changelog partitions, so any subset of a step can be delivered (issue 18's 20-kill run
-lost a few rows' archive/mute/pin/join entries that way: a gate record ahead of its rows). The
+several changelog partitions, so any subset of a step can be delivered (a checkpoint must never
+be taken ahead of its rows). The
 tables deliver a persist in three steps (gate intent, data, gate: `StateTables.commit`); here a
 commit dies in any of them, with any subset of that step delivered, and the restarted worker's
 projection must still be replay's."""

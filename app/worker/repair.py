@@ -1,18 +1,18 @@
-"""The projection restore (issue 18): a worker finds that the projection store lost data (all of
+"""The projection repair (issue 18): a worker finds that the projection store lost data (all of
 it, or some) and writes the projection of its partitions again from its own state, without
 anyone running a command.
 
 Detection, every `interval_ms` (`check`; the Redis side is app/stores/redis_restore.py):
 
 * the partition's markers in the store are gone (FLUSHALL, a restart without persistence, a
-  failover to an empty replica, the namespace deleted) or say a restore that is not ours did not
+  failover to an empty replica, the namespace deleted) or say a repair that is not ours did not
   finish (it died): the whole partition;
 * the set of the store servers' run ids changed (a restart, also one WITH persistence whose
   snapshot is older than the last flushes; a failover): every owned partition;
 * flushes that found their user stored at a version older than the user's previous flush
   (`WorkerCore.store_behind`): those users.
 
-A whole-partition restore sets the partition's markers to ``restoring:<token>`` first, then goes
+A whole-partition repair sets the partition's markers to ``restoring:<token>`` first, then goes
 through every user of the partition in chunks of `chunk_users`, in user id order: the users
 come from the changelog tables' keys (read in slices, values not read: the state may be far
 bigger than memory; every user a flush published is there within a window of that flush — a user
@@ -30,19 +30,24 @@ else read from the tables without joining the hot set. One chunk:
   → the lock is released: batches and flushes go on between chunks.
 
 At the end the markers are set to ``done:<token>``, each only if it still says ours: one that
-vanished meanwhile means the store lost data again during the restore, and the partition is
-restored again. A crash mid-restore leaves ``restoring:<token>`` (or nothing): the next owner
-restores the partition. A flush racing a restore is serialized by the flush lock; a user written
+vanished meanwhile means the store lost data again during the repair, and the partition is
+repaired again. A crash mid-repair leaves ``restoring:<token>`` (or nothing): the next owner
+repairs the partition. A flush racing a repair is serialized by the flush lock; a user written
 by a flush after the loss (some rows, at a new version) is made whole by its chunk (or by a later
-user restore: that flush found the store behind).
+user repair: that flush found the store behind).
 
-What clients see: a restored user's rows and badge as correction frames restating its version
+What clients see: a repaired user's rows and badge as correction frames restating its version
 (never a new version, never an older one): a client holding that version overwrites with equal
 values; one that pulled an emptied or partial list during the loss gets every row. Metrics:
-projector_projection_restores_total (restores, of a partition or of some users, that had to
-write something) and the users/rows counters (app/metrics/worker.py); a WARNING line per restore that
-wrote anything ("projection store lost data (<reason>): restored partition ..."), INFO lines for
-checks that found nothing lost (markers are also absent the first time a store is seen).
+projector_projection_restores_total (repairs, of a partition or of some users, that had to
+write something) and the users/rows counters (app/metrics/worker.py); a WARNING line per repair
+that wrote anything ("projection store lost data (<reason>): repaired partition ..."), INFO lines
+for checks that found nothing lost (markers are also absent the first time a store is seen).
+
+"Restore" is the changelog → state direction (app/worker/core.py); this module re-writes the
+projection store. The word survives only where it is a format or a contract: the markers
+(``restoring:``/``done:``), the store port's `restore` write, the stats' fields, the metric
+names and the PROJECTOR_* settings.
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ if TYPE_CHECKING:
     from app.settings import Settings
     from app.worker.core import PartitionState, WorkerCore
 
-log = logging.getLogger("projector.restore")
+log = logging.getLogger("projector.repair")
 
 DONE = "done:"
 RESTORING = "restoring:"
@@ -80,8 +85,8 @@ _KEY_SLICE = 20_000
 _HELD_WAIT_S = 0.05
 
 
-class RestoreTarget(Protocol):
-    """What the restore needs from the projection store (app/stores/redis_restore.py)."""
+class RepairTarget(Protocol):
+    """What the repair needs from the projection store (app/stores/redis_restore.py)."""
 
     async def identity(self) -> frozenset[str]:
         """The store servers' run ids (changes at a restart or a failover)."""
@@ -103,12 +108,12 @@ class RestoreTarget(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class RestoreConfig:
+class RepairConfig:
     interval_ms: int = 2_000
     chunk_users: int = 256
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> RestoreConfig:
+    def from_settings(cls, settings: Settings) -> RepairConfig:
         return cls(interval_ms=settings.store_check_interval_ms, chunk_users=settings.restore_chunk_users)
 
 
@@ -120,8 +125,8 @@ class _Job:
 
 
 @dataclass(slots=True)
-class RestoreReport:
-    """One restore (also logged)."""
+class RepairReport:
+    """One repair (also logged)."""
 
     checked: int = 0  # users compared with the store
     restated: int = 0  # users written whole at their version
@@ -133,8 +138,8 @@ class RestoreReport:
     started: float = field(default_factory=time.monotonic)
 
 
-class ProjectionRestorer:
-    def __init__(self, core: WorkerCore, target: RestoreTarget, config: RestoreConfig) -> None:
+class ProjectionRepairer:
+    def __init__(self, core: WorkerCore, target: RepairTarget, config: RepairConfig) -> None:
         self.core = core
         core.track_store_behind = True  # `check` drains what the flushes find
         self.target = target
@@ -144,15 +149,15 @@ class ProjectionRestorer:
         self._tokens = (f"{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count(1))
         self.identity: frozenset[str] | None = None
         self.jobs: dict[int, _Job] = {}
-        # Partition -> the "restoring:<token>" marker of the restore of ours that runs now.
+        # Partition -> the "restoring:<token>" marker of the repair of ours that runs now.
         self.marking: dict[int, str] = {}
-        self.last_report: RestoreReport | None = None
+        self.last_report: RepairReport | None = None
         self._checked_at = float("-inf")
 
     # -- the loop (the worker's task) ------------------------------------------------------------
 
     async def run(self) -> None:
-        """Check, restore what needs it, wait `interval_ms`; forever. A failing store costs a
+        """Check, repair what needs it, wait `interval_ms`; forever. A failing store costs a
         round, never the worker (the next round finds what is still to do)."""
         failing = False
         while True:
@@ -166,7 +171,7 @@ class ProjectionRestorer:
                 raise
             except Exception as exc:
                 if not failing:
-                    log.warning("projection store check or restore failed (tried again): %s", exc)
+                    log.warning("projection store check or repair failed (tried again): %s", exc)
                 failing = True
             await asyncio.sleep(self.config.interval_ms / 1000)
 
@@ -192,7 +197,7 @@ class ProjectionRestorer:
             if any(value is None for value in values):
                 self.want(partition, "its markers in the store are gone", None)
             elif any(not (value.startswith(DONE) or value == mine) for value in values if value is not None):
-                self.want(partition, "a restore of it did not finish", None)
+                self.want(partition, "a repair of it did not finish", None)
         behind, core.store_behind = core.store_behind, set()
         for user_id in behind:
             holder = core.holder(user_id)
@@ -208,27 +213,27 @@ class ProjectionRestorer:
         elif job.users is not None:
             job.users |= users
 
-    # -- restoring ------------------------------------------------------------------------------
+    # -- repairing ------------------------------------------------------------------------------
 
     async def work(self) -> None:
-        """Run the restores found, one partition at a time (lowest first)."""
+        """Run the repairs found, one partition at a time (lowest first)."""
         while self.jobs:
             partition = min(self.jobs)
             job = self.jobs.pop(partition)
             try:
-                await self._restore(job)
+                await self._repair(job)
             except BaseException:
                 self.want(partition, job.reason, job.users)  # not done: the next round again
                 raise
 
-    async def _restore(self, job: _Job) -> None:
+    async def _repair(self, job: _Job) -> None:
         core = self.core
         partition = job.partition
         state = core.partitions.get(partition)
         if state is None:
             return
         whole = job.users is None
-        report = RestoreReport()
+        report = RepairReport()
         marker = ""
         if whole:
             token = next(self._tokens)
@@ -245,7 +250,7 @@ class ProjectionRestorer:
             at = 0
             while at < len(users):
                 if core.partitions.get(partition) is not state:
-                    log.info("restore of partition %d stopped: it went to another worker", partition)
+                    log.info("repair of partition %d stopped: it went to another worker", partition)
                     return
                 chunk = users[at : at + self.config.chunk_users]
                 if not await self._chunk(state, chunk, report):
@@ -255,13 +260,13 @@ class ProjectionRestorer:
                 at += len(chunk)
                 report.chunks += 1
                 if time.monotonic() - self._checked_at >= self.config.interval_ms / 1000:
-                    await self.check()  # a long restore still notices other partitions' losses
+                    await self.check()  # a long repair still notices other partitions' losses
                 else:
                     await asyncio.sleep(0)  # batches and flushes go on between chunks
             done = DONE + marker[len(RESTORING) :]
             if whole and not await self.target.confirm_markers(partition, marker, done):
-                self.want(partition, "the store lost data again during its restore", None)
-                log.warning("partition %d: the store lost data again during its restore", partition)
+                self.want(partition, "the store lost data again during its repair", None)
+                log.warning("partition %d: the store lost data again during its repair", partition)
                 return
         finally:
             if whole:
@@ -274,7 +279,7 @@ class ProjectionRestorer:
             logging.WARNING if written else logging.INFO if whole else logging.DEBUG,
             "%s partition %d%s: %d users checked, %d written again (%d rows), %d handed whole "
             "to their next flush, %d newer in the store, in %.1f s",
-            f"projection store lost data ({job.reason}): restored" if written else "nothing lost in",
+            f"projection store lost data ({job.reason}): repaired" if written else "nothing lost in",
             partition,
             "" if whole else f" ({len(users)} users a flush found missing)",
             report.checked,
@@ -297,7 +302,7 @@ class ProjectionRestorer:
                     return None
         return list(users)
 
-    async def _chunk(self, state: PartitionState, chunk: list[int], report: RestoreReport) -> bool:
+    async def _chunk(self, state: PartitionState, chunk: list[int], report: RepairReport) -> bool:
         """Restore these users of the partition (see the module docstring); False (nothing done)
         while the partition has flushes produced and not published."""
         core = self.core
@@ -312,7 +317,7 @@ class ProjectionRestorer:
                 stats.restore_checked_users += report.checked - checked
                 stats.restore_reflushed_users += report.reflushed - reflushed
 
-    async def _chunk_locked(self, state: PartitionState, chunk: list[int], report: RestoreReport) -> bool:
+    async def _chunk_locked(self, state: PartitionState, chunk: list[int], report: RepairReport) -> bool:
         """`_chunk` under the flush lock."""
         core = self.core
         stored = await self.target.inventory(chunk)

@@ -1,4 +1,4 @@
-"""The projection restore (issue 18, app/worker/restore.py) with the in-memory store: the store
+"""The projection repair (issue 18, app/worker/repair.py) with the in-memory store: the store
 loses everything (or some users) in the middle of a stream; the worker finds out by itself and
 writes the projection again from its state. The end: the store equals replay of the stream,
 and devices that follow the frames (and re-pull on a gap, as the client rule says) hold replay's
@@ -20,7 +20,7 @@ from app.replay import ReplayOptions, run_replay
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.memory_tables import MemoryTables
 from app.worker.core import PartitionState, WorkerCore
-from app.worker.restore import DONE, RESTORING, ProjectionRestorer, RestoreConfig, RestoreReport
+from app.worker.repair import DONE, RESTORING, ProjectionRepairer, RepairConfig, RepairReport
 from tests.support.builders import CONV_A, CONV_B
 from tests.support.builders import StreamBuilder as Builder
 from tests.support.clock import ManualClock as Clock
@@ -72,22 +72,22 @@ class Devices:
         return [dict(view.known()[cid]) for cid in sorted(view.known())]
 
 
-def restorer_for(
+def repairer_for(
     core: WorkerCore, store: InMemoryProjectionStore, chunk_users: int = 2
-) -> ProjectionRestorer:
-    return ProjectionRestorer(core, store, RestoreConfig(interval_ms=1000, chunk_users=chunk_users))
+) -> ProjectionRepairer:
+    return ProjectionRepairer(core, store, RepairConfig(interval_ms=1000, chunk_users=chunk_users))
 
 
-async def settle(core: WorkerCore, restorer: ProjectionRestorer, clock: Clock) -> None:
-    """Checks and restores until nothing is left, the windows flushed in between."""
+async def settle(core: WorkerCore, repairer: ProjectionRepairer, clock: Clock) -> None:
+    """Checks and repairs until nothing is left, the windows flushed in between."""
     for _ in range(10):
-        await restorer.check()
-        await restorer.work()
+        await repairer.check()
+        await repairer.work()
         clock.now += 1_000
         await core.flush_due(clock.now)
-        if not restorer.jobs and not core.store_behind:
+        if not repairer.jobs and not core.store_behind:
             return
-    raise AssertionError(f"the restore does not settle: {restorer.jobs}")
+    raise AssertionError(f"the repair does not settle: {repairer.jobs}")
 
 
 def user_rows(rows: list[dict[str, Any]], user_id: int) -> list[dict[str, Any]]:
@@ -104,7 +104,7 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
     restart=st.booleans(),
     hot_rows=st.sampled_from([500_000, 2]),
 )
-def test_a_store_emptied_mid_stream_is_restored_and_clients_converge(
+def test_a_store_emptied_mid_stream_is_repaired_and_clients_converge(
     stream: Stream, seed: int, restart: bool, hot_rows: int
 ) -> None:
     """FLUSHALL (or a restart without persistence) at a random point; flushes go on into the
@@ -121,7 +121,7 @@ def test_a_store_emptied_mid_stream_is_restored_and_clients_converge(
 
     async def run() -> None:
         core = make_core(lanes, tables, store, projections, outbox, clock, hot_rows=hot_rows)
-        restorer = restorer_for(core, projections, chunk_users=rnd.choice((1, 3, 256)))
+        repairer = repairer_for(core, projections, chunk_users=rnd.choice((1, 3, 256)))
         parts = batches(records(lines), rnd)
         cut = rnd.randrange(len(parts) + 1)
         noticed = rnd.randrange(cut, len(parts) + 1)
@@ -131,7 +131,7 @@ def test_a_store_emptied_mid_stream_is_restored_and_clients_converge(
                 for user_id in rnd.sample(users, min(3, len(users))):
                     await devices.pull(user_id)  # a device (re)opened during the loss
             if index == noticed:
-                await settle(core, restorer, clock)
+                await settle(core, repairer, clock)
             await core.on_records(batch)
             clock.now += rnd.choice((0, 60, 150))
             await core.flush_due(clock.now)
@@ -139,7 +139,7 @@ def test_a_store_emptied_mid_stream_is_restored_and_clients_converge(
         if cut == len(parts):
             projections.flushall(restart=restart)
         await core.flush_all()
-        await settle(core, restorer, clock)
+        await settle(core, repairer, clock)
         await devices.follow()
 
     asyncio.run(run())
@@ -187,13 +187,13 @@ def test_an_intact_store_is_only_checked_and_its_markers_set() -> None:
 
     async def run() -> None:
         core, projections, outbox, clock = await worker(lines)
-        restorer = restorer_for(core, projections)
+        repairer = repairer_for(core, projections)
         frames = len(outbox.frames_out)
-        await settle(core, restorer, clock)  # first sight: no markers yet, every user checked
+        await settle(core, repairer, clock)  # first sight: no markers yet, every user checked
         assert core.stats.projection_restores == 0 and core.stats.restore_checked_users == 2
         assert core.stats.restored_users == 0 and len(outbox.frames_out) == frames
         assert (await projections.read_markers([0]))[0][0].startswith(DONE)  # type: ignore[union-attr]
-        await settle(core, restorer, clock)  # nothing lost since: nothing done
+        await settle(core, repairer, clock)  # nothing lost since: nothing done
         assert core.stats.projection_restores == 0 and core.stats.restore_checked_users == 2
 
     asyncio.run(run())
@@ -201,15 +201,15 @@ def test_an_intact_store_is_only_checked_and_its_markers_set() -> None:
 
 async def pending_after_a_flush(
     first: list[bytes], second: list[bytes]
-) -> tuple[WorkerCore, InMemoryProjectionStore, Clock, ProjectionRestorer]:
-    """`first` applied and flushed, `second` applied with its window still open; a restorer that
+) -> tuple[WorkerCore, InMemoryProjectionStore, Clock, ProjectionRepairer]:
+    """`first` applied and flushed, `second` applied with its window still open; a repairer that
     has not looked at the store yet."""
     core, projections, _, clock = await worker(first, messages=second)
     await core.on_records(records(second, len(first)))
-    return core, projections, clock, restorer_for(core, projections)
+    return core, projections, clock, repairer_for(core, projections)
 
 
-def test_first_sight_while_users_have_new_rows_not_flushed_yet_restores_nothing() -> None:
+def test_first_sight_while_users_have_new_rows_not_flushed_yet_repairs_nothing() -> None:
     """The CI failure of ebff8eb and e14c6c5: a store seen for the first time while a user had
     applied entries (a new conversation among them) not flushed yet. The store holds what the
     user's last flush wrote; the state has one row more, its next flush's. Nothing was lost."""
@@ -223,13 +223,13 @@ def test_first_sight_while_users_have_new_rows_not_flushed_yet_restores_nothing(
     second = s.close()
 
     async def run() -> None:
-        core, projections, clock, restorer = await pending_after_a_flush(first, second)
-        await restorer.check()
-        await restorer.work()
+        core, projections, clock, repairer = await pending_after_a_flush(first, second)
+        await repairer.check()
+        await repairer.work()
         assert core.stats.projection_restores == 0 and core.stats.restore_checked_users == 2
         assert core.stats.restore_reflushed_users == 0
         await core.flush_all()
-        await settle(core, restorer, clock)
+        await settle(core, repairer, clock)
         assert core.stats.projection_restores == 0
         rows, badges = await final_projection(projections, [7, 8])
         expected = run_replay(first + second, ReplayOptions(lanes=1))
@@ -250,14 +250,14 @@ def test_a_lost_row_of_a_user_with_entries_not_flushed_is_handed_to_its_next_flu
     second = s.close()
 
     async def run() -> None:
-        core, projections, _, restorer = await pending_after_a_flush(first, second)
-        await restorer.check()
-        await restorer.work()  # first sight: markers set, nothing lost
+        core, projections, _, repairer = await pending_after_a_flush(first, second)
+        await repairer.check()
+        await repairer.work()  # first sight: markers set, nothing lost
         assert core.stats.projection_restores == 0
         projections.forget_rows(7, [CONV_A])
         await projections.set_markers(0, RESTORING + "a-dead-worker")  # the partition checked again
-        await restorer.check()
-        await restorer.work()
+        await repairer.check()
+        await repairer.work()
         assert core.stats.projection_restores == 1 and core.stats.restore_reflushed_users == 1
         await core.flush_all()
         rows, badges = await final_projection(projections, [7])
@@ -267,18 +267,18 @@ def test_a_lost_row_of_a_user_with_entries_not_flushed_is_handed_to_its_next_flu
     asyncio.run(run())
 
 
-def test_a_flushall_is_restored_at_the_same_versions_with_correction_frames() -> None:
+def test_a_flushall_is_repaired_at_the_same_versions_with_correction_frames() -> None:
     lines = two_users()
     expected = run_replay(lines, ReplayOptions())
 
     async def run() -> None:
         core, projections, outbox, clock = await worker(lines)
-        restorer = restorer_for(core, projections)
-        await settle(core, restorer, clock)
+        repairer = repairer_for(core, projections)
+        await settle(core, repairer, clock)
         versions = await projections.versions([7, 8])
         frames = len(outbox.frames_out)
         projections.flushall()
-        await settle(core, restorer, clock)
+        await settle(core, repairer, clock)
         assert await projections.versions([7, 8]) == versions  # never lower, never a new one
         assert core.stats.projection_restores == 1 and core.stats.restored_users == 2
         assert core.stats.restored_rows == 3
@@ -304,10 +304,10 @@ def test_a_restart_with_persistence_that_lost_the_last_writes_is_found_by_the_ru
     async def run() -> None:
         tables, projections, outbox, clock = MemoryTables(), InMemoryProjectionStore(), Outbox(), Clock()
         core = make_core(1, tables, message_store_for([*first, *second], 1), projections, outbox, clock)
-        restorer = restorer_for(core, projections)
+        repairer = repairer_for(core, projections)
         await core.on_records(records(first))
         await core.flush_all()
-        await settle(core, restorer, clock)
+        await settle(core, repairer, clock)
         old = await projections.load(8)
         await core.on_records(records(second, len(first)))
         await core.flush_all()
@@ -315,7 +315,7 @@ def test_a_restart_with_persistence_that_lost_the_last_writes_is_found_by_the_ru
         projections.forget([8])
         await projections.write([_as_flush(old)])
         projections._run_id += 1
-        await settle(core, restorer, clock)
+        await settle(core, repairer, clock)
         assert core.stats.restored_users == 1
         assert await final_projection(projections, [7, 8]) == (expected.projections, expected.badges)
 
@@ -338,7 +338,7 @@ def _as_flush(stored: Any) -> Any:
     )
 
 
-def test_users_evicted_from_the_store_are_restored_once_a_flush_finds_them_missing() -> None:
+def test_users_evicted_from_the_store_are_repaired_once_a_flush_finds_them_missing() -> None:
     s = Builder()
     s.message(7, 1, conv=CONV_A)
     s.message(7, 1, conv=CONV_B)
@@ -350,22 +350,22 @@ def test_users_evicted_from_the_store_are_restored_once_a_flush_finds_them_missi
     async def run() -> None:
         tables, projections, outbox, clock = MemoryTables(), InMemoryProjectionStore(), Outbox(), Clock()
         core = make_core(1, tables, message_store_for([*first, *second], 1), projections, outbox, clock)
-        restorer = restorer_for(core, projections)
+        repairer = repairer_for(core, projections)
         await core.on_records(records(first))
         await core.flush_all()
-        await settle(core, restorer, clock)
+        await settle(core, repairer, clock)
         projections.forget([7])  # evicted: markers intact, run id the same
         await core.on_records(records(second, len(first)))
         await core.flush_all()  # writes CONV_A alone into the empty user
         assert core.store_behind == {7}
         assert len((await projections.load(7)).rows) == 1
-        await settle(core, restorer, clock)
+        await settle(core, repairer, clock)
         assert await final_projection(projections, [7]) == (expected.projections, expected.badges)
 
     asyncio.run(run())
 
 
-def test_a_crash_in_the_middle_of_a_restore_is_finished_by_the_next_worker() -> None:
+def test_a_crash_in_the_middle_of_a_repair_is_finished_by_the_next_worker() -> None:
     s = Builder()
     for user in range(1, 30):
         s.message(user, 1)
@@ -375,52 +375,52 @@ def test_a_crash_in_the_middle_of_a_restore_is_finished_by_the_next_worker() -> 
 
     async def run() -> None:
         core, projections, outbox, clock = await worker(lines)
-        restorer = restorer_for(core, projections, chunk_users=4)
-        await settle(core, restorer, clock)
+        repairer = repairer_for(core, projections, chunk_users=4)
+        await settle(core, repairer, clock)
         projections.flushall()
-        await restorer.check()
-        job = restorer.jobs.pop(0)
-        restorer.jobs[0] = job
+        await repairer.check()
+        job = repairer.jobs.pop(0)
+        repairer.jobs[0] = job
         # Two chunks, then the process dies (the task is simply never resumed).
         chunks = 0
-        real = restorer._chunk
+        real = repairer._chunk
 
-        async def counted(state: PartitionState, chunk: list[int], report: RestoreReport) -> bool:
+        async def counted(state: PartitionState, chunk: list[int], report: RepairReport) -> bool:
             nonlocal chunks
             chunks += 1
             if chunks > 2:
                 raise asyncio.CancelledError
             return await real(state, chunk, report)
 
-        restorer._chunk = counted  # type: ignore[method-assign]
+        repairer._chunk = counted  # type: ignore[method-assign]
         with contextlib.suppress(asyncio.CancelledError):
-            await restorer.work()
+            await repairer.work()
         (marker,) = (await projections.read_markers([0]))[0]
         assert marker is not None and marker.startswith(RESTORING)
         assert 0 < len(await projections.user_ids()) < len(users)
-        # The next worker restores from the changelog tables.
+        # The next worker restores its state from the changelog tables and finishes the repair.
         restarted = make_core(1, core.tables, core.message_store, projections, outbox, clock)  # type: ignore[arg-type]
         await restarted.restore_assigned([0])
-        await settle(restarted, restorer_for(restarted, projections), clock)
+        await settle(restarted, repairer_for(restarted, projections), clock)
         assert await final_projection(projections, users) == (expected.projections, expected.badges)
 
     asyncio.run(run())
 
 
 def test_a_chunk_waits_while_the_partition_has_flushes_not_published() -> None:
-    """A flush the store refused to take (held: the store failing) goes first: the restore of
+    """A flush the store refused to take (held: the store failing) goes first: the repair of
     that partition waits for it rather than writing under it."""
     lines = two_users()
 
     async def run() -> None:
         core, projections, _outbox, clock = await worker(lines)
-        restorer = restorer_for(core, projections)
-        await settle(core, restorer, clock)
+        repairer = repairer_for(core, projections)
+        await settle(core, repairer, clock)
         state = core.partitions[0]
         state.unpublished.append([])  # stands for a held flush
         projections.flushall()
-        await restorer.check()
-        task = asyncio.ensure_future(restorer.work())
+        await repairer.check()
+        task = asyncio.ensure_future(repairer.work())
         for _ in range(5):
             await asyncio.sleep(0.06)
         assert not task.done() and core.stats.restored_users == 0
@@ -431,7 +431,7 @@ def test_a_chunk_waits_while_the_partition_has_flushes_not_published() -> None:
     asyncio.run(run())
 
 
-def test_a_restore_streams_the_users_from_the_tables_and_keeps_the_hot_set_bounded() -> None:
+def test_a_repair_streams_the_users_from_the_tables_and_keeps_the_hot_set_bounded() -> None:
     """State bigger than the hot set: users come from the tables in chunks, are not kept."""
     s = Builder()
     for user in range(1, 200):
@@ -442,11 +442,11 @@ def test_a_restore_streams_the_users_from_the_tables_and_keeps_the_hot_set_bound
 
     async def run() -> None:
         core, projections, _outbox, clock = await worker(lines, hot_rows=10)
-        restorer = restorer_for(core, projections, chunk_users=16)
+        repairer = repairer_for(core, projections, chunk_users=16)
         await core.persist(core.partitions[0])  # evicts down to the bound
         assert core.partitions[0].processor.resident_rows <= 10
         projections.flushall()
-        await settle(core, restorer, clock)
+        await settle(core, repairer, clock)
         assert core.stats.restored_users == len(users)
         assert core.partitions[0].processor.resident_rows <= 10
         assert await final_projection(projections, users) == (expected.projections, expected.badges)

@@ -1,0 +1,133 @@
+"""Outbound records: a batch's dead letters and member notices.
+
+They are events, not state: no later flush restates them. So a send that raises keeps them owed
+with the partition, and the partition's next persist sends them first and fails while it cannot
+(its offsets never go durable past records whose events were not sent; a crash re-reads those
+records and produces the events again). At least once: a send that failed part way is sent whole
+again (a client reacts to a notice once; a dead letter names its record's offset).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+
+from app.domain.entries import MAX_RECORD_BYTES
+from app.domain.notices import MemberNotice
+from app.worker.mirror import MirrorPump
+from app.worker.ports import Outbox, RawRecord
+from app.worker.ratelog import RateLimitedLog
+from app.worker.state import PartitionState, WorkerStats
+
+log = logging.getLogger("projector.worker")
+
+
+class OutboundRecords:
+    """Owes, and sends, what applied batches produced for the dead-letter topic and the clients."""
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        stats: WorkerStats,
+        mirror: Callable[[], MirrorPump | None],
+        dead_letter_log: RateLimitedLog,
+    ) -> None:
+        self.outbox = outbox
+        self.stats = stats
+        self._mirror = mirror
+        self.dead_letter_log = dead_letter_log
+
+    async def send(
+        self,
+        state: PartitionState,
+        records: Sequence[RawRecord],
+        letters: Sequence[tuple[int, Any]],
+        notices: Sequence[MemberNotice],
+    ) -> None:
+        """Owe a batch's dead letters and member notices, then try to send everything owed; a
+        send that raises is counted and logged, and what it carried stays owed."""
+        if letters:
+            state.owed_dead_letters += self._dead_letters(records, letters)
+        if notices:
+            mirror = self._mirror()
+            # A notice says "re-read the roster", which the Cassandra mirror writes: the member
+            # changes staged before it are written first. A failed round does not hold notices
+            # back (a notice is a hint to re-read, never a fact); those sent so are counted.
+            if mirror is not None and not await mirror.drain():
+                self.stats.notices_ahead_of_roster += len(notices)
+            state.owed_notices += [(str(n.user_id).encode(), orjson.dumps(n.frame())) for n in notices]
+        try:
+            await self.send_owed(state)
+        except Exception as exc:
+            self.stats.outbound_send_failures += 1
+            log.warning(
+                "partition %d: sending %d dead letters and %d member notices failed (%s: %s); "
+                "sent again before the partition's next persist",
+                state.partition,
+                len(state.owed_dead_letters),
+                len(state.owed_notices),
+                type(exc).__name__,
+                exc,
+            )
+
+    async def send_owed(self, state: PartitionState) -> None:
+        """Send what the partition's applied batches owe; raises while it cannot. Member notices
+        go as their entries are applied, not with the flush: a crash before a persist covers them
+        re-reads the entries and sends them again; a duplicate entry, never applied, sends none."""
+        if state.owed_dead_letters:
+            await self.outbox.dead_letters(state.owed_dead_letters)
+            state.owed_dead_letters = []
+        if state.owed_notices:
+            await self.outbox.notices(state.owed_notices)
+            self.stats.notices += len(state.owed_notices)
+            state.owed_notices = []
+
+    def _dead_letters(
+        self, records: Sequence[RawRecord], letters: Sequence[tuple[int, Any]]
+    ) -> list[tuple[bytes | None, bytes]]:
+        kinds = self.stats.dead_letter_kinds
+        out: list[tuple[bytes | None, bytes]] = []
+        for index, letter in letters:
+            record = records[index]
+            kinds[letter.kind] = kinds.get(letter.kind, 0) + 1
+            out.append((record.key, dead_letter_envelope(record, letter.reason)))
+            # The kind, not the reason: a reason may quote the record's content (user data stays
+            # out of the logs; the dead-letter topic has it). Capped per second; the count above
+            # and the topic get every one.
+            self.dead_letter_log.log(
+                "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, letter.kind
+            )
+        return out
+
+
+def dead_letter_envelope(record: RawRecord, reason: str) -> bytes:
+    """What goes to the dead-letter topic: why, and exactly where the record came from. A value
+    over MAX_RECORD_BYTES is cut (the envelope must fit the topic whatever the input topic
+    allowed; topic, partition and offset find the whole record)."""
+    raw = record.value or b""
+    cut = len(raw) > MAX_RECORD_BYTES
+    if cut:
+        raw = raw[:MAX_RECORD_BYTES]
+    try:
+        value: str = raw.decode("utf-8")
+        encoding = "utf-8"
+    except UnicodeDecodeError:
+        value = base64.b64encode(raw).decode("ascii")
+        encoding = "base64"
+    envelope: dict[str, object] = {
+        "reason": reason,
+        "topic": record.topic,
+        "partition": record.partition,
+        "offset": record.offset,
+        "key": record.key[:1024].decode("utf-8", "replace") if record.key is not None else None,
+        "value": value,
+        "value_encoding": encoding,
+    }
+    if cut:
+        envelope["value_truncated"] = True
+        envelope["value_bytes"] = len(record.value)
+    return orjson.dumps(envelope)
