@@ -96,7 +96,16 @@ async def test_the_crash_test_catches_a_planted_loss(
         stack = make_stack(f"power{run}", partitions=4, lanes=3, **overrides)
         run_dir = tmp_path / f"run-{run}"
         run_dir.mkdir()
-        report = await run_crash_scenario(stack, run_dir, ci_size_plan(seed))
+        try:
+            report = await run_crash_scenario(stack, run_dir, ci_size_plan(seed))
+        except AssertionError as exc:
+            # The CI run fails this way too: the store never reached replay's versions (entries
+            # the planted persist lost are never written), or a worker died.
+            assert f"[plant] {plant} planted" in stack.log_tail(0, 100_000), "the plant did not take"
+            failing += 1
+            lines.append(f"seed {seed}: CAUGHT (the run failed: {str(exc).splitlines()[0][:200]})")
+            await stack.cleanup()
+            continue
         assert f"[plant] {plant} planted" in stack.log_tail(0, 100_000), "the plant did not take"
         found = caught(report, stack.settings.topic_partitions)
         failing += bool(found)
