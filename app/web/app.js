@@ -245,9 +245,11 @@ function latestSeq(conversationId) {
   return row && row.latest_conversation_seq !== null ? row.latest_conversation_seq : null;
 }
 
-function memberRow(member) {
+// One list row of a member: its avatar (loaded only while visible), its name, and the extra
+// spans a view adds (stats in the drawer, what else matched in the @-picker).
+function personRow(className, ...extraClasses) {
   const li = document.createElement("li");
-  li.className = "member";
+  li.className = className;
   const img = document.createElement("img");
   img.className = "avatar";
   img.alt = "";
@@ -255,9 +257,17 @@ function memberRow(member) {
   img.height = 24;
   const name = document.createElement("span");
   name.className = "name";
-  const stats = document.createElement("span");
-  stats.className = "stats";
-  li.append(img, name, stats);
+  const extras = extraClasses.map((extra) => {
+    const span = document.createElement("span");
+    span.className = extra;
+    return span;
+  });
+  li.append(img, name, ...extras);
+  return li;
+}
+
+function memberRow(member) {
+  const li = personRow("member", "stats");
   fillRow(li, member);
   return li;
 }
@@ -409,19 +419,8 @@ function closePicker() {
 }
 
 function candidateRow() {
-  const li = document.createElement("li");
-  li.className = "candidate";
+  const li = personRow("candidate", "also");
   li.setAttribute("role", "option");
-  const img = document.createElement("img");
-  img.className = "avatar";
-  img.alt = "";
-  img.width = 24;
-  img.height = 24;
-  const name = document.createElement("span");
-  name.className = "name";
-  const also = document.createElement("span");
-  also.className = "also";
-  li.append(img, name, also);
   // mousedown, not click: the input keeps its focus and caret.
   li.addEventListener("mousedown", (event) => {
     event.preventDefault();
@@ -587,17 +586,7 @@ function readErrorText(details) {
 }
 
 function readRow() {
-  const li = document.createElement("li");
-  li.className = "reader";
-  const img = document.createElement("img");
-  img.className = "avatar";
-  img.alt = "";
-  img.width = 24;
-  img.height = 24;
-  const name = document.createElement("span");
-  name.className = "name";
-  li.append(img, name);
-  return li;
+  return personRow("reader");
 }
 
 function fillReadRows(ul, rows, held) {
