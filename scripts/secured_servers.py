@@ -194,9 +194,22 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 def require_jars(server: str) -> Path:
+    """The server's jars in this checkout's .local; resolved here when missing (a checkout whose
+    `make services-up` found the servers already running from another one never resolved them)."""
     lib = LOCAL / server / "lib"
     if not any(lib.glob("*.jar")):
-        raise SetupError(f"{lib} has no jars: run `make services-up` first (it resolves them)")
+        done = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "services.sh"), "jars", server],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=900,
+        )
+        if done.returncode != 0 or not any(lib.glob("*.jar")):
+            raise SetupError(
+                f"{lib} has no jars and `scripts/services.sh jars {server}` could not resolve them: "
+                + (done.stderr.strip().splitlines() or ["no output"])[-1]
+            )
     return lib
 
 
