@@ -176,11 +176,18 @@ class Publisher:
             return published
 
     def _publishable(self, state: PartitionState) -> bool:
-        """The oldest queued flush may be written now: any queued one when flushes are visible
-        before durable, else one a completed persist covers."""
+        """The oldest queued flush may be written now."""
+        return self._writable(state) > 0
+
+    def _writable(self, state: PartitionState) -> int:
+        """How many of the oldest queued flushes may be written now: every queued one when
+        flushes are visible before durable, else those a completed persist covers."""
+        if state.released:
+            return 0
+        queued = len(state.unpublished)
         if self.visible_before_durable:
-            return not state.released and bool(state.unpublished)
-        return state.publishable
+            return queued
+        return min(queued, state.durable_flushes - state.published_flushes)
 
     def next_write(self, state: PartitionState) -> tuple[int, list[UserFlush]]:
         """The oldest queued flushes that go to the store in one write: the oldest, and after it
@@ -190,10 +197,7 @@ class Publisher:
         §10) costs one store round trip instead of one per flush."""
         queued = state.unpublished
         batches = list(queued[0])
-        if self.visible_before_durable:
-            writable = len(queued)
-        else:
-            writable = min(len(queued), state.durable_flushes - state.published_flushes)
+        writable = self._writable(state)
         users = {batch.user_id for batch in batches}
         count = 1
         while count < writable:
@@ -274,8 +278,7 @@ class Publisher:
     async def _persist_held(self, state: PartitionState) -> None:
         """While flushes are held: persist at most once per window, like a partition that flushes
         nothing (every persist writes the held users' records again, saying "not flushed")."""
-        since = state.unpersisted_since
-        if since is not None and self.clock() - since >= self.window_ms:
+        if self._persist_due(state, self.clock()):
             await self._persist(state)
 
     def _store_failed(self, exc: Exception, state: PartitionState) -> bool:

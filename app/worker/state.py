@@ -133,11 +133,6 @@ class PartitionState:
         self.unpublished.extend(flushes)
         self.queued_flushes += len(flushes)
 
-    @property
-    def publishable(self) -> bool:
-        """The oldest queued flush is covered by a completed persist."""
-        return not self.released and bool(self.unpublished) and self.published_flushes < self.durable_flushes
-
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
