@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from app.domain.badge import Badge  # noqa: E402
 from app.domain.flush import UserFlush  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from app.stores.redis_projection import RedisProjectionStore  # noqa: E402
+from bench.harness import baseline_settings, percentile  # noqa: E402
 
 USER = 777_000_001
 
@@ -123,23 +125,27 @@ async def api_bases(procs: list[subprocess.Popen[str]]) -> list[str]:
     return bases
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def summary(values: list[float]) -> dict[str, float]:
     return {
         "n": len(values),
         "p50_ms": round(statistics.median(values), 3),
-        "p99_ms": round(pct(values, 0.99), 3),
+        "p99_ms": round(percentile(values, 0.99), 3),
         "max_ms": round(max(values), 3),
     }
 
 
-async def get(
-    http: aiohttp.ClientSession, url: str, headers: dict[str, str]
-) -> tuple[dict[str, Any], float, float]:
+@dataclass(frozen=True)
+class Reply:
+    """One page response: its body, the server's own time and loop CPU for it (`Server-Timing`:
+    `loop-cpu` is not inflated by other jobs on a shared machine), and the client's wall time."""
+
+    body: dict[str, Any]
+    server_ms: float
+    wall_ms: float
+    loop_cpu_ms: float
+
+
+async def get(http: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> Reply:
     started = time.perf_counter()
     async with http.get(url, headers=headers) as resp:
         body = await resp.read()
@@ -148,13 +154,12 @@ async def get(
         timing = resp.headers["Server-Timing"]
         server = float(re.search(r"app;dur=([0-9.]+)", timing)[1])  # type: ignore[index]
         loop_cpu = re.search(r"loop-cpu;dur=([0-9.]+)", timing)
-        LOOP_CPU.append(float(loop_cpu[1]) if loop_cpu else math.nan)
-    return orjson.loads(body), server, (time.perf_counter() - started) * 1000
-
-
-# The `loop-cpu` of each response `get` read, in order (the server's CPU for that request when
-# requests come one at a time: not inflated by other jobs on a shared machine).
-LOOP_CPU: list[float] = []
+    return Reply(
+        orjson.loads(body),
+        server,
+        (time.perf_counter() - started) * 1000,
+        float(loop_cpu[1]) if loop_cpu else math.nan,
+    )
 
 
 async def main(args: argparse.Namespace, settings_env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -212,17 +217,18 @@ async def main(args: argparse.Namespace, settings_env: dict[str, str] | None = N
                 await get(http, url, {"Authorization": "Bearer " + token})
             # One full walk: the cursors every warm request below reuses (all of one revision).
             cursors: list[str] = []
-            body, _, _ = await get(http, url, headers)
+            body = (await get(http, url, headers)).body
             while body["next_cursor"]:
                 cursors.append(body["next_cursor"])
-                body, _, _ = await get(http, f"{url}&cursor={body['next_cursor']}", headers)
+                body = (await get(http, f"{url}&cursor={body['next_cursor']}", headers)).body
             revision = body["snapshot_revision"]
 
             warm_server: list[float] = []
             warm_client: list[float] = []
             cpu_before = cpu_ms(proc.pid)
             for i in range(args.warm):
-                body, server, wall = await get(http, f"{url}&cursor={cursors[i % len(cursors)]}", headers)
+                reply = await get(http, f"{url}&cursor={cursors[i % len(cursors)]}", headers)
+                body, server, wall = reply.body, reply.server_ms, reply.wall_ms
                 assert body["snapshot_revision"] == revision and body["projection_complete"]
                 warm_server.append(server)
                 warm_client.append(wall)
@@ -240,14 +246,16 @@ async def main(args: argparse.Namespace, settings_env: dict[str, str] | None = N
                     rows[version % len(rows)], unread_count=version % 50, projection_mailbox_seq=version
                 )
                 await store.write([batch(USER, [changed], version)])
-                body, server, wall = await get(http, url, headers)
+                reply = await get(http, url, headers)
+                body, server, wall = reply.body, reply.server_ms, reply.wall_ms
                 assert body["projection_mailbox_seq"] == version  # really reloaded
-                cold_loop_cpu.append(LOOP_CPU[-1])
+                cold_loop_cpu.append(reply.loop_cpu_ms)
                 cold_server.append(server)
                 cold_client.append(wall)
                 # The next page of that walk on the other instance: an adoption.
                 next_url = f"{other}/v1/sessions?limit={args.limit}&cursor={body['next_cursor']}"
-                page2, server, wall = await get(http, next_url, headers)
+                reply = await get(http, next_url, headers)
+                page2, server, wall = reply.body, reply.server_ms, reply.wall_ms
                 assert (
                     page2["projection_complete"] and page2["snapshot_revision"] == body["snapshot_revision"]
                 )
@@ -257,10 +265,10 @@ async def main(args: argparse.Namespace, settings_env: dict[str, str] | None = N
             cold_cpu = (cpu_ms(proc.pid) - cpu_before) / args.cold
             # Throughput: a fresh snapshot's cursors, then a bounded loop of warm pages.
             cursors = []
-            body, _, _ = await get(http, url, headers)
+            body = (await get(http, url, headers)).body
             while body["next_cursor"]:
                 cursors.append(body["next_cursor"])
-                body, _, _ = await get(http, f"{url}&cursor={body['next_cursor']}", headers)
+                body = (await get(http, f"{url}&cursor={body['next_cursor']}", headers)).body
             done = 0
             deadline = time.perf_counter() + args.seconds
 
@@ -336,7 +344,7 @@ def cli() -> int:
     args = parser.parse_args()
     report = asyncio.run(main(args))
     if args.baseline:
-        setting = dict(part.split("=", 1) for part in args.baseline.split(","))
+        setting = baseline_settings(args.baseline)
         report["baseline"] = {"settings": setting, **asyncio.run(main(args, setting))}
     Path(args.report).parent.mkdir(parents=True, exist_ok=True)
     Path(args.report).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))

@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.api.tokens import TokenSigner  # noqa: E402
 from app.settings import Settings  # noqa: E402
+from bench.harness import percentile  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
 FIRST_USER = 9_000_000_000_000_000_000  # above 2^53: ids go out as strings
@@ -73,13 +74,12 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def ms(values: list[float]) -> dict[str, float]:
-    return {"p50": round(pct(values, 0.5), 1), "p99": round(pct(values, 0.99), 1), "n": len(values)}
+    return {
+        "p50": round(percentile(values, 0.5), 1),
+        "p99": round(percentile(values, 0.99), 1),
+        "n": len(values),
+    }
 
 
 # -- SDK streams that time what they apply (this bench's latency phase, bench/mix_bench.py) --------

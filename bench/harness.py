@@ -122,6 +122,23 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank q-quantile (NaN for no values): the one rule every bench's p50/p99 uses."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else math.nan
+
+
+def baseline_settings(text: str) -> dict[str, str]:
+    """`K=V,K=V` from a bench's `--baseline` option: the settings of its side-by-side run."""
+    settings: dict[str, str] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip():
+            raise SystemExit(f"--baseline: {part!r} is not NAME=VALUE")
+        settings[name.strip()] = value.strip()
+    return settings
+
+
 def summarize(runs: list[Run], entries: int) -> dict[str, object]:
     walls = [r.wall_s for r in runs]
     med = median(walls)

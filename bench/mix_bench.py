@@ -74,6 +74,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import gateway_bench, worker_bench  # noqa: E402
+from bench.harness import baseline_settings, percentile  # noqa: E402
 
 FIRST_USER = 1_000_000
 T0_MS = 1_767_225_600_000  # the backlog's event time origin (2026-01-01)
@@ -322,19 +323,14 @@ def backlog_lines(traffic: Traffic, seconds: float, tick_ms: float = 10.0) -> It
 # -- analysis (pure) -----------------------------------------------------------------------------
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else math.nan
-
-
 def figures(values: list[float]) -> dict[str, float]:
     if not values:
         return {"n": 0}
     return {
         "n": len(values),
-        "p50_ms": round(pct(values, 0.50), 1),
-        "p90_ms": round(pct(values, 0.90), 1),
-        "p99_ms": round(pct(values, 0.99), 1),
+        "p50_ms": round(percentile(values, 0.50), 1),
+        "p90_ms": round(percentile(values, 0.90), 1),
+        "p99_ms": round(percentile(values, 0.99), 1),
         "max_ms": round(max(values), 1),
     }
 
@@ -1089,7 +1085,7 @@ async def amain(args: argparse.Namespace) -> int:
                 report["live"] = await mix.live(capacity)
                 if args.baseline:
                     # The same live run with the former rule, side by side on the same machine.
-                    setting = dict(part.split("=", 1) for part in args.baseline.split(","))
+                    setting = baseline_settings(args.baseline)
                     log(f"live baseline: {args.baseline}")
                     report["live_baseline"] = {
                         "settings": setting,

@@ -62,6 +62,7 @@ import orjson
 
 from app.domain.fast_lane import FAST_LANE_MAX_MEMBERS
 from app.settings import Settings
+from bench.harness import percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 # worker-gcoff: the same worker with Python's own GC (issue 14 item 3's effect, side by side);
@@ -821,9 +822,6 @@ class Bench:
         quarter = max(1, len(in_order) // 4)
         first_q, last_q = statistics.median(in_order[:quarter]), statistics.median(in_order[-quarter:])
 
-        def pct(q: float) -> float:
-            return latencies[min(len(latencies) - 1, int(q * len(latencies)))]
-
         return {
             "contender": contender,
             "window_ms": a.latency_window_ms,
@@ -837,9 +835,9 @@ class Bench:
             "setup_entries_not_measured": len(setup),
             "entries": len(latencies),
             "frames": len(frames),
-            "p50_ms": pct(0.50),
-            "p90_ms": pct(0.90),
-            "p99_ms": pct(0.99),
+            "p50_ms": percentile(latencies, 0.50),
+            "p90_ms": percentile(latencies, 0.90),
+            "p99_ms": percentile(latencies, 0.99),
             "max_ms": latencies[-1],
             "mean_ms": statistics.fmean(latencies),
             "p50_first_quarter_ms": first_q,
