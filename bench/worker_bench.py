@@ -60,11 +60,14 @@ from typing import Any
 
 import orjson
 
-from app.domain.fast_lane import FAST_LANE_MAX_MEMBERS
-from app.settings import Settings
-from bench.harness import percentile
-
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script (bench/run.sh): bench.harness is beside it
+    sys.path.insert(0, str(ROOT))
+
+from app.domain.fast_lane import FAST_LANE_MAX_MEMBERS  # noqa: E402
+from app.settings import Settings  # noqa: E402
+from bench.harness import percentile  # noqa: E402
+
 # worker-gcoff: the same worker with Python's own GC (issue 14 item 3's effect, side by side);
 # worker-base: the worker of another commit (--base-ref: before/after in one run);
 # worker-compiled: this checkout's mypyc-compiled build (--compiled-site; what `pip install .`
