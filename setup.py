@@ -5,7 +5,7 @@ the modules in COMPILED_MODULES go into the wheel as C extensions next to their 
 extension module wins at import). They are mypy --strict already, which is what mypyc needs.
 
 SESSION_PROJECTOR_COMPILE (read at build time only, never by the running program; not a
-PROJECTOR_* name, because app/settings.py refuses PROJECTOR_* variables it does not know):
+PROJECTOR_* name, because app/settings/ refuses PROJECTOR_* variables it does not know):
   auto (default)  compile when mypyc imports and a C compiler is found; otherwise, or when the
                   compilation fails, build the pure-Python package (a warning says why)
   1 / yes         compile, and fail the build when that is not possible

@@ -1,10 +1,10 @@
-"""Each client's connection options from Settings: the one place security and topology are applied.
+"""Each client's connection options from its settings section: where security and topology are applied.
 
 Every Kafka client the product builds (aiokafka's consumer, producer and admin client; faust's
 broker connection, through `faust_credentials` beside the faust App), every Cassandra cluster
 and every Redis client takes its options from a function here, so a SASL password, a CA file or
 a local data center set in the environment reaches all of them, and a new client cannot forget
-one. The settings are validated as a whole in app/settings.py (TLS files exist, SASL has
+one. The settings are validated by their sections in app/settings/ (TLS files exist, SASL has
 credentials, ...); this module only translates.
 
 The client libraries are imported inside the functions: importing this module stays cheap, and
@@ -20,10 +20,8 @@ import ssl
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from app.settings import replication_per_dc
-
 if TYPE_CHECKING:
-    from app.settings import Settings
+    from app.settings import CassandraSettings, KafkaSettings, RedisSettings
 
 
 def tls_context(cafile: str = "", certfile: str = "", keyfile: str = "") -> ssl.SSLContext:
@@ -39,74 +37,74 @@ def tls_context(cafile: str = "", certfile: str = "", keyfile: str = "") -> ssl.
 # -- Kafka ----------------------------------------------------------------------------------------
 
 
-def kafka_tls(settings: Settings) -> ssl.SSLContext | None:
-    if settings.kafka_security_protocol not in ("SSL", "SASL_SSL"):
+def kafka_tls(kafka: KafkaSettings) -> ssl.SSLContext | None:
+    if kafka.kafka_security_protocol not in ("SSL", "SASL_SSL"):
         return None
-    return tls_context(settings.kafka_ssl_cafile, settings.kafka_ssl_certfile, settings.kafka_ssl_keyfile)
+    return tls_context(kafka.kafka_ssl_cafile, kafka.kafka_ssl_certfile, kafka.kafka_ssl_keyfile)
 
 
-def kafka_client_options(settings: Settings) -> dict[str, Any]:
+def kafka_client_options(kafka: KafkaSettings) -> dict[str, Any]:
     """Keyword arguments for aiokafka's AIOKafkaConsumer/AIOKafkaProducer/AIOKafkaAdminClient:
     the bootstrap servers and the security options (``**`` them into the constructor)."""
-    return {"bootstrap_servers": settings.kafka_bootstrap, **kafka_security_options(settings)}
+    return {"bootstrap_servers": kafka.kafka_bootstrap, **kafka_security_options(kafka)}
 
 
-def kafka_security_options(settings: Settings) -> dict[str, Any]:
+def kafka_security_options(kafka: KafkaSettings) -> dict[str, Any]:
     """The security part of :func:`kafka_client_options` (for code given the servers apart)."""
-    options: dict[str, Any] = {"security_protocol": settings.kafka_security_protocol}
-    context = kafka_tls(settings)
+    options: dict[str, Any] = {"security_protocol": kafka.kafka_security_protocol}
+    context = kafka_tls(kafka)
     if context is not None:
         options["ssl_context"] = context
-    if settings.kafka_security_protocol.startswith("SASL_"):
-        options["sasl_mechanism"] = settings.kafka_sasl_mechanism
-        options["sasl_plain_username"] = settings.kafka_sasl_username
-        options["sasl_plain_password"] = settings.kafka_sasl_password
+    if kafka.kafka_security_protocol.startswith("SASL_"):
+        options["sasl_mechanism"] = kafka.kafka_sasl_mechanism
+        options["sasl_plain_username"] = kafka.kafka_sasl_username
+        options["sasl_plain_password"] = kafka.kafka_sasl_password
     return options
 
 
-def cassandra_cluster_options(settings: Settings) -> dict[str, Any]:
+def cassandra_cluster_options(cassandra: CassandraSettings) -> dict[str, Any]:
     """Keyword arguments for ``cassandra.cluster.Cluster``: authentication and TLS."""
     options: dict[str, Any] = {}
-    if settings.cassandra_username:
+    if cassandra.cassandra_username:
         from cassandra.auth import PlainTextAuthProvider
 
         options["auth_provider"] = PlainTextAuthProvider(
-            username=settings.cassandra_username, password=settings.cassandra_password
+            username=cassandra.cassandra_username, password=cassandra.cassandra_password
         )
-    if settings.cassandra_ssl:
+    if cassandra.cassandra_ssl:
         options["ssl_context"] = tls_context(
-            settings.cassandra_ssl_cafile, settings.cassandra_ssl_certfile, settings.cassandra_ssl_keyfile
+            cassandra.cassandra_ssl_cafile, cassandra.cassandra_ssl_certfile, cassandra.cassandra_ssl_keyfile
         )
     return options
 
 
-def keyspace_replication(settings: Settings) -> dict[str, int] | None:
+def keyspace_replication(cassandra: CassandraSettings) -> dict[str, int] | None:
     """Copies per data center when bootstrap creates the keyspace (NetworkTopologyStrategy), or
     None for SimpleStrategy with ``cassandra_replication_factor`` (one DC, no DC named)."""
-    per_dc = replication_per_dc(settings.cassandra_replication_per_dc)
+    per_dc = cassandra.replication_per_dc
     if per_dc:
         return per_dc
-    if settings.cassandra_local_dc:
-        return {settings.cassandra_local_dc: settings.cassandra_replication_factor}
+    if cassandra.cassandra_local_dc:
+        return {cassandra.cassandra_local_dc: cassandra.cassandra_replication_factor}
     return None
 
 
 # -- Redis ----------------------------------------------------------------------------------------
 
 
-def redis_client_options(settings: Settings) -> dict[str, Any]:
+def redis_client_options(redis: RedisSettings) -> dict[str, Any]:
     """Keyword arguments for redis-py's ``from_url`` (a plain or a cluster client) next to
-    ``settings.redis_url``: credentials, and the TLS files of a rediss:// URL."""
+    ``redis.redis_url``: credentials, and the TLS files of a rediss:// URL."""
     options: dict[str, Any] = {}
-    if settings.redis_password:
-        options["password"] = settings.redis_password
-        if settings.redis_username:
-            options["username"] = settings.redis_username
-    if settings.redis_ssl_cafile:
-        options["ssl_ca_certs"] = settings.redis_ssl_cafile
-    if settings.redis_ssl_certfile:
-        options["ssl_certfile"] = settings.redis_ssl_certfile
-        options["ssl_keyfile"] = settings.redis_ssl_keyfile
+    if redis.redis_password:
+        options["password"] = redis.redis_password
+        if redis.redis_username:
+            options["username"] = redis.redis_username
+    if redis.redis_ssl_cafile:
+        options["ssl_ca_certs"] = redis.redis_ssl_cafile
+    if redis.redis_ssl_certfile:
+        options["ssl_certfile"] = redis.redis_ssl_certfile
+        options["ssl_keyfile"] = redis.redis_ssl_keyfile
     return options
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 if TYPE_CHECKING:
-    from app.settings import Settings
+    from app.settings import LogSettings
 
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ACCESS_LOGGER: Final = "aiohttp.access"
@@ -72,23 +72,23 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
-def formatter(settings: Settings, service: str) -> logging.Formatter:
-    if settings.log_format == "json":
+def formatter(log: LogSettings, service: str) -> logging.Formatter:
+    if log.log_format == "json":
         return JsonFormatter(service)
     return logging.Formatter(TEXT_FORMAT)
 
 
-def configure_logging(settings: Settings, service: str) -> None:
+def configure_logging(log: LogSettings, service: str) -> None:
     """The root logger of this process: one handler on stderr in the chosen format and level.
     Python warnings and uncaught exceptions go through it too (a traceback printed around the
     formatter would be the one non-JSON line of a JSON stream)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter(settings, service))
+    handler.setFormatter(formatter(log, service))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(settings.log_level)
+    root.setLevel(log.log_level)
     logging.captureWarnings(True)
-    if settings.log_format == "json":
+    if log.log_format == "json":
         sys.excepthook = _log_uncaught
 
 
@@ -99,10 +99,10 @@ def _log_uncaught(kind: type[BaseException], exc: BaseException, tb: TracebackTy
     logging.getLogger("projector").critical("uncaught exception", exc_info=(kind, exc, tb))
 
 
-def logging_config(settings: Settings, service: str) -> dict[str, Any]:
+def logging_config(log: LogSettings, service: str) -> dict[str, Any]:
     """The same set-up as :func:`configure_logging`, as a ``logging.config.dictConfig`` (what
     faust's worker applies when it starts)."""
-    if settings.log_format == "json":
+    if log.log_format == "json":
         fmt: dict[str, Any] = {"()": f"{__name__}.JsonFormatter", "service": service}
     else:
         fmt = {"format": TEXT_FORMAT}
@@ -118,28 +118,28 @@ def logging_config(settings: Settings, service: str) -> dict[str, Any]:
                 "stream": "ext://sys.stderr",
             }
         },
-        "root": {"level": settings.log_level, "handlers": ["projector"]},
+        "root": {"level": log.log_level, "handlers": ["projector"]},
     }
 
 
-def faust_worker_options(settings: Settings) -> dict[str, Any]:
+def faust_worker_options(log: LogSettings) -> dict[str, Any]:
     """Keyword arguments for ``faust.Worker``: our logging set-up instead of faust's, and in JSON
     mode no start-up banner (faust prints it to stdout as text, outside logging)."""
     return {
-        "logging_config": logging_config(settings, "worker"),
-        "quiet": settings.log_format == "json",
+        "logging_config": logging_config(log, "worker"),
+        "quiet": log.log_format == "json",
     }
 
 
-def access_logger(settings: Settings) -> logging.Logger | None:
+def access_logger(enabled: bool) -> logging.Logger | None:
     """aiohttp's access logger when ``PROJECTOR_API_ACCESS_LOG`` is on (None = no access log)."""
-    return logging.getLogger(ACCESS_LOGGER) if settings.api_access_log else None
+    return logging.getLogger(ACCESS_LOGGER) if enabled else None
 
 
-def announce(settings: Settings, service: str, message: str) -> None:
+def announce(log: LogSettings, service: str, message: str) -> None:
     """A line for whoever started the process (e.g. the API's address) on stdout: as it reads in
     text mode, a JSON record (level INFO, logger ``projector``) in JSON mode."""
-    if settings.log_format == "json":
+    if log.log_format == "json":
         record = logging.LogRecord("projector", logging.INFO, __file__, 0, message, None, None)
         print(JsonFormatter(service).format(record), flush=True)
     else:

@@ -105,7 +105,7 @@ def cpu_ms(pid: int) -> float:
 def drop_keyspace(settings: Settings, keyspace: str) -> None:
     from app.stores.cassandra_session import open_cluster
 
-    cluster, session = open_cluster(settings)
+    cluster, session = open_cluster(settings.cassandra)
     try:
         session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
     finally:
@@ -166,7 +166,7 @@ async def main(args: argparse.Namespace, settings_env: dict[str, str] | None = N
     secret = secrets.token_urlsafe(32)
     namespace = f"bench-api-{uuid.uuid4().hex[:8]}"
     settings = Settings.from_env()
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis.Redis.from_url(settings.redis.redis_url)
     store = RedisProjectionStore(client, namespace)
     rows = rows_for(USER, args.conversations)
     version = 1
@@ -180,7 +180,7 @@ async def main(args: argparse.Namespace, settings_env: dict[str, str] | None = N
     from app.cli.bootstrap import ensure_cassandra_schema
 
     keyspace = f"bench_api_{uuid.uuid4().hex[:12]}"
-    await asyncio.to_thread(ensure_cassandra_schema, settings, keyspace=keyspace)
+    await asyncio.to_thread(ensure_cassandra_schema, settings.cassandra, keyspace=keyspace)
     env = {
         **os.environ,
         "PROJECTOR_CASSANDRA_KEYSPACE": keyspace,

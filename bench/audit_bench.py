@@ -274,19 +274,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     residency = processor.residency
     assert residency is not None
     print(f"RocksDB's estimate of its keys: {tables.estimated_rows(0):,}", flush=True)
-    limit = settings.unread_precise_limit
+    limit = settings.processing.unread_precise_limit
     old_policy = AuditPolicy(
-        settings.unread_audit_sample_rate,
-        settings.unread_audit_idle_ms,
-        settings.unread_audit_max_rows,
+        settings.audit.unread_audit_sample_rate,
+        settings.audit.unread_audit_idle_ms,
+        settings.audit.unread_audit_max_rows,
         limit,
     )
     new_policy = AuditPolicy(
-        settings.unread_audit_sample_rate,
-        settings.unread_audit_idle_ms,
-        settings.unread_audit_max_rows,
+        settings.audit.unread_audit_sample_rate,
+        settings.audit.unread_audit_idle_ms,
+        settings.audit.unread_audit_max_rows,
         limit,
-        settings.unread_audit_zero_sample_rate,
+        settings.audit.unread_audit_zero_sample_rate,
     )
     results: list[Figures] = [await idle_floor(args.floor_s)]
     rng = random.Random(7)

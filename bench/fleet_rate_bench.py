@@ -43,7 +43,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     secret = secrets.token_urlsafe(32)
     settings = Settings.from_env()
     keyspace = f"bench_rate_{uuid.uuid4().hex[:12]}"
-    await asyncio.to_thread(ensure_cassandra_schema, settings, keyspace=keyspace)
+    await asyncio.to_thread(ensure_cassandra_schema, settings.cassandra, keyspace=keyspace)
     env = {
         **os.environ,
         "PROJECTOR_CASSANDRA_KEYSPACE": keyspace,

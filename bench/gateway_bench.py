@@ -247,7 +247,7 @@ class Bench:
             "PROJECTOR_LOG_LEVEL": "WARNING",
         }
         self.settings = Settings.from_env({k: v for k, v in self.env.items() if k.startswith("PROJECTOR_")})
-        self.kafka = base.kafka_bootstrap
+        self.kafka = base.kafka.kafka_bootstrap
         self.procs: list[subprocess.Popen[bytes]] = []
         self.api_pid = 0
         self.url = ""
@@ -304,15 +304,19 @@ class Bench:
                 await admin.delete_topics(mine)
         finally:
             await admin.close()
-        store = RedisProjectionStore.from_settings(self.settings, self.settings.projection_namespace)
+        store = RedisProjectionStore.from_settings(
+            self.settings.redis, self.settings.redis.projection_namespace
+        )
         try:
             await store.delete_all()
         finally:
             await store.aclose()
-        cluster, session = await asyncio.to_thread(open_cluster, self.settings)
+        cluster, session = await asyncio.to_thread(open_cluster, self.settings.cassandra)
         try:
             await asyncio.to_thread(
-                session.execute, f"DROP KEYSPACE IF EXISTS {self.settings.cassandra_keyspace}", timeout=120
+                session.execute,
+                f"DROP KEYSPACE IF EXISTS {self.settings.cassandra.cassandra_keyspace}",
+                timeout=120,
             )
         finally:
             cluster.shutdown()
@@ -388,7 +392,7 @@ class Bench:
             await until_synced(clients, 60)
             async with (
                 self.producer() as producer,
-                self.plain_consumer(self.settings.topic_session_delta) as pc,
+                self.plain_consumer(self.settings.topics.topic_session_delta) as pc,
             ):
                 watcher = asyncio.create_task(plain(pc, stop))
                 # Warm-up: one entry per user until the worker answers (its start-up is not timed).
@@ -448,8 +452,8 @@ class Bench:
     ) -> int:
         """`count` message entries round robin over `users` at `rate`/s, each followed by the
         lane's marker on every partition (the watermark gate lets it through at once)."""
-        topic = self.settings.topic_mailbox_tail
-        partitions = self.settings.topic_partitions
+        topic = self.settings.topics.topic_mailbox_tail
+        partitions = self.settings.topics.topic_partitions
         started = time.monotonic()
         for i in range(count):
             user = users[i % len(users)]
@@ -491,7 +495,7 @@ class Bench:
         produced_at: dict[tuple[int, int], int],
         rate: float,
     ) -> None:
-        topic = self.settings.topic_session_delta
+        topic = self.settings.topics.topic_session_delta
         started = time.monotonic()
         for i in range(count):
             user = users[i % len(users)]
@@ -567,14 +571,14 @@ class Bench:
         args = self.args
         users = [FIRST_USER + i for i in range(min(args.fanout_users, args.connections))]
         versions = dict.fromkeys(users, 0)
-        topic = self.settings.topic_session_delta
+        topic = self.settings.topics.topic_session_delta
         reps = []
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
         async with self.producer() as producer:
             for _ in range(args.reps):
                 total = len(users) * args.frames_per_user
-                tps = [TopicPartition(topic, p) for p in range(self.settings.topic_partitions)]
+                tps = [TopicPartition(topic, p) for p in range(self.settings.topics.topic_partitions)]
                 probe = AIOKafkaConsumer(bootstrap_servers=self.kafka, group_id=None)
                 await probe.start()
                 start_offsets = await probe.end_offsets(tps)

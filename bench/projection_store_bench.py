@@ -117,7 +117,7 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5, help="repetitions (default 5)")
     parser.add_argument("--redis-url", default=None, help="default: PROJECTOR_REDIS_URL or the local server")
     args = parser.parse_args(argv)
-    url = args.redis_url or Settings.from_env().redis_url
+    url = args.redis_url or Settings.from_env().redis.redis_url
     client = redis.Redis.from_url(url)
     tag = uuid.uuid4().hex[:8]
     store = RedisProjectionStore(client, f"bench-store-{tag}")

@@ -154,10 +154,12 @@ async def measure(
 ) -> list[Measured]:
     conversations = [str(uuid.UUID(int=(size << 64) + i, version=4)) for i in range(size)]
     lines, messages, heads = stream(conversations, unread_share)
-    messages_store = CassandraMessageStore(session, settings.cassandra_keyspace)
+    messages_store = CassandraMessageStore(session, settings.cassandra.cassandra_keyspace)
     await asyncio.to_thread(messages_store.put_messages, messages)
     await asyncio.to_thread(messages_store.update_heads, heads)
-    projections = RedisProjectionStore.from_settings(settings, f"{settings.projection_namespace}-{size}")
+    projections = RedisProjectionStore.from_settings(
+        settings.redis, f"{settings.redis.projection_namespace}-{size}"
+    )
     outbox = NoFrames()
     core = WorkerCore(
         WorkerConfig(lanes=1, projector=ProjectorConfig(window_ms=100, max_dirty_rows=1_000_000)),
@@ -219,9 +221,9 @@ async def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     name = f"rcbench{uuid.uuid4().hex[:8]}"
-    settings = dataclasses.replace(Settings.from_env(), cassandra_keyspace=name, projection_namespace=name)
-    await asyncio.to_thread(ensure_cassandra_schema, settings)
-    cluster, session = open_cluster(settings)
+    settings = Settings.from_env().replace(cassandra_keyspace=name, projection_namespace=name)
+    await asyncio.to_thread(ensure_cassandra_schema, settings.cassandra)
+    cluster, session = open_cluster(settings.cassandra)
     results: list[dict[str, Any]] = []
     try:
         for size in (int(s) for s in args.sizes.split(",")):

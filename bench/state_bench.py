@@ -866,7 +866,7 @@ def print_table(report: dict[str, Any]) -> None:
 def parse(argv: list[str]) -> argparse.Namespace:
     from app.settings import Settings
 
-    default_hot = Settings().hot_rows
+    default_hot = Settings().processing.hot_rows
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -866,14 +866,14 @@ class Bench:
 
         settings = Settings.from_env({k: v for k, v in self.base_env().items() if k.startswith("PROJECTOR_")})
         for namespace in self.namespaces:
-            store = RedisProjectionStore.from_settings(settings, namespace)
+            store = RedisProjectionStore.from_settings(settings.redis, namespace)
             try:
                 await store.delete_all()
             finally:
                 await store.aclose()
         from app.stores.cassandra_session import open_cluster
 
-        cluster, session = open_cluster(settings)
+        cluster, session = open_cluster(settings.cassandra)
         try:
             session.execute(f"DROP KEYSPACE IF EXISTS {self.keyspace}", timeout=120)
         finally:

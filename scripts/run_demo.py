@@ -69,7 +69,7 @@ def main() -> int:
                 "--out",
                 str(out / "replay"),
                 "--lanes",
-                str(settings.lanes),
+                str(settings.processing.lanes),
                 "--progress",
                 "never",
             ],
@@ -90,7 +90,7 @@ def main() -> int:
 async def wait_and_compare(
     settings: Settings, badges: list[dict[str, int]], worker: subprocess.Popen[bytes]
 ) -> bool:
-    store = RedisProjectionStore.from_settings(settings, settings.projection_namespace)
+    store = RedisProjectionStore.from_settings(settings.redis, settings.redis.projection_namespace)
     users = [badge["user_id"] for badge in badges]
     want = {badge["user_id"]: badge["projection_mailbox_seq"] for badge in badges}
     started = time.monotonic()

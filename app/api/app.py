@@ -35,7 +35,7 @@ from app.api.http import (
 from app.api.snapshots import SessionLists, SnapshotCache
 from app.api.tokens import TokenError, TokenSigner
 from app.metrics import metrics_handler
-from app.settings import Settings
+from app.settings import ApiSettings, Settings
 from app.stores.cassandra_exec import StoreError
 from app.stores.redis_projection import ProjectionStoreError
 
@@ -61,43 +61,46 @@ class ApiConfigError(ValueError):
     """The settings cannot run an API (no secret, a named SDK build that is not there)."""
 
 
-def check_config(settings: Settings) -> None:
+def check_config(api: ApiSettings) -> None:
     """Raise ApiConfigError when these settings cannot run an API: `projector api` asks before
     it connects to anything, `create_app` again."""
-    if not settings.api_secret:
+    if not api.api_secret:
         raise ApiConfigError(
             "PROJECTOR_API_SECRET is not set: the API signs tokens and cursors with it "
             "(at least 32 characters; e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
         )
-    if settings.api_web_sdk:  # a deployment that names the page's SDK build must get that build
+    if api.api_web_sdk:  # a deployment that names the page's SDK build must get that build
         try:
-            web_client.find_sdk(settings.api_web_sdk)
+            web_client.find_sdk(api.api_web_sdk)
         except web_client.WebSdkError as exc:
             raise ApiConfigError(str(exc)) from exc
 
 
 def create_app(settings: Settings, deps: Deps) -> web.Application:
-    check_config(settings)
-    cache = SnapshotCache(settings.api_snapshot_cache_rows, settings.api_snapshot_ttl_ms, deps.clock_ms)
+    api = settings.api
+    check_config(api)
+    cache = SnapshotCache(api.api_snapshot_cache_rows, api.api_snapshot_ttl_ms, deps.clock_ms)
     lists = SessionLists(
         deps.projections,
         cache,
-        max_rows=settings.api_snapshot_max_rows,
+        max_rows=api.api_snapshot_max_rows,
         state=deps.state,
-        fill_mode=settings.api_fill_from_state,
+        fill_mode=api.api_fill_from_state,
     )
     ctx = ApiContext(
-        settings=settings,
+        api=api,
+        processing=settings.processing,
+        stream_ticket_ttl_s=settings.gateway.gateway_ticket_ttl_s,
         deps=deps,
-        tokens=TokenSigner(settings.api_secret, previous=settings.api_secret_previous),
-        cursors=CursorCodec(settings.api_secret, previous=settings.api_secret_previous),
+        tokens=TokenSigner(api.api_secret, previous=api.api_secret_previous),
+        cursors=CursorCodec(api.api_secret, previous=api.api_secret_previous),
         lists=lists,
         reconciler=reconcile.Reconciler(
             deps.projections.fleet,
             deps.extra.get(reconcile.REQUESTS_KEY),
-            settings.reconcile_min_interval_s,
+            settings.reconcile.reconcile_min_interval_s,
             deps.clock_ms,
-            on_login=settings.reconcile_on_login,
+            on_login=settings.reconcile.reconcile_on_login,
         ),
     )
     routes: list[Route] = []
@@ -115,13 +118,13 @@ def create_app(settings: Settings, deps: Deps) -> web.Application:
     # Prometheus scrapes without a token (like the description): counters and latencies only,
     # never a user id or a row. Described, so /openapi.json still names every served route.
     limiter = None
-    if settings.api_rate_limit_per_s > 0:
+    if api.api_rate_limit_per_s > 0:
         limiter = guard.FleetRateLimiter(  # the fleet's bucket, in the projection store
             deps.projections.fleet,
-            settings.api_rate_limit_per_s,
-            settings.api_rate_limit_burst,
+            api.api_rate_limit_per_s,
+            api.api_rate_limit_burst,
             deps.clock_ms,
-            settings.api_rate_limit_on_store_error,
+            api.api_rate_limit_on_store_error,
         )
 
     def sync_metrics() -> None:
@@ -142,10 +145,10 @@ def create_app(settings: Settings, deps: Deps) -> web.Application:
             _retry_after,
             _errors,
             _timing,
-            guard.size_limits(settings),  # before auth: an oversized request is not even read
+            guard.size_limits(api),  # before auth: an oversized request is not even read
             _auth(ctx, public, limiter),
         ],
-        client_max_size=settings.api_max_body_bytes,
+        client_max_size=api.api_max_body_bytes,
     )
     app[CONTEXT] = ctx
     stream.install(app, ctx)  # open streams end at shutdown (aiohttp waits for handlers)

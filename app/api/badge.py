@@ -31,7 +31,8 @@ async def read_badge(ctx: ApiContext, user_id: int) -> tuple[Badge, int]:
         # The version stays 0: the rows are as of no flush, and any frame supersedes them.
         # The user's badge preferences are kept with the projection only (README: what state
         # cannot know): the deployment's defaults apply here.
-        badge = from_rows(await filler.rows(user_id, ()), ctx.settings.include_muted, ctx.settings.badge_mode)
+        rows = await filler.rows(user_id, ())
+        badge = from_rows(rows, ctx.processing.include_muted, ctx.processing.badge_mode)
     return badge, meta.version
 
 

@@ -29,7 +29,7 @@ from aiohttp.web_response import StreamResponse
 
 from app.api.fleet import FleetState, RateLimiter
 from app.api.http import ApiError, Handler
-from app.settings import Settings
+from app.settings import ApiSettings
 from app.stores.redis_projection import ProjectionStoreError
 
 __all__ = ["FleetRateLimiter", "RateLimiter", "RedactedAccessLogger", "rate_limited", "runner_args"]
@@ -42,11 +42,11 @@ PARSER_LINE_MAX: Final = 2 * 1024 * 1024
 PARSER_HEADERS_MAX: Final = 1024
 
 
-def runner_args(settings: Settings) -> dict[str, Any]:
+def runner_args(api: ApiSettings) -> dict[str, Any]:
     """Keyword arguments of ``web.AppRunner`` (and ``TestServer``), which passes them to every
     request handler: aiohttp's parser limits above the API's own. Not ``handler_args=``: the
     runner takes them as its own keywords (tests/integration/test_api_server_args.py)."""
-    line = max(PARSER_LINE_MAX, settings.api_max_header_bytes + 1)
+    line = max(PARSER_LINE_MAX, api.api_max_header_bytes + 1)
     return {"max_line_size": line, "max_field_size": line, "max_headers": PARSER_HEADERS_MAX}
 
 
@@ -58,9 +58,9 @@ def header_bytes(request: web.BaseRequest) -> int:
     return size
 
 
-def size_limits(settings: Settings) -> Any:
-    max_headers = settings.api_max_header_bytes
-    max_body = settings.api_max_body_bytes
+def size_limits(api: ApiSettings) -> Any:
+    max_headers = api.api_max_header_bytes
+    max_body = api.api_max_body_bytes
 
     @web.middleware
     async def limits(request: web.Request, handler: Handler) -> web.StreamResponse:

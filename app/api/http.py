@@ -21,7 +21,7 @@ from app.api.snapshots import SessionLists
 from app.api.sources import ProjectionReader, StateFiller
 from app.api.tokens import TokenSigner
 from app.metrics import ApiMetrics
-from app.settings import Settings
+from app.settings import ApiSettings, ProcessingSettings
 
 if TYPE_CHECKING:
     from app.api.reconcile import Reconciler
@@ -51,7 +51,9 @@ class Deps:
 
 @dataclass(frozen=True, slots=True)
 class ApiContext:
-    settings: Settings
+    api: ApiSettings
+    processing: ProcessingSettings  # the badge defaults (include_muted, badge_mode)
+    stream_ticket_ttl_s: int  # gateway_ticket_ttl_s
     deps: Deps
     tokens: TokenSigner
     cursors: CursorCodec

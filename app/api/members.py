@@ -46,7 +46,6 @@ from app.members.server import (
     UnknownMessage,
 )
 from app.members.source import MemberAccessDenied
-from app.settings import Settings
 from app.stores.cassandra_exec import StoreError
 
 SERVICE_KEY: Final = "members"
@@ -59,17 +58,17 @@ _MAX_BODY: Final = 64 * 1024  # 50 ids and a uuid fit many times over
 _SEQ_MAX: Final = 2**64 - 2
 
 
-def build_member_service(settings: Settings, session: Any) -> MemberService:
+def build_member_service(session: Any, keyspace: str, stats_budget_ms: int) -> MemberService:
     """The production service: Cassandra reads, the configured statistics budget."""
     from app.stores.cassandra_members import CassandraMemberReader
     from app.stores.cassandra_profiles import CassandraProfileStore
     from app.stores.cassandra_remarks import CassandraRemarkStore
 
     return MemberService(
-        CassandraMemberReader(session, settings.cassandra_keyspace),
-        stats_budget_s=settings.members_stats_budget_ms / 1000,
-        profiles=CassandraProfileStore(session, settings.cassandra_keyspace),
-        remarks=CassandraRemarkStore(session, settings.cassandra_keyspace),
+        CassandraMemberReader(session, keyspace),
+        stats_budget_s=stats_budget_ms / 1000,
+        profiles=CassandraProfileStore(session, keyspace),
+        remarks=CassandraRemarkStore(session, keyspace),
     )
 
 
@@ -423,7 +422,7 @@ def routes(ctx: ApiContext) -> list[Route]:
         Route(
             "POST",
             "/api/v1/chats/members/page",
-            members_page(MemberRefCodec(ctx.settings.api_secret, ctx.settings.api_secret_previous)),
+            members_page(MemberRefCodec(ctx.api.api_secret, ctx.api.api_secret_previous)),
             PAGE_OPERATION,
         ),
         Route("POST", "/api/v1/chats/members/by-user-ids", members_by_user_ids, BY_IDS_OPERATION),
@@ -431,9 +430,7 @@ def routes(ctx: ApiContext) -> list[Route]:
             "GET",
             "/api/v1/chats/{chat_session_uid}/messages/{conversation_seq}/readers",
             message_readers(
-                MemberRefCodec(
-                    ctx.settings.api_secret, ctx.settings.api_secret_previous, purpose=READERS_PURPOSE
-                )
+                MemberRefCodec(ctx.api.api_secret, ctx.api.api_secret_previous, purpose=READERS_PURPOSE)
             ),
             READERS_OPERATION,
         ),

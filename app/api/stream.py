@@ -73,7 +73,7 @@ def _gateway(request: web.Request) -> Gateway:
 
 
 def _tickets(ctx: ApiContext) -> TokenSigner:
-    return TokenSigner(ctx.settings.api_secret, TICKET_PURPOSE, previous=ctx.settings.api_secret_previous)
+    return TokenSigner(ctx.api.api_secret, TICKET_PURPOSE, previous=ctx.api.api_secret_previous)
 
 
 def _authenticate(request: web.Request, params: Mapping[str, str]) -> int:
@@ -127,7 +127,7 @@ async def create_ticket(request: web.Request) -> web.Response:
     user_id = current_user(request)
     query(request, frozenset())
     _gateway(request)
-    ttl = ctx.settings.gateway_ticket_ttl_s
+    ttl = ctx.stream_ticket_ttl_s
     expires = ctx.deps.clock_ms() // 1000 + ttl
     ticket = _tickets(ctx).mint(user_id, expires)
     return web.json_response(

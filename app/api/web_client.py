@@ -117,7 +117,7 @@ def find_sdk(configured: str, root: Path = _ROOT) -> tuple[str, dict[str, bytes]
 
 def routes(ctx: ApiContext) -> list[Route]:
     files = _load()
-    where, modules = find_sdk(ctx.settings.api_web_sdk)
+    where, modules = find_sdk(ctx.api.api_web_sdk)
     if modules:
         log.info("web client: the SDK's browser build from %s (%d modules)", where, len(modules))
     else:

@@ -31,13 +31,13 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     from app.logs import configure_logging
 
     try:  # before anything connects (Cassandra, the gateway's Kafka consumers): nothing to undo
-        check_config(settings)
+        check_config(settings.api)
     except ApiConfigError as exc:
         print(f"projector api: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings, "api")  # PROJECTOR_LOG_FORMAT, PROJECTOR_LOG_LEVEL
-    host = args.host or settings.api_host
-    port = settings.api_port if args.port is None else args.port
+    configure_logging(settings.log, "api")  # PROJECTOR_LOG_FORMAT, PROJECTOR_LOG_LEVEL
+    host = args.host or settings.api.api_host
+    port = settings.api.api_port if args.port is None else args.port
     try:
         return asyncio.run(serve(settings, host, port))
     except Exception as exc:  # start-up failures (no secret, Cassandra down): one clear line
@@ -61,30 +61,32 @@ async def open_deps(settings: Settings) -> AsyncIterator[Any]:
 
     # Follows {ns}:serving. No retry budget: a request never waits out a failover, it gets a 503
     # (redis-py still follows MOVED/ASK/TRYAGAIN on a cluster).
-    store = RedisProjectionStore.from_settings(settings, retry_budget_s=0)
+    store = RedisProjectionStore.from_settings(settings.redis, retry_budget_s=0)
     cluster = None
     ops = None
     requests = None
     try:
         # Cassandra serves the member directory and the fill-in of rows the store lacks; it is
         # needed at start (a clear error now rather than 503s later).
-        cluster, session = await asyncio.to_thread(open_cluster, settings, require_keyspace=True)
-        keyspace = settings.cassandra_keyspace
+        cluster, session = await asyncio.to_thread(open_cluster, settings.cassandra, require_keyspace=True)
+        keyspace = settings.cassandra.cassandra_keyspace
         state = None
-        if settings.api_fill_from_state != "never":
+        if settings.api.api_fill_from_state != "never":
             state = CassandraStateFiller(
                 UserConversationStateWriter(session, keyspace),
                 CassandraMessageStore(session, keyspace),
-                settings.unread_precise_limit,
+                settings.processing.unread_precise_limit,
             )
-        extra: dict[str, Any] = {SERVICE_KEY: build_member_service(settings, session)}
+        members = build_member_service(session, keyspace, settings.api.members_stats_budget_ms)
+        extra: dict[str, Any] = {SERVICE_KEY: members}
         # Reconcile on login and on POST /v1/reconcile (docs/contract.md §10): requests to the
         # owning worker through topic reconcile-request.
         from app.api.reconcile import REQUESTS_KEY
         from app.kafka.reconcile import KafkaReconcileRequests
 
-        requests = extra[REQUESTS_KEY] = KafkaReconcileRequests(settings)
-        if settings.ops_secret:  # the operator console (app/api/ops; Kafka through app/kafka/ops.py)
+        requests = KafkaReconcileRequests(settings.kafka, settings.topics.topic_reconcile)
+        extra[REQUESTS_KEY] = requests
+        if settings.ops.ops_secret:  # the operator console (app/api/ops; Kafka through app/kafka/ops.py)
             from app.api.ops import OPS_KEY
             from app.kafka.ops import open_ops
 
@@ -119,7 +121,7 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     async with open_deps(settings) as deps:
         app = create_app(settings, deps)
         # Start-up's objects frozen, a larger first threshold: cold pages' p99 (settings).
-        GcPolicy(threshold=settings.api_gc_threshold, freeze=True).apply()
+        GcPolicy(threshold=settings.api.api_gc_threshold, freeze=True).apply()
         # PROJECTOR_API_ACCESS_LOG: off by default, one log line per page would dominate the cost.
         # The request handler's settings are keyword arguments of AppRunner itself (it hands them
         # to every RequestHandler). Given as `handler_args=` (web.run_app's name), aiohttp failed to
@@ -127,16 +129,16 @@ async def serve(settings: Settings, host: str, port: int) -> int:
         # its own access log on, its 8,190-byte line limit (issue 32).
         runner = web.AppRunner(
             app,
-            access_log=access_logger(settings),
+            access_log=access_logger(settings.api.api_access_log),
             access_log_class=RedactedAccessLogger,  # no query strings (tickets, cursors), no headers
-            **runner_args(settings),  # aiohttp's parser limits above the API's 431
+            **runner_args(settings.api),  # aiohttp's parser limits above the API's 431
         )
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()
         bound = runner.addresses  # (host, port, ...) per listening socket: port 0 resolved
         where = ", ".join(f"http://{addr[0]}:{addr[1]}" for addr in bound) or f"http://{host}:{port}"
-        announce(settings, "api", f"projector api: listening on {where} (description at /openapi.json)")
+        announce(settings.log, "api", f"projector api: listening on {where} (description at /openapi.json)")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

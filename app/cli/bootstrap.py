@@ -22,7 +22,7 @@ from typing import Any
 
 from app.connections import kafka_client_options, kafka_security_options, keyspace_replication, quiet_logger
 from app.kafka.refusal import kafka_unreachable
-from app.settings import Settings
+from app.settings import CassandraSettings, KafkaSettings, Settings, TopicSettings
 from app.stores.cassandra_session import CassandraUnavailable, open_cluster
 from app.stores.schema import TABLES, create_keyspace_cql
 
@@ -80,17 +80,17 @@ class TopicReport:
 
 
 def ensure_cassandra_schema(
-    settings: Settings, *, keyspace: str | None = None, connect_timeout: float = 10.0
+    cassandra: CassandraSettings, *, keyspace: str | None = None, connect_timeout: float = 10.0
 ) -> SchemaReport:
     """Create the keyspace and every table of app/stores/schema.py that is missing."""
-    ks = keyspace or settings.cassandra_keyspace
+    ks = keyspace or cassandra.cassandra_keyspace
     report = SchemaReport(keyspace=ks)
-    cluster, session = open_cluster(settings, connect_timeout=connect_timeout)
+    cluster, session = open_cluster(cassandra, connect_timeout=connect_timeout)
     try:
         report.created_keyspace = ks not in cluster.metadata.keyspaces
         # DDL through the driver waits for schema agreement before returning.
         session.execute(
-            create_keyspace_cql(ks, settings.cassandra_replication_factor, keyspace_replication(settings))
+            create_keyspace_cql(ks, cassandra.cassandra_replication_factor, keyspace_replication(cassandra))
         )
         for table in TABLES:
             existing = _table_columns(session, ks, table.name)
@@ -119,7 +119,8 @@ def _table_columns(session: Any, keyspace: str, table: str) -> set[str] | None:
 
 
 async def ensure_topics(
-    settings: Settings,
+    kafka: KafkaSettings,
+    product: TopicSettings,
     topics: Sequence[str] | None = None,
     *,
     partitions: int | None = None,
@@ -127,30 +128,30 @@ async def ensure_topics(
 ) -> TopicReport:
     """Create each topic that does not exist, with the configured partition count.
 
-    ``topics`` defaults to every topic of the product (``settings.topics``); tests pass their own
+    ``topics`` defaults to every topic of the product (``product.names``); tests pass their own
     unique names. Existing topics are never altered; a partition count that differs is reported
     in ``mismatched``.
     """
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import KafkaError
 
-    wanted = partitions or settings.topic_partitions
-    names = list(settings.topics if topics is None else topics)
+    wanted = partitions or product.topic_partitions
+    names = list(product.names if topics is None else topics)
     report = TopicReport(partitions=wanted)
-    admin = AIOKafkaAdminClient(**kafka_client_options(settings), request_timeout_ms=int(timeout_s * 1000))
+    admin = AIOKafkaAdminClient(**kafka_client_options(kafka), request_timeout_ms=int(timeout_s * 1000))
     try:
         try:
             with quiet_logger("aiokafka"):  # its line per failed connect: ours says it once
                 await asyncio.wait_for(admin.start(), timeout=timeout_s)
         except (KafkaError, TimeoutError, OSError) as exc:
             raise KafkaUnavailable(
-                await kafka_unreachable(settings.kafka_bootstrap, kafka_security_options(settings), exc)
+                await kafka_unreachable(kafka.kafka_bootstrap, kafka_security_options(kafka), exc)
             ) from None
         present = set(await admin.list_topics())
         missing = [n for n in names if n not in present]
         if missing:
             response = await admin.create_topics(
-                [NewTopic(n, wanted, settings.topic_replication_factor) for n in missing],
+                [NewTopic(n, wanted, product.topic_replication_factor) for n in missing],
                 timeout_ms=int(timeout_s * 1000),
             )
             for item in response.to_object()["topic_errors"]:
@@ -192,14 +193,14 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     status = 0
     if not args.skip_cassandra:
         try:
-            schema = ensure_cassandra_schema(settings, connect_timeout=args.timeout)
+            schema = ensure_cassandra_schema(settings.cassandra, connect_timeout=args.timeout)
             print(f"cassandra: {schema.summary()}")
         except CassandraUnavailable as exc:
             print(f"cassandra: {exc}", file=sys.stderr)
             status = 1
     if not args.skip_kafka:
         try:
-            topics = asyncio.run(ensure_topics(settings, timeout_s=args.timeout))
+            topics = asyncio.run(ensure_topics(settings.kafka, settings.topics, timeout_s=args.timeout))
             print(f"kafka: {topics.summary()}")
             if topics.mismatched:
                 print(f"kafka: {topics.mismatch_message()}", file=sys.stderr)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from app.settings import Settings
+from app.settings import CassandraSettings, Settings
 
 if TYPE_CHECKING:
     from app.members.model import Profile
@@ -46,8 +46,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             print(f"projector profiles load: {exc}", file=sys.stderr)
             return 2
-        written = asyncio.run(_load(settings, rows))
-        table = f"{settings.cassandra_keyspace}.member_profiles"
+        written = asyncio.run(_load(settings.cassandra, rows))
+        table = f"{settings.cassandra.cassandra_keyspace}.member_profiles"
         print(f"projector profiles load: {written} profile(s) written to {table}")
         return 0
     try:
@@ -58,7 +58,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     if len(set(ids)) > BY_IDS_MAX:
         print(f"projector profiles show: at most {BY_IDS_MAX} users", file=sys.stderr)
         return 2
-    found = asyncio.run(_show(settings, ids))
+    found = asyncio.run(_show(settings.cassandra, ids))
     for user_id in ids:
         profile = found.get(user_id)
         line: dict[str, object] = {"user_id": str(user_id)}
@@ -77,25 +77,25 @@ def read_rows(handle: TextIO) -> list[ProfileRow]:
     return [parse_profile_line(line, n) for n, line in enumerate(handle, 1) if line.strip()]
 
 
-async def _load(settings: Settings, rows: list[ProfileRow]) -> int:
+async def _load(cassandra: CassandraSettings, rows: list[ProfileRow]) -> int:
     from app.stores.cassandra_profiles import CassandraProfileStore
     from app.stores.cassandra_session import open_cluster
 
-    cluster, session = await asyncio.to_thread(open_cluster, settings, require_keyspace=True)
+    cluster, session = await asyncio.to_thread(open_cluster, cassandra, require_keyspace=True)
     try:
-        return await CassandraProfileStore(session, settings.cassandra_keyspace).put(
+        return await CassandraProfileStore(session, cassandra.cassandra_keyspace).put(
             rows, int(time.time() * 1000)
         )
     finally:
         await asyncio.to_thread(cluster.shutdown)
 
 
-async def _show(settings: Settings, ids: list[int]) -> dict[int, Profile]:
+async def _show(cassandra: CassandraSettings, ids: list[int]) -> dict[int, Profile]:
     from app.stores.cassandra_profiles import CassandraProfileStore
     from app.stores.cassandra_session import open_cluster
 
-    cluster, session = await asyncio.to_thread(open_cluster, settings, require_keyspace=True)
+    cluster, session = await asyncio.to_thread(open_cluster, cassandra, require_keyspace=True)
     try:
-        return await CassandraProfileStore(session, settings.cassandra_keyspace).profiles(ids)
+        return await CassandraProfileStore(session, cassandra.cassandra_keyspace).profiles(ids)
     finally:
         await asyncio.to_thread(cluster.shutdown)

@@ -218,9 +218,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         from app.connections import redis_hosts, unreachable_hint
 
         reason = str(exc).rstrip(".")
-        print(
-            f"projector rebuild: {reason}{unreachable_hint(redis_hosts(settings.redis_url))}", file=sys.stderr
-        )
+        hint = unreachable_hint(redis_hosts(settings.redis.redis_url))
+        print(f"projector rebuild: {reason}{hint}", file=sys.stderr)
         return 1
 
 
@@ -228,14 +227,14 @@ class RebuildRefused(Exception):
     pass
 
 
-def worker_config(settings: Any, hot_rows: int | None = None) -> Any:
+def worker_config(settings: Settings, hot_rows: int | None = None) -> Any:
     from app.worker.core import WorkerConfig
 
-    config = WorkerConfig.from_settings(settings)
+    config = WorkerConfig.from_settings(settings.processing, settings.worker)
     return dataclasses.replace(config, hot_rows=hot_rows) if hot_rows is not None else config
 
 
-async def _run(settings: Any, args: argparse.Namespace) -> int:
+async def _run(settings: Settings, args: argparse.Namespace) -> int:
     from app.metrics import RebuildMetrics
 
     metrics = RebuildMetrics(namespace=args.namespace)  # the console shows which namespace
@@ -272,7 +271,7 @@ async def _serve_metrics(metrics: RebuildMetrics, host: str, port: int) -> Any:
 
 
 async def _replay_log(
-    settings: Any,
+    settings: Settings,
     args: argparse.Namespace,
     messages: MessageStore,
     target: ProjectionStore,
@@ -290,9 +289,9 @@ async def _replay_log(
     tables = RocksTables(args.state_dir) if args.state_dir is not None else None
     try:
         return await rebuild_by_replay(
-            bootstrap=settings.kafka_bootstrap,
-            topic=settings.topic_mailbox_tail,
-            partitions=settings.topic_partitions,
+            bootstrap=settings.kafka.kafka_bootstrap,
+            topic=settings.topics.topic_mailbox_tail,
+            partitions=settings.topics.topic_partitions,
             config=worker_config(settings, args.hot_rows),
             messages=messages,
             target=target,
@@ -300,7 +299,7 @@ async def _replay_log(
             metrics=metrics,
             from_ms=from_ms,
             base=base,
-            kafka_options=kafka_security_options(settings),
+            kafka_options=kafka_security_options(settings.kafka),
             tables=tables,
         )
     finally:
@@ -316,7 +315,7 @@ def _replay_report(replayed: ReplayRebuild) -> dict[str, Any]:
     return report
 
 
-async def _rebuild(settings: Any, args: argparse.Namespace, metrics: RebuildMetrics) -> int:
+async def _rebuild(settings: Settings, args: argparse.Namespace, metrics: RebuildMetrics) -> int:
     from app.rebuild.diff import diff_namespaces
     from app.rebuild.from_state import StateBase, rebuild_from_state
     from app.rebuild.progress import Progress
@@ -329,24 +328,24 @@ async def _rebuild(settings: Any, args: argparse.Namespace, metrics: RebuildMetr
     namespace: str = args.namespace
     # A Redis that does not answer at start is a mistake to report in one line (CannotStart), as
     # for the worker; once under way, the store's retry budget rides out a passing failure.
-    await check_redis(settings, PREFLIGHT_TIMEOUT_S)
-    live = RedisProjectionStore.from_settings(settings)  # follows {base}:serving
+    await check_redis(settings.redis, PREFLIGHT_TIMEOUT_S)
+    live = RedisProjectionStore.from_settings(settings.redis)  # follows {base}:serving
     try:
         target = RedisProjectionStore(
             live.client,
             namespace,
-            max_users_per_trip=settings.flush_batch_size,
+            max_users_per_trip=settings.redis.flush_batch_size,
             retry_budget_s=live.retry_budget_s,
         )
     except ValueError as exc:
         await live.aclose()
         raise RebuildRefused(str(exc)) from None
-    cluster, session = await asyncio.to_thread(open_cluster, settings, require_keyspace=True)
+    cluster, session = await asyncio.to_thread(open_cluster, settings.cassandra, require_keyspace=True)
     try:
         serving = await live.follow_serving()
         if namespace == serving:
             raise RebuildRefused(f"{namespace!r} is the serving namespace: rebuild into a fresh one")
-        keyspace = settings.cassandra_keyspace
+        keyspace = settings.cassandra.cassandra_keyspace
         state = UserConversationStateWriter(session, keyspace)
         messages = CassandraMessageStore(session, keyspace)
         cleared = await target.delete_all()
@@ -355,7 +354,7 @@ async def _rebuild(settings: Any, args: argparse.Namespace, metrics: RebuildMetr
         started = time.monotonic()
         report: dict[str, Any]
         if args.by_replay and args.from_timestamp is not None:
-            limit = settings.unread_precise_limit
+            limit = settings.processing.unread_precise_limit
             base = StateBase(state, messages, messages, limit)
 
             async def load_base(user_ids: list[int]) -> Any:
@@ -374,8 +373,8 @@ async def _rebuild(settings: Any, args: argparse.Namespace, metrics: RebuildMetr
                 messages=messages,
                 target=target,
                 limit=limit,
-                include_muted=settings.include_muted,
-                badge_mode=settings.badge_mode,
+                include_muted=settings.processing.include_muted,
+                badge_mode=settings.processing.badge_mode,
                 progress=Progress(len(rest), mode=args.progress, metrics=metrics),
             )
             users = sorted(known | set(await target.user_ids()))
@@ -405,9 +404,9 @@ async def _rebuild(settings: Any, args: argparse.Namespace, metrics: RebuildMetr
                 heads=messages,
                 messages=messages,
                 target=target,
-                limit=settings.unread_precise_limit,
-                include_muted=settings.include_muted,
-                badge_mode=settings.badge_mode,
+                limit=settings.processing.unread_precise_limit,
+                include_muted=settings.processing.include_muted,
+                badge_mode=settings.processing.badge_mode,
                 progress=Progress(len(users), mode=args.progress, metrics=metrics),
             )
             diff = await diff_namespaces(live, target, users)
@@ -429,7 +428,7 @@ async def _rebuild(settings: Any, args: argparse.Namespace, metrics: RebuildMetr
         metrics.diffed(report["diff"])  # the console's fleet view shows the counts
         if args.swap:
             # One SET: every follower (worker before each write, API within a second) moves over.
-            await live.client.set(serving_key(settings.projection_namespace), namespace)
+            await live.client.set(serving_key(settings.redis.projection_namespace), namespace)
             report["swapped"] = True
         path: Path = args.report or Path(f"rebuild-{namespace}.json")
         path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")

@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=non_negative_int,
         default=None,
         metavar="N",
-        help="mailbox write lanes (default: PROJECTOR_LANES, i.e. Settings.lanes)",
+        help="mailbox write lanes (default: PROJECTOR_LANES, i.e. ProcessingSettings.lanes)",
     )
     parser.add_argument(
         "--seed", type=int, default=1, help="random seed: same seed, same traffic (default 1)"
@@ -157,7 +157,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     if args.no_kafka and not args.out:
         print(f"{prog}: --no-kafka needs --out (the records have to go somewhere)", file=sys.stderr)
         return 2
-    lanes = settings.lanes if args.lanes is None else args.lanes
+    lanes = settings.processing.lanes if args.lanes is None else args.lanes
     rate = float(args.rate)
     start_ms = int(time.time() * 1000) if args.start_ms is None else args.start_ms
     try:
@@ -218,7 +218,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         if out is not None:
             out.close()
-    target = "no broker" if args.no_kafka else settings.topic_mailbox_tail
+    target = "no broker" if args.no_kafka else settings.topics.topic_mailbox_tail
     noise = f", {report.noise} bad or repeated records" if report.noise else ""
     if report.dropped:
         noise += f", {report.dropped} entries dropped on purpose"

@@ -37,33 +37,33 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
 
     if args.operator:
         return _operator(settings, args)
-    if not settings.api_secret:
+    if not settings.api.api_secret:
         print("projector token: PROJECTOR_API_SECRET is not set (the API's signing key)", file=sys.stderr)
         return 2
     text = str(args.user_id)
     if not text.isascii() or not text.isdigit() or int(text) > U64_MAX:
         print(f"projector token: USER_ID must be an integer in [0, 2^64), got {text!r}", file=sys.stderr)
         return 2
-    ttl = settings.api_token_ttl_s if args.ttl is None else args.ttl
+    ttl = settings.api.api_token_ttl_s if args.ttl is None else args.ttl
     if ttl < 1:
         print(f"projector token: --ttl must be >= 1 second, got {ttl}", file=sys.stderr)
         return 2
-    print(TokenSigner(settings.api_secret).mint(int(text), int(time.time()) + ttl))
+    print(TokenSigner(settings.api.api_secret).mint(int(text), int(time.time()) + ttl))
     return 0
 
 
 def _operator(settings: Settings, args: argparse.Namespace) -> int:
     from app.api.ops.auth import OperatorSigner
 
-    if not settings.ops_secret:
+    if not settings.ops.ops_secret:
         print("projector token: PROJECTOR_OPS_SECRET is not set (the console's signing key)", file=sys.stderr)
         return 2
-    ttl = settings.ops_token_ttl_s if args.ttl is None else args.ttl
+    ttl = settings.ops.ops_token_ttl_s if args.ttl is None else args.ttl
     if ttl < 1:
         print(f"projector token: --ttl must be >= 1 second, got {ttl}", file=sys.stderr)
         return 2
     try:
-        print(OperatorSigner(settings.ops_secret).mint(str(args.user_id), int(time.time()) + ttl))
+        print(OperatorSigner(settings.ops.ops_secret).mint(str(args.user_id), int(time.time()) + ttl))
     except ValueError as exc:
         print(f"projector token: {exc}", file=sys.stderr)
         return 2

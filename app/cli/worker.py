@@ -20,7 +20,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
 
     # Before the app is built (its imports and connects log); faust's worker then applies
     # the same set-up when it starts (faust_worker_options), so one format covers every line.
-    configure_logging(settings, "worker")
+    configure_logging(settings.log, "worker")
     from app.runtime.preflight import CannotStart, preflight
     from app.runtime.worker import run_worker
     from app.stores.cassandra_exec import StoreError
@@ -31,7 +31,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         # faust starts (Cassandra and its keyspace are asked when the core is built).
         checked = preflight(settings)
         # until stopped; exits the process
-        run_worker(settings, faust_worker_options(settings), reconcile_requests=checked.reconcile_topic)
+        run_worker(settings, faust_worker_options(settings.log), reconcile_requests=checked.reconcile_topic)
     except (CannotStart, CassandraUnavailable, StoreError) as exc:
         print(f"projector worker: {exc}", file=sys.stderr)
         return 1

@@ -33,7 +33,7 @@ from aiokafka.partitioner import murmur2
 from app.connections import kafka_client_options, kafka_security_options, quiet_logger
 from app.gateway.hub import FrameHub
 from app.kafka.refusal import kafka_unreachable
-from app.settings import Settings
+from app.settings import KafkaSettings, TopicSettings
 
 log = logging.getLogger("projector.gateway.kafka")
 
@@ -57,9 +57,9 @@ def partition_of(user_id: int, partitions: int) -> int:
     return (hashed & 0x7FFFFFFF) % partitions
 
 
-async def topic_partitions(settings: Settings, topics: Sequence[str]) -> dict[str, int]:
+async def topic_partitions(kafka: KafkaSettings, topics: Sequence[str]) -> dict[str, int]:
     """Partition counts of existing topics (the admin client's metadata)."""
-    admin = AIOKafkaAdminClient(**kafka_client_options(settings))
+    admin = AIOKafkaAdminClient(**kafka_client_options(kafka))
     await admin.start()
     try:
         described = await admin.describe_topics(list(topics))
@@ -75,11 +75,14 @@ def _user_of(key: bytes | None) -> int | None:
 
 
 class KafkaFrameSource:
-    def __init__(self, settings: Settings, hub: FrameHub, partitions: frozenset[int] | None) -> None:
-        self.settings = settings
+    def __init__(
+        self, kafka: KafkaSettings, topics: TopicSettings, hub: FrameHub, partitions: frozenset[int] | None
+    ) -> None:
+        self.kafka = kafka
+        self.app_id = topics.app_id  # names the consumer's client
         self.hub = hub
         self.wanted = partitions
-        self.topics = (settings.topic_session_delta, settings.topic_badge)
+        self.topics = (topics.topic_session_delta, topics.topic_badge)
         self.partitions = 0  # of each frame topic, known after start()
         self.stats = SourceStats()
         self._consumer: AIOKafkaConsumer | None = None
@@ -94,10 +97,10 @@ class KafkaFrameSource:
 
     async def start(self) -> None:
         consumer = AIOKafkaConsumer(
-            **kafka_client_options(self.settings),  # servers, SASL/TLS (app/connections.py)
+            **kafka_client_options(self.kafka),  # servers, SASL/TLS (app/connections.py)
             group_id=None,
             enable_auto_commit=False,
-            client_id=f"{self.settings.app_id}-gateway",
+            client_id=f"{self.app_id}-gateway",
             fetch_max_wait_ms=100,  # an idle partition answers within 100 ms: low latency
         )
         try:
@@ -106,7 +109,7 @@ class KafkaFrameSource:
         except (KafkaError, OSError) as exc:
             await consumer.stop()  # else asyncio reports an unclosed consumer at exit
             reason = await kafka_unreachable(
-                self.settings.kafka_bootstrap, kafka_security_options(self.settings), exc
+                self.kafka.kafka_bootstrap, kafka_security_options(self.kafka), exc
             )
             raise GatewayStartError(f"the live stream: {reason}") from None
         try:
@@ -135,10 +138,10 @@ class KafkaFrameSource:
         missing = [t for t in self.topics if t not in known]
         if missing:
             raise GatewayStartError(
-                f"frame topic(s) {missing} not found on {self.settings.kafka_bootstrap}: run "
+                f"frame topic(s) {missing} not found on {self.kafka.kafka_bootstrap}: run "
                 "`projector bootstrap` (or set PROJECTOR_GATEWAY_ENABLED=false)"
             )
-        counts = await topic_partitions(self.settings, self.topics)
+        counts = await topic_partitions(self.kafka, self.topics)
         if len(set(counts.values())) != 1:
             raise GatewayStartError(
                 f"the frame topics must have the same partition count (a user's frames share a "

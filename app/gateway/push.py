@@ -43,7 +43,7 @@ from aiokafka.errors import KafkaError
 from app.connections import kafka_client_options
 from app.domain.wire_ids import id_text
 from app.gateway.kafka_frames import GatewayStartError
-from app.settings import Settings
+from app.settings import KafkaSettings, TopicSettings
 
 log = logging.getLogger("projector.gateway.push")
 
@@ -152,17 +152,20 @@ class _Rebalances(ConsumerRebalanceListener):  # type: ignore[misc]
 class PushProducer:
     def __init__(
         self,
-        settings: Settings,
+        kafka: KafkaSettings,
+        topics: TopicSettings,
+        window_ms: int,
         online: OnlineCheck,
         *,
         window_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.settings = settings
+        self.kafka = kafka
+        self.topics = topics
         self.online = online
-        self.window_s = settings.push_window_ms / 1000 if window_s is None else window_s
+        self.window_s = window_ms / 1000 if window_s is None else window_s
         self.clock = clock
-        self.group = f"{settings.app_id}-push"
+        self.group = f"{topics.app_id}-push"
         self.coalescer = PushCoalescer()
         self.stats = PushStats()
         self._consumer: AIOKafkaConsumer | None = None
@@ -170,32 +173,32 @@ class PushProducer:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        s = self.settings
+        kafka, topics = self.kafka, self.topics
         consumer = AIOKafkaConsumer(
-            **kafka_client_options(s),  # servers, SASL/TLS (app/connections.py)
+            **kafka_client_options(kafka),  # servers, SASL/TLS (app/connections.py)
             group_id=self.group,
-            client_id=f"{s.app_id}-push",
+            client_id=f"{topics.app_id}-push",
             enable_auto_commit=False,
             # A new group starts at the end: badges from before this deployment are history.
             auto_offset_reset="latest",
             fetch_max_wait_ms=100,
         )
         producer = AIOKafkaProducer(
-            **kafka_client_options(s), client_id=f"{s.app_id}-push", linger_ms=5, acks="all"
+            **kafka_client_options(kafka), client_id=f"{topics.app_id}-push", linger_ms=5, acks="all"
         )
         try:
             await consumer.start()
             await producer.start()
             known = await consumer.topics()
-            missing = [t for t in (s.topic_badge, s.topic_push) if t not in known]
+            missing = [t for t in (topics.topic_badge, topics.topic_push) if t not in known]
             if missing:
                 raise GatewayStartError(
-                    f"topic(s) {missing} not found on {s.kafka_bootstrap}: run `projector bootstrap` "
+                    f"topic(s) {missing} not found on {kafka.kafka_bootstrap}: run `projector bootstrap` "
                     "(or set PROJECTOR_PUSH_ENABLED=false)"
                 )
             listener = _Rebalances(self.coalescer)
             listener.consumer = consumer
-            consumer.subscribe([s.topic_badge], listener=listener)
+            consumer.subscribe([topics.topic_badge], listener=listener)
         except BaseException:
             await consumer.stop()
             await producer.stop()
@@ -260,7 +263,7 @@ class PushProducer:
             online = set()
         records, skipped = self.coalescer.take(online)
         self.stats.skipped_online += skipped
-        sent = [await producer.send(self.settings.topic_push, value, key=key) for key, value in records]
+        sent = [await producer.send(self.topics.topic_push, value, key=key) for key, value in records]
         if sent:
             await asyncio.gather(*sent)
         self.stats.sent += len(sent)

@@ -24,7 +24,7 @@ from app.gateway.presence import RedisPresence
 from app.gateway.push import PushProducer
 from app.gateway.recent_frames import RECENT_SETTLE_S, RecentFrames
 from app.gateway.service import Gateway
-from app.settings import Settings, gateway_partition_set
+from app.settings import GatewaySettings, Settings
 
 
 def instance_id() -> str:
@@ -32,41 +32,42 @@ def instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-def hub_from(settings: Settings) -> FrameHub:
+def hub_from(gateway: GatewaySettings) -> FrameHub:
     return FrameHub(
-        buffer_bytes=settings.gateway_buffer_bytes,
-        resume_frames=settings.gateway_resume_frames,
-        resume_bytes=settings.gateway_resume_bytes,
-        resume_window_s=settings.gateway_resume_window_ms / 1000,
-        resume_users=settings.gateway_resume_users,
-        max_connections=settings.gateway_max_connections,
-        recent=RecentFrames(capacity_bytes=settings.gateway_recent_frames_bytes, settle_s=RECENT_SETTLE_S),
+        buffer_bytes=gateway.gateway_buffer_bytes,
+        resume_frames=gateway.gateway_resume_frames,
+        resume_bytes=gateway.gateway_resume_bytes,
+        resume_window_s=gateway.gateway_resume_window_ms / 1000,
+        resume_users=gateway.gateway_resume_users,
+        max_connections=gateway.gateway_max_connections,
+        recent=RecentFrames(capacity_bytes=gateway.gateway_recent_frames_bytes, settle_s=RECENT_SETTLE_S),
     )
 
 
 @contextlib.asynccontextmanager
 async def open_gateway(settings: Settings, redis_client: Any) -> AsyncIterator[Gateway | None]:
-    if not settings.gateway_enabled:
+    config = settings.gateway
+    if not config.gateway_enabled:
         yield None
         return
-    partitions = gateway_partition_set(settings.gateway_partitions)
-    hub = hub_from(settings)
+    partitions = config.partition_set
+    hub = hub_from(config)
     instance = instance_id()
     presence = RedisPresence(
-        redis_client, settings.projection_namespace, instance, settings.gateway_presence_ttl_ms
+        redis_client, settings.redis.projection_namespace, instance, config.gateway_presence_ttl_ms
     )
-    source = KafkaFrameSource(settings, hub, partitions)
+    source = KafkaFrameSource(settings.kafka, settings.topics, hub, partitions)
     await source.start()
     push = None
     try:
-        if settings.push_enabled:
-            push = PushProducer(settings, presence.online)
+        if config.push_enabled:
+            push = PushProducer(settings.kafka, settings.topics, config.push_window_ms, presence.online)
             await push.start()
         gateway = Gateway(
             hub,
-            heartbeat_s=settings.gateway_heartbeat_ms / 1000,
+            heartbeat_s=config.gateway_heartbeat_ms / 1000,
             presence=presence,
-            presence_refresh_s=settings.gateway_presence_ttl_ms / 3000,
+            presence_refresh_s=config.gateway_presence_ttl_ms / 3000,
             partition_of=source.partition_of,
             partitions=partitions,
             instance=instance,

@@ -19,7 +19,7 @@ from aiokafka.client import AIOKafkaClient
 
 from app.connections import kafka_client_options, kafka_security_options
 from app.kafka.refusal import kafka_unreachable
-from app.settings import Settings
+from app.settings import KafkaSettings
 
 
 class KafkaUnreachable(RuntimeError):
@@ -29,13 +29,15 @@ class KafkaUnreachable(RuntimeError):
 class KafkaProbe:
     def __init__(
         self,
-        settings: Settings,
+        kafka: KafkaSettings,
+        app_id: str,
         *,
         request_timeout_s: float = 5.0,
         max_age_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.settings = settings
+        self.kafka = kafka
+        self.app_id = app_id  # names the probe's client
         self.request_timeout_s = request_timeout_s
         self.max_age_s = max_age_s
         self.clock = clock
@@ -61,14 +63,14 @@ class KafkaProbe:
     async def _fetch_metadata(self) -> Any:
         from aiokafka.errors import KafkaError
 
-        bootstrap = self.settings.kafka_bootstrap
+        bootstrap = self.kafka.kafka_bootstrap
         try:
             client = await self._connected()
             metadata = await client.fetch_all_metadata()
         except (KafkaError, OSError) as exc:
             await self._drop_client()
             raise KafkaUnreachable(
-                await kafka_unreachable(bootstrap, kafka_security_options(self.settings), exc)
+                await kafka_unreachable(bootstrap, kafka_security_options(self.kafka), exc)
             ) from None
         self._metadata, self._at = metadata, self.clock()
         return metadata
@@ -76,8 +78,8 @@ class KafkaProbe:
     async def _connected(self) -> AIOKafkaClient:
         if self._client is None:
             client = AIOKafkaClient(
-                **kafka_client_options(self.settings),
-                client_id=f"{self.settings.app_id}-health",
+                **kafka_client_options(self.kafka),
+                client_id=f"{self.app_id}-health",
                 request_timeout_ms=int(self.request_timeout_s * 1000),
             )
             self._client = client

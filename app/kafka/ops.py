@@ -27,7 +27,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.partitioner import murmur2
 
 from app.api.ops.ports import PartitionOffsets, TopicRecord
-from app.settings import Settings
+from app.settings import KafkaSettings, Settings, TopicSettings
 
 log = logging.getLogger("projector.ops")
 
@@ -41,8 +41,10 @@ def partition_for(key: bytes, partitions: int) -> int:
 
 
 class KafkaOpsBus:
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, kafka: KafkaSettings, topics: TopicSettings, scan_records: int) -> None:
+        self.bootstrap = kafka.kafka_bootstrap
+        self.topics = topics
+        self.scan_records = scan_records  # records read back per partition for one key
         self._lock = asyncio.Lock()
         self._reader: AIOKafkaConsumer | None = None
         self._admin: AIOKafkaAdminClient | None = None
@@ -54,7 +56,7 @@ class KafkaOpsBus:
     async def _consumer(self) -> AIOKafkaConsumer:
         if self._reader is None:
             reader = AIOKafkaConsumer(
-                bootstrap_servers=self.settings.kafka_bootstrap,
+                bootstrap_servers=self.bootstrap,
                 group_id=None,
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
@@ -66,9 +68,7 @@ class KafkaOpsBus:
 
     async def _admin_client(self) -> AIOKafkaAdminClient:
         if self._admin is None:
-            admin = AIOKafkaAdminClient(
-                bootstrap_servers=self.settings.kafka_bootstrap, client_id="projector-ops-console"
-            )
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="projector-ops-console")
             await admin.start()
             self._admin = admin
         return self._admin
@@ -89,7 +89,7 @@ class KafkaOpsBus:
     # -- the port ------------------------------------------------------------------------------
 
     def partition_of(self, user_id: int) -> int:
-        return partition_for(str(user_id).encode(), self.settings.topic_partitions)
+        return partition_for(str(user_id).encode(), self.topics.topic_partitions)
 
     async def _count(self, consumer: AIOKafkaConsumer, topic: str) -> int:
         count = self._partitions.get(topic)
@@ -107,7 +107,7 @@ class KafkaOpsBus:
         async with self._lock:
             consumer = await self._consumer()
             tp = TopicPartition(topic, partition_for(key.encode(), await self._count(consumer, topic)))
-            found = await self._read(consumer, [tp], self.settings.ops_scan_records)
+            found = await self._read(consumer, [tp], self.scan_records)
         mine = [r for r in found if r.key == key]
         return mine[-limit:]
 
@@ -121,9 +121,9 @@ class KafkaOpsBus:
         return found[:limit]
 
     async def group_offsets(self) -> list[PartitionOffsets]:
-        topic = self.settings.topic_mailbox_tail
+        topic = self.topics.topic_mailbox_tail
         admin = await self._admin_client()
-        committed = await admin.list_consumer_group_offsets(self.settings.app_id)
+        committed = await admin.list_consumer_group_offsets(self.topics.app_id)
         async with self._lock:
             consumer = await self._consumer()
             tps = [TopicPartition(topic, p) for p in range(await self._count(consumer, topic))]
@@ -138,13 +138,13 @@ class KafkaOpsBus:
     async def publish_frames(self, user_id: int, deltas: Sequence[bytes], badges: Sequence[bytes]) -> None:
         if self._producer is None:
             producer = AIOKafkaProducer(
-                bootstrap_servers=self.settings.kafka_bootstrap, acks="all", client_id="projector-ops-console"
+                bootstrap_servers=self.bootstrap, acks="all", client_id="projector-ops-console"
             )
             await producer.start()
             self._producer = producer
         key = str(user_id).encode()
-        sent = [await self._producer.send(self.settings.topic_session_delta, d, key=key) for d in deltas]
-        sent += [await self._producer.send(self.settings.topic_badge, b, key=key) for b in badges]
+        sent = [await self._producer.send(self.topics.topic_session_delta, d, key=key) for d in deltas]
+        sent += [await self._producer.send(self.topics.topic_badge, b, key=key) for b in badges]
         await asyncio.gather(*sent)
 
     # -- reading back --------------------------------------------------------------------------
@@ -204,12 +204,12 @@ def open_ops(settings: Settings, session: Any, store: Any) -> Any:
     async def serving() -> str:
         return str(await store.follow_serving())
 
-    keyspace = settings.cassandra_keyspace
+    keyspace = settings.cassandra.cassandra_keyspace
     return OpsDeps(
         store=store,
         state=UserConversationStateWriter(session, keyspace),
         messages=CassandraMessageStore(session, keyspace),
         members=CassandraMemberReader(session, keyspace),
         serving=serving,
-        bus=KafkaOpsBus(settings),
+        bus=KafkaOpsBus(settings.kafka, settings.topics, settings.ops.ops_scan_records),
     )

@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaProducer
 
 from app.connections import kafka_client_options
 from app.domain.reconcile import ReconcileRequest, encode_request, request_key
-from app.settings import Settings
+from app.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +20,9 @@ SEND_TIMEOUT_MS = 10_000
 
 
 class KafkaReconcileRequests:
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, kafka: KafkaSettings, topic: str) -> None:
+        self.kafka = kafka
+        self.topic = topic  # reconcile-request
         self._producer: AIOKafkaProducer | None = None
         self._lock = asyncio.Lock()
 
@@ -29,7 +30,7 @@ class KafkaReconcileRequests:
         async with self._lock:
             if self._producer is None:
                 producer = AIOKafkaProducer(
-                    **kafka_client_options(self.settings),
+                    **kafka_client_options(self.kafka),
                     acks="all",
                     linger_ms=2,
                     # A topic that is not there (not bootstrapped) fails a send in seconds (a POST
@@ -47,9 +48,7 @@ class KafkaReconcileRequests:
 
     async def send(self, request: ReconcileRequest) -> None:
         producer = await self._started()
-        await producer.send_and_wait(
-            self.settings.topic_reconcile, encode_request(request), key=request_key(request.user_id)
-        )
+        await producer.send_and_wait(self.topic, encode_request(request), key=request_key(request.user_id))
 
     async def aclose(self) -> None:
         if self._producer is not None:

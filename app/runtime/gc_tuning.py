@@ -27,7 +27,10 @@ import gc
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.settings import WorkerSettings
 
 log = logging.getLogger("projector.worker")
 
@@ -42,8 +45,8 @@ class GcPolicy:
     freeze: bool
 
     @classmethod
-    def from_settings(cls, settings: Any) -> GcPolicy:
-        return cls(threshold=settings.worker_gc_threshold, freeze=settings.worker_gc_freeze)
+    def from_settings(cls, worker: WorkerSettings) -> GcPolicy:
+        return cls(threshold=worker.worker_gc_threshold, freeze=worker.worker_gc_freeze)
 
     def apply(self) -> None:
         """At start-up: the thresholds, then a first freeze of what start-up allocated."""

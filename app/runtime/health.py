@@ -22,7 +22,6 @@ from typing import Any, Final
 
 from app.health import NotReady, Readiness, in_thread
 from app.kafka.health import KafkaProbe
-from app.settings import Settings
 from app.worker.core import WorkerCore
 
 CHECK_BUDGET_S: Final = 2.0
@@ -30,7 +29,7 @@ RESULTS_MAX_AGE_S: Final = 1.0
 
 
 def worker_readiness(
-    settings: Settings,
+    topic: str,
     app: Any,
     intake: Any,
     core: WorkerCore,
@@ -39,8 +38,7 @@ def worker_readiness(
     redis_client: Any,
     cassandra_session: Any,
 ) -> Readiness:
-    """`app`: the faust App (`rebalancing`); `intake`: agents.mailbox.MailboxIntake."""
-    topic = settings.topic_mailbox_tail
+    """`topic`: mailbox-tail; `app`: the faust App (`rebalancing`); `intake`: agents.mailbox.MailboxIntake."""
 
     async def assignment() -> None:
         if intake.assignments == 0:

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from app.connections import kafka_security_options
-from app.settings import Settings
+from app.settings import KafkaSettings, TopicSettings
 from tables.durable.changelog import Appended, LoggedRecord
 from tables.durable.kafka import KafkaChangelog, ensure_changelog_topic, input_identity
 from tables.durable.records import InputIdentity, WireRecord
@@ -41,11 +41,12 @@ class WorkerState:
     """Owns the changelog client; started on first use (the first assignment), stopped with
     the worker."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.security = kafka_security_options(settings)
+    def __init__(self, kafka: KafkaSettings, topics: TopicSettings, data_dir: str) -> None:
+        self.bootstrap = kafka.kafka_bootstrap
+        self.topics = topics
+        self.security = kafka_security_options(kafka)
         self._changelog: KafkaChangelog | None = None
-        folder = Path(settings.data_dir) / settings.app_id / "state"
+        folder = Path(data_dir) / topics.app_id / "state"
         self.tables = CheckpointedTables(
             folder, StartedChangelog(self.start), self.identity, self.input_start
         )
@@ -53,16 +54,16 @@ class WorkerState:
     async def start(self) -> KafkaChangelog:
         if self._changelog is not None:
             return self._changelog
-        settings = self.settings
+        topics = self.topics
         await ensure_changelog_topic(
-            settings.kafka_bootstrap,
-            settings.changelog_topic,
-            settings.topic_partitions,
-            settings.changelog_min_compaction_lag_ms,
-            settings.topic_replication_factor,
+            self.bootstrap,
+            topics.changelog_topic,
+            topics.topic_partitions,
+            topics.changelog_min_compaction_lag_ms,
+            topics.topic_replication_factor,
             security=self.security,
         )
-        changelog = KafkaChangelog(settings.kafka_bootstrap, settings.changelog_topic, security=self.security)
+        changelog = KafkaChangelog(self.bootstrap, topics.changelog_topic, security=self.security)
         await changelog.start()
         self._changelog = changelog
         return changelog
@@ -76,16 +77,14 @@ class WorkerState:
     async def identity(self) -> InputIdentity:
         """The live mailbox-tail: cluster id, topic id, partition count."""
         await self.start()
-        return await input_identity(
-            self.settings.kafka_bootstrap, self.settings.topic_mailbox_tail, security=self.security
-        )
+        return await input_identity(self.bootstrap, self.topics.topic_mailbox_tail, security=self.security)
 
     async def input_start(self, partition: int) -> int:
         """mailbox-tail's log start for the partition."""
         changelog = await self.start()
-        return await changelog.topic_start_offset(self.settings.topic_mailbox_tail, partition)
+        return await changelog.topic_start_offset(self.topics.topic_mailbox_tail, partition)
 
     async def input_end(self, partition: int) -> int:
         """mailbox-tail's end offset for the partition."""
         changelog = await self.start()
-        return await changelog.topic_end_offset(self.settings.topic_mailbox_tail, partition)
+        return await changelog.topic_end_offset(self.topics.topic_mailbox_tail, partition)

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from app.health import Readiness
 from app.metrics import WorkerMetrics, metrics_handler
-from app.settings import Settings
+from app.settings import WorkerSettings
 
 log = logging.getLogger("projector.worker")
 
@@ -27,7 +27,7 @@ RETRY_AFTER_S: Final = 5
 
 
 async def start_metrics_server(
-    settings: Settings,
+    worker: WorkerSettings,
     metrics: WorkerMetrics,
     sync: Callable[[], None],
     readiness: Readiness | None = None,
@@ -41,11 +41,11 @@ async def start_metrics_server(
         add_health_routes(web_app, readiness)
     runner = web.AppRunner(web_app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, settings.worker_web_host, settings.worker_metrics_port).start()
+    await web.TCPSite(runner, worker.worker_web_host, worker.worker_metrics_port).start()
     log.info(
         "metrics and health on http://%s:%d (/metrics, /livez, /readyz)",
-        settings.worker_web_host,
-        settings.worker_metrics_port,
+        worker.worker_web_host,
+        worker.worker_metrics_port,
     )
     return runner
 

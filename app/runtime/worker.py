@@ -1,8 +1,9 @@
 """The worker process assembled: the faust App, its tables and topics, the worker core over the
 real stores, the mailbox agent, and the timers that drive the core's clock.
 
-`create_app(settings)` builds it (the core first, then the intake that feeds it); `app/main.py`
-calls it for `faust -A app.main worker`, `projector worker` calls it with its own Settings.
+`create_app(settings)` builds it (the core first, then the intake that feeds it) and hands each
+part only its section of the settings; `app/main.py` calls it for `faust -A app.main worker`,
+`projector worker` calls it with its own Settings.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from app.runtime.health import CHECK_BUDGET_S, worker_readiness
 from app.runtime.outbox import KafkaOutbox
 from app.runtime.state import WorkerState
 from app.runtime.web import start_metrics_server
-from app.settings import Settings
+from app.settings import Settings, TopicSettings
 from app.stores.redis_epoch import bump_epoch
 from app.worker.arrivals import MissingLog
 from app.worker.audit import AuditConfig, audit_tick
@@ -66,18 +67,18 @@ def run_worker(
     # Which build runs (pure Python or the mypyc-compiled one, setup.py), as --version says;
     # logged once every start-up check passed (a failed check is one line, alone).
     logging.getLogger("app.runtime.worker").info("starting %s", build_info().line())
-    worker = faust.Worker(app, loglevel=settings.log_level.lower(), **worker_options)
+    worker = faust.Worker(app, loglevel=settings.log.log_level.lower(), **worker_options)
     worker.execute_from_commandline()
 
 
-def input_topic(app: faust.App, name: str, settings: Settings) -> Any:
+def input_topic(app: faust.App, name: str, partitions: int) -> Any:
     """An input topic of raw records with the worker's partition count: mailbox-tail and the
     reconcile requests share it, so faust's assignor co-partitions them."""
     return app.topic(
         name,
         key_serializer="raw",
         value_serializer="raw",
-        partitions=settings.topic_partitions,
+        partitions=partitions,
         internal=False,
     )
 
@@ -88,18 +89,19 @@ def no_backlog() -> int:
 
 
 def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[faust.App, WorkerCore]:
-    os.makedirs(os.path.join(settings.data_dir, settings.app_id), exist_ok=True)
-    app = new_faust_app(settings)
-    mailbox = input_topic(app, settings.topic_mailbox_tail, settings)
+    topics, worker = settings.topics, settings.worker
+    os.makedirs(os.path.join(worker.data_dir, topics.app_id), exist_ok=True)
+    app = new_faust_app(settings.kafka, topics, worker)
+    mailbox = input_topic(app, topics.topic_mailbox_tail, topics.topic_partitions)
     sender = BatchSender(lambda: raw_producer(app))
-    state = WorkerState(settings)
+    state = WorkerState(settings.kafka, topics, worker.data_dir)
     tables = state.tables
-    metrics = WorkerMetrics() if settings.worker_metrics_port > 0 else None
+    metrics = WorkerMetrics() if worker.worker_metrics_port > 0 else None
     if metrics is not None:
         metrics.watch_durable(tables.stats)
-    core = build_core(settings, tables, KafkaOutbox(sender, settings), metrics)
+    core = build_core(settings, tables, KafkaOutbox(sender, topics), metrics)
 
-    intake = MailboxIntake(app, core, settings.topic_mailbox_tail)
+    intake = MailboxIntake(app, core, topics.topic_mailbox_tail)
     register_agent(app, mailbox, intake)
     # Reconcile on request (docs/contract.md §10): co-partitioned with mailbox-tail, so the
     # requests of a user reach the worker that owns the user's partition.
@@ -108,12 +110,12 @@ def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[
     if reconcile_requests:
         runner = ReconcileRunner(
             core,
-            ReconcileConfig.from_settings(settings),
+            ReconcileConfig.from_settings(settings.reconcile, settings.processing),
             lambda partition: partition in intake.assigned,
             observe=metrics.observe_reconcile if metrics is not None else None,
         )
-        requests_topic = input_topic(app, settings.topic_reconcile, settings)
-        reconciles = ReconcileIntake(app, runner, settings.topic_reconcile)
+        requests_topic = input_topic(app, topics.topic_reconcile, topics.topic_partitions)
+        reconciles = ReconcileIntake(app, runner, topics.topic_reconcile)
         register_reconcile(app, requests_topic, reconciles)
         reconcile_backlog = runner.queue.qsize
 
@@ -124,11 +126,11 @@ def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[
 
     # The flush scheduler publishes what batches queue: the intake reads the next window while
     # the previous flush is written (WorkerCore.background_publish).
-    core.background_publish = settings.worker_overlap_flushes
-    core.commit_outside_state_lock = settings.worker_overlap_flushes
-    core.visible_before_durable = settings.worker_visible_before_durable
+    core.background_publish = worker.worker_overlap_flushes
+    core.commit_outside_state_lock = worker.worker_overlap_flushes
+    core.visible_before_durable = worker.worker_visible_before_durable
 
-    gc_policy = GcPolicy.from_settings(settings)
+    gc_policy = GcPolicy.from_settings(worker)
     gc_monitor = GcMonitor()
     gc_policy.apply()
 
@@ -139,12 +141,14 @@ def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[
 
     # A retention overrun bumps the projection epoch and, with the request topic, asks a reconcile
     # of each user of the partition (app/worker/retention.py).
-    retention_sender = KafkaReconcileRequests(settings) if reconcile_requests else None
+    retention_sender = (
+        KafkaReconcileRequests(settings.kafka, topics.topic_reconcile) if reconcile_requests else None
+    )
     retention = RetentionReconciles(
         core,
         lambda mark, checkpoint_next: bump_epoch(_projection_store(core), mark, checkpoint_next),
         retention_sender,
-        settings.topic_mailbox_tail,
+        topics.topic_mailbox_tail,
         lambda partition: partition in intake.assigned,
         reconcile_backlog,
         input_end=state.input_end,
@@ -158,7 +162,7 @@ def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[
 
         app.before_consumer_stop.append(close_retention_sender)
     on_rebalance = RebalanceCompletion(
-        app, intake, core, tables, state.input_start, settings, gc_policy, gc_monitor, retention.overrun
+        app, intake, core, tables, state.input_start, topics, gc_policy, gc_monitor, retention.overrun
     )
 
     @app.on_rebalance_complete.connect  # type: ignore[arg-type]  # mode's signal stubs want sync
@@ -167,14 +171,14 @@ def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # same
     async def on_revoked(sender: Any, revoked: Any, **_: Any) -> None:
-        await intake.revoke([tp.partition for tp in revoked if tp.topic == settings.topic_mailbox_tail])
+        await intake.revoke([tp.partition for tp in revoked if tp.topic == topics.topic_mailbox_tail])
 
     if metrics is not None:
         runners: list[web.AppRunner] = []  # held for the worker's lifetime
         # /livez and /readyz ride on the metrics server (app/runtime/web.py: why one port).
-        probe = KafkaProbe(settings, request_timeout_s=CHECK_BUDGET_S)
+        probe = KafkaProbe(settings.kafka, topics.app_id, request_timeout_s=CHECK_BUDGET_S)
         readiness = worker_readiness(
-            settings,
+            topics.topic_mailbox_tail,
             app,
             intake,
             core,
@@ -185,9 +189,7 @@ def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[
 
         @app.task  # type: ignore[untyped-decorator]  # faust's decorator is untyped
         async def serve_metrics() -> None:
-            runners.append(
-                await start_metrics_server(settings, metrics, lambda: metrics.sync(core), readiness)
-            )
+            runners.append(await start_metrics_server(worker, metrics, lambda: metrics.sync(core), readiness))
 
         async def close_health() -> None:
             await probe.close()
@@ -217,7 +219,7 @@ def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[
                 await asyncio.sleep(MAX_FLUSH_SLEEP_S)
             # Reading on while flushes are held (the changelog keeps them unflushed), up to a
             # bound on what they hold in memory; then no fetching until the store writes again.
-            intake.hold(core.store_failing and core.held_rows() >= settings.worker_held_rows_max)
+            intake.hold(core.store_failing and core.held_rows() >= worker.worker_held_rows_max)
             missing.check(core)
             if metrics is not None:
                 metrics.sync(core)
@@ -244,7 +246,7 @@ def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[
         if reconciles is not None:
             await reconciles.commit()
 
-    repair = RepairConfig.from_settings(settings)
+    repair = RepairConfig.from_settings(worker)
     if repair.interval_ms > 0:
         from app.stores.redis_restore import RedisRestoreTarget
 
@@ -255,7 +257,7 @@ def create_app(settings: Settings, *, reconcile_requests: bool = True) -> tuple[
             """Finds a projection store that lost data and writes it again (app/worker/repair.py)."""
             await repairer.run()
 
-    audit = AuditConfig.from_settings(settings)
+    audit = AuditConfig.from_settings(settings.audit)
 
     @app.timer(interval=audit.interval_ms / 1000)  # type: ignore[untyped-decorator]  # same
     async def unread_audit() -> None:
@@ -304,7 +306,7 @@ class RebalanceCompletion:
         core: PlacedCore,
         tables: StandbyTables,
         input_start: Callable[[int], Awaitable[int]],
-        settings: Settings,
+        topics: TopicSettings,
         gc_policy: GcPolicy,
         gc_monitor: GcMonitor,
         on_overrun: Callable[[int, int], Awaitable[None]] | None = None,
@@ -315,9 +317,9 @@ class RebalanceCompletion:
         self.core = core
         self.tables = tables
         self.input_start = input_start
-        self.topic = settings.topic_mailbox_tail
-        self.partitions = settings.topic_partitions
-        self.standbys = settings.table_standby_replicas > 0
+        self.topic = topics.topic_mailbox_tail
+        self.partitions = topics.topic_partitions
+        self.standbys = topics.table_standby_replicas > 0
         self.gc_policy = gc_policy
         self.gc_monitor = gc_monitor
         self.on_overrun = on_overrun  # (partition, the checkpoint's next offset), after the core's
@@ -358,23 +360,24 @@ def build_core(
     from app.stores.cassandra_state import UserConversationStateWriter
     from app.stores.redis_projection import RedisProjectionStore
 
-    _, session = open_cluster(settings)
+    cassandra, redis, worker = settings.cassandra, settings.redis, settings.worker
+    _, session = open_cluster(cassandra)
     return WorkerCore(
-        WorkerConfig.from_settings(settings),
-        after_store_write=_kill_after(settings.fault_kill_after_store_writes),
-        message_store=CassandraMessageStore(session, settings.cassandra_keyspace),
+        WorkerConfig.from_settings(settings.processing, worker),
+        after_store_write=_kill_after(worker.fault_kill_after_store_writes),
+        message_store=CassandraMessageStore(session, cassandra.cassandra_keyspace),
         # No namespace: the store follows {projection_namespace}:serving (a rebuild's --swap).
         projection_store=RedisProjectionStore.from_settings(
-            settings, count_writes=settings.projection_count_writes
+            redis, count_writes=redis.projection_count_writes
         ),
         tables=tables,
         outbox=outbox,
         state_writer=UserConversationStateWriter(
-            session, settings.cassandra_keyspace, batch_partitions=settings.cassandra_batch_partitions
+            session, cassandra.cassandra_keyspace, batch_partitions=cassandra.cassandra_batch_partitions
         ),
         metrics=metrics,
         # A failing store write holds the flush and retries it: the worker never dies of it.
-        store_backoff=Backoff(max_delay_ms=settings.worker_store_retry_max_ms),
+        store_backoff=Backoff(max_delay_ms=worker.worker_store_retry_max_ms),
     )
 
 

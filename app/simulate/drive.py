@@ -27,13 +27,16 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from app.simulate.workload import Batch, SimParams, Workload
 from app.stores.cassandra_exec import StoreError
 from app.stores.cassandra_messages import ConversationHead, NewMessage
+
+if TYPE_CHECKING:
+    from app.settings import CassandraSettings, KafkaSettings, Settings
 
 # -- the I/O -----------------------------------------------------------------------------------
 
@@ -390,7 +393,7 @@ class SimulateError(RuntimeError):
 
 
 async def simulate(
-    settings: Any,
+    settings: Settings,
     params: SimParams,
     *,
     out: IO[bytes] | None = None,
@@ -410,10 +413,11 @@ async def simulate(
     try:
         store: MessageSink | None = None
         if use_cassandra:
-            store, cluster = await asyncio.to_thread(_open_store, settings, connect_timeout_s)
+            store, cluster = await asyncio.to_thread(_open_store, settings.cassandra, connect_timeout_s)
         sink: RecordSink = FileOnlySink()
         if use_kafka:
-            producer, sink = await _open_producer(settings, connect_timeout_s)
+            topic = settings.topics.topic_mailbox_tail
+            producer, sink = await _open_producer(settings.kafka, topic, connect_timeout_s)
         workload = Workload(params)
         if isinstance(store, CassandraMessageSink):
             await store.write_profiles(workload.users)
@@ -448,27 +452,29 @@ def _kafka_errors() -> tuple[type[BaseException], ...]:
     return (KafkaError,)
 
 
-def _open_store(settings: Any, connect_timeout_s: float) -> tuple[MessageSink, Any]:
+def _open_store(cassandra: CassandraSettings, connect_timeout_s: float) -> tuple[MessageSink, Any]:
     from app.stores.cassandra_messages import CassandraMessageStore
     from app.stores.cassandra_profiles import CassandraProfileStore
     from app.stores.cassandra_remarks import CassandraRemarkStore
     from app.stores.cassandra_session import CassandraUnavailable, open_cluster
 
     try:
-        cluster, session = open_cluster(settings, connect_timeout=connect_timeout_s)
+        cluster, session = open_cluster(cassandra, connect_timeout=connect_timeout_s)
     except CassandraUnavailable as exc:
         raise SimulateError(f"cassandra: {exc}") from None
     try:
-        store = CassandraMessageStore(session, settings.cassandra_keyspace)
-        profiles = CassandraProfileStore(session, settings.cassandra_keyspace)
-        remarks = CassandraRemarkStore(session, settings.cassandra_keyspace)
+        store = CassandraMessageStore(session, cassandra.cassandra_keyspace)
+        profiles = CassandraProfileStore(session, cassandra.cassandra_keyspace)
+        remarks = CassandraRemarkStore(session, cassandra.cassandra_keyspace)
     except StoreError as exc:
         cluster.shutdown()
         raise SimulateError(f"cassandra: {exc}") from None
     return CassandraMessageSink(store, profiles, remarks), cluster
 
 
-async def _open_producer(settings: Any, connect_timeout_s: float) -> tuple[Any, RecordSink]:
+async def _open_producer(
+    kafka: KafkaSettings, topic: str, connect_timeout_s: float
+) -> tuple[Any, RecordSink]:
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaError
 
@@ -483,7 +489,7 @@ async def _open_producer(settings: Any, connect_timeout_s: float) -> tuple[Any, 
     from app.kafka.refusal import kafka_refusal
 
     producer = AIOKafkaProducer(
-        **kafka_client_options(settings),
+        **kafka_client_options(kafka),
         acks="all",
         # Idempotence keeps each partition in send order across retries: a marker can never
         # overtake the entries it covers.
@@ -492,7 +498,6 @@ async def _open_producer(settings: Any, connect_timeout_s: float) -> tuple[Any, 
         max_batch_size=256 * 1024,
         request_timeout_ms=int(connect_timeout_s * 1000) + 20_000,
     )
-    topic = settings.topic_mailbox_tail
     try:
         with quiet_logger("aiokafka"):  # its line per failed connect: the error below says it once
             await asyncio.wait_for(producer.start(), timeout=connect_timeout_s)
@@ -500,16 +505,16 @@ async def _open_producer(settings: Any, connect_timeout_s: float) -> tuple[Any, 
     except (KafkaError, TimeoutError, OSError) as exc:
         with contextlib.suppress(Exception):
             await producer.stop()
-        reason = await kafka_refusal(settings.kafka_bootstrap, kafka_security_options(settings)) or (
-            f"cannot reach {settings.kafka_bootstrap} ({kafka_error_text(exc)})"
-            + unreachable_hint(kafka_hosts(settings.kafka_bootstrap))
+        reason = await kafka_refusal(kafka.kafka_bootstrap, kafka_security_options(kafka)) or (
+            f"cannot reach {kafka.kafka_bootstrap} ({kafka_error_text(exc)})"
+            + unreachable_hint(kafka_hosts(kafka.kafka_bootstrap))
         )
         raise SimulateError(f"kafka: {reason}") from None
     partitions = metadata.partitions_for_topic(topic)
     if not partitions:
         await producer.stop()
         raise SimulateError(
-            f"kafka: topic {topic!r} does not exist on {settings.kafka_bootstrap}; "
+            f"kafka: topic {topic!r} does not exist on {kafka.kafka_bootstrap}; "
             "create it with `projector bootstrap`"
         )
     return producer, KafkaSink(producer, topic, sorted(partitions))

@@ -1,11 +1,11 @@
-"""Opening a Cassandra session from Settings (one place for the driver's connection options)."""
+"""Opening a Cassandra session from its settings section (one place for the driver's connection options)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from app.settings import Settings
+    from app.settings import CassandraSettings
 
 # Cassandra 4.0+ (we run 5.0) speaks native protocol v5. Pinning it skips the driver's
 # negotiation round trips (and their warnings) on every connect.
@@ -16,7 +16,7 @@ class CassandraUnavailable(RuntimeError):
     """Cassandra could not be reached or refused the session."""
 
 
-def build_cluster(settings: Settings, *, connect_timeout: float = 10.0) -> Any:
+def build_cluster(cassandra: CassandraSettings, *, connect_timeout: float = 10.0) -> Any:
     """The driver's ``Cluster`` for the settings, not yet connected.
 
     The driver is imported here, not at module level, so importing the package stays cheap.
@@ -30,26 +30,28 @@ def build_cluster(settings: Settings, *, connect_timeout: float = 10.0) -> Any:
     # Token-aware routing sends single-partition reads (the unread recompute) to a replica; the
     # DC-aware child keeps them in the local data center ('' = the first contact point's).
     profile = ExecutionProfile(
-        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.cassandra_local_dc)),
+        load_balancing_policy=TokenAwarePolicy(
+            DCAwareRoundRobinPolicy(local_dc=cassandra.cassandra_local_dc)
+        ),
         request_timeout=30.0,
     )
     return Cluster(
-        list(settings.cassandra_contact_points),
-        port=settings.cassandra_port,
+        list(cassandra.cassandra_contact_points),
+        port=cassandra.cassandra_port,
         protocol_version=PROTOCOL_VERSION,
         execution_profiles={EXEC_PROFILE_DEFAULT: profile},
         connect_timeout=connect_timeout,
-        **cassandra_cluster_options(settings),  # authentication, TLS (app/connections.py)
+        **cassandra_cluster_options(cassandra),  # authentication, TLS (app/connections.py)
     )
 
 
 def open_cluster(
-    settings: Settings, *, connect_timeout: float = 10.0, require_keyspace: bool = False
+    cassandra: CassandraSettings, *, connect_timeout: float = 10.0, require_keyspace: bool = False
 ) -> tuple[Any, Any]:
     """Connect; returns ``(cluster, session)``. The caller owns ``cluster.shutdown()``.
     Raises :class:`CassandraUnavailable` with one line saying what to check.
 
-    With `require_keyspace`, also when the settings' keyspace does not exist: otherwise the
+    With `require_keyspace`, also when the keyspace does not exist: otherwise the
     first statement prepared in it makes the driver log a traceback (`projector api` printed one
     before its error line, `projector rebuild --from-state` died in one)."""
     from cassandra import UnresolvableContactPoints
@@ -57,10 +59,10 @@ def open_cluster(
 
     from app.connections import quiet_logger, unreachable_hint
 
-    points = ",".join(settings.cassandra_contact_points)
-    hint = unreachable_hint(settings.cassandra_contact_points)
+    points = ",".join(cassandra.cassandra_contact_points)
+    hint = unreachable_hint(cassandra.cassandra_contact_points)
     try:
-        cluster = build_cluster(settings, connect_timeout=connect_timeout)
+        cluster = build_cluster(cassandra, connect_timeout=connect_timeout)
     except UnresolvableContactPoints:
         # The driver's own message is an empty dict: say which names did not resolve.
         raise CassandraUnavailable(
@@ -75,11 +77,11 @@ def open_cluster(
         cluster.shutdown()
         raise CassandraUnavailable(
             refusal(exc)
-            or f"cannot reach Cassandra at {points} port {settings.cassandra_port} ({_reasons(exc)}){hint}"
+            or f"cannot reach Cassandra at {points} port {cassandra.cassandra_port} ({_reasons(exc)}){hint}"
         ) from None
-    if require_keyspace and settings.cassandra_keyspace not in cluster.metadata.keyspaces:
+    if require_keyspace and cassandra.cassandra_keyspace not in cluster.metadata.keyspaces:
         cluster.shutdown()
-        raise CassandraUnavailable(missing_keyspace(settings.cassandra_keyspace))
+        raise CassandraUnavailable(missing_keyspace(cassandra.cassandra_keyspace))
     return cluster, session
 
 

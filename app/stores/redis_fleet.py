@@ -13,7 +13,7 @@ as app/stores/redis_projection.py's scripts do)::
                                   PX: the reconcile interval (absent, or of an earlier epoch: a
                                   reconcile may be asked)
 
-``ns`` is the base namespace (Settings.projection_namespace), not the serving one: a rebuild's
+``ns`` is the base namespace (RedisSettings.projection_namespace), not the serving one: a rebuild's
 swap does not refill everyone's bucket nor reopen everyone's reconcile slot.
 
 Token bucket (one atomic script per request, `TAKE_SCRIPT`): ``rate`` tokens a second up to

@@ -19,9 +19,9 @@ is therefore restricted to ``[A-Za-z0-9._-]`` (no ``:`` and no glob characters),
 ``{ns}:*`` match this namespace's keys and nobody else's.
 
     {base}:serving           string  the namespace that serves (set by `projector rebuild --swap`;
-                                     absent = the base, Settings.projection_namespace)
+                                     absent = the base, RedisSettings.projection_namespace)
 
-A store built by ``from_settings(settings)`` without a namespace *follows* that key: the worker
+A store built by ``from_settings(redis)`` without a namespace *follows* that key: the worker
 resolves it before every write, the API at most once a second, so a swap (one atomic SET) moves
 both over without a restart. A store given a namespace explicitly stays on it.
 
@@ -105,7 +105,7 @@ from app.stores.resp import pack_evalsha_batch
 
 if TYPE_CHECKING:
     from app.domain.flush import Correction, UserFlush
-    from app.settings import Settings
+    from app.settings import RedisSettings
 
 _T = TypeVar("_T")
 
@@ -424,30 +424,30 @@ class RedisProjectionStore:
     @classmethod
     def from_settings(
         cls,
-        settings: Settings,
+        redis: RedisSettings,
         namespace: str | None = None,
         count_writes: bool = False,
         *,
         retry_budget_s: float | None = None,
     ) -> RedisProjectionStore:
-        """A store on its own client for `settings.redis_url` (one server or a cluster: see
+        """A store on its own client for `redis.redis_url` (one server or a cluster: see
         app/stores/redis_client.py), `flush_batch_size` users per round trip, retrying passing
-        failures for `settings.redis_retry_budget_ms` unless `retry_budget_s` says otherwise (the
+        failures for `redis.redis_retry_budget_ms` unless `retry_budget_s` says otherwise (the
         API: 0); `aclose()` closes that client. No I/O until the first call.
 
-        Without `namespace`: the serving namespace of `settings.projection_namespace`, followed
+        Without `namespace`: the serving namespace of `redis.projection_namespace`, followed
         (see :meth:`follow_serving`); with one: exactly that namespace."""
         from app.connections import redis_client_options
 
         # Credentials and TLS files next to the URL: app/connections.py, for every Redis client.
-        client = open_redis(settings.redis_url, **redis_client_options(settings))
-        base = settings.projection_namespace
-        budget = settings.redis_retry_budget_ms / 1000 if retry_budget_s is None else retry_budget_s
+        client = open_redis(redis.redis_url, **redis_client_options(redis))
+        base = redis.projection_namespace
+        budget = redis.redis_retry_budget_ms / 1000 if retry_budget_s is None else retry_budget_s
         store = cls(
             client,
             namespace or base,
             count_writes,
-            max_users_per_trip=settings.flush_batch_size,
+            max_users_per_trip=redis.flush_batch_size,
             retry_budget_s=budget,
         )
         store._owns_client = True

@@ -60,7 +60,7 @@ from app.domain.ports import MessageStore
 from app.domain.residency import Residency
 
 if TYPE_CHECKING:
-    from app.settings import Settings
+    from app.settings import AuditSettings
     from app.worker.core import PartitionState, WorkerCore
 
 log = logging.getLogger("projector.audit")
@@ -84,13 +84,13 @@ class AuditConfig:
     zero_sample_rate: float = 0.0
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> AuditConfig:
+    def from_settings(cls, audit: AuditSettings) -> AuditConfig:
         return cls(
-            sample_rate=settings.unread_audit_sample_rate,
-            interval_ms=settings.unread_audit_interval_ms,
-            idle_ms=settings.unread_audit_idle_ms,
-            max_rows=settings.unread_audit_max_rows,
-            zero_sample_rate=settings.unread_audit_zero_sample_rate,
+            sample_rate=audit.unread_audit_sample_rate,
+            interval_ms=audit.unread_audit_interval_ms,
+            idle_ms=audit.unread_audit_idle_ms,
+            max_rows=audit.unread_audit_max_rows,
+            zero_sample_rate=audit.unread_audit_zero_sample_rate,
         )
 
     @property

@@ -52,7 +52,7 @@ from app.domain.reconcile import (
 from app.worker.audit import judge_user
 
 if TYPE_CHECKING:
-    from app.settings import Settings
+    from app.settings import ProcessingSettings, ReconcileSettings
     from app.worker.core import WorkerCore
     from app.worker.ports import RawRecord
 
@@ -75,11 +75,11 @@ class ReconcileConfig:
     limit: int  # the bounded read's width (unread_precise_limit)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ReconcileConfig:
+    def from_settings(cls, reconcile: ReconcileSettings, processing: ProcessingSettings) -> ReconcileConfig:
         # The interval, but never under a minute: a request queued behind a long reconcile, or
         # stamped by an API host whose clock runs a little ahead, is not dropped for it.
-        max_age_ms = max(settings.reconcile_min_interval_s, MIN_MAX_AGE_S) * 1000
-        return cls(max_age_ms=max_age_ms, limit=settings.unread_precise_limit)
+        max_age_ms = max(reconcile.reconcile_min_interval_s, MIN_MAX_AGE_S) * 1000
+        return cls(max_age_ms=max_age_ms, limit=processing.unread_precise_limit)
 
 
 def _wall_ms() -> int:

@@ -72,7 +72,7 @@ from app.domain.restore import Need, need, restatement
 from app.worker.state_source import TablesSource
 
 if TYPE_CHECKING:
-    from app.settings import Settings
+    from app.settings import WorkerSettings
     from app.worker.core import PartitionState, WorkerCore
 
 log = logging.getLogger("projector.repair")
@@ -113,8 +113,8 @@ class RepairConfig:
     chunk_users: int = 256
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> RepairConfig:
-        return cls(interval_ms=settings.store_check_interval_ms, chunk_users=settings.restore_chunk_users)
+    def from_settings(cls, worker: WorkerSettings) -> RepairConfig:
+        return cls(interval_ms=worker.store_check_interval_ms, chunk_users=worker.restore_chunk_users)
 
 
 @dataclass(slots=True)

@@ -6,11 +6,14 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.domain.flush import UserFlush
 from app.domain.processor import PartitionProcessor, ProcessingStats
 from app.domain.projector import ProjectorConfig
+
+if TYPE_CHECKING:
+    from app.settings import ProcessingSettings, WorkerSettings
 
 
 def wall_clock_ms() -> int:
@@ -146,21 +149,21 @@ class WorkerConfig:
     dead_letter_log_per_s: int = 5
 
     @classmethod
-    def from_settings(cls, settings: Any) -> WorkerConfig:
-        """The processing configuration of `settings` (app.settings.Settings), built once."""
+    def from_settings(cls, processing: ProcessingSettings, worker: WorkerSettings) -> WorkerConfig:
+        """The processing configuration of the sections (app.settings), built once."""
         return cls(
-            lanes=settings.lanes,
-            hot_rows=settings.hot_rows,
-            mirror_spacing_ms=settings.mirror_spacing_ms,
-            dead_letter_log_per_s=settings.dead_letter_log_per_s,
+            lanes=processing.lanes,
+            hot_rows=processing.hot_rows,
+            mirror_spacing_ms=worker.mirror_spacing_ms,
+            dead_letter_log_per_s=worker.dead_letter_log_per_s,
             projector=ProjectorConfig(
-                window_ms=settings.projection_compaction_window_ms,
-                max_dirty_rows=settings.max_dirty_rows,
-                include_muted=settings.include_muted,
-                unread_precise_limit=settings.unread_precise_limit,
-                badge_mode=settings.badge_mode,
-                fast_lane_max_members=settings.fast_lane_max_members,
-                fast_lane_per_user_per_s=settings.fast_lane_per_user_per_s,
+                window_ms=processing.projection_compaction_window_ms,
+                max_dirty_rows=processing.max_dirty_rows,
+                include_muted=processing.include_muted,
+                unread_precise_limit=processing.unread_precise_limit,
+                badge_mode=processing.badge_mode,
+                fast_lane_max_members=processing.fast_lane_max_members,
+                fast_lane_per_user_per_s=processing.fast_lane_per_user_per_s,
             ),
         )
 

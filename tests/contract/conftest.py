@@ -30,12 +30,12 @@ MakeRedisStore = Callable[..., RedisProjectionStore]
 
 @pytest.fixture
 async def standalone_client(settings: Settings) -> AsyncIterator[redis.Redis]:
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis.Redis.from_url(settings.redis.redis_url)
     try:
         await client.ping()
     except (RedisError, OSError) as exc:
         await client.aclose()
-        pytest.fail(f"Redis at {settings.redis_url} not reachable ({exc}); {HINT}", pytrace=False)
+        pytest.fail(f"Redis at {settings.redis.redis_url} not reachable ({exc}); {HINT}", pytrace=False)
     yield client
     await client.aclose()
 

@@ -26,14 +26,16 @@ async def changelog(request: pytest.FixtureRequest) -> AsyncIterator[Changelog]:
 
     servers: Settings = request.getfixturevalue("servers")
     topic = request.getfixturevalue("unique_name")("changelog")
-    await ensure_changelog_topic(servers.kafka_bootstrap, topic, partitions=2, min_compaction_lag_ms=60_000)
-    kafka = KafkaChangelog(servers.kafka_bootstrap, topic)
+    await ensure_changelog_topic(
+        servers.kafka.kafka_bootstrap, topic, partitions=2, min_compaction_lag_ms=60_000
+    )
+    kafka = KafkaChangelog(servers.kafka.kafka_bootstrap, topic)
     await kafka.start()
     try:
         yield kafka
     finally:
         await kafka.stop()
-        admin = AIOKafkaAdminClient(bootstrap_servers=servers.kafka_bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=servers.kafka.kafka_bootstrap)
         await admin.start()
         try:
             await admin.delete_topics([topic])

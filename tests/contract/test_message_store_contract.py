@@ -136,14 +136,14 @@ def cassandra_keyspace(settings: Settings) -> Iterator[tuple[Any, str]]:
     from app.cli.bootstrap import ensure_cassandra_schema
     from app.stores.cassandra_session import open_cluster
 
-    host, port = settings.cassandra_contact_points[0], settings.cassandra_port
+    host, port = settings.cassandra.cassandra_contact_points[0], settings.cassandra.cassandra_port
     try:
         socket.create_connection((host, port), timeout=3).close()
     except OSError:
         pytest.fail(f"Cassandra not reachable at {host}:{port}; run `make services-up`", pytrace=False)
     keyspace = f"t_msgcontract_{uuid.uuid4().hex[:10]}"
-    ensure_cassandra_schema(settings, keyspace=keyspace)
-    cluster, session = open_cluster(settings)
+    ensure_cassandra_schema(settings.cassandra, keyspace=keyspace)
+    cluster, session = open_cluster(settings.cassandra)
     try:
         yield session, keyspace
     finally:

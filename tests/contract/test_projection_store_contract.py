@@ -568,7 +568,7 @@ class _RepeatingScan(redis.Redis):
 async def test_redis_user_listing_and_delete_count_each_user_once_when_scan_repeats(
     settings: Settings, unique_name: Callable[..., str]
 ) -> None:
-    client = _RepeatingScan.from_url(settings.redis_url)
+    client = _RepeatingScan.from_url(settings.redis.redis_url)
     store = RedisProjectionStore(client, unique_name("proj"), count_writes=True)
     try:
         await store.write([flush(user, 1, [conv(1), conv(2)]) for user in (3, 1, 2)])
@@ -595,8 +595,8 @@ def test_redis_namespace_and_trip_bounds_are_checked() -> None:
 async def test_redis_store_from_settings_owns_and_closes_its_client(
     settings: Settings, unique_name: Callable[..., str]
 ) -> None:
-    store = RedisProjectionStore.from_settings(settings, unique_name("proj"), count_writes=True)
-    assert store.max_users_per_trip == settings.flush_batch_size
+    store = RedisProjectionStore.from_settings(settings.redis, unique_name("proj"), count_writes=True)
+    assert store.max_users_per_trip == settings.redis.flush_batch_size
     try:
         assert await store.write([flush(7, 1, [conv(1)])]) == [0]
         assert await store.write_counts(7) == {conv(1): 1}

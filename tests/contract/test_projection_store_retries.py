@@ -125,8 +125,8 @@ async def test_a_fresh_cluster_store_from_settings_writes_and_reads_atomically(
 ) -> None:
     # Its first command is a read: the cluster client starts (reads the slot map) inside it.
     # (redis-py 8.1's asyncio cluster MULTI ran its commands on a throwaway event loop here.)
-    settings = Settings(redis_url=redis_cluster.URL)
-    store = RedisProjectionStore.from_settings(settings, unique_name("proj"))
+    settings = Settings.build(redis_url=redis_cluster.URL)
+    store = RedisProjectionStore.from_settings(settings.redis, unique_name("proj"))
     try:
         assert (await store.load(7)).projection_mailbox_seq == 0
         assert await store.write([flush(7, 4, [conv(1), conv(2)], Badge(2, 1, 0))]) == [0]

@@ -113,9 +113,9 @@ async def kafka_changelog(
     servers: Settings, unique_name: Any, topics_to_delete: list[str]
 ) -> AsyncIterator[Changelog]:
     topic = unique_name("state-changelog")
-    await ensure_changelog_topic(servers.kafka_bootstrap, topic, PARTITIONS, 86_400_000)
+    await ensure_changelog_topic(servers.kafka.kafka_bootstrap, topic, PARTITIONS, 86_400_000)
     topics_to_delete.append(topic)
-    changelog = KafkaChangelog(servers.kafka_bootstrap, topic)
+    changelog = KafkaChangelog(servers.kafka.kafka_bootstrap, topic)
     await changelog.start()
     yield changelog
     await changelog.stop()

@@ -121,11 +121,11 @@ async def project_two_users(stack: Stack, tmp: Path, seed: int = 5) -> tuple[Use
     stack.run(
         "simulate",
         *("--users", "30", "--conversations", "12", "--group-size", "12", "--messages", "300"),
-        *("--rate", "0", "--seed", str(seed), "--lanes", str(stack.settings.lanes)),
+        *("--rate", "0", "--seed", str(seed), "--lanes", str(stack.settings.processing.lanes)),
         *("--out", str(stream), "--progress", "never"),
     )
     out = tmp / "replay"
-    lanes = str(stack.settings.lanes)
+    lanes = str(stack.settings.processing.lanes)
     stack.run("replay", "--input", str(stream), "--out", str(out), "--lanes", lanes, "--progress", "never")
     rows = read_jsonl(out / "projections.jsonl")
     badges = {b["user_id"]: b for b in read_jsonl(out / "badges.jsonl")}

@@ -88,7 +88,7 @@ def traffic_task(stack: Stack, tmp: Path, t: Traffic) -> tuple[asyncio.Task[Any]
             "simulate",
             *("--users", str(t.users), "--conversations", str(t.conversations)),
             *("--group-size", str(t.group_size), "--messages", str(t.messages)),
-            *("--rate", str(t.rate), "--lanes", str(stack.settings.lanes), "--seed", str(t.seed)),
+            *("--rate", str(t.rate), "--lanes", str(stack.settings.processing.lanes), "--seed", str(t.seed)),
             *("--out", str(stream), "--progress", "never"),
             timeout=t.messages / max(t.rate, 1) + 900,
         )
@@ -98,7 +98,7 @@ def traffic_task(stack: Stack, tmp: Path, t: Traffic) -> tuple[asyncio.Task[Any]
 
 def replay(stack: Stack, stream: Path, tmp: Path) -> Expected:
     out = tmp / f"replay-{stream.stem}"
-    lanes = str(stack.settings.lanes)
+    lanes = str(stack.settings.processing.lanes)
     # The stream's size follows the machine (overload offers twice the capacity measured here:
     # 14M entries, 6.9 GB on a quiet 2-core machine), so does the time allowed: at least 5 MB/s
     # while workers catching up share the cores (replay alone reads ~50 MB/s).
@@ -160,7 +160,7 @@ async def mirror_diff(stack: Stack, tmp: Path, name: str) -> dict[str, Any]:
 
     from app.stores.redis_projection import RedisProjectionStore
 
-    fresh = f"{stack.settings.projection_namespace}-{name}"
+    fresh = f"{stack.settings.redis.projection_namespace}-{name}"
     report = tmp / f"rebuild-{name}.json"
     try:
         await asyncio.to_thread(
@@ -177,7 +177,7 @@ async def mirror_diff(stack: Stack, tmp: Path, name: str) -> dict[str, Any]:
         diff: dict[str, Any] = orjson.loads(report.read_bytes())["diff"]
         return diff
     finally:
-        store = RedisProjectionStore.from_settings(stack.settings, fresh)
+        store = RedisProjectionStore.from_settings(stack.settings.redis, fresh)
         try:
             await store.delete_all()
         finally:
@@ -205,9 +205,9 @@ def mirror_state_diff(stack: Stack, expected: Expected) -> dict[str, Any]:
     from app.stores.cassandra_exec import checked_keyspace
     from app.stores.cassandra_session import open_cluster
 
-    cluster, session = open_cluster(stack.settings)
+    cluster, session = open_cluster(stack.settings.cassandra)
     try:
-        keyspace = checked_keyspace(stack.settings.cassandra_keyspace)
+        keyspace = checked_keyspace(stack.settings.cassandra.cassandra_keyspace)
         stored = {
             (int(r.user_id), str(r.conversation_id)): r._asdict()
             for r in session.execute(f"SELECT * FROM {keyspace}.user_conversation_state")

@@ -32,10 +32,10 @@ def _default_topic_partitions(settings: Settings) -> dict[str, int]:
     """The product's default-named topics on the broker, with their partition counts."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    names = Settings().topics
+    names = Settings().topics.names
 
     async def described() -> dict[str, int]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.kafka_bootstrap)
         await admin.start()
         try:
             present = [n for n in names if n in set(await admin.list_topics())]
@@ -57,7 +57,7 @@ def _no_default_topics_created(servers: Settings) -> Iterator[None]:
     `make run` creates meanwhile, with the product's count, is not the suite's doing)."""
     before = _default_topic_partitions(servers)
     yield
-    wanted = Settings().topic_partitions
+    wanted = Settings().topics.topic_partitions
     after = _default_topic_partitions(servers)
     created = sorted(f"{t} ({n} partitions)" for t, n in after.items() if t not in before and n != wanted)
     assert not created, (
@@ -97,7 +97,7 @@ async def make_stack(
     call = getattr(request.node, "report_call", None)
     if call is not None and call.failed and request.config.getoption("--keep-failed-stacks"):
         for stack in stacks:
-            print(f"\nkept for inspection: stack {stack.settings.app_id} (env: {stack.tmp}/stack.env)")
+            print(f"\nkept for inspection: stack {stack.settings.topics.app_id} (env: {stack.tmp}/stack.env)")
             stack.write_env(stack.tmp / "stack.env")
         return
     for stack in stacks:

@@ -157,7 +157,7 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
     started = time.monotonic()
     rnd = random.Random(plan.seed)
     stream = tmp / f"crash-stream-{plan.seed}.jsonl"
-    lanes = stack.settings.lanes
+    lanes = stack.settings.processing.lanes
     loops = _busy_loops(plan.busy_loops)
     traffic_end: asyncio.Task[float] | None = None
     try:
@@ -266,7 +266,9 @@ async def run_crash_scenario(stack: Stack, tmp: Path, plan: CrashPlan) -> CrashR
         differing_badges = _differences(badges, badges_expected, ("user_id",))
         report.mismatched_rows, report.mismatched_badges = len(differing_rows), len(differing_badges)
         report.lost_unread, report.double_counted = unread_drift(rows, rows_expected)
-        report.model_difference = _against_model(stream, lanes, stack.settings.include_muted, rows, badges)
+        report.model_difference = _against_model(
+            stream, lanes, stack.settings.processing.include_muted, rows, badges
+        )
         if differing_rows or differing_badges:
             users = {int(k[0]) for k in (*differing_rows, *differing_badges)}
             _print_partition_history(stack, plan.workers, users)
@@ -350,7 +352,9 @@ async def local_tables_against_changelogs(
                     f"changelog {_summary(want.get(k))}"
                     for k in keys[:5]
                 ]
-        if (differing == 0 and checked == stack.settings.topic_partitions) or time.monotonic() > deadline:
+        if (
+            differing == 0 and checked == stack.settings.topics.topic_partitions
+        ) or time.monotonic() > deadline:
             for line in details[:10]:  # what differs, for the failure's diagnosis
                 print(f"local store differs: {line}")
             return checked, differing
@@ -362,11 +366,11 @@ async def _changelog_states(stack: Stack) -> dict[int, dict[bytes, bytes]]:
     from tables.durable.kafka import KafkaChangelog
     from tests.support.durable import chain_states
 
-    changelog = KafkaChangelog(stack.settings.kafka_bootstrap, stack.settings.changelog_topic)
+    changelog = KafkaChangelog(stack.settings.kafka.kafka_bootstrap, stack.settings.topics.changelog_topic)
     await changelog.start()
     try:
         states: dict[int, dict[bytes, bytes]] = {}
-        for partition in range(stack.settings.topic_partitions):
+        for partition in range(stack.settings.topics.topic_partitions):
             records = []
             start, end = 0, await changelog.end_offset(partition)
             while start < end:
@@ -391,7 +395,13 @@ def _read_local_store(stack: Stack, worker: int, partition: int) -> dict[bytes, 
     worker keeps it open), its state keys only (not the position's)."""
     from rocksdict import AccessType, Options, Rdict
 
-    path = stack.tmp / f"worker-{worker}-data" / stack.settings.app_id / "state" / f"partition-{partition}"
+    path = (
+        stack.tmp
+        / f"worker-{worker}-data"
+        / stack.settings.topics.app_id
+        / "state"
+        / f"partition-{partition}"
+    )
     if not path.exists():
         return None
     db = Rdict(str(path), options=Options(raw_mode=True), access_type=AccessType.read_only())
@@ -423,7 +433,7 @@ async def _check_frames(
                 )
         return all(seen.get(u, 0) >= v for u, v in versions.items())
 
-    frames = await stack.consume(stack.settings.topic_session_delta, complete, timeout=timeout)
+    frames = await stack.consume(stack.settings.topics.topic_session_delta, complete, timeout=timeout)
     report.frames = len(frames)
     views: dict[int, SessionView] = {}
     gapped: set[int] = set()
@@ -501,7 +511,9 @@ _HISTORY_MARKS = (
 
 async def _read_topic(stack: Stack, topic: str) -> list[LogRecord]:
     """Every record of the topic still in the log: (partition, offset, key, value)."""
-    return await read_topic(stack.settings.kafka_bootstrap, topic, stack.settings.topic_partitions)
+    return await read_topic(
+        stack.settings.kafka.kafka_bootstrap, topic, stack.settings.topics.topic_partitions
+    )
 
 
 def _decoded(value: bytes | None) -> Any:
@@ -527,14 +539,14 @@ async def write_forensics(stack: Stack, path: Path, users: set[int]) -> None:
     from app.kafka.ops import partition_for
 
     wanted = {u.to_bytes(8, "big") for u in users}
-    partitions = {partition_for(str(u).encode(), stack.settings.topic_partitions) for u in users}
+    partitions = {partition_for(str(u).encode(), stack.settings.topics.topic_partitions) for u in users}
     lines: list[str] = []
-    for partition, offset, _key, value in await _read_topic(stack, stack.settings.topic_mailbox_tail):
+    for partition, offset, _key, value in await _read_topic(stack, stack.settings.topics.topic_mailbox_tail):
         entry = _decoded(value)
         if isinstance(entry, dict) and entry.get("user_id") in users:
             lines.append(f"mailbox p{partition}@{offset}: {entry}")
     # The state changelog: a key is a kind letter + user id (8) + ...; "c" is a checkpoint.
-    for partition, offset, key, value in await _read_topic(stack, stack.settings.changelog_topic):
+    for partition, offset, key, value in await _read_topic(stack, stack.settings.topics.changelog_topic):
         if key is None:
             continue
         if (key == b"c" and partition in partitions) or key[1:9] in wanted:
@@ -549,7 +561,9 @@ def _print_partition_history(stack: Stack, workers: int, users: set[int], limit:
     the group (restores, hand-overs, refused or re-read fetches, dropped changelog records)."""
     from app.kafka.ops import partition_for
 
-    partitions = {partition_for(str(u).encode(), stack.settings.topic_partitions) for u in sorted(users)[:5]}
+    partitions = {
+        partition_for(str(u).encode(), stack.settings.topics.topic_partitions) for u in sorted(users)[:5]
+    }
     for w in range(workers):
         path = stack.tmp / f"worker-{w}.log"
         if not path.exists():

@@ -67,14 +67,14 @@ async def _allow_big_records(stack: Stack) -> None:
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=stack.settings.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=stack.settings.kafka.kafka_bootstrap)
     await admin.start()
     try:
         await admin.alter_configs(
             [
                 ConfigResource(
                     ConfigResourceType.TOPIC,
-                    stack.settings.topic_mailbox_tail,
+                    stack.settings.topics.topic_mailbox_tail,
                     configs={"max.message.bytes": str(TOPIC_MAX_BYTES)},
                 )
             ]
@@ -91,13 +91,13 @@ async def run_garbage_scenario(stack: Stack, tmp: Path, plan: GarbagePlan) -> Ga
         "simulate",
         *("--users", str(plan.users), "--conversations", str(plan.conversations)),
         *("--group-size", str(plan.group_size), "--messages", str(plan.messages)),
-        *("--rate", "0", "--seed", str(plan.seed), "--lanes", str(stack.settings.lanes)),
+        *("--rate", "0", "--seed", str(plan.seed), "--lanes", str(stack.settings.processing.lanes)),
         *("--out", str(stream), "--no-kafka", "--progress", "never"),
     )
     valid = [line for line in stream.read_bytes().splitlines() if line.strip()]
     report.valid_records = len(valid)
     out = tmp / "replay"
-    lanes = str(stack.settings.lanes)
+    lanes = str(stack.settings.processing.lanes)
     stack.run("replay", "--input", str(stream), "--out", str(out), "--lanes", lanes, "--progress", "never")
     expected_rows = read_jsonl(out / "projections.jsonl")
     expected_badges = read_jsonl(out / "badges.jsonl")
@@ -106,7 +106,7 @@ async def run_garbage_scenario(stack: Stack, tmp: Path, plan: GarbagePlan) -> Ga
 
     entries = [orjson.loads(line) for line in valid]
     templates = [e for e in entries if e.get("type") != "watermark"]
-    maker = GarbageMaker(plan.seed, stack.settings.lanes, huge_share=plan.huge_share)
+    maker = GarbageMaker(plan.seed, stack.settings.processing.lanes, huge_share=plan.huge_share)
     garbage = list(maker.many(plan.garbage, templates))
     report.garbage = len(garbage)
     families: dict[str, int] = {}
@@ -123,11 +123,11 @@ async def run_garbage_scenario(stack: Stack, tmp: Path, plan: GarbagePlan) -> Ga
     from aiokafka import AIOKafkaProducer
 
     producer = AIOKafkaProducer(
-        bootstrap_servers=stack.settings.kafka_bootstrap, linger_ms=5, max_request_size=TOPIC_MAX_BYTES
+        bootstrap_servers=stack.settings.kafka.kafka_bootstrap, linger_ms=5, max_request_size=TOPIC_MAX_BYTES
     )
     await producer.start()
-    topic = stack.settings.topic_mailbox_tail
-    partitions = stack.settings.topic_partitions
+    topic = stack.settings.topics.topic_mailbox_tail
+    partitions = stack.settings.topics.topic_partitions
     bad_sent: list[asyncio.Future[Any]] = []
     try:
         pending: list[asyncio.Future[Any]] = []
@@ -173,7 +173,7 @@ async def run_garbage_scenario(stack: Stack, tmp: Path, plan: GarbagePlan) -> Ga
 
     # Every bad record, and nothing else, on the dead-letter topic with a reason.
     letters = await stack.consume(
-        stack.settings.topic_dead_letter,
+        stack.settings.topics.topic_dead_letter,
         lambda got: len({(d["partition"], d["offset"]) for d in got}) >= len(placed),
         timeout=plan.catch_up_s,
     )

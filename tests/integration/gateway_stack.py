@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -44,9 +43,9 @@ async def gateway_instance(
     settings: Settings, extra: dict[str, Any] | None = None, **overrides: Any
 ) -> AsyncIterator[Instance]:
     """``extra``: more API services (e.g. the member directory's), as ``projector api`` adds them."""
-    settings = dataclasses.replace(settings, api_secret=SECRET, api_fill_from_state="never", **overrides)
-    client = redis.Redis.from_url(settings.redis_url)
-    store = RedisProjectionStore(client, settings.projection_namespace)
+    settings = settings.replace(api_secret=SECRET, api_fill_from_state="never", **overrides)
+    client = redis.Redis.from_url(settings.redis.redis_url)
+    store = RedisProjectionStore(client, settings.redis.projection_namespace)
     try:
         async with open_gateway(settings, client) as gateway:
             assert gateway is not None

@@ -125,7 +125,9 @@ class Stack:
         """Rows and badges as the Redis projection store holds them (replay's file layout)."""
         from app.stores.redis_projection import RedisProjectionStore
 
-        store = RedisProjectionStore.from_settings(self.settings, self.settings.projection_namespace)
+        store = RedisProjectionStore.from_settings(
+            self.settings.redis, self.settings.redis.projection_namespace
+        )
         try:
             return await as_replay_files(store, user_ids)
         finally:
@@ -149,7 +151,9 @@ class Stack:
         """Until every user's stored version reached the expected one (the replay's)."""
         from app.stores.redis_projection import RedisProjectionStore
 
-        store = RedisProjectionStore.from_settings(self.settings, self.settings.projection_namespace)
+        store = RedisProjectionStore.from_settings(
+            self.settings.redis, self.settings.redis.projection_namespace
+        )
         users = sorted(expected)
         deadline = time.monotonic() + timeout
         try:
@@ -180,7 +184,7 @@ class Stack:
 
         consumer = AIOKafkaConsumer(
             topic,
-            bootstrap_servers=self.settings.kafka_bootstrap,
+            bootstrap_servers=self.settings.kafka.kafka_bootstrap,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
             group_id=None,
@@ -202,7 +206,7 @@ class Stack:
     async def open_producer(self) -> Any:
         from aiokafka import AIOKafkaProducer
 
-        producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, linger_ms=5)
+        producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka.kafka_bootstrap, linger_ms=5)
         await producer.start()
         return producer
 
@@ -219,8 +223,8 @@ class Stack:
         lines given are what was sent."""
         from app.kafka.ops import partition_for
 
-        topic = self.settings.topic_mailbox_tail
-        count = self.settings.topic_partitions
+        topic = self.settings.topics.topic_mailbox_tail
+        count = self.settings.topics.topic_partitions
         own = producer is None
         if own:
             producer = await self.open_producer()
@@ -261,24 +265,24 @@ class Stack:
         """mailbox-tail offsets committed by the workers' consumer group, per partition."""
         from aiokafka.admin import AIOKafkaAdminClient
 
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka.kafka_bootstrap)
         await admin.start()
         try:
-            committed = await admin.list_consumer_group_offsets(self.settings.app_id)
+            committed = await admin.list_consumer_group_offsets(self.settings.topics.app_id)
         finally:
             await admin.close()
-        topic = self.settings.topic_mailbox_tail
+        topic = self.settings.topics.topic_mailbox_tail
         return {tp.partition: meta.offset for tp, meta in committed.items() if tp.topic == topic}
 
     async def end_offsets(self) -> dict[int, int]:
         """mailbox-tail's end offsets, per partition."""
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
-        topic = self.settings.topic_mailbox_tail
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap, group_id=None)
+        topic = self.settings.topics.topic_mailbox_tail
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka.kafka_bootstrap, group_id=None)
         await consumer.start()
         try:
-            tps = [TopicPartition(topic, p) for p in range(self.settings.topic_partitions)]
+            tps = [TopicPartition(topic, p) for p in range(self.settings.topics.topic_partitions)]
             return {tp.partition: offset for tp, offset in (await consumer.end_offsets(tps)).items()}
         finally:
             await consumer.stop()
@@ -295,26 +299,30 @@ class Stack:
 
         from app.stores.redis_projection import RedisProjectionStore
 
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka.kafka_bootstrap)
         await admin.start()
         try:
             present = set(await admin.list_topics())
-            prefix = self.settings.app_id.removesuffix("-app")
+            prefix = self.settings.topics.app_id.removesuffix("-app")
             doomed = [t for t in present if t.startswith(prefix)]
             if doomed:
                 await admin.delete_topics(doomed)
         finally:
             await admin.close()
-        store = RedisProjectionStore.from_settings(self.settings, self.settings.projection_namespace)
+        store = RedisProjectionStore.from_settings(
+            self.settings.redis, self.settings.redis.projection_namespace
+        )
         try:
             await store.delete_all()
         finally:
             await store.aclose()
         from app.stores.cassandra_session import open_cluster
 
-        cluster, session = open_cluster(self.settings)
+        cluster, session = open_cluster(self.settings.cassandra)
         try:
-            session.execute(f"DROP KEYSPACE IF EXISTS {self.settings.cassandra_keyspace}", timeout=120)
+            session.execute(
+                f"DROP KEYSPACE IF EXISTS {self.settings.cassandra.cassandra_keyspace}", timeout=120
+            )
         finally:
             cluster.shutdown()
 
@@ -453,9 +461,9 @@ def store_messages(settings: Settings, lines: Iterable[bytes]) -> None:
             heads[m.conversation_id] = ConversationHead(
                 m.conversation_id, m.conversation_seq, m.message_id, m.activity_id
             )
-    cluster, session = open_cluster(settings)
+    cluster, session = open_cluster(settings.cassandra)
     try:
-        store = CassandraMessageStore(session, settings.cassandra_keyspace)
+        store = CassandraMessageStore(session, settings.cassandra.cassandra_keyspace)
         store.put_messages(messages.values())
         store.mark_recalled_many(recalls)
         store.update_heads(heads.values())
@@ -483,7 +491,7 @@ def simulated(
         "--rate",
         rate,
         "--lanes",
-        str(stack.settings.lanes),
+        str(stack.settings.processing.lanes),
         "--seed",
         str(seed),
         "--out",
@@ -493,7 +501,9 @@ def simulated(
         *(() if kafka else ("--no-kafka",)),
     )
     out = tmp / f"replay-{seed}"
-    stack.run("replay", "--input", str(stream), "--out", str(out), "--lanes", str(stack.settings.lanes))
+    stack.run(
+        "replay", "--input", str(stream), "--out", str(out), "--lanes", str(stack.settings.processing.lanes)
+    )
     expected = {
         "rows": read_jsonl(out / "projections.jsonl"),
         "badges": read_jsonl(out / "badges.jsonl"),

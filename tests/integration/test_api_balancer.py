@@ -7,7 +7,6 @@ and an instance SIGKILLed mid-walk and one added mid-walk change nothing for the
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import re
 import signal
@@ -42,7 +41,7 @@ def schema(servers: Settings, cassandra_session: Any) -> Iterator[str]:
     from app.cli.bootstrap import ensure_cassandra_schema
 
     keyspace = f"t_lb_{uuid.uuid4().hex[:12]}"
-    ensure_cassandra_schema(servers, keyspace=keyspace)
+    ensure_cassandra_schema(servers.cassandra, keyspace=keyspace)
     yield keyspace
     cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
 
@@ -129,8 +128,8 @@ async def test_round_robin_walks_survive_an_instance_killed_and_one_added_mid_wa
     servers: Settings, schema: str, unique_name: Callable[..., str], tmp_path: Path
 ) -> None:
     namespace = unique_name("lb")
-    settings = dataclasses.replace(servers, projection_namespace=namespace)
-    client = redis.Redis.from_url(settings.redis_url)
+    settings = servers.replace(projection_namespace=namespace)
+    client = redis.Redis.from_url(settings.redis.redis_url)
     store = RedisProjectionStore(client, namespace)
     big_rows = mixed_rows(BIG, 5000, seed=32)
     small_rows = {u: mixed_rows(u, 10 + 4 * n, seed=n) for n, u in enumerate(SMALL)}

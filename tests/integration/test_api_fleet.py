@@ -5,7 +5,6 @@ console's reconcile, the audit) is seen by every instance's next walk."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,14 +32,14 @@ def store_url(request: pytest.FixtureRequest, servers: Settings) -> Iterator[str
         redis_cluster.require_healthy()
         yield redis_cluster.URL
     else:
-        yield servers.redis_url
+        yield servers.redis.redis_url
 
 
 async def test_two_instances_enforce_the_configured_rate_not_twice_it(
     servers: Settings, store_url: str, unique_name: Callable[..., str]
 ) -> None:
     clock = ManualClock(T0)  # both instances' clock: the refill is the test's to move
-    settings = dataclasses.replace(servers, api_rate_limit_per_s=2.0, api_rate_limit_burst=10)
+    settings = servers.replace(api_rate_limit_per_s=2.0, api_rate_limit_burst=10)
     async with fleet(settings, unique_name("rate"), 2, url=store_url, clock=clock) as f:
         await f.store.write([flush(ME, [make_row(ME, 1, act=1)], 1, 1)])
         statuses = [(await f.get(n % 2, "/v1/badge", ME))[0] for n in range(30)]
@@ -96,7 +95,7 @@ def only(instance: int) -> Callable[[int], int]:
 
 
 def no_rate_limit(servers: Settings) -> Settings:
-    return dataclasses.replace(servers, api_rate_limit_per_s=0, api_fill_from_state="never")
+    return servers.replace(api_rate_limit_per_s=0, api_fill_from_state="never")
 
 
 async def test_walks_alternating_three_instances_equal_a_single_instances_walk(

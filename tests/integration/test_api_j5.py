@@ -4,7 +4,6 @@ SDK walking it, SESSION_DELTA frames through a real Kafka topic, the Cassandra f
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import re
 import subprocess
@@ -58,15 +57,14 @@ class Env:
 
 @pytest.fixture
 async def env(servers: Settings, unique_name: Callable[..., str]) -> AsyncIterator[Env]:
-    settings = dataclasses.replace(
-        servers,
+    settings = servers.replace(
         api_secret=SECRET,
         api_fill_from_state="never",
         projection_namespace=unique_name("api"),
         api_rate_limit_per_s=0,  # thousands of one-row pages at full speed: J-5, not the limit
     )
-    client = redis.Redis.from_url(settings.redis_url)
-    store = RedisProjectionStore(client, settings.projection_namespace)
+    client = redis.Redis.from_url(settings.redis.redis_url)
+    store = RedisProjectionStore(client, settings.redis.projection_namespace)
     app = create_app(settings, Deps(projections=RedisProjectionReader(store)))
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
@@ -185,7 +183,7 @@ async def test_j5_new_message_mid_walk_keeps_the_revision_and_the_delta_merge_ma
         driving_event_id="e-new",
         driving_mailbox_seq=version + 1,
     )
-    producer = AIOKafkaProducer(bootstrap_servers=env.settings.kafka_bootstrap)
+    producer = AIOKafkaProducer(bootstrap_servers=env.settings.kafka.kafka_bootstrap)
     await producer.start()
     try:
 
@@ -199,7 +197,7 @@ async def test_j5_new_message_mid_walk_keeps_the_revision_and_the_delta_merge_ma
 
         hooked = Hooked(env.client(), after=4, hook=new_message)
         live = LiveSessionList(hooked, ME, limit=50, max_restarts=0)  # max_restarts=0: no restart allowed
-        async with SessionDeltaFollower(live, env.settings.kafka_bootstrap, [topic]) as follower:
+        async with SessionDeltaFollower(live, env.settings.kafka.kafka_bootstrap, [topic]) as follower:
             # start() pulled the list (the message landed mid-walk of the main folder); the frame
             # is on the topic. The main walk kept its revision and was never restarted; the
             # archived walk, a new walk after the change, got a new snapshot.
@@ -286,7 +284,7 @@ def schema(servers: Settings, cassandra_session: Any) -> Iterator[str]:
     from app.cli.bootstrap import ensure_cassandra_schema
 
     keyspace = f"t_api_{uuid.uuid4().hex[:12]}"
-    ensure_cassandra_schema(servers, keyspace=keyspace)
+    ensure_cassandra_schema(servers.cassandra, keyspace=keyspace)
     yield keyspace
     cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
 
@@ -319,12 +317,12 @@ async def test_rows_missing_from_the_projection_are_filled_from_state(
         state.stage(ME, conversation, fields)
     state.flush_sync()
 
-    settings = dataclasses.replace(
-        servers, api_secret=SECRET, api_fill_from_state="empty", projection_namespace=unique_name("api")
+    settings = servers.replace(
+        api_secret=SECRET, api_fill_from_state="empty", projection_namespace=unique_name("api")
     )
-    client = redis.Redis.from_url(settings.redis_url)
-    store = RedisProjectionStore(client, settings.projection_namespace)
-    filler = CassandraStateFiller(state, messages, settings.unread_precise_limit)
+    client = redis.Redis.from_url(settings.redis.redis_url)
+    store = RedisProjectionStore(client, settings.redis.projection_namespace)
+    filler = CassandraStateFiller(state, messages, settings.processing.unread_precise_limit)
     app = create_app(settings, Deps(projections=RedisProjectionReader(store), state=filler))
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()

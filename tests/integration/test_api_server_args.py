@@ -7,7 +7,6 @@ and kept its own 8,190-byte line limit."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import re
 import subprocess
@@ -41,7 +40,7 @@ def schema(servers: Settings, cassandra_session: Any) -> Iterator[str]:
     from app.cli.bootstrap import ensure_cassandra_schema
 
     keyspace = f"t_args_{uuid.uuid4().hex[:12]}"
-    ensure_cassandra_schema(servers, keyspace=keyspace)
+    ensure_cassandra_schema(servers.cassandra, keyspace=keyspace)
     yield keyspace
     cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
 
@@ -104,8 +103,8 @@ async def run_api(settings: Settings, schema: str, access_log: bool) -> tuple[li
 
 async def test_projector_api_applies_its_server_settings(servers: Settings, schema: str) -> None:
     namespace = f"t-args-{uuid.uuid4().hex[:8]}"
-    settings = dataclasses.replace(servers, projection_namespace=namespace)
-    client = redis.Redis.from_url(settings.redis_url)
+    settings = servers.replace(projection_namespace=namespace)
+    client = redis.Redis.from_url(settings.redis.redis_url)
     store = RedisProjectionStore(client, namespace)
     try:
         await store.write([flush(ME, [make_row(ME, 1, act=1)], 1, 1)])

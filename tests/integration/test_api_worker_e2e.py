@@ -5,7 +5,6 @@ rows filled from the worker's UserConversationState mirror."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,21 +31,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 class Api:
     def __init__(self, settings: Settings, fill: str) -> None:
-        self.settings = dataclasses.replace(settings, api_secret=SECRET, api_fill_from_state=fill)
-        self.client = redis.Redis.from_url(self.settings.redis_url)
-        self.store = RedisProjectionStore(self.client, self.settings.projection_namespace)
+        self.settings = settings.replace(api_secret=SECRET, api_fill_from_state=fill)
+        self.client = redis.Redis.from_url(self.settings.redis.redis_url)
+        self.store = RedisProjectionStore(self.client, self.settings.redis.projection_namespace)
         self.cluster: Any = None
         self.server: TestServer | None = None
 
     async def start(self) -> str:
         state = None
-        if self.settings.api_fill_from_state != "never":
+        if self.settings.api.api_fill_from_state != "never":
             from app.stores.cassandra_messages import CassandraMessageStore
             from app.stores.cassandra_session import open_cluster
             from app.stores.cassandra_state import UserConversationStateWriter
 
-            self.cluster, session = open_cluster(self.settings)
-            ks = self.settings.cassandra_keyspace
+            self.cluster, session = open_cluster(self.settings.cassandra)
+            ks = self.settings.cassandra.cassandra_keyspace
             state = CassandraStateFiller(
                 UserConversationStateWriter(session, ks), CassandraMessageStore(session, ks), 200
             )
@@ -92,8 +91,8 @@ async def test_pages_badges_live_frames_and_fill_from_state_equal_replay(
         # The SDK follows the worker's frames from before the worker starts.
         sdk = SessionsClient(base, token(busiest))
         live = LiveSessionList(sdk, busiest, limit=7)
-        topics = [stack.settings.topic_session_delta, stack.settings.topic_badge]
-        async with sdk, SessionDeltaFollower(live, stack.settings.kafka_bootstrap, topics) as follower:
+        topics = [stack.settings.topics.topic_session_delta, stack.settings.topics.topic_badge]
+        async with sdk, SessionDeltaFollower(live, stack.settings.kafka.kafka_bootstrap, topics) as follower:
             assert live.view.version == 0 and live.main() == []
             stack.start_worker()
             versions = {u: b["projection_mailbox_seq"] for u, b in badges.items()}

@@ -63,7 +63,7 @@ async def test_bootstrap_twice_is_idempotent(
             )
         }
         assert tables == {t.name for t in TABLES}
-        admin = AIOKafkaAdminClient(bootstrap_servers=servers.kafka_bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=servers.kafka.kafka_bootstrap)
         await admin.start()
         try:
             described = await admin.describe_topics(list(topics.values()))

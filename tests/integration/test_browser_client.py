@@ -245,7 +245,7 @@ async def test_the_browser_client_lists_follows_restarts_and_resumes(
         }
         producer = await stack.open_producer()
         try:
-            topic = stack.settings.topic_session_delta
+            topic = stack.settings.topics.topic_session_delta
             await producer.send_and_wait(topic, orjson.dumps(notice), key=str(USER).encode())
         finally:
             await producer.stop()

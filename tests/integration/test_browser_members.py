@@ -80,12 +80,12 @@ class Group:
         return f"{self.api_url}/avatars/{user_id}-{version}.png"
 
     async def _session(self) -> tuple[Any, Any]:
-        return await asyncio.to_thread(open_cluster, self.stack.settings)
+        return await asyncio.to_thread(open_cluster, self.stack.settings.cassandra)
 
     async def seed(self) -> None:
         cluster, session = await self._session()
         try:
-            keyspace = self.stack.settings.cassandra_keyspace
+            keyspace = self.stack.settings.cassandra.cassandra_keyspace
             writer = UserConversationStateWriter(session, keyspace)
             for user_id in self.ids:
                 writer.stage_member(
@@ -101,7 +101,7 @@ class Group:
         """On the server: `gone` leaves the group; `renamed` gets a new public name."""
         cluster, session = await self._session()
         try:
-            keyspace = self.stack.settings.cassandra_keyspace
+            keyspace = self.stack.settings.cassandra.cassandra_keyspace
             writer = UserConversationStateWriter(session, keyspace)
             writer.stage_member(self.id, gone, "member", "left", 1, 2)
             await writer.flush()
@@ -114,7 +114,7 @@ class Group:
 
 async def seed_list(stack: Stack) -> None:
     """USER's conversation list: the group and a few others (the page's rows to click)."""
-    store = RedisProjectionStore.from_settings(stack.settings)
+    store = RedisProjectionStore.from_settings(stack.settings.redis)
     try:
         rows = [{**make_row(USER, n, act=n * 10), "projection_mailbox_seq": 5} for n in range(1, 6)]
         [written] = await store.write([flush(USER, rows, 5, 1, Badge())])
@@ -513,7 +513,7 @@ class NamedGroup(Group):
         await super().seed()
         cluster, session = await self._session()
         try:
-            keyspace = self.stack.settings.cassandra_keyspace
+            keyspace = self.stack.settings.cassandra.cassandra_keyspace
             writer = UserConversationStateWriter(session, keyspace)
             for user_id in self.readers:
                 writer.stage(user_id, self.id, {"read_seq": READ_SEQ})

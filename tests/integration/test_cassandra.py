@@ -40,16 +40,16 @@ def test_project_schema_is_idempotent_and_migrates_columns(
 
     ks = unique_name("schema", sep="_")
     try:
-        first = ensure_cassandra_schema(servers, keyspace=ks)
+        first = ensure_cassandra_schema(servers.cassandra, keyspace=ks)
         assert first.created_keyspace
         assert first.created_tables == [t.name for t in TABLES]
-        second = ensure_cassandra_schema(servers, keyspace=ks)
+        second = ensure_cassandra_schema(servers.cassandra, keyspace=ks)
         assert not second.created_keyspace
         assert second.created_tables == [] and second.added_columns == []
         assert second.existing_tables == [t.name for t in TABLES]
         # A deployment created by an older version lacks a column: bootstrap adds it.
         cassandra_session.execute(f"ALTER TABLE {ks}.user_conversation_state DROP muted")
-        third = ensure_cassandra_schema(servers, keyspace=ks)
+        third = ensure_cassandra_schema(servers.cassandra, keyspace=ks)
         assert third.added_columns == ["user_conversation_state.muted"]
     finally:
         cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {ks}")
@@ -64,7 +64,7 @@ def test_schema_encodings_u64_users_and_activity_blobs(
     ks = unique_name("enc", sep="_")
     s = cassandra_session
     try:
-        ensure_cassandra_schema(servers, keyspace=ks)
+        ensure_cassandra_schema(servers.cassandra, keyspace=ks)
         conv = uuid.uuid4()
         # varint user ids: the whole u64 range, sorted numerically (keyset paging of members).
         users = [U64_MAX, 2**63, 2**63 - 1, 7, 0]

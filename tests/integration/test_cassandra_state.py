@@ -52,7 +52,7 @@ def schema(servers: Settings, cassandra_session: Any) -> Iterator[str]:
     from app.cli.bootstrap import ensure_cassandra_schema
 
     keyspace = f"t_state_{uuid.uuid4().hex[:12]}"
-    ensure_cassandra_schema(servers, keyspace=keyspace)
+    ensure_cassandra_schema(servers.cassandra, keyspace=keyspace)
     yield keyspace
     cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
 

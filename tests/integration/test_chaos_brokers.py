@@ -136,7 +136,7 @@ async def test_full_size_cluster_leader_killed(
         PROJECTOR_KAFKA_BOOTSTRAP=cluster.BOOTSTRAP,
         PROJECTOR_TOPIC_REPLICATION_FACTOR="3",
     )
-    topic = stack.settings.topic_mailbox_tail
+    topic = stack.settings.topics.topic_mailbox_tail
     numbers: dict[str, Any] = {}
 
     async def fully_replicated() -> bool:

@@ -141,7 +141,7 @@ async def run_cassandra_cut(
     those toxics first (the CI size: both links' faults on one worker, one start-up)."""
     numbers: dict[str, Any] = {"cut_s": cut_s}
     with Toxiproxy.start(tmp) as toxi:
-        proxy = toxi.proxy("cassandra", f"127.0.0.1:{settings.cassandra_port}")
+        proxy = toxi.proxy("cassandra", f"127.0.0.1:{settings.cassandra.cassandra_port}")
         stack = make_stack(name, partitions=4, lanes=2)
         via_proxy = {"PROJECTOR_CASSANDRA_PORT": str(proxy.port)}
         worker_env = dict(via_proxy)
@@ -349,7 +349,7 @@ async def run_link(
                 proxy = toxi.proxy("redis", "127.0.0.1:6379")
                 worker_env["PROJECTOR_REDIS_URL"] = f"redis://{proxy.address}/0"
             else:
-                proxy = toxi.proxy("cassandra", f"127.0.0.1:{settings.cassandra_port}")
+                proxy = toxi.proxy("cassandra", f"127.0.0.1:{settings.cassandra.cassandra_port}")
                 worker_env["PROJECTOR_CASSANDRA_PORT"] = str(proxy.port)
             stack = Stack(unique_name(f"toxic{link}"), tmp / "stack", partitions=4, lanes=2, **overrides)
             stack.tmp.mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,7 @@ async def measure_capacity(stack: Stack, tmp: Path, messages: int, seed: int) ->
     await asyncio.to_thread(
         stack.run,
         *("simulate", "--users", "200", "--conversations", "150", "--group-size", "20"),
-        *("--messages", str(messages), "--rate", "0", "--lanes", str(stack.settings.lanes)),
+        *("--messages", str(messages), "--rate", "0", "--lanes", str(stack.settings.processing.lanes)),
         *("--seed", str(seed), "--out", str(stream), "--progress", "never"),
         timeout=1800,
     )
@@ -98,14 +98,14 @@ async def run_overload(
     await asyncio.to_thread(
         stack.run,
         *("simulate", "--users", "200", "--conversations", "150", "--group-size", "20"),
-        *("--messages", str(messages), "--rate", "0", "--lanes", str(stack.settings.lanes)),
+        *("--messages", str(messages), "--rate", "0", "--lanes", str(stack.settings.processing.lanes)),
         *("--seed", str(seed + 1), "--out", str(stream), "--no-kafka", "--progress", "never"),
         timeout=3600,
     )
     with stream.open("rb") as f:  # line by line: no second copy of a multi-GB file in memory
         lines = [line.rstrip(b"\r\n") for line in f if line.strip()]
     lines_per_entry = len(lines) / max(1, _entries(lines))
-    records = placed(lines, stack.settings.topic_partitions)
+    records = placed(lines, stack.settings.topics.topic_partitions)
     port = free_port()
     worker = start_worker(stack, 0, PROJECTOR_WORKER_METRICS_PORT=str(port))
     await wait_ready(stack)
@@ -124,7 +124,7 @@ async def run_overload(
                 owed = min(len(lines), int(target * elapsed * lines_per_entry))
                 if owed > sent:
                     chunk = [r for line in records[sent:owed] for r in line]
-                    await send_batches(producer, stack.settings.topic_mailbox_tail, chunk)
+                    await send_batches(producer, stack.settings.topics.topic_mailbox_tail, chunk)
                     sent = owed
                 if time.monotonic() >= next_lag:
                     lag.append((round(time.monotonic() - started, 1), await _lag(stack)))

@@ -66,7 +66,7 @@ async def test_random_sigkills_with_a_backlog_under_cpu_contention_lose_nothing(
     report = await run_crash_scenario(stack, tmp_path, ci_size_plan(seed))
     print("\n".join(report.timeline) + "\n" + report.line())
     assert report.kills >= 5 and report.data_lost >= 1 and report.kills_in_traffic >= 2
-    assert caught(report, stack.settings.topic_partitions) == [], f"seed {seed}: {report.line()}"
+    assert caught(report, stack.settings.topics.topic_partitions) == [], f"seed {seed}: {report.line()}"
 
 
 @pytest.mark.chaos
@@ -107,7 +107,7 @@ async def test_the_crash_test_catches_a_planted_loss(
             await stack.cleanup()
             continue
         assert f"[plant] {plant} planted" in stack.log_tail(0, 100_000), "the plant did not take"
-        found = caught(report, stack.settings.topic_partitions)
+        found = caught(report, stack.settings.topics.topic_partitions)
         failing += bool(found)
         lines.append(f"seed {seed}: {'CAUGHT ' + '; '.join(found) if found else 'missed'} | {report.line()}")
         await stack.cleanup()

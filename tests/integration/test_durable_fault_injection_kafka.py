@@ -35,9 +35,9 @@ async def test_a_kill_at_any_await_of_a_persist_on_kafka_restores_a_whole_prefix
     points = kill_points(counting.calls, counting.append_sizes)
     topic = unique_name("durable-kills")
     await ensure_changelog_topic(
-        servers.kafka_bootstrap, topic, partitions=len(points), min_compaction_lag_ms=3_600_000
+        servers.kafka.kafka_bootstrap, topic, partitions=len(points), min_compaction_lag_ms=3_600_000
     )
-    kafka = KafkaChangelog(servers.kafka_bootstrap, topic)
+    kafka = KafkaChangelog(servers.kafka.kafka_bootstrap, topic)
     await kafka.start()
     restored_prefixes = set()
     try:
@@ -52,7 +52,7 @@ async def test_a_kill_at_any_await_of_a_persist_on_kafka_restores_a_whole_prefix
             PartitionStore.destroy(path)
     finally:
         await kafka.stop()
-        admin = AIOKafkaAdminClient(bootstrap_servers=servers.kafka_bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=servers.kafka.kafka_bootstrap)
         await admin.start()
         try:
             await admin.delete_topics([topic])

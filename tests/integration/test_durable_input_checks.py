@@ -66,7 +66,7 @@ async def _produce(bootstrap: str, topic: str, count: int) -> None:
 
 @pytest.fixture
 async def admin(servers: Settings) -> AsyncIterator[AIOKafkaAdminClient]:
-    client = AIOKafkaAdminClient(bootstrap_servers=servers.kafka_bootstrap)
+    client = AIOKafkaAdminClient(bootstrap_servers=servers.kafka.kafka_bootstrap)
     await client.start()
     yield client
     await client.close()
@@ -76,10 +76,12 @@ async def test_a_recreated_mailbox_tail_is_refused_in_one_line(
     servers: Settings, make_topic: Callable[..., Awaitable[str]], admin: AIOKafkaAdminClient, tmp_path: Path
 ) -> None:
     topic = await make_topic("mailbox", partitions=2)
-    before = await input_identity(servers.kafka_bootstrap, topic)
+    before = await input_identity(servers.kafka.kafka_bootstrap, topic)
     assert before.partition_count == 2 and before.topic_id and before.cluster_id
     checkpoint = await _checkpoint_on(before, tmp_path / "store", input_next_offset=3)
-    check_identity(checkpoint, await input_identity(servers.kafka_bootstrap, topic), 0)  # the same topic
+    check_identity(
+        checkpoint, await input_identity(servers.kafka.kafka_bootstrap, topic), 0
+    )  # the same topic
 
     await admin.delete_topics([topic])
     deadline = asyncio.get_running_loop().time() + 60
@@ -90,7 +92,7 @@ async def test_a_recreated_mailbox_tail_is_refused_in_one_line(
         except KafkaError:
             assert asyncio.get_running_loop().time() < deadline, f"{topic} not recreated in 60 s"
             await asyncio.sleep(0.5)
-    after = await created_identity(servers.kafka_bootstrap, topic)
+    after = await created_identity(servers.kafka.kafka_bootstrap, topic)
     assert after.cluster_id == before.cluster_id and after.topic_id != before.topic_id
 
     with pytest.raises(InputMismatch) as refused:
@@ -106,7 +108,7 @@ async def test_a_checkpoint_of_another_cluster_is_refused_in_one_line(
     servers: Settings, make_topic: Callable[..., Awaitable[str]], tmp_path: Path
 ) -> None:
     topic = await make_topic("mailbox", partitions=2)
-    shared = await input_identity(servers.kafka_bootstrap, topic)
+    shared = await input_identity(servers.kafka.kafka_bootstrap, topic)
     checkpoint = await _checkpoint_on(shared, tmp_path / "store", input_next_offset=5)
     broker = await asyncio.to_thread(PrivateKafka.start, tmp_path / "kafka")
     try:
@@ -131,10 +133,10 @@ async def test_records_deleted_below_the_checkpoint_are_a_retention_overrun(
     servers: Settings, make_topic: Callable[..., Awaitable[str]], admin: AIOKafkaAdminClient, tmp_path: Path
 ) -> None:
     topic = await make_topic("mailbox", partitions=1)
-    await _produce(servers.kafka_bootstrap, topic, 10)
-    identity = await input_identity(servers.kafka_bootstrap, topic)
+    await _produce(servers.kafka.kafka_bootstrap, topic, 10)
+    identity = await input_identity(servers.kafka.kafka_bootstrap, topic)
     checkpoint = await _checkpoint_on(identity, tmp_path / "store", input_next_offset=4)  # 0..3 applied
-    consumer = AIOKafkaConsumer(bootstrap_servers=servers.kafka_bootstrap, group_id=None)
+    consumer = AIOKafkaConsumer(bootstrap_servers=servers.kafka.kafka_bootstrap, group_id=None)
     await consumer.start()
     try:
         assert await log_start_offset(consumer, topic, 0) == 0

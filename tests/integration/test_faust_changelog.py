@@ -119,7 +119,7 @@ async def test_table_state_recovers_from_changelog_after_local_store_loss(
     reports.mkdir()
     config = {
         "app_id": app_id,
-        "bootstrap": servers.kafka_bootstrap,
+        "bootstrap": servers.kafka.kafka_bootstrap,
         "topic": topic,
         "partitions": PARTITIONS,
         "datadir": str(datadir),
@@ -133,7 +133,7 @@ async def test_table_state_recovers_from_changelog_after_local_store_loss(
     for key, value, _ in adds:
         expected[key] = expected.get(key, 0) + value["n"]
 
-    await _send(servers.kafka_bootstrap, topic, adds + _report("first"))
+    await _send(servers.kafka.kafka_bootstrap, topic, adds + _report("first"))
     first = Worker(config, tmp_path / "worker-1.log")
     workers.append(first)
     report1 = first.wait_for(reports / "first.json")
@@ -148,7 +148,7 @@ async def test_table_state_recovers_from_changelog_after_local_store_loss(
 
     second = Worker(config, tmp_path / "worker-2.log")
     workers.append(second)
-    await _send(servers.kafka_bootstrap, topic, _report("second"))
+    await _send(servers.kafka.kafka_bootstrap, topic, _report("second"))
     report2 = second.wait_for(reports / "second.json")
     # Same counts, and not one "add" replayed from the source topic: recovered from the changelog.
     assert report2 == {"counts": expected, "adds_this_run": 0}, second.tail()

@@ -58,8 +58,8 @@ async def consume_push(
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(
-        stack.settings.topic_push,
-        bootstrap_servers=stack.settings.kafka_bootstrap,
+        stack.settings.topics.topic_push,
+        bootstrap_servers=stack.settings.kafka.kafka_bootstrap,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         group_id=None,
@@ -139,8 +139,8 @@ async def test_two_instances_stream_online_users_and_push_offline_ones(
             for index, instance in enumerate(instances):
                 served = {u for u in online if first.gateway.partition_of(u) == index}
                 assert set(instance.gateway.hub.connected_users()) == served
-            client = redis.Redis.from_url(stack.settings.redis_url)
-            presence = RedisPresence(client, stack.settings.projection_namespace, "probe", 6000)
+            client = redis.Redis.from_url(stack.settings.redis.redis_url)
+            presence = RedisPresence(client, stack.settings.redis.projection_namespace, "probe", 6000)
             try:
                 # Both instances' claims (written in batches), one view.
                 await eventually(lambda: _online_is(presence, users, online), 30, "presence")

@@ -48,8 +48,8 @@ async def test_member_notices_make_the_other_members_directories_re_read(
     make_stack: Callable[..., Stack],
 ) -> None:
     stack = make_stack("gwm", partitions=2)
-    cluster, session = open_cluster(stack.settings)
-    keyspace = stack.settings.cassandra_keyspace
+    cluster, session = open_cluster(stack.settings.cassandra)
+    keyspace = stack.settings.cassandra.cassandra_keyspace
     writer = UserConversationStateWriter(session, keyspace)
     group, elsewhere = str(uuid.uuid4()), str(uuid.uuid4())
     others = [1000 + i for i in range(498)]
@@ -95,7 +95,7 @@ async def test_member_notices_make_the_other_members_directories_re_read(
             carol = 5000
             writer.stage_member(group, carol, "member", "active", 40, None)
             await writer.flush()
-            topic = stack.settings.topic_session_delta
+            topic = stack.settings.topics.topic_session_delta
             for user in (ALICE, BOB):
                 await producer.send_and_wait(topic, notice(user, group, 24, 40), key=str(user).encode())
             for user in devices:

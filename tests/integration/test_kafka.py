@@ -23,7 +23,7 @@ async def test_produce_and_consume_on_an_explicit_topic(
     topic = await make_topic("roundtrip", partitions=3)
     sent = [(f"user-{i % 5}".encode(), f"value-{i}".encode()) for i in range(50)]
 
-    producer = AIOKafkaProducer(bootstrap_servers=servers.kafka_bootstrap, acks="all")
+    producer = AIOKafkaProducer(bootstrap_servers=servers.kafka.kafka_bootstrap, acks="all")
     await producer.start()
     try:
         for key, value in sent:
@@ -34,7 +34,7 @@ async def test_produce_and_consume_on_an_explicit_topic(
 
     consumer = AIOKafkaConsumer(
         topic,
-        bootstrap_servers=servers.kafka_bootstrap,
+        bootstrap_servers=servers.kafka.kafka_bootstrap,
         group_id=unique_name("group"),
         auto_offset_reset="earliest",
         enable_auto_commit=False,
@@ -70,7 +70,7 @@ async def test_broker_does_not_auto_create_topics(
     from aiokafka.errors import UnknownTopicOrPartitionError
 
     missing = unique_name("never-created")
-    producer = AIOKafkaProducer(bootstrap_servers=servers.kafka_bootstrap, request_timeout_ms=3000)
+    producer = AIOKafkaProducer(bootstrap_servers=servers.kafka.kafka_bootstrap, request_timeout_ms=3000)
     await producer.start()
     try:
         with pytest.raises(UnknownTopicOrPartitionError):
@@ -78,7 +78,7 @@ async def test_broker_does_not_auto_create_topics(
             await producer.send_and_wait(missing, b"x")
     finally:
         await producer.stop()
-    admin = AIOKafkaAdminClient(bootstrap_servers=servers.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=servers.kafka.kafka_bootstrap)
     await admin.start()
     try:
         assert missing not in await admin.list_topics()

@@ -114,9 +114,9 @@ async def test_joins_and_leaves_reach_the_members_directories_through_worker_and
     await mailbox.send()
     await stack.wait_for_versions(joins, WAIT_S, stack.alive())  # the roster: the worker's writes
 
-    cluster, session = open_cluster(stack.settings)
+    cluster, session = open_cluster(stack.settings.cassandra)
     service = MemberService(
-        CassandraMemberReader(session, stack.settings.cassandra_keyspace), stats_budget_s=30.0
+        CassandraMemberReader(session, stack.settings.cassandra.cassandra_keyspace), stats_budget_s=30.0
     )
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
@@ -217,7 +217,9 @@ async def test_joins_and_leaves_reach_the_members_directories_through_worker_and
             plain = mailbox.message(ALICE, 99)
             await mailbox.send()
             await eventually(lambda: live.view.version >= plain, WAIT_S, "Alice's list took the kind 99")
-            letters = await stack.consume(stack.settings.topic_dead_letter, lambda got: len(got) >= 3, WAIT_S)
+            letters = await stack.consume(
+                stack.settings.topics.topic_dead_letter, lambda got: len(got) >= 3, WAIT_S
+            )
             assert sorted(orjson.loads(d["value"])["mailbox_seq"] for d in letters) == bad
             assert all("$.notification" in d["reason"] for d in letters), letters
             assert stream(ALICE).stats.notices == 2
@@ -239,8 +241,8 @@ async def notices_on_topic(
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(
-        stack.settings.topic_session_delta,
-        bootstrap_servers=stack.settings.kafka_bootstrap,
+        stack.settings.topics.topic_session_delta,
+        bootstrap_servers=stack.settings.kafka.kafka_bootstrap,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         group_id=None,

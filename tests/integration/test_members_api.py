@@ -47,7 +47,7 @@ def schema(servers: Settings, cassandra_session: Any) -> Iterator[str]:
     from app.cli.bootstrap import ensure_cassandra_schema
 
     keyspace = f"t_members_{uuid.uuid4().hex[:12]}"
-    ensure_cassandra_schema(servers, keyspace=keyspace)
+    ensure_cassandra_schema(servers.cassandra, keyspace=keyspace)
     yield keyspace
     cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
 
@@ -93,7 +93,7 @@ async def live(schema: str, cassandra_session: Any, monkeypatch: pytest.MonkeyPa
         monkeypatch.setattr(
             api_app, "RESOURCES", (*api_app.RESOURCES, (member_routes.routes, member_routes.SCHEMAS))
         )
-    settings = Settings(api_secret=SECRET, api_fill_from_state="never", cassandra_keyspace=schema)
+    settings = Settings.build(api_secret=SECRET, api_fill_from_state="never", cassandra_keyspace=schema)
     reader = CassandraMemberReader(cassandra_session, schema)
     deps = Deps(
         projections=MemoryProjectionReader(InMemoryProjectionStore()),
@@ -330,11 +330,10 @@ def test_profiles_load_cli_checks_the_whole_file_then_writes(
     schema: str, servers: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import argparse
-    import dataclasses
 
     from app.cli import profiles as cli
 
-    settings = dataclasses.replace(servers, cassandra_keyspace=schema)
+    settings = servers.replace(cassandra_keyspace=schema)
     good = tmp_path / "profiles.jsonl"
     good.write_text(
         '{"user_id": "18446744073709551615", "display_name": "Zoë", "avatar_url": "https://cdn.example/z.png"}\n'

@@ -93,7 +93,8 @@ def simulate(
     """`projector simulate` into the stack, all at once, its entries also written to `out`."""
     sizes = {"users": users, "conversations": conversations, "group-size": group_size, "messages": messages}
     args = [arg for name, value in sizes.items() for arg in (f"--{name}", str(value))]
-    stack.run("simulate", *args, "--rate", "0", "--lanes", str(stack.settings.lanes), "--seed", str(seed),
+    lanes = str(stack.settings.processing.lanes)
+    stack.run("simulate", *args, "--rate", "0", "--lanes", lanes, "--seed", str(seed),
               "--out", str(out), "--progress", "never")  # fmt: skip
 
 
@@ -105,8 +106,8 @@ async def test_worker_writes_member_rows_and_statistics_the_api_serves(stack: St
     assert any(state != "active" for _, state, _, _ in want_members.values()), "the mix has no leave"
 
     stack.start_worker()
-    cluster, session = open_cluster(stack.settings)
-    keyspace = stack.settings.cassandra_keyspace
+    cluster, session = open_cluster(stack.settings.cassandra)
+    keyspace = stack.settings.cassandra.cassandra_keyspace
     try:
         deadline = time.monotonic() + 240
         while True:
@@ -158,8 +159,8 @@ async def test_writes_owed_while_cassandra_failed_are_written_after_a_kill(
     then SIGKILLed with every offset committed, so no entry is ever read again. Once the tables
     are back, the restarted worker writes the member rows and statistics from its records."""
     stream = tmp_path / "stream.jsonl"
-    cluster, session = open_cluster(stack.settings)
-    keyspace = stack.settings.cassandra_keyspace
+    cluster, session = open_cluster(stack.settings.cassandra)
+    keyspace = stack.settings.cassandra.cassandra_keyspace
     try:
         stack.start_worker()
         # The worker prepares its statements at start: wait until it is ready.

@@ -9,7 +9,6 @@ tests/integration/test_rebuild_from_timestamp.py scrapes them moving)."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -50,7 +49,7 @@ async def test_worker_and_api_metrics_are_scraped_and_move(make_stack: Callable[
     text = await scrape_until(url, lambda t: sample(t, "projector_entries_in_total") >= 6, 120, alive)
     # At least: delivery is at least once (a rebalance while the worker settles in may re-read an
     # uncommitted record and dead-letter it again).
-    assert sample(text, "projector_entries_dead_lettered_total") >= stack.settings.topic_partitions
+    assert sample(text, "projector_entries_dead_lettered_total") >= stack.settings.topics.topic_partitions
     assert sample(text, "projector_entries_pending") >= 1
     lags = [sample(text, "projector_watermark_lag", [("partition", str(p))]) for p in range(2)]
     assert max(lags) >= 1
@@ -79,10 +78,8 @@ async def test_worker_and_api_metrics_are_scraped_and_move(make_stack: Callable[
     assert sample(text, "projector_unread_drift_ratio") == 0  # no audit round yet: exported at 0
 
     # The API over what the worker wrote; a cache bound of one row: each load evicts the other user.
-    settings = dataclasses.replace(
-        stack.settings, api_secret=SECRET, api_snapshot_max_rows=1, api_snapshot_cache_rows=1
-    )
-    store = RedisProjectionStore.from_settings(settings, settings.projection_namespace)
+    settings = stack.settings.replace(api_secret=SECRET, api_snapshot_max_rows=1, api_snapshot_cache_rows=1)
+    store = RedisProjectionStore.from_settings(settings.redis, settings.redis.projection_namespace)
     app = create_app(settings, Deps(projections=RedisProjectionReader(store)))
     try:
         async with TestClient(TestServer(app)) as client:

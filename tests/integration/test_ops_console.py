@@ -128,7 +128,9 @@ async def test_console_in_a_real_browser(make_stack: Callable[..., Stack], tmp_p
     await scrape_until(metrics_url, lambda t: "projector_watermark_hi{" in t, 60, alive)
     api = await start_console_api(stack, api_port, metrics_url, tmp_path / "api.log")
     base = f"http://127.0.0.1:{api_port}"
-    store = RedisProjectionStore.from_settings(stack.settings, stack.settings.projection_namespace)
+    store = RedisProjectionStore.from_settings(
+        stack.settings.redis, stack.settings.redis.projection_namespace
+    )
     try:
         await check_http_security(base)
         operator = OperatorSigner(OPS_SECRET).mint("ci-operator", int(time.time()) + 3600)
@@ -184,7 +186,7 @@ async def test_console_in_a_real_browser(make_stack: Callable[..., Stack], tmp_p
                 await expect(drifted).to_have_attribute("data-status", "same")
                 assert (await store.load(user_id)).rows[cid] == right
                 frames = await stack.consume(
-                    stack.settings.topic_session_delta,
+                    stack.settings.topics.topic_session_delta,
                     lambda fs: any(f.get("correction") and f["user_id"] == user_id for f in fs),
                     60,
                 )
@@ -213,11 +215,11 @@ async def test_console_in_a_real_browser(make_stack: Callable[..., Stack], tmp_p
 
                 # The fleet while the worker runs.
                 await page.goto(base + "/ops/#fleet")
-                for partition in range(stack.settings.topic_partitions):
+                for partition in range(stack.settings.topics.topic_partitions):
                     partition_row = page.locator(f'#partitions tr[data-partition="{partition}"]')
                     await expect(partition_row.locator("td.owner")).to_have_text(metrics_url, timeout=WAIT_MS)
                     await expect(partition_row.locator("td.lag")).to_have_text("0", timeout=WAIT_MS)
-                await expect(page.locator("#serving")).to_have_text(stack.settings.projection_namespace)
+                await expect(page.locator("#serving")).to_have_text(stack.settings.redis.projection_namespace)
                 # At least 3 samples in the charts (the page's CSP forbids eval: no wait_for_function).
                 await expect(page.locator("#tab-fleet")).to_have_attribute(
                     "data-samples", re.compile(r"^([3-9]|[1-9][0-9]+)$"), timeout=WAIT_MS

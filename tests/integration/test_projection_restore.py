@@ -10,7 +10,6 @@ Cluster, one master losing the test's keys (a part of the store) is restored the
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -70,12 +69,12 @@ class Api:
     (never filled from Cassandra state: what it serves is what the store holds)."""
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = dataclasses.replace(settings, api_secret=SECRET, api_fill_from_state="never")
-        self.client = redis.Redis.from_url(self.settings.redis_url)
+        self.settings = settings.replace(api_secret=SECRET, api_fill_from_state="never")
+        self.client = redis.Redis.from_url(self.settings.redis.redis_url)
         self.server: TestServer | None = None
 
     async def start(self) -> str:
-        store = RedisProjectionStore(self.client, self.settings.projection_namespace)
+        store = RedisProjectionStore(self.client, self.settings.redis.projection_namespace)
         app = create_app(self.settings, Deps(projections=RedisProjectionReader(store), state=None))
         self.server = TestServer(app, host="127.0.0.1")
         await self.server.start_server()
@@ -293,7 +292,7 @@ async def test_on_a_cluster_a_master_that_lost_its_keys_is_restored(
     node = redis_cluster.client(victim.port)
     try:
         # SCAN on that node only: the keys of its slots.
-        doomed = list(node.scan_iter(match=f"{stack.settings.projection_namespace}:*", count=1000))
+        doomed = list(node.scan_iter(match=f"{stack.settings.redis.projection_namespace}:*", count=1000))
         assert any(":alive:" in key for key in doomed)  # markers of its stretches among them
         for key in doomed:
             node.delete(key)

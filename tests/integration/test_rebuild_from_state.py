@@ -7,7 +7,6 @@ rebuild with --swap brings it back and the API serves the rebuilt namespace."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import subprocess
 import time
 from collections.abc import Callable
@@ -38,7 +37,7 @@ def knowable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def namespace_projection(stack: Stack, namespace: str, users: list[int]) -> tuple[list[Any], list[Any]]:
-    store = RedisProjectionStore.from_settings(stack.settings, namespace)
+    store = RedisProjectionStore.from_settings(stack.settings.redis, namespace)
     try:
         rows: list[dict[str, Any]] = []
         badges: list[dict[str, Any]] = []
@@ -53,7 +52,7 @@ async def namespace_projection(stack: Stack, namespace: str, users: list[int]) -
 
 async def test_rebuild_from_state_then_swap(make_stack: Callable[..., Stack], tmp_path: Path) -> None:
     stack = make_stack("rebuild")
-    base = stack.settings.projection_namespace
+    base = stack.settings.redis.projection_namespace
     stream = tmp_path / "stream.jsonl"
     stack.run(
         *("simulate", "--users", "30", "--conversations", "10", "--group-size", "20"),
@@ -74,7 +73,7 @@ async def test_rebuild_from_state_then_swap(make_stack: Callable[..., Stack], tm
     deleted = [r for r in live_rows if r["deleted_before_conversation_seq"] > 0]
 
     fresh_ns, swapped_ns = f"{base}-r1", f"{base}-r2"
-    cleanup = RedisProjectionStore.from_settings(stack.settings, base)
+    cleanup = RedisProjectionStore.from_settings(stack.settings.redis, base)
     try:
         # 1. Into a fresh namespace while the live one serves: identical, and nothing swapped.
         report1 = tmp_path / "r1.json"
@@ -119,8 +118,8 @@ async def test_rebuild_from_state_then_swap(make_stack: Callable[..., Stack], tm
             assert again["listed"] == row["listed"]
 
         # 3. The API built from the settings (as `projector api`) follows the swap.
-        settings = dataclasses.replace(stack.settings, api_secret=SECRET)
-        store = RedisProjectionStore.from_settings(settings)
+        settings = stack.settings.replace(api_secret=SECRET)
+        store = RedisProjectionStore.from_settings(settings.redis)
         try:
             app = create_app(settings, Deps(projections=RedisProjectionReader(store)))
             async with TestClient(TestServer(app)) as client:
@@ -133,7 +132,7 @@ async def test_rebuild_from_state_then_swap(make_stack: Callable[..., Stack], tm
                 assert body["total_unread"] == expected["total_unread"] > 0
                 assert store.namespace == swapped_ns
             # The worker's store (from_settings, no namespace) writes where the API now reads.
-            writer = RedisProjectionStore.from_settings(stack.settings)
+            writer = RedisProjectionStore.from_settings(stack.settings.redis)
             try:
                 newcomer = UserFlush(10**9, [], Badge(3, 0, 0), 1, 0, 1, "after-swap", 1)
                 assert await writer.write([newcomer]) == [0]
@@ -159,7 +158,7 @@ async def test_rebuild_by_replay_is_identical_field_by_field_then_swap(
 ) -> None:
     """J-6 by replay: every field, versions included; with the projection deleted, too."""
     stack = make_stack("rebuild-replay")
-    base = stack.settings.projection_namespace
+    base = stack.settings.redis.projection_namespace
     stream = tmp_path / "stream.jsonl"
     stack.run(
         *("simulate", "--users", "30", "--conversations", "10", "--group-size", "20"),
@@ -177,7 +176,7 @@ async def test_rebuild_by_replay_is_identical_field_by_field_then_swap(
     assert live_rows
 
     first_ns, swapped_ns, disk_ns = f"{base}-p1", f"{base}-p2", f"{base}-p3"
-    cleanup = RedisProjectionStore.from_settings(stack.settings, base)
+    cleanup = RedisProjectionStore.from_settings(stack.settings.redis, base)
     try:
         report1 = tmp_path / "p1.json"
         stack.run("rebuild", "--by-replay", "--namespace", first_ns, "--report", str(report1))
@@ -227,7 +226,7 @@ async def test_rebuild_by_replay_is_identical_field_by_field_then_swap(
             str(tmp_path / "p2.json"),
         )
         assert (await cleanup.client.get(serving_key(base))) == swapped_ns.encode()
-        store = RedisProjectionStore.from_settings(stack.settings, swapped_ns)
+        store = RedisProjectionStore.from_settings(stack.settings.redis, swapped_ns)
         try:
             for badge in live_badges:  # the user's version too: same core, same entries
                 assert (await store.load(badge["user_id"])).projection_mailbox_seq == badge[
@@ -252,7 +251,7 @@ async def test_a_rebuild_beside_a_running_worker_serves_nothing_until_swap(
     from tests.support.builders import StreamBuilder
 
     stack = make_stack("rebuild-live")
-    base = stack.settings.projection_namespace
+    base = stack.settings.redis.projection_namespace
     s = StreamBuilder(lanes=2)
     for seq in range(1, 4):
         s.message(7, seq, lane=seq % 2)
@@ -262,10 +261,10 @@ async def test_a_rebuild_beside_a_running_worker_serves_nothing_until_swap(
     alive = stack.alive()
     await stack.wait_for_versions({7: s.seq - 1, 8: s.seq}, timeout=180, alive=alive)
 
-    settings = dataclasses.replace(stack.settings, api_secret=SECRET, api_fill_from_state="never")
-    store = RedisProjectionStore.from_settings(settings)  # as `projector api`: follows the swap
+    settings = stack.settings.replace(api_secret=SECRET, api_fill_from_state="never")
+    store = RedisProjectionStore.from_settings(settings.redis)  # as `projector api`: follows the swap
     app = create_app(settings, Deps(projections=RedisProjectionReader(store)))
-    cleanup = RedisProjectionStore.from_settings(stack.settings, base)
+    cleanup = RedisProjectionStore.from_settings(stack.settings.redis, base)
     namespaces = (f"{base}-l1", f"{base}-l2")
     try:
         async with TestClient(TestServer(app)) as client:

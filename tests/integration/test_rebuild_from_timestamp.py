@@ -36,12 +36,12 @@ async def tail_entries(stack: Stack, from_ms: int) -> list[dict[str, Any]]:
     """The entries at or after `from_ms` (Kafka record time), as the broker answers it."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    topic = stack.settings.topic_mailbox_tail
-    consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.kafka_bootstrap, group_id=None)
+    topic = stack.settings.topics.topic_mailbox_tail
+    consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.kafka.kafka_bootstrap, group_id=None)
     await consumer.start()
     out: list[dict[str, Any]] = []
     try:
-        tps = [TopicPartition(topic, p) for p in range(stack.settings.topic_partitions)]
+        tps = [TopicPartition(topic, p) for p in range(stack.settings.topics.topic_partitions)]
         found = await consumer.offsets_for_times({tp: from_ms for tp in tps})
         end = await consumer.end_offsets(tps)
         consumer.assign(tps)
@@ -91,7 +91,7 @@ async def test_rebuild_by_replay_from_a_timestamp_equals_a_full_replay_on_what_i
     make_stack: Callable[..., Stack], tmp_path: Path
 ) -> None:
     stack = make_stack("rebuild-ts")
-    base = stack.settings.projection_namespace
+    base = stack.settings.redis.projection_namespace
     stream = tmp_path / "stream.jsonl"
     # The MessageStore gets every message first (as the chat backend writes it before the
     # mailbox does); the entries go to Kafka below, in two halves.
@@ -150,7 +150,7 @@ async def test_rebuild_by_replay_from_a_timestamp_equals_a_full_replay_on_what_i
     diff = report["diff"]
     assert diff["identical"], diff  # every field state can know
 
-    store = RedisProjectionStore.from_settings(stack.settings, fresh)
+    store = RedisProjectionStore.from_settings(stack.settings.redis, fresh)
     try:
         rebuilt_rows: list[dict[str, Any]] = []
         for user in sorted(versions):
@@ -192,7 +192,7 @@ async def test_a_rebuild_serves_its_progress_gauges_and_they_move(
     proc = subprocess.Popen(
         [
             *PROJECTOR,
-            *("rebuild", "--by-replay", "--namespace", f"{stack.settings.projection_namespace}-m"),
+            *("rebuild", "--by-replay", "--namespace", f"{stack.settings.redis.projection_namespace}-m"),
             *("--metrics-port", str(port), "--metrics-hold", "20", "--progress", "never"),
             *("--report", str(tmp_path / "m.json")),
         ],
@@ -245,7 +245,7 @@ async def test_a_rebuild_serves_its_progress_gauges_and_they_move(
             proc.kill()
             proc.wait()
         target = RedisProjectionStore.from_settings(
-            stack.settings, f"{stack.settings.projection_namespace}-m"
+            stack.settings.redis, f"{stack.settings.redis.projection_namespace}-m"
         )
         await target.delete_all()
         await target.aclose()

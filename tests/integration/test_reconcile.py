@@ -121,7 +121,7 @@ def replayed(stack: Stack, tmp: Path, lines: list[bytes], name: str) -> tuple[li
     path = tmp / f"{name}.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
     out = tmp / f"{name}-replay"
-    lanes = str(stack.settings.lanes)
+    lanes = str(stack.settings.processing.lanes)
     stack.run("replay", "--input", str(path), "--out", str(out), "--lanes", lanes, "--progress", "never")
     return read_jsonl(out / "projections.jsonl"), read_jsonl(out / "badges.jsonl")
 
@@ -219,8 +219,8 @@ async def test_cross_device_read_to_a_non_latest_seq_yields_the_exact_recomputed
 
     # The frames: each read's own flush carries the recomputed row and the full badge, both
     # absolute; applied with the client rule they give the served rows.
-    deltas = await frames_until(stack, stack.settings.topic_session_delta, ME, s.seq)
-    badge_frames = await frames_until(stack, stack.settings.topic_badge, ME, s.seq)
+    deltas = await frames_until(stack, stack.settings.topics.topic_session_delta, ME, s.seq)
+    badge_frames = await frames_until(stack, stack.settings.topics.topic_badge, ME, s.seq)
     for read_seq, conv in ((read_a, CONV_A), (read_b, CONV_B), (read_a2, CONV_A)):
         prefix = [line for line in everything if orjson.loads(line).get("mailbox_seq", 0) <= read_seq]
         (frame,) = [f for f in deltas if f["projection_mailbox_seq"] == read_seq]
@@ -245,13 +245,13 @@ async def plant(stack: Stack, changes: dict[bytes, Callable[[dict[str, Any]], No
     latest values: what a worker restoring from the changelog will hold, as if a bug had written
     it. It is built like the worker's own (docs/durability.md): the data, then a checkpoint on top
     of the partition's head with the head's input offset, identity and meta."""
-    changelog = KafkaChangelog(stack.settings.kafka_bootstrap, stack.settings.changelog_topic)
+    changelog = KafkaChangelog(stack.settings.kafka.kafka_bootstrap, stack.settings.topics.changelog_topic)
     await changelog.start()
     try:
         partition = 0  # the stack runs one mailbox-tail partition
         logged, _ = await changelog.read(partition, 0, await changelog.end_offset(partition))
         chain = chain_states(logged)
-        assert chain, f"no persist in {stack.settings.changelog_topic}"
+        assert chain, f"no persist in {stack.settings.topics.changelog_topic}"
         head, _, state = chain[-1]
         (checkpoint,) = [
             c
@@ -327,11 +327,11 @@ async def test_mailbox_dirty_recomputes_a_drifted_row_and_the_badge_in_full(
             "muted_unread": 0,
         }
     )
-    deltas = await frames_until(stack, stack.settings.topic_session_delta, ME, dirty)
+    deltas = await frames_until(stack, stack.settings.topics.topic_session_delta, ME, dirty)
     (frame,) = [f for f in deltas if f["projection_mailbox_seq"] == dirty]
     assert frame["driving_mailbox_seq"] == dirty and frame["prev_projection_mailbox_seq"] == dirty - 1
     assert [(r["conversation_id"], r["unread_count"]) for r in frame["conversations"]] == [(CONV_A, 8)]
-    badge_frames = await frames_until(stack, stack.settings.topic_badge, ME, dirty)
+    badge_frames = await frames_until(stack, stack.settings.topics.topic_badge, ME, dirty)
     (badge,) = [b for b in badge_frames if b["projection_mailbox_seq"] == dirty]
     assert (badge["total_unread"], badge["total_mention"]) == (12, 2)
     stack.stop_workers()
@@ -356,13 +356,13 @@ async def rewind(stack: Stack, offsets: dict[int, int]) -> None:
     from aiokafka.structs import OffsetAndMetadata
 
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=stack.settings.kafka_bootstrap,
-        group_id=stack.settings.app_id,
+        bootstrap_servers=stack.settings.kafka.kafka_bootstrap,
+        group_id=stack.settings.topics.app_id,
         enable_auto_commit=False,
     )
     await consumer.start()
     try:
-        topic = stack.settings.topic_mailbox_tail
+        topic = stack.settings.topics.topic_mailbox_tail
         tps = {TopicPartition(topic, p): OffsetAndMetadata(o, "") for p, o in offsets.items()}
         consumer.assign(list(tps))
         await consumer.commit(tps)
@@ -448,7 +448,7 @@ async def test_a_replay_from_an_older_checkpoint_drops_duplicates_and_ends_exact
 
     # And from the very beginning with the local state lost: the state comes back from the
     # changelogs with its offset, the consumer is put there, nothing is applied again.
-    start = {p: 0 for p in range(stack.settings.topic_partitions)}
+    start = {p: 0 for p in range(stack.settings.topics.topic_partitions)}
     await rewind(stack, start)
     port = free_port()
     stack.env["PROJECTOR_WORKER_METRICS_PORT"] = str(port)
@@ -458,14 +458,14 @@ async def test_a_replay_from_an_older_checkpoint_drops_duplicates_and_ends_exact
     text = await worker_metrics(port, lambda t: "projector_entries_applied_total" in t, running(stack))
     assert sample(text, "projector_entries_applied_total") == 0
     assert sample(text, "projector_entries_in_total") == 0
-    await asyncio.sleep(2 * stack.settings.projection_compaction_window_ms / 1000)
+    await asyncio.sleep(2 * stack.settings.processing.projection_compaction_window_ms / 1000)
     rows, badges = await stack.projection(sorted(final))
     assert rows == expected_rows and badges == expected_badges
 
     # Frames: per user, versions strictly increase and each frame names the one before it:
     # nothing was emitted twice or counted twice on the way.
     deltas = await stack.consume(
-        stack.settings.topic_session_delta,
+        stack.settings.topics.topic_session_delta,
         lambda got: {f["user_id"]: f["projection_mailbox_seq"] for f in got} == final,
         timeout=60,
     )
@@ -516,12 +516,14 @@ async def test_a_login_pull_on_a_new_device_gets_the_exact_rows_missing_ones_fil
     # Two rows are lost from the projection store (an eviction, a partial restore...); the
     # user's meta and the other rows are there.
     lost = {convs[1], convs[4]}
-    store = RedisProjectionStore.from_settings(stack.settings, stack.settings.projection_namespace)
+    store = RedisProjectionStore.from_settings(
+        stack.settings.redis, stack.settings.redis.projection_namespace
+    )
     assert await store.client.hdel(store.rows_key(ME), *lost) == 2
 
-    settings = dataclasses.replace(stack.settings, api_secret=SECRET, api_fill_from_state="always")
-    cluster, session = open_cluster(settings)
-    ks = settings.cassandra_keyspace
+    settings = stack.settings.replace(api_secret=SECRET, api_fill_from_state="always")
+    cluster, session = open_cluster(settings.cassandra)
+    ks = settings.cassandra.cassandra_keyspace
     filler = CassandraStateFiller(
         UserConversationStateWriter(session, ks), CassandraMessageStore(session, ks), 200
     )
@@ -564,7 +566,7 @@ async def test_a_login_pull_on_a_new_device_gets_the_exact_rows_missing_ones_fil
             # (absolute, a newer version) lands on the new device's view exactly.
             read = s.read(ME, 5, conv=convs[4])  # read up to 3 so far, head 7
             await settle(stack, s, everything)
-            deltas = await frames_until(stack, settings.topic_session_delta, ME, read)
+            deltas = await frames_until(stack, settings.topics.topic_session_delta, ME, read)
             (frame,) = [f for f in deltas if f["projection_mailbox_seq"] == read]
             assert device.view.apply(frame).applied
             now = device.view.row(convs[4])

@@ -44,11 +44,13 @@ def simulate(stack: Stack, tmp: Path) -> dict[str, Any]:
     stream = tmp / "stream.jsonl"
     stack.run(
         *("simulate", "--users", "20", "--conversations", "12", "--group-size", "15", "--messages", "500"),
-        *("--rate", "0", "--lanes", str(stack.settings.lanes), "--seed", "7"),
+        *("--rate", "0", "--lanes", str(stack.settings.processing.lanes), "--seed", "7"),
         *("--out", str(stream), "--progress", "never"),
     )
     out = tmp / "replay"
-    stack.run("replay", "--input", str(stream), "--out", str(out), "--lanes", str(stack.settings.lanes))
+    stack.run(
+        "replay", "--input", str(stream), "--out", str(out), "--lanes", str(stack.settings.processing.lanes)
+    )
     badges = read_jsonl(out / "badges.jsonl")
     return {
         "rows": read_jsonl(out / "projections.jsonl"),
@@ -62,10 +64,10 @@ def auth(user_id: int) -> dict[str, str]:
 
 
 async def end_offsets(stack: Stack, topics: list[str]) -> dict[TopicPartition, int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.kafka_bootstrap, group_id=None)
+    consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.kafka.kafka_bootstrap, group_id=None)
     await consumer.start()
     try:
-        tps = [TopicPartition(t, p) for t in topics for p in range(stack.settings.topic_partitions)]
+        tps = [TopicPartition(t, p) for t in topics for p in range(stack.settings.topics.topic_partitions)]
         return dict(await consumer.end_offsets(tps))
     finally:
         await consumer.stop()
@@ -78,7 +80,7 @@ async def records_between(
     wanted = {tp: (start[tp], end[tp]) for tp in start if end[tp] > start[tp]}
     if not wanted:
         return []
-    consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.kafka_bootstrap, group_id=None)
+    consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.kafka.kafka_bootstrap, group_id=None)
     await consumer.start()
     out: list[dict[str, Any]] = []
     try:
@@ -130,7 +132,9 @@ async def test_login_reconciles_drift_and_post_is_bounded(
     drifted, deleted = mine[:3], mine[3:5]
     planted = {r["conversation_id"] for r in drifted + deleted}
 
-    store = RedisProjectionStore.from_settings(stack.settings, stack.settings.projection_namespace)
+    store = RedisProjectionStore.from_settings(
+        stack.settings.redis, stack.settings.redis.projection_namespace
+    )
     client: redis.Redis | redis.RedisCluster = store.client
     api: subprocess.Popen[bytes] | None = None
     try:
@@ -146,7 +150,7 @@ async def test_login_reconciles_drift_and_post_is_bounded(
                 drift.hset(store.rows_key(victim), row["conversation_id"], orjson.dumps(row))
             drift.hdel(store.rows_key(victim), *(r["conversation_id"] for r in deleted))
             await drift.execute()
-        frame_topics = [stack.settings.topic_session_delta, stack.settings.topic_badge]
+        frame_topics = [stack.settings.topics.topic_session_delta, stack.settings.topics.topic_badge]
         start = await end_offsets(stack, frame_topics)
 
         api = await start_api(stack, api_port, tmp_path / "api.log", {"PROJECTOR_API_SECRET": API_SECRET})
@@ -184,7 +188,7 @@ async def test_login_reconciles_drift_and_post_is_bounded(
             frames = await records_between(stack, start, end)
             assert len(frames) == 1, frames
             (frame,) = frames
-            assert frame["topic"] == stack.settings.topic_session_delta
+            assert frame["topic"] == stack.settings.topics.topic_session_delta
             assert frame["correction"] is True and frame["user_id"] == victim
             assert (
                 frame["projection_mailbox_seq"]

@@ -27,7 +27,7 @@ return 1
 async def redis_client(servers: Settings) -> AsyncIterator[object]:
     import redis.asyncio as redis
 
-    client = redis.Redis.from_url(servers.redis_url)
+    client = redis.Redis.from_url(servers.redis.redis_url)
     yield client
     await client.aclose()
 

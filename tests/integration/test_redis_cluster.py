@@ -42,7 +42,9 @@ def cluster_stack(make_stack: Callable[..., Stack], prefix: str, **env: str) -> 
 
 async def stored_users(stack: Stack, at_least: int, timeout: float = 180) -> list[int]:
     """The users the worker has written so far, once there are `at_least` of them."""
-    store = RedisProjectionStore.from_settings(stack.settings, stack.settings.projection_namespace)
+    store = RedisProjectionStore.from_settings(
+        stack.settings.redis, stack.settings.redis.projection_namespace
+    )
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -134,14 +136,14 @@ async def test_worker_writes_the_cluster_equal_to_replay_and_the_api_serves_it(
     # `projector rebuild` on the cluster: by replay into a fresh namespace, identical field by
     # field (same core, same entries), and --swap sets the serving pointer (one key, one slot):
     # the API below follows it, so every page and badge it serves comes from the rebuild.
-    base = stack.settings.projection_namespace
+    base = stack.settings.redis.projection_namespace
     rebuilt = f"{base}-r"
     report_path = tmp_path / "rebuild.json"
     stack.run("rebuild", "--by-replay", "--namespace", rebuilt, "--swap", "--report", str(report_path))
     report = orjson.loads(report_path.read_bytes())
     assert report["diff"]["identical"] and report["diff"]["users"] == len(users), report["diff"]
     assert report["swapped"] is True
-    pointer = RedisProjectionStore.from_settings(stack.settings, base)
+    pointer = RedisProjectionStore.from_settings(stack.settings.redis, base)
     try:
         assert await pointer.client.get(serving_key(base)) == rebuilt.encode()
     finally:
@@ -161,7 +163,7 @@ async def test_worker_writes_the_cluster_equal_to_replay_and_the_api_serves_it(
                 assert await client.badge() == {k: v for k, v in badge.items() if k != "user_id"}
     finally:
         api.stop()
-        cleanup = RedisProjectionStore.from_settings(stack.settings, rebuilt)
+        cleanup = RedisProjectionStore.from_settings(stack.settings.redis, rebuilt)
         try:
             await cleanup.delete_all()
             await cleanup.client.delete(serving_key(base))
@@ -226,7 +228,7 @@ async def test_slots_migrate_while_the_worker_writes(
     # load running on its own, a loaded machine could finish it before the slot was split.
     stream, expected = await asyncio.to_thread(simulated, stack, tmp_path, 1200, 61, "0", kafka=False)
     lines = stream.read_bytes().splitlines()
-    lanes = stack.settings.lanes
+    lanes = stack.settings.processing.lanes
     cut_a = cut_after_markers(lines, lanes, len(lines) // 4)
     cut_b = cut_after_markers(lines, lanes, len(lines) // 2)
     assert 0 < cut_a < cut_b < len(lines)
@@ -267,7 +269,7 @@ async def test_slots_migrate_while_the_worker_writes(
         target2 = next(
             n for n in redis_cluster.nodes() if n.is_master and not n.failed and n.id != source2.id
         )
-        rows_key = f"{stack.settings.projection_namespace}:rows:{{{second}}}"
+        rows_key = f"{stack.settings.redis.projection_namespace}:rows:{{{second}}}"
         with redis_cluster.slot_half_migrated(slot2, source2, target2, first=[rows_key]):
             await stack.produce(lines[cut_b:])
             met = await wait_for_log(stack, ("TTL exhausted", "TryAgain", "TRYAGAIN"), timeout=180)
@@ -290,7 +292,7 @@ async def test_a_master_killed_mid_stream_fails_over_and_the_worker_goes_on(
     # running on its own, a loaded machine could finish it before the kill).
     stream, expected = await asyncio.to_thread(simulated, stack, tmp_path, 1200, 71, "0", kafka=False)
     lines = stream.read_bytes().splitlines()
-    cut = cut_after_markers(lines, stack.settings.lanes, len(lines) // 3)
+    cut = cut_after_markers(lines, stack.settings.processing.lanes, len(lines) // 3)
     assert 0 < cut < len(lines)
     stack.start_worker()
     killed: redis_cluster.KilledNode | None = None

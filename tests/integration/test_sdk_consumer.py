@@ -189,7 +189,7 @@ class Projection:
 
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
-        self.store = RedisProjectionStore.from_settings(stack.settings)
+        self.store = RedisProjectionStore.from_settings(stack.settings.redis)
         self.rows: dict[str, dict[str, Any]] = {}
         self.version = 0
         self.producer: Any = None
@@ -210,7 +210,7 @@ class Projection:
         from aiokafka import AIOKafkaProducer
 
         if self.producer is None:
-            self.producer = AIOKafkaProducer(bootstrap_servers=self.stack.settings.kafka_bootstrap)
+            self.producer = AIOKafkaProducer(bootstrap_servers=self.stack.settings.kafka.kafka_bootstrap)
             await self.producer.start()
         version = self.version + 1
         for row in rows:
@@ -230,9 +230,11 @@ class Projection:
         key = str(USER).encode()
         settings = self.stack.settings
         await self.producer.send_and_wait(
-            settings.topic_session_delta, orjson.dumps(batch.session_delta()), key=key
+            settings.topics.topic_session_delta, orjson.dumps(batch.session_delta()), key=key
         )
-        await self.producer.send_and_wait(settings.topic_badge, orjson.dumps(batch.badge_update()), key=key)
+        await self.producer.send_and_wait(
+            settings.topics.topic_badge, orjson.dumps(batch.badge_update()), key=key
+        )
         self.version = version
         return batch
 
@@ -253,9 +255,9 @@ async def seed_members(stack: Stack, group: str, message_seq: int) -> tuple[list
     sender = 1000
     members = sorted([USER, *range(sender, sender + 117), 2**63, 2**64 - 1])
     readers = [u for u in members if u % 3 == 0 and u != sender]
-    cluster, session = await asyncio.to_thread(open_cluster, stack.settings)
+    cluster, session = await asyncio.to_thread(open_cluster, stack.settings.cassandra)
     try:
-        keyspace = stack.settings.cassandra_keyspace
+        keyspace = stack.settings.cassandra.cassandra_keyspace
         writer = UserConversationStateWriter(session, keyspace)
         for user_id in members:
             writer.stage_member(group, user_id, "owner" if user_id == USER else "member", "active", 1, None)

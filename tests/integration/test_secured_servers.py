@@ -90,20 +90,20 @@ def stack(secured: Secured, tmp_path_factory: pytest.TempPathFactory, run_tag: s
     stack = Stack(f"t-secured-{run_tag}", tmp, partitions=2, lanes=2, **secured.env)
     done = stack.run("bootstrap")
     said = done.stdout.decode()
-    assert f"keyspace {stack.settings.cassandra_keyspace}: created" in said, said
-    assert f"kafka: created {stack.settings.topic_mailbox_tail}," in said, said
+    assert f"keyspace {stack.settings.cassandra.cassandra_keyspace}: created" in said, said
+    assert f"kafka: created {stack.settings.topics.topic_mailbox_tail}," in said, said
     try:
         yield stack
     finally:
         stack.stop_workers(signal.SIGKILL)
-        base = stack.settings.projection_namespace
+        base = stack.settings.redis.projection_namespace
         asyncio.run(_drop_namespaces(stack, [base, f"{base}-rb"]))
 
 
 async def _drop_namespaces(stack: Stack, namespaces: list[str]) -> None:
     """The shared Redis keeps nothing of this module (Kafka and Cassandra go with their folder)."""
     for namespace in namespaces:
-        store = RedisProjectionStore.from_settings(stack.settings, namespace)
+        store = RedisProjectionStore.from_settings(stack.settings.redis, namespace)
         try:
             await store.delete_all()
         finally:
@@ -148,14 +148,14 @@ async def test_the_product_runs_through_sasl_ssl_kafka_and_a_tls_cassandra_with_
         assert api.wait(timeout=60) == 0, (tmp_path / "api.log").read_text()[-3000:]
 
     # The rebuild re-reads mailbox-tail (Kafka) and the MessageStore (Cassandra).
-    fresh = f"{stack.settings.projection_namespace}-rb"
+    fresh = f"{stack.settings.redis.projection_namespace}-rb"
     report_path = tmp_path / "rebuild.json"
     stack.run(
         *("rebuild", "--by-replay", "--namespace", fresh, "--report", str(report_path), "--progress", "never")
     )
     report = orjson.loads(report_path.read_bytes())
     assert report["diff"]["identical"], report["diff"]
-    store = RedisProjectionStore.from_settings(stack.settings, fresh)
+    store = RedisProjectionStore.from_settings(stack.settings.redis, fresh)
     try:
         assert await as_replay_files(store, sorted(versions)) == (expected["rows"], expected["badges"])
     finally:
@@ -224,7 +224,7 @@ def test_a_refused_credential_is_one_line_and_a_non_zero_exit(
         "PROJECTOR_API_SECRET": SECRET,
         "PROJECTOR_API_PORT": str(free_port()),
     }
-    fresh = f"{stack.settings.projection_namespace}-refused"
+    fresh = f"{stack.settings.redis.projection_namespace}-refused"
     commands: list[tuple[tuple[str, ...], str]] = [
         (("bootstrap", "--skip-kafka" if server == "cassandra" else "--skip-cassandra"), f"{server}: "),
         (("worker",), "projector worker: "),

@@ -64,7 +64,7 @@ def test_bootstrap_creates_the_keyspace_in_the_local_data_center(
         from app.stores.cassandra_session import open_cluster
 
         cluster, session = open_cluster(
-            Settings.from_env({k: v for k, v in env.items() if k.startswith("PROJECTOR_")})
+            Settings.from_env({k: v for k, v in env.items() if k.startswith("PROJECTOR_")}).cassandra
         )
         try:
             assert list(session.execute(f"SELECT * FROM {keyspace}.messages LIMIT 1")) == []
@@ -148,7 +148,7 @@ async def _ping(settings: Settings, timeout: float = 30) -> Any:
 
     from app.stores.redis_projection import RedisProjectionStore
 
-    store = RedisProjectionStore.from_settings(settings)
+    store = RedisProjectionStore.from_settings(settings.redis)
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -173,7 +173,7 @@ async def test_the_store_reaches_a_tls_redis_with_a_password_only_with_the_setti
 
     settings = tls_redis.settings()
     assert await _ping(settings) is True
-    store = RedisProjectionStore.from_settings(settings, "tls")
+    store = RedisProjectionStore.from_settings(settings.redis, "tls")
     try:
         await store.write([flush(7, [make_row(7, 1, act=1)], 3, 1)])
         assert await store.versions([7]) == [3]

@@ -5,7 +5,6 @@ MessageStore, and that --out is the same stream and replays clean."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import subprocess
 import sys
@@ -30,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def schema(servers: Settings, keyspace: str) -> str:
     from app.cli.bootstrap import ensure_cassandra_schema
 
-    ensure_cassandra_schema(servers, keyspace=keyspace)
+    ensure_cassandra_schema(servers.cassandra, keyspace=keyspace)
     return keyspace
 
 
@@ -38,7 +37,7 @@ async def consume_all(settings: Settings, topic: str) -> dict[int, list[tuple[by
     """Every record of every partition, in partition order: {partition: [(key, record)]}."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.kafka_bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
         partitions = sorted(consumer.partitions_for_topic(topic) or await _partitions(consumer, topic))
@@ -70,7 +69,7 @@ async def test_simulation_lands_in_kafka_and_cassandra(
     from app.stores.cassandra_session import open_cluster
 
     topic = await make_topic("mailbox", partitions=3)
-    settings = dataclasses.replace(servers, topic_mailbox_tail=topic, cassandra_keyspace=schema)
+    settings = servers.replace(topic_mailbox_tail=topic, cassandra_keyspace=schema)
     lanes = 2
     params = SimParams(
         users=40, conversations=10, group_size=25, messages=300, lanes=lanes, seed=11,
@@ -87,7 +86,7 @@ async def test_simulation_lands_in_kafka_and_cassandra(
     from app.stores.cassandra_remarks import CassandraRemarkStore
 
     users = Workload(params).users
-    cluster, session = await asyncio.to_thread(open_cluster, settings)
+    cluster, session = await asyncio.to_thread(open_cluster, settings.cassandra)
     try:
         shown = await CassandraProfileStore(session, schema).profiles(users[:50])
         remarks = CassandraRemarkStore(session, schema)
@@ -155,7 +154,7 @@ async def test_simulation_lands_in_kafka_and_cassandra(
         assert covered == dict.fromkeys(range(lanes), last_seq), partition
 
     # The MessageStore holds every message the entries name, with the same facts.
-    cluster, session = open_cluster(settings)
+    cluster, session = open_cluster(settings.cassandra)
     try:
         store = CassandraMessageStore(session, schema)
         messages = {

@@ -34,12 +34,13 @@ def stack(make_stack: Callable[..., Stack], tmp_path: Path) -> Stack:
 
 
 def test_a_worker_without_its_source_topic_says_so_and_exits(stack: Stack) -> None:
-    env = {**stack.env, "PROJECTOR_TOPIC_MAILBOX_TAIL": f"{stack.settings.app_id}-no-such-topic"}
+    env = {**stack.env, "PROJECTOR_TOPIC_MAILBOX_TAIL": f"{stack.settings.topics.app_id}-no-such-topic"}
     code, lines = run(env, "worker")
     assert code == 1
+    app_id, bootstrap = stack.settings.topics.app_id, stack.settings.kafka.kafka_bootstrap
     assert lines == [
-        f"projector worker: topic '{stack.settings.app_id}-no-such-topic' (PROJECTOR_TOPIC_MAILBOX_TAIL) "
-        f"does not exist on Kafka at {stack.settings.kafka_bootstrap}: create it with `projector bootstrap`"
+        f"projector worker: topic '{app_id}-no-such-topic' (PROJECTOR_TOPIC_MAILBOX_TAIL) "
+        f"does not exist on Kafka at {bootstrap}: create it with `projector bootstrap`"
     ]
 
 
@@ -87,7 +88,7 @@ def test_the_api_and_rebuild_without_the_keyspace_say_so_in_one_line(
         "PROJECTOR_API_SECRET": "starterr-api-secret-0123456789-abcdef",
         "PROJECTOR_API_PORT": str(free_port()),
     }
-    extra = ("--namespace", f"{stack.settings.projection_namespace}-rb") if args[0] == "rebuild" else ()
+    extra = ("--namespace", f"{stack.settings.redis.projection_namespace}-rb") if args[0] == "rebuild" else ()
     code, lines = run(env, *args, *extra)
     assert code == 1
     assert lines == [
@@ -99,7 +100,7 @@ def test_the_api_and_rebuild_without_the_keyspace_say_so_in_one_line(
 def test_rebuild_with_redis_down_is_one_line(stack: Stack) -> None:
     # It used to retry for the store's whole budget first (a warning per attempt), then fail.
     env = {**stack.env, "PROJECTOR_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
-    fresh = f"{stack.settings.projection_namespace}-rb"
+    fresh = f"{stack.settings.redis.projection_namespace}-rb"
     code, lines = run(
         env, "rebuild", "--from-state", "--users", "1", "--namespace", fresh, "--progress", "never"
     )
@@ -110,12 +111,12 @@ def test_rebuild_with_redis_down_is_one_line(stack: Stack) -> None:
 
 
 def test_a_topic_with_other_partitions_than_the_settings_says_which_count_to_set(stack: Stack) -> None:
-    real = stack.settings.topic_partitions
+    real = stack.settings.topics.topic_partitions
     other = real + 1
     code, lines = run({**stack.env, "PROJECTOR_TOPIC_PARTITIONS": str(other)}, "worker")
     assert code == 1
     assert lines == [
-        f"projector worker: topic '{stack.settings.topic_mailbox_tail}' has {real} partitions but "
+        f"projector worker: topic '{stack.settings.topics.topic_mailbox_tail}' has {real} partitions but "
         f"PROJECTOR_TOPIC_PARTITIONS is {other}: set PROJECTOR_TOPIC_PARTITIONS={real}"
     ]
 
@@ -123,20 +124,20 @@ def test_a_topic_with_other_partitions_than_the_settings_says_which_count_to_set
 async def test_a_reconcile_topic_not_co_partitioned_with_mailbox_tail_says_so(
     stack: Stack, make_topic: Callable[..., Any]
 ) -> None:
-    other = stack.settings.topic_partitions + 1
+    other = stack.settings.topics.topic_partitions + 1
     topic = await make_topic("rcq-other", partitions=other)
     code, lines = run({**stack.env, "PROJECTOR_TOPIC_RECONCILE": topic}, "worker")
     assert code == 1
     assert lines == [
         f"projector worker: topic '{topic}' has {other} partitions but mailbox-tail has "
-        f"{stack.settings.topic_partitions}: reconcile requests must be co-partitioned with mailbox-tail "
-        "(recreate it with `projector bootstrap`)"
+        f"{stack.settings.topics.topic_partitions}: reconcile requests must be co-partitioned with "
+        "mailbox-tail (recreate it with `projector bootstrap`)"
     ]
 
 
 def test_rebuild_by_replay_with_kafka_down_is_one_line(stack: Stack, tmp_path: Path) -> None:
     env = {**stack.env, "PROJECTOR_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}"}
-    fresh = f"{stack.settings.projection_namespace}-rb"
+    fresh = f"{stack.settings.redis.projection_namespace}-rb"
     code, lines = run(env, "rebuild", "--by-replay", "--namespace", fresh, "--progress", "never")
     assert code == 1
     assert len(lines) == 1 and "Unclosed" not in lines[0], lines

@@ -35,7 +35,11 @@ def toxi(tmp_path: Path) -> Iterator[Toxiproxy]:
 
 @pytest.fixture
 def redis_proxy(toxi: Toxiproxy, settings: Settings) -> Proxy:
-    target = Settings().redis_url if settings.redis_url.startswith("redis+") else settings.redis_url
+    target = (
+        Settings().redis.redis_url
+        if settings.redis.redis_url.startswith("redis+")
+        else settings.redis.redis_url
+    )
     host_port = target.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]
     return toxi.proxy("redis", host_port)
 
@@ -44,7 +48,7 @@ def test_a_redis_connection_goes_through_the_proxy_and_feels_its_toxics(
     toxi: Toxiproxy, redis_proxy: Proxy, unique_name: Callable[..., str]
 ) -> None:
     key = unique_name("toxi")
-    direct = redis.Redis.from_url(Settings().redis_url)
+    direct = redis.Redis.from_url(Settings().redis.redis_url)
     # No client-side retries: each call shows exactly what the toxic did to it.
     through = redis.Redis(host=redis_proxy.host, port=redis_proxy.port, socket_timeout=30, retry=NO_RETRY)
     try:

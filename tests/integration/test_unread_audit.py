@@ -82,7 +82,9 @@ async def test_drift_injected_into_redis_is_found_corrected_and_reported(
     assert rows == expected_rows and badges == expected_badges
 
     # Drift, as Redis could have it: wrong unread, a lost mention, a lost row, a wrong badge.
-    store = RedisProjectionStore.from_settings(stack.settings, stack.settings.projection_namespace)
+    store = RedisProjectionStore.from_settings(
+        stack.settings.redis, stack.settings.redis.projection_namespace
+    )
     client: redis.Redis | redis.RedisCluster = store.client
     by_user: dict[int, list[dict[str, Any]]] = {}
     for row in eligible:
@@ -135,14 +137,14 @@ async def test_drift_injected_into_redis_is_found_corrected_and_reported(
 
         deltas = corrections(
             await stack.consume(
-                stack.settings.topic_session_delta, lambda fs: len(corrections(fs)) >= len(victims), 60
+                stack.settings.topics.topic_session_delta, lambda fs: len(corrections(fs)) >= len(victims), 60
             )
         )
         assert sorted(
             (f["user_id"], r["conversation_id"]) for f in deltas for r in f["conversations"]
         ) == sorted(drifted)
         badge_frames = corrections(
-            await stack.consume(stack.settings.topic_badge, lambda fs: len(corrections(fs)) >= 1, 60)
+            await stack.consume(stack.settings.topics.topic_badge, lambda fs: len(corrections(fs)) >= 1, 60)
         )
         want_badge = next(b for b in expected_badges if b["user_id"] == badge_user)
         assert [(f["user_id"], f["total_unread"]) for f in badge_frames] == [

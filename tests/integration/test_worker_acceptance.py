@@ -44,7 +44,7 @@ async def test_bad_records_go_to_the_dead_letter_topic_and_the_worker_keeps_runn
     producer = await stack.open_producer()
     try:  # a tombstone (null value) and a zero-length value
         for value in (None, b""):
-            await producer.send_and_wait(stack.settings.topic_mailbox_tail, value, key=b"7")
+            await producer.send_and_wait(stack.settings.topics.topic_mailbox_tail, value, key=b"7")
     finally:
         await producer.stop()
     expected = len(bad) + 2
@@ -57,13 +57,13 @@ async def test_bad_records_go_to_the_dead_letter_topic_and_the_worker_keeps_runn
         return list({(letter["partition"], letter["offset"]): letter for letter in got}.values())
 
     got = await stack.consume(
-        stack.settings.topic_dead_letter, lambda got: len(once_each(got)) >= expected, 60
+        stack.settings.topics.topic_dead_letter, lambda got: len(once_each(got)) >= expected, 60
     )
     letters = once_each(got)
     reasons = [letter["reason"] for letter in letters]
     assert len(letters) == expected, reasons
     assert sum("empty record" in r for r in reasons) == 2
-    assert all(letter["topic"] == stack.settings.topic_mailbox_tail for letter in letters)
+    assert all(letter["topic"] == stack.settings.topics.topic_mailbox_tail for letter in letters)
     assert all(isinstance(letter["offset"], int) and letter["partition"] == 0 for letter in letters)
     assert any("malformed" in r.lower() or "truncated" in r.lower() for r in reasons)
     assert any("teleport" in r for r in reasons)

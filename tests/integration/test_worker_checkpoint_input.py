@@ -37,7 +37,7 @@ async def _project_then_stop(stack: Stack, tmp_path: Path, seed: int) -> None:
 
 
 async def _admin(stack: Stack) -> AIOKafkaAdminClient:
-    admin = AIOKafkaAdminClient(bootstrap_servers=stack.settings.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=stack.settings.kafka.kafka_bootstrap)
     await admin.start()
     return admin
 
@@ -55,7 +55,7 @@ async def test_a_recreated_mailbox_tail_stops_the_worker_with_one_line(
 ) -> None:
     stack = make_stack("recreated", partitions=1, lanes=1)
     await _project_then_stop(stack, tmp_path, seed=3)
-    topic = stack.settings.topic_mailbox_tail
+    topic = stack.settings.topics.topic_mailbox_tail
     admin = await _admin(stack)
     try:
         await admin.delete_topics([topic])
@@ -91,7 +91,7 @@ async def test_entries_deleted_under_the_checkpoint_are_a_retention_overrun(
     assert end > checkpointed
     admin = await _admin(stack)
     try:
-        tp = TopicPartition(stack.settings.topic_mailbox_tail, 0)
+        tp = TopicPartition(stack.settings.topics.topic_mailbox_tail, 0)
         await admin.delete_records({tp: RecordsToDelete(before_offset=end)})
     finally:
         await admin.close()
@@ -120,11 +120,11 @@ async def _read_on(stack: Stack, timeout: float = 240) -> None:
 
 async def _reconcile_requests(stack: Stack) -> list[ReconcileRequest]:
     """Every record of the stack's reconcile-request topic, decoded."""
-    topic = stack.settings.topic_reconcile
-    consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.kafka_bootstrap, group_id=None)
+    topic = stack.settings.topics.topic_reconcile
+    consumer = AIOKafkaConsumer(bootstrap_servers=stack.settings.kafka.kafka_bootstrap, group_id=None)
     await consumer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in range(stack.settings.topic_partitions)]
+        tps = [TopicPartition(topic, p) for p in range(stack.settings.topics.topic_partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
@@ -150,7 +150,9 @@ def _replayed_versions(stack: Stack, tmp_path: Path, lines: list[bytes]) -> dict
     part = tmp_path / "kept.jsonl"
     part.write_bytes(b"".join(line + b"\n" for line in lines))
     out = tmp_path / "replay-kept"
-    stack.run("replay", "--input", str(part), "--out", str(out), "--lanes", str(stack.settings.lanes))
+    stack.run(
+        "replay", "--input", str(part), "--out", str(out), "--lanes", str(stack.settings.processing.lanes)
+    )
     return {b["user_id"]: b["projection_mailbox_seq"] for b in read_jsonl(out / "badges.jsonl")}
 
 
@@ -187,14 +189,14 @@ async def test_a_retention_overrun_bumps_the_epoch_and_reconciles_the_partitions
     end = (await stack.end_offsets())[0]
     admin = await _admin(stack)
     try:
-        tp = TopicPartition(stack.settings.topic_mailbox_tail, 0)
+        tp = TopicPartition(stack.settings.topics.topic_mailbox_tail, 0)
         await admin.delete_records({tp: RecordsToDelete(before_offset=end)})
     finally:
         await admin.close()
     # The entries after the deleted ones are in the log when the worker comes back (an outage
     # longer than retention: the oldest of what arrived meanwhile is gone).
     await stack.produce(after)
-    store = RedisProjectionStore.from_settings(stack.settings)  # the base namespace
+    store = RedisProjectionStore.from_settings(stack.settings.redis)  # the base namespace
     try:
         assert await read_epoch(store) == 0
         stack.start_worker()

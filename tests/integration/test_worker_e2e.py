@@ -59,7 +59,7 @@ async def test_worker_projection_and_frames_equal_replay(
         seen = {f["user_id"]: f["projection_mailbox_seq"] for f in frames}
         return all(seen.get(u) == v for u, v in versions.items())
 
-    frames = await stack.consume(stack.settings.topic_session_delta, complete, timeout=60)
+    frames = await stack.consume(stack.settings.topics.topic_session_delta, complete, timeout=60)
     views: dict[int, SessionView] = {}
     for frame in frames:
         view = views.setdefault(int(frame["user_id"]), SessionView(int(frame["user_id"])))

@@ -89,7 +89,7 @@ def message_lines(seq0: int, message: int, ts: int) -> list[bytes]:
 
 async def test_j1_writes_per_member_stay_within_the_window_bound(stack: Stack) -> None:
     stack.start_worker()
-    metrics = f"http://127.0.0.1:{stack.settings.worker_metrics_port}/metrics"
+    metrics = f"http://127.0.0.1:{stack.settings.worker.worker_metrics_port}/metrics"
     await scrape_until(metrics, lambda t: "projector_entries_applied_total" in names(t), 180, stack.alive())
     producer = await stack.open_producer()
     started = time.monotonic()
@@ -117,7 +117,7 @@ async def test_j1_writes_per_member_stay_within_the_window_bound(stack: Stack) -
     from app.stores.redis_projection import RedisProjectionStore
 
     store = RedisProjectionStore.from_settings(
-        stack.settings, stack.settings.projection_namespace, count_writes=True
+        stack.settings.redis, stack.settings.redis.projection_namespace, count_writes=True
     )
     try:
         writes = [max((await store.write_counts(member)).values()) for member in range(1, MEMBERS + 1)]

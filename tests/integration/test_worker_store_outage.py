@@ -7,7 +7,6 @@ to replay."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +35,7 @@ async def test_a_store_outage_longer_than_the_retry_budget_is_ridden_out(
         try:
             await _outage_run(stack, toxi, proxy, tmp_path)
         finally:  # the stack's clean-up talks to Redis directly, after the proxy is gone
-            stack.settings = dataclasses.replace(stack.settings, redis_url=settings.redis_url)
+            stack.settings = stack.settings.replace(redis_url=settings.redis.redis_url)
 
 
 async def _outage_run(stack: Stack, toxi: Toxiproxy, proxy: Proxy, tmp_path: Path) -> None:

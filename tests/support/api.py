@@ -17,7 +17,7 @@ from tests.support.clock import ManualClock
 SECRET = "unit-test-secret-0123456789-abcdefghij"
 ME = 42
 T0 = 1_800_000_000_000  # ms
-SETTINGS = Settings(
+SETTINGS = Settings.build(
     api_secret=SECRET, api_fill_from_state="never", api_snapshot_cache_rows=5000, api_rate_limit_per_s=0
 )
 

@@ -5,7 +5,6 @@ counters; they share only what is in Redis. Served by aiohttp's TestServer over 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -79,11 +78,11 @@ async def fleet(
     url: str | None = None,
     clock: ManualClock | None = None,
 ) -> AsyncIterator[Fleet]:
-    settings = dataclasses.replace(settings, api_secret=SECRET, projection_namespace=namespace)
+    settings = settings.replace(api_secret=SECRET, projection_namespace=namespace)
     instances: list[Instance] = []
     try:
         for _ in range(count):
-            store = RedisProjectionStore(open_redis(url or settings.redis_url), namespace)
+            store = RedisProjectionStore(open_redis(url or settings.redis.redis_url), namespace)
             deps = Deps(projections=RedisProjectionReader(store))
             if clock is not None:
                 deps.clock_ms = clock

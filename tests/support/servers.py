@@ -28,12 +28,12 @@ def _reachable(host: str, port: int) -> bool:
 @pytest.fixture(scope="session")
 def servers(settings: Settings) -> Settings:
     """Fails the requesting test with a clear message if any server does not accept connections."""
-    redis_url = urlparse(settings.redis_url)
-    kafka_host, _, kafka_port = settings.kafka_bootstrap.split(",")[0].rpartition(":")
+    redis_url = urlparse(settings.redis.redis_url)
+    kafka_host, _, kafka_port = settings.kafka.kafka_bootstrap.split(",")[0].rpartition(":")
     checks = {
         "Kafka": (kafka_host, int(kafka_port)),
         "Redis": (redis_url.hostname or "127.0.0.1", redis_url.port or 6379),
-        "Cassandra": (settings.cassandra_contact_points[0], settings.cassandra_port),
+        "Cassandra": (settings.cassandra.cassandra_contact_points[0], settings.cassandra.cassandra_port),
     }
     down = [f"{name} at {h}:{p}" for name, (h, p) in checks.items() if not _reachable(h, p)]
     if down:
@@ -49,7 +49,7 @@ async def topics_to_delete(servers: Settings) -> AsyncIterator[list[str]]:
     names: list[str] = []
     yield names
     if names:
-        admin = AIOKafkaAdminClient(bootstrap_servers=servers.kafka_bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=servers.kafka.kafka_bootstrap)
         await admin.start()
         try:
             present = set(await admin.list_topics())
@@ -70,7 +70,7 @@ def make_topic(
 
     async def make(prefix: str, partitions: int = 1) -> str:
         name = unique_name(prefix)
-        report = await ensure_topics(servers, [name], partitions=partitions)
+        report = await ensure_topics(servers.kafka, servers.topics, [name], partitions=partitions)
         assert report.created == [name], report
         topics_to_delete.append(name)
         return name
@@ -83,7 +83,7 @@ def cassandra_session(servers: Settings) -> Iterator[Any]:
     """One driver session for the whole run (connecting costs ~0.2 s plus driver start-up)."""
     from app.stores.cassandra_session import open_cluster
 
-    cluster, session = open_cluster(servers)
+    cluster, session = open_cluster(servers.cassandra)
     yield session
     cluster.shutdown()
 

@@ -6,7 +6,6 @@ The real client classes are built (none connects): what each holds is what it wo
 
 from __future__ import annotations
 
-import dataclasses
 import ssl
 from collections.abc import Iterator
 from typing import Any, cast
@@ -69,11 +68,11 @@ def _client_of(kafka_object: Any) -> Any:
 
 
 async def test_plaintext_by_default_on_every_aiokafka_client() -> None:
-    options = kafka_client_options(Settings())
+    options = kafka_client_options(Settings().kafka)
     assert options == {"bootstrap_servers": "127.0.0.1:9092", "security_protocol": "PLAINTEXT"}
     consumer = aiokafka.AIOKafkaConsumer(**options)
     assert _client_of(consumer)._security_protocol == "PLAINTEXT"
-    assert faust_credentials(Settings()) is None
+    assert faust_credentials(Settings().kafka) is None
 
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
@@ -81,7 +80,7 @@ async def test_sasl_ssl_reaches_the_consumer_producer_and_admin_client(
     pki: dict[str, str], mechanism: str
 ) -> None:
     settings = sasl_ssl(pki, mechanism)
-    options = kafka_client_options(settings)
+    options = kafka_client_options(settings.kafka)
     clients = [
         aiokafka.AIOKafkaConsumer(**options),
         aiokafka.AIOKafkaProducer(**options),
@@ -107,17 +106,17 @@ async def test_sasl_ssl_reaches_the_consumer_producer_and_admin_client(
 
 
 async def test_tls_only_and_sasl_plaintext(pki: dict[str, str]) -> None:
-    tls = Settings(kafka_security_protocol="SSL", kafka_ssl_cafile=pki["ca"])
-    options = kafka_security_options(tls)
+    tls = Settings.build(kafka_security_protocol="SSL", kafka_ssl_cafile=pki["ca"])
+    options = kafka_security_options(tls.kafka)
     assert options["security_protocol"] == "SSL" and isinstance(options["ssl_context"], ssl.SSLContext)
     assert "sasl_mechanism" not in options
-    sasl = Settings(
+    sasl = Settings.build(
         kafka_security_protocol="SASL_PLAINTEXT",
         kafka_sasl_mechanism="PLAIN",
         kafka_sasl_username="u",
         kafka_sasl_password="p",
     )
-    consumer = aiokafka.AIOKafkaConsumer(**kafka_client_options(sasl))
+    consumer = aiokafka.AIOKafkaConsumer(**kafka_client_options(sasl.kafka))
     assert _client_of(consumer)._security_protocol == "SASL_PLAINTEXT"
     assert _client_of(consumer)._ssl_context is None
 
@@ -140,10 +139,10 @@ def test_faust_gets_the_same_options_through_its_credentials(pki: dict[str, str]
         env |= {"PROJECTOR_KAFKA_SSL_CAFILE": pki["ca"]}
     settings = Settings.from_env(env)
     app = faust.App(
-        "creds-test", broker="kafka://127.0.0.1:9092", broker_credentials=faust_credentials(settings)
+        "creds-test", broker="kafka://127.0.0.1:9092", broker_credentials=faust_credentials(settings.kafka)
     )
     auth = credentials_to_aiokafka_auth(app.conf.broker_credentials, app.conf.ssl_context)
-    ours = kafka_security_options(settings)
+    ours = kafka_security_options(settings.kafka)
     assert auth["security_protocol"] == ours["security_protocol"] == protocol
     for key in ("sasl_mechanism", "sasl_plain_username", "sasl_plain_password"):
         assert auth.get(key) == ours.get(key)
@@ -197,18 +196,18 @@ async def test_bootstrap_simulate_and_rebuild_build_their_kafka_clients_with_the
 
     settings = sasl_ssl(pki)
     with pytest.raises((KafkaUnavailable, _Refused)):
-        await ensure_topics(settings, ["t"], timeout_s=1)
+        await ensure_topics(settings.kafka, settings.topics, ["t"], timeout_s=1)
     with pytest.raises((SimulateError, _Refused)):
-        await _open_producer(settings, 1.0)
+        await _open_producer(settings.kafka, "t", 1.0)
     with pytest.raises(_Refused):
         await rebuild_by_replay(
-            bootstrap=settings.kafka_bootstrap,
+            bootstrap=settings.kafka.kafka_bootstrap,
             topic="t",
             partitions=1,
             config=worker_config(settings),
             messages=InMemoryMessageStore(),
             target=InMemoryProjectionStore(),
-            kafka_options=kafka_security_options(settings),
+            kafka_options=kafka_security_options(settings.kafka),
         )
     assert len(captured) == 3
     assert all(_secured(kwargs) for kwargs in captured), captured
@@ -220,9 +219,9 @@ async def test_the_sdk_follower_passes_security_options_through(pki: dict[str, s
     settings = sasl_ssl(pki)
     follower = SessionDeltaFollower(
         None,  # type: ignore[arg-type]  # the list is not used before start()
-        settings.kafka_bootstrap,
+        settings.kafka.kafka_bootstrap,
         ["session-delta"],
-        **kafka_security_options(settings),
+        **kafka_security_options(settings.kafka),
     )
     assert _client_of(follower.consumer)._security_protocol == "SASL_SSL"
     assert _client_of(follower.consumer)._sasl_plain_username == "projector"
@@ -236,7 +235,7 @@ def test_cassandra_auth_tls_and_local_dc_reach_the_cluster(pki: dict[str, str]) 
 
     from app.stores.cassandra_session import build_cluster
 
-    settings = Settings(
+    settings = Settings.build(
         cassandra_username="projector",
         cassandra_password="cql-secret",
         cassandra_ssl=True,
@@ -245,7 +244,7 @@ def test_cassandra_auth_tls_and_local_dc_reach_the_cluster(pki: dict[str, str]) 
         cassandra_ssl_keyfile=pki["key"],
         cassandra_local_dc="eu-west",
     )
-    cluster = build_cluster(settings)
+    cluster = build_cluster(settings.cassandra)
     try:
         auth = cluster.auth_provider.new_authenticator("127.0.0.1")
         assert (auth.username, auth.password) == ("projector", "cql-secret")
@@ -254,24 +253,24 @@ def test_cassandra_auth_tls_and_local_dc_reach_the_cluster(pki: dict[str, str]) 
         assert policy._child_policy.local_dc == "eu-west"
     finally:
         cluster.shutdown()
-    plain = build_cluster(Settings())
+    plain = build_cluster(Settings().cassandra)
     try:
         assert plain.auth_provider is None and plain.ssl_context is None
     finally:
         plain.shutdown()
-    assert cassandra_cluster_options(Settings()) == {}
+    assert cassandra_cluster_options(Settings().cassandra) == {}
 
 
 def test_the_keyspace_is_created_per_data_center_when_one_is_named() -> None:
-    assert keyspace_replication(Settings(cassandra_replication_factor=3)) is None
+    assert keyspace_replication(Settings.build(cassandra_replication_factor=3).cassandra) is None
     assert "'class': 'SimpleStrategy', 'replication_factor': 3" in create_keyspace_cql("ks", 3, None)
-    local = Settings(cassandra_local_dc="dc1", cassandra_replication_factor=3)
-    assert keyspace_replication(local) == {"dc1": 3}
+    local = Settings.build(cassandra_local_dc="dc1", cassandra_replication_factor=3)
+    assert keyspace_replication(local.cassandra) == {"dc1": 3}
     two = Settings.from_env(
         {"PROJECTOR_CASSANDRA_LOCAL_DC": "dc2", "PROJECTOR_CASSANDRA_REPLICATION_PER_DC": "dc1:3, dc2:5"}
     )
-    assert keyspace_replication(two) == {"dc1": 3, "dc2": 5}
-    cql = create_keyspace_cql("ks", 1, keyspace_replication(two))
+    assert keyspace_replication(two.cassandra) == {"dc1": 3, "dc2": 5}
+    cql = create_keyspace_cql("ks", 1, keyspace_replication(two.cassandra))
     assert "{'class': 'NetworkTopologyStrategy', 'dc1': 3, 'dc2': 5}" in cql
 
 
@@ -283,7 +282,7 @@ async def test_redis_credentials_and_tls_reach_the_store_client(pki: dict[str, s
 
     from app.stores.redis_projection import RedisProjectionStore
 
-    settings = Settings(
+    settings = Settings.build(
         redis_url="rediss://cache.internal:6380/0",
         redis_username="projector",
         redis_password="redis-secret",
@@ -291,7 +290,7 @@ async def test_redis_credentials_and_tls_reach_the_store_client(pki: dict[str, s
         redis_ssl_certfile=pki["client"],
         redis_ssl_keyfile=pki["key"],
     )
-    store = RedisProjectionStore.from_settings(settings)
+    store = RedisProjectionStore.from_settings(settings.redis)
     try:
         pool = cast(redis.Redis, store.client).connection_pool  # one server's URL: not a cluster
         assert issubclass(pool.connection_class, redis.SSLConnection)
@@ -301,7 +300,7 @@ async def test_redis_credentials_and_tls_reach_the_store_client(pki: dict[str, s
         assert (kwargs["ssl_certfile"], kwargs["ssl_keyfile"]) == (pki["client"], pki["key"])
     finally:
         await store.aclose()
-    assert redis_client_options(Settings()) == {}
+    assert redis_client_options(Settings().redis) == {}
 
 
 # -- validation -----------------------------------------------------------------------------------
@@ -378,8 +377,8 @@ def test_inconsistent_security_settings_are_refused(env: dict[str, str], fragmen
 
 
 def test_passwords_never_show_in_repr(pki: dict[str, str]) -> None:
-    settings = dataclasses.replace(
-        sasl_ssl(pki), cassandra_username="u", cassandra_password="cql-secret", redis_password="redis-secret"
+    settings = sasl_ssl(pki).replace(
+        cassandra_username="u", cassandra_password="cql-secret", redis_password="redis-secret"
     )
     text = repr(settings)
     assert "projector" in text  # the user names are there, the passwords are not

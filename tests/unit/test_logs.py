@@ -21,7 +21,7 @@ from app.logs import (
 )
 from app.settings import Settings, SettingsError
 
-JSON = Settings(log_format="json")
+JSON = Settings.build(log_format="json")
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +66,7 @@ def test_exceptions_and_odd_values_stay_inside_the_object() -> None:
 
 
 def test_configure_logging_in_json(capsys: pytest.CaptureFixture[str]) -> None:
-    configure_logging(JSON, "api")
+    configure_logging(JSON.log, "api")
     logging.getLogger("app.api").info("listening")
     logging.getLogger("deep.debug").debug("hidden at INFO")
     import warnings
@@ -82,7 +82,7 @@ def test_faust_workers_set_up_the_same_format(capsys: pytest.CaptureFixture[str]
     """mode.utils.logging.setup_logging is what faust's Worker calls when it starts: with our
     options, its records (and those of loggers made before it ran) come out as our JSON."""
     early = logging.getLogger("projector.early")  # made before the set-up: must not be disabled
-    options = faust_worker_options(JSON)
+    options = faust_worker_options(JSON.log)
     assert options["quiet"] is True  # no text banner on stdout
     setup_logging(loglevel="INFO", logging_config=options["logging_config"])
     logging.getLogger("faust.worker").info("[^Worker]: Ready")
@@ -97,30 +97,30 @@ def test_faust_workers_set_up_the_same_format(capsys: pytest.CaptureFixture[str]
 
 def test_text_is_one_readable_line_for_faust_too(capsys: pytest.CaptureFixture[str]) -> None:
     settings = Settings()
-    assert faust_worker_options(settings)["quiet"] is False
-    setup_logging(loglevel="INFO", logging_config=logging_config(settings, "worker"))
+    assert faust_worker_options(settings.log)["quiet"] is False
+    setup_logging(loglevel="INFO", logging_config=logging_config(settings.log, "worker"))
     logging.getLogger("faust.worker").info("ready")
     err = capsys.readouterr().err
     assert err.rstrip().endswith("INFO faust.worker: ready") and not err.startswith("{")
 
 
 def test_the_access_log_switch() -> None:
-    assert access_logger(Settings()) is None
-    logger = access_logger(Settings(api_access_log=True))
+    assert access_logger(Settings().api.api_access_log) is None
+    logger = access_logger(Settings.build(api_access_log=True).api.api_access_log)
     assert logger is not None and logger.name == ACCESS_LOGGER
-    assert Settings.from_env({"PROJECTOR_API_ACCESS_LOG": "on"}).api_access_log is True
+    assert Settings.from_env({"PROJECTOR_API_ACCESS_LOG": "on"}).api.api_access_log is True
 
 
 def test_announce_follows_the_format(capsys: pytest.CaptureFixture[str]) -> None:
-    announce(Settings(), "api", "projector api: listening on http://127.0.0.1:8080")
+    announce(Settings().log, "api", "projector api: listening on http://127.0.0.1:8080")
     assert capsys.readouterr().out == "projector api: listening on http://127.0.0.1:8080\n"
-    announce(JSON, "api", "projector api: listening on http://127.0.0.1:8080")
+    announce(JSON.log, "api", "projector api: listening on http://127.0.0.1:8080")
     line = orjson.loads(capsys.readouterr().out)
     assert line["message"] == "projector api: listening on http://127.0.0.1:8080" and line["service"] == "api"
 
 
 def test_the_log_format_is_validated() -> None:
-    assert Settings().log_format == "text"
-    assert Settings.from_env({"PROJECTOR_LOG_FORMAT": "json"}).log_format == "json"
+    assert Settings().log.log_format == "text"
+    assert Settings.from_env({"PROJECTOR_LOG_FORMAT": "json"}).log.log_format == "json"
     with pytest.raises(SettingsError, match="PROJECTOR_LOG_FORMAT: 'xml' is not one of json, text"):
         Settings.from_env({"PROJECTOR_LOG_FORMAT": "xml"})

@@ -28,7 +28,7 @@ from app.stores.redis_projection import RedisProjectionStore
 def test_accepted_forms(url: str, cluster: bool, nodes: tuple[tuple[str, int], ...], db: int) -> None:
     target = parse_redis_url(url)
     assert (target.cluster, target.nodes, target.db) == (cluster, nodes, db)
-    assert Settings(redis_url=url).redis_url == url
+    assert Settings.build(redis_url=url).redis.redis_url == url
 
 
 def test_credentials_are_decoded_and_never_shown() -> None:
@@ -79,8 +79,8 @@ def test_a_refusal_never_echoes_the_password() -> None:
 
 
 def test_retry_budget_is_a_checked_setting() -> None:
-    assert Settings().redis_retry_budget_ms == 30_000
-    assert Settings.from_env({"PROJECTOR_REDIS_RETRY_BUDGET_MS": "0"}).redis_retry_budget_ms == 0
+    assert Settings().redis.redis_retry_budget_ms == 30_000
+    assert Settings.from_env({"PROJECTOR_REDIS_RETRY_BUDGET_MS": "0"}).redis.redis_retry_budget_ms == 0
     with pytest.raises(SettingsError, match="PROJECTOR_REDIS_RETRY_BUDGET_MS"):
         Settings.from_env({"PROJECTOR_REDIS_RETRY_BUDGET_MS": "-1"})
 
@@ -98,11 +98,11 @@ async def test_the_client_is_redis_pys_cluster_client_for_a_cluster_url() -> Non
     finally:
         await cluster.aclose()
         await plain.aclose()
-    settings = Settings(redis_url="redis+cluster://127.0.0.1:7101", redis_retry_budget_ms=1500)
-    store = RedisProjectionStore.from_settings(settings)
+    settings = Settings.build(redis_url="redis+cluster://127.0.0.1:7101", redis_retry_budget_ms=1500)
+    store = RedisProjectionStore.from_settings(settings.redis)
     try:
         assert isinstance(store.client, RedisCluster) and store.retry_budget_s == 1.5
-        assert RedisProjectionStore.from_settings(settings, retry_budget_s=0).retry_budget_s == 0
+        assert RedisProjectionStore.from_settings(settings.redis, retry_budget_s=0).retry_budget_s == 0
     finally:
         await store.aclose()
 

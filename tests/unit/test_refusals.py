@@ -54,7 +54,7 @@ async def tls_port() -> AsyncIterator[tuple[int, trustme.CA]]:
 
 
 def _sasl_ssl(bootstrap: str, cafile: str) -> Settings:
-    return Settings(
+    return Settings.build(
         kafka_bootstrap=bootstrap,
         kafka_security_protocol="SASL_SSL",
         kafka_sasl_mechanism="SCRAM-SHA-512",
@@ -72,7 +72,7 @@ async def test_a_certificate_from_another_ca_names_the_ca_file(
     cafile = str(tmp_path / "other-ca.pem")
     other.cert_pem.write_to_path(cafile)
     settings = _sasl_ssl(f"127.0.0.1:{port}", cafile)
-    line = await kafka_refusal(settings.kafka_bootstrap, kafka_security_options(settings))
+    line = await kafka_refusal(settings.kafka.kafka_bootstrap, kafka_security_options(settings.kafka))
     assert line is not None
     assert line.startswith(
         f"Kafka at 127.0.0.1:{port} presented a TLS certificate this client does not trust ("
@@ -87,7 +87,7 @@ async def test_a_certificate_for_another_name_says_so(tmp_path: Path) -> None:
     server, port = await _tls_server(ca.issue_cert("kafka.example.test"))
     async with server:
         settings = _sasl_ssl(f"127.0.0.1:{port}", cafile)
-        line = await kafka_refusal(settings.kafka_bootstrap, kafka_security_options(settings))
+        line = await kafka_refusal(settings.kafka.kafka_bootstrap, kafka_security_options(settings.kafka))
     assert line is not None
     assert line.startswith(f"Kafka at 127.0.0.1:{port} presented a TLS certificate for another name (")
     assert "PROJECTOR_KAFKA_SSL_CAFILE" not in line
@@ -96,10 +96,10 @@ async def test_a_certificate_for_another_name_says_so(tmp_path: Path) -> None:
 async def test_nothing_listening_or_plaintext_is_no_refusal_and_keeps_the_hint() -> None:
     bootstrap = f"127.0.0.1:{_closed_port()}"
     secured = _sasl_ssl(bootstrap, "")
-    assert await kafka_refusal(bootstrap, kafka_security_options(secured)) is None
-    plain = Settings(kafka_bootstrap=bootstrap)
-    assert await kafka_refusal(bootstrap, kafka_security_options(plain)) is None
-    line = await kafka_unreachable(bootstrap, kafka_security_options(secured), OSError("refused"))
+    assert await kafka_refusal(bootstrap, kafka_security_options(secured.kafka)) is None
+    plain = Settings.build(kafka_bootstrap=bootstrap)
+    assert await kafka_refusal(bootstrap, kafka_security_options(plain.kafka)) is None
+    line = await kafka_unreachable(bootstrap, kafka_security_options(secured.kafka), OSError("refused"))
     assert line.startswith(f"cannot reach Kafka at {bootstrap} (") and line.endswith("`make services-up`")
 
 

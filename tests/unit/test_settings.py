@@ -11,12 +11,12 @@ from app.settings import Settings, SettingsError
 
 def test_defaults_match_the_local_servers_and_the_design() -> None:
     s = Settings.from_env({})
-    assert s.kafka_bootstrap == "127.0.0.1:9092"
-    assert s.redis_url == "redis://127.0.0.1:6379/0"
-    assert s.cassandra_contact_points == ("127.0.0.1",)
-    assert s.cassandra_port == 9042
-    assert s.cassandra_keyspace == "session_projector"
-    assert s.topics == (
+    assert s.kafka.kafka_bootstrap == "127.0.0.1:9092"
+    assert s.redis.redis_url == "redis://127.0.0.1:6379/0"
+    assert s.cassandra.cassandra_contact_points == ("127.0.0.1",)
+    assert s.cassandra.cassandra_port == 9042
+    assert s.cassandra.cassandra_keyspace == "session_projector"
+    assert s.topics.names == (
         "mailbox-tail",
         "session-delta",
         "badge",
@@ -24,13 +24,13 @@ def test_defaults_match_the_local_servers_and_the_design() -> None:
         "push",
         "reconcile-request",
     )
-    assert s.topic_partitions == 4
-    assert s.lanes == 1
-    assert s.projection_compaction_window_ms == 5000
-    assert s.max_dirty_rows == 100_000
-    assert s.include_muted is False
-    assert s.unread_precise_limit == 200
-    assert s.log_level == "INFO"
+    assert s.topics.topic_partitions == 4
+    assert s.processing.lanes == 1
+    assert s.processing.projection_compaction_window_ms == 5000
+    assert s.processing.max_dirty_rows == 100_000
+    assert s.processing.include_muted is False
+    assert s.processing.unread_precise_limit == 200
+    assert s.log.log_level == "INFO"
 
 
 def test_unrelated_environment_is_ignored() -> None:
@@ -39,7 +39,8 @@ def test_unrelated_environment_is_ignored() -> None:
 
 def test_every_field_has_a_prefixed_env_name() -> None:
     names = Settings.env_names()
-    assert len(names) == len(dataclasses.fields(Settings))
+    sections = [getattr(Settings(), f.name) for f in dataclasses.fields(Settings)]
+    assert len(names) == sum(len(dataclasses.fields(section)) for section in sections)
     assert names["PROJECTOR_KAFKA_BOOTSTRAP"] == "kafka_bootstrap"
     assert all(key.startswith("PROJECTOR_") and key.isupper() for key in names)
 
@@ -54,20 +55,20 @@ def test_values_are_parsed_by_type() -> None:
             "PROJECTOR_LOG_LEVEL": "debug",
         }
     )
-    assert s.kafka_bootstrap == "k1:9092,k2:9093"
-    assert s.cassandra_contact_points == ("c1", "c2")
-    assert s.topic_partitions == 12
-    assert s.include_muted is True
-    assert s.log_level == "DEBUG"
+    assert s.kafka.kafka_bootstrap == "k1:9092,k2:9093"
+    assert s.cassandra.cassandra_contact_points == ("c1", "c2")
+    assert s.topics.topic_partitions == 12
+    assert s.processing.include_muted is True
+    assert s.log.log_level == "DEBUG"
 
 
 @pytest.mark.parametrize("text", ["0", "false", "no", "off", "FALSE"])
 def test_false_spellings(text: str) -> None:
-    assert Settings.from_env({"PROJECTOR_INCLUDE_MUTED": text}).include_muted is False
+    assert Settings.from_env({"PROJECTOR_INCLUDE_MUTED": text}).processing.include_muted is False
 
 
 def test_as_env_round_trips() -> None:
-    s = Settings(include_muted=True, cassandra_contact_points=("a", "b"), lanes=3)
+    s = Settings.build(include_muted=True, cassandra_contact_points=("a", "b"), lanes=3)
     assert Settings.from_env(s.as_env()) == s
     assert set(s.as_env()) == set(Settings.env_names())
 
@@ -75,7 +76,7 @@ def test_as_env_round_trips() -> None:
 def test_settings_are_frozen() -> None:
     s = Settings()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        s.lanes = 2  # type: ignore[misc]
+        s.processing.lanes = 2  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
@@ -144,7 +145,7 @@ def test_an_empty_kafka_bootstrap_is_one_problem(empty: str) -> None:
 def test_a_contact_point_with_a_port_is_named_a_mistake_and_a_bare_ipv6_address_is_not() -> None:
     assert Settings.from_env(
         {"PROJECTOR_CASSANDRA_CONTACT_POINTS": "::1,fe80::1"}
-    ).cassandra_contact_points == (
+    ).cassandra.cassandra_contact_points == (
         "::1",
         "fe80::1",
     )
@@ -166,14 +167,14 @@ def test_all_problems_are_reported_together() -> None:
 
 def test_direct_construction_is_validated_too() -> None:
     with pytest.raises(SettingsError):
-        Settings(unread_precise_limit=0)
+        Settings.build(unread_precise_limit=0)
     with pytest.raises(SettingsError):
-        dataclasses.replace(Settings(), api_port=0)
+        Settings().replace(api_port=0)
 
 
 def test_process_environment_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PROJECTOR_LANES", "5")
-    assert Settings.from_env().lanes == 5
+    assert Settings.from_env().processing.lanes == 5
 
 
 # --- query API settings (issue 5) ---------------------------------------------------------------
@@ -181,12 +182,12 @@ def test_process_environment_is_the_default(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_api_defaults_follow_the_design() -> None:
     s = Settings()
-    assert s.api_secret == ""  # not configured: `projector api` / `projector token` refuse to start
-    assert s.api_snapshot_ttl_ms == 300_000  # seed §6.1: snapshot_ttl 5 min
-    assert s.api_snapshot_max_rows == 5000  # max_conversations_per_user
-    assert s.api_snapshot_cache_rows >= s.api_snapshot_max_rows
-    assert s.api_fill_from_state == "empty"
-    assert s.api_rate_limit_on_store_error == "open"  # issue 32: a store outage fails open, counted
+    assert s.api.api_secret == ""  # not configured: `projector api` / `projector token` refuse to start
+    assert s.api.api_snapshot_ttl_ms == 300_000  # seed §6.1: snapshot_ttl 5 min
+    assert s.api.api_snapshot_max_rows == 5000  # max_conversations_per_user
+    assert s.api.api_snapshot_cache_rows >= s.api.api_snapshot_max_rows
+    assert s.api.api_fill_from_state == "empty"
+    assert s.api.api_rate_limit_on_store_error == "open"  # issue 32: a store outage fails open, counted
 
 
 @pytest.mark.parametrize(
@@ -212,7 +213,7 @@ def test_invalid_api_values_give_clear_errors(env: dict[str, str], fragment: str
 
 def test_the_api_secret_never_shows_in_repr_or_errors() -> None:
     secret = "s3cr3t-" * 6
-    assert secret not in repr(Settings(api_secret=secret))
+    assert secret not in repr(Settings.build(api_secret=secret))
     with pytest.raises(SettingsError) as err:
         Settings.from_env({"PROJECTOR_API_SECRET": "tiny-secret"})
     assert "tiny-secret" not in str(err.value)
@@ -222,8 +223,8 @@ def test_the_api_secret_never_shows_in_repr_or_errors() -> None:
 
 
 def test_member_stats_budget_defaults_to_the_seeds_2_seconds() -> None:
-    assert Settings().members_stats_budget_ms == 2000
-    assert Settings.from_env({"PROJECTOR_MEMBERS_STATS_BUDGET_MS": "500"}).members_stats_budget_ms == 500
+    assert Settings().api.members_stats_budget_ms == 2000
+    assert Settings.from_env({"PROJECTOR_MEMBERS_STATS_BUDGET_MS": "500"}).api.members_stats_budget_ms == 500
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "60001"])
@@ -234,8 +235,8 @@ def test_member_stats_budget_is_bounded(value: str) -> None:
 
 
 def test_worker_metrics_port_is_off_by_default_and_validated() -> None:
-    assert Settings().worker_metrics_port == 0  # off: several workers per host need distinct ports
-    assert Settings.from_env({"PROJECTOR_WORKER_METRICS_PORT": "9464"}).worker_metrics_port == 9464
+    assert Settings().worker.worker_metrics_port == 0  # off: several workers per host need distinct ports
+    assert Settings.from_env({"PROJECTOR_WORKER_METRICS_PORT": "9464"}).worker.worker_metrics_port == 9464
     bad = (("70000", "not a TCP port"), ("-1", "not a TCP port"), ("6066", "also PROJECTOR_WORKER_WEB_PORT"))
     for value, fragment in bad:
         with pytest.raises(SettingsError) as err:
@@ -248,11 +249,11 @@ def test_worker_metrics_port_is_off_by_default_and_validated() -> None:
 
 def test_unread_audit_defaults() -> None:
     s = Settings()
-    assert s.unread_audit_sample_rate == 0.005  # x 144 rounds a day: each idle row ~0.72 times a day
-    assert s.unread_audit_interval_ms == 600_000
-    assert s.unread_audit_idle_ms == 86_400_000  # "no change for 24 h"
-    assert s.unread_audit_max_rows == 20_000
-    assert s.unread_audit_zero_sample_rate == 0.001  # rows at 0 unread: a rate of their own
+    assert s.audit.unread_audit_sample_rate == 0.005  # x 144 rounds a day: each idle row ~0.72 times a day
+    assert s.audit.unread_audit_interval_ms == 600_000
+    assert s.audit.unread_audit_idle_ms == 86_400_000  # "no change for 24 h"
+    assert s.audit.unread_audit_max_rows == 20_000
+    assert s.audit.unread_audit_zero_sample_rate == 0.001  # rows at 0 unread: a rate of their own
 
 
 def test_unread_audit_values_parse_and_round_trip() -> None:
@@ -264,12 +265,17 @@ def test_unread_audit_values_parse_and_round_trip() -> None:
             "PROJECTOR_UNREAD_AUDIT_ZERO_SAMPLE_RATE": "0.25",
         }
     )
-    assert (s.unread_audit_sample_rate, s.unread_audit_interval_ms, s.unread_audit_idle_ms) == (1.0, 2000, 0)
-    assert s.unread_audit_zero_sample_rate == 0.25
     assert (
-        Settings.from_env({"PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": "2.5e-3"}).unread_audit_sample_rate == 0.0025
+        s.audit.unread_audit_sample_rate,
+        s.audit.unread_audit_interval_ms,
+        s.audit.unread_audit_idle_ms,
+    ) == (1.0, 2000, 0)
+    assert s.audit.unread_audit_zero_sample_rate == 0.25
+    assert (
+        Settings.from_env({"PROJECTOR_UNREAD_AUDIT_SAMPLE_RATE": "2.5e-3"}).audit.unread_audit_sample_rate
+        == 0.0025
     )
-    tuned = Settings(unread_audit_sample_rate=0.125)
+    tuned = Settings.build(unread_audit_sample_rate=0.125)
     assert Settings.from_env(tuned.as_env()) == tuned
 
 
@@ -317,14 +323,17 @@ def test_kafka_group_settings_reach_the_faust_consumer() -> None:
             "PROJECTOR_KAFKA_MAX_POLL_INTERVAL_MS": "600000",
         }
     )
-    conf = new_faust_app(settings).conf
+    conf = new_faust_app(settings.kafka, settings.topics, settings.worker).conf
     assert conf.broker_session_timeout == 120.0
     assert conf.broker_heartbeat_interval == 2.0
     assert conf.broker_max_poll_interval == 600.0
     # faust refuses a session timeout above its request timeout
     assert conf.broker_request_timeout >= conf.broker_session_timeout
     defaults = Settings()
-    assert (defaults.kafka_session_timeout_ms, defaults.kafka_heartbeat_interval_ms) == (30_000, 3_000)
+    assert (defaults.kafka.kafka_session_timeout_ms, defaults.kafka.kafka_heartbeat_interval_ms) == (
+        30_000,
+        3_000,
+    )
 
 
 @pytest.mark.parametrize(("value", "replicas"), [(None, 1), ("0", 0), ("2", 2)])
@@ -335,8 +344,8 @@ def test_standby_copies_are_on_by_default_and_never_faust_s(value: str | None, r
 
     env = {} if value is None else {"PROJECTOR_TABLE_STANDBY_REPLICAS": value}
     settings = Settings.from_env(env)
-    assert settings.table_standby_replicas == replicas
-    app = new_faust_app(settings)
+    assert settings.topics.table_standby_replicas == replicas
+    app = new_faust_app(settings.kafka, settings.topics, settings.worker)
     assert not app.tables
 
 
@@ -380,9 +389,9 @@ def test_topic_env_names_every_topic_after_the_prefix() -> None:
     one that named only the topics it knew created the default `push` on the shared broker."""
     env = Settings.topic_env("run-1")
     s = Settings.from_env(env)
-    assert set(s.topics) == set(env.values())
-    assert all(topic.startswith("run-1-") for topic in s.topics)
-    assert not set(s.topics) & set(Settings().topics)
+    assert set(s.topics.names) == set(env.values())
+    assert all(topic.startswith("run-1-") for topic in s.topics.names)
+    assert not set(s.topics.names) & set(Settings().topics.names)
     assert env["PROJECTOR_TOPIC_DEAD_LETTER"] == "run-1-dead-letter"
 
 
@@ -393,11 +402,11 @@ def test_fast_lane_defaults_are_direct_messages_and_five_a_second_and_reach_the_
     from app.worker.core import WorkerConfig
 
     settings = Settings.from_env({})
-    assert (settings.fast_lane_max_members, settings.fast_lane_per_user_per_s) == (2, 5)
+    assert (settings.processing.fast_lane_max_members, settings.processing.fast_lane_per_user_per_s) == (2, 5)
     tuned = Settings.from_env(
         {"PROJECTOR_FAST_LANE_MAX_MEMBERS": "10", "PROJECTOR_FAST_LANE_PER_USER_PER_S": "0"}
     )
-    config = WorkerConfig.from_settings(tuned).projector
+    config = WorkerConfig.from_settings(tuned.processing, tuned.worker).projector
     assert (config.fast_lane_max_members, config.fast_lane_per_user_per_s) == (10, 0)
 
 
@@ -426,8 +435,12 @@ def test_invalid_fast_lane_values_give_one_line_errors(env: dict[str, str], frag
 
 def test_the_reconcile_interval_is_bounded_and_its_topic_named() -> None:
     s = Settings.from_env({"PROJECTOR_RECONCILE_MIN_INTERVAL_S": "60", "PROJECTOR_TOPIC_RECONCILE": "rc"})
-    assert (s.reconcile_min_interval_s, s.topic_reconcile, s.reconcile_on_login) == (60, "rc", True)
-    assert "rc" in s.topics
+    assert (
+        s.reconcile.reconcile_min_interval_s,
+        s.topics.topic_reconcile,
+        s.reconcile.reconcile_on_login,
+    ) == (60, "rc", True)
+    assert "rc" in s.topics.names
     for bad in ("0", "86401"):
         with pytest.raises(SettingsError, match="RECONCILE_MIN_INTERVAL_S"):
             Settings.from_env({"PROJECTOR_RECONCILE_MIN_INTERVAL_S": bad})
@@ -435,4 +448,4 @@ def test_the_reconcile_interval_is_bounded_and_its_topic_named() -> None:
         Settings.from_env({"PROJECTOR_TOPIC_RECONCILE": "no spaces"})
     with pytest.raises(SettingsError, match="distinct"):
         Settings.from_env({"PROJECTOR_TOPIC_RECONCILE": "badge"})
-    assert not Settings.from_env({"PROJECTOR_RECONCILE_ON_LOGIN": "false"}).reconcile_on_login
+    assert not Settings.from_env({"PROJECTOR_RECONCILE_ON_LOGIN": "false"}).reconcile.reconcile_on_login

@@ -36,12 +36,13 @@ def mount(
 ) -> bool:
     """Serve the console under /ops/ on `app` when it is configured (an ops secret and its
     dependencies); returns whether it was mounted."""
-    if not settings.ops_secret or deps is None:
+    if not settings.ops.ops_secret or deps is None:
         return False
     from . import views
 
     gate = Gatekeeper(
-        OperatorSigner(settings.ops_secret), TokenSigner(settings.api_secret) if settings.api_secret else None
+        OperatorSigner(settings.ops.ops_secret),
+        TokenSigner(settings.api.api_secret) if settings.api.api_secret else None,
     )
     session_box: dict[str, aiohttp.ClientSession] = {}
 
@@ -53,9 +54,9 @@ def mount(
 
     fleet = Fleet(
         deps=deps,
-        urls=settings.ops_metrics_urls,
-        partitions=settings.topic_partitions,
-        base_namespace=settings.projection_namespace,
+        urls=settings.ops.ops_metrics_urls,
+        partitions=settings.topics.topic_partitions,
+        base_namespace=settings.redis.projection_namespace,
         fetch=deps.metrics_fetch or default_fetch,
     )
     console = views.build(settings, deps, gate, OpsMetrics(metrics_registry), fleet)

@@ -40,7 +40,7 @@ from app.domain.flush import Correction, UserFlush
 from app.domain.projection_store import StoredProjection
 from app.rebuild.diff import BADGE_FIELDS
 from app.rebuild.from_state import UNKNOWABLE_FROM_STATE, rebuild_user
-from app.settings import Settings
+from app.settings import ProcessingSettings
 
 from .ports import OpsDeps
 
@@ -97,13 +97,13 @@ class Snapshot:
         return 0 if self.fresh is None else self.fresh.projection_mailbox_seq
 
 
-async def snapshot(deps: OpsDeps, settings: Settings, user_id: int) -> Snapshot:
+async def snapshot(deps: OpsDeps, processing: ProcessingSettings, user_id: int) -> Snapshot:
     stored = await deps.store.load(user_id)
-    fresh = await asyncio.to_thread(recompute, deps, settings, user_id)
+    fresh = await asyncio.to_thread(recompute, deps, processing, user_id)
     return Snapshot(stored, fresh)
 
 
-def recompute(deps: OpsDeps, settings: Settings, user_id: int) -> UserFlush | None:
+def recompute(deps: OpsDeps, processing: ProcessingSettings, user_id: int) -> UserFlush | None:
     """The rebuild from state of one user (blocking Cassandra reads: in a worker thread)."""
     states = deps.state.load_user(user_id)
     heads = deps.messages.heads([str(s["conversation_id"]) for s in states]) if states else {}
@@ -112,9 +112,9 @@ def recompute(deps: OpsDeps, settings: Settings, user_id: int) -> UserFlush | No
         states,
         heads,
         deps.messages,
-        limit=settings.unread_precise_limit,
-        include_muted=settings.include_muted,
-        badge_mode=settings.badge_mode,
+        limit=processing.unread_precise_limit,
+        include_muted=processing.include_muted,
+        badge_mode=processing.badge_mode,
     )
 
 
@@ -202,9 +202,11 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return all(a.get(name) == b.get(name) for name in ROW_FIELDS if name not in UNKNOWABLE_FROM_STATE)
 
 
-async def run_action(deps: OpsDeps, settings: Settings, user_id: int, action: str) -> dict[str, Any]:
+async def run_action(
+    deps: OpsDeps, processing: ProcessingSettings, user_id: int, action: str
+) -> dict[str, Any]:
     """Reconcile or rebuild one user; the result says what was written and which frames went out."""
-    snap = await snapshot(deps, settings, user_id)
+    snap = await snapshot(deps, processing, user_id)
     stored = snap.stored
     if snap.fresh is None:
         raise ActionRefused(
@@ -232,7 +234,7 @@ async def run_action(deps: OpsDeps, settings: Settings, user_id: int, action: st
             "rows": len(snap.fresh.rows),
             "frames": {"session_delta": 0, "badge": 0},
         }
-    correction, badge_off = correction_for(snap, action, settings.include_muted)
+    correction, badge_off = correction_for(snap, action, processing.include_muted)
     if action == RECONCILE and not correction.rows and not badge_off:
         return {
             "written": False,

@@ -37,7 +37,7 @@ from aiohttp import web
 
 from app.api.http import ApiError, Handler
 from app.metrics import OpsMetrics
-from app.settings import Settings
+from app.settings import OpsSettings, ProcessingSettings, Settings, TopicSettings
 
 from . import inspector
 from .auth import CSRF_COOKIE, SESSION_COOKIE, Denied, Gatekeeper, Operator, check_origin
@@ -75,8 +75,18 @@ _LOGIN_PAGE: Final = """<!doctype html>
 
 
 class ConsoleState:
-    def __init__(self, settings: Settings, deps: OpsDeps, gate: Gatekeeper, metrics: OpsMetrics) -> None:
-        self.settings = settings
+    def __init__(
+        self,
+        ops: OpsSettings,
+        topics: TopicSettings,
+        processing: ProcessingSettings,
+        deps: OpsDeps,
+        gate: Gatekeeper,
+        metrics: OpsMetrics,
+    ) -> None:
+        self.ops = ops
+        self.topics = topics
+        self.processing = processing  # the rules a user's rebuild from state follows
         self.deps = deps
         self.gate = gate
         self.metrics = metrics
@@ -90,9 +100,9 @@ STATE: Final = web.AppKey("projector_ops_state", ConsoleState)
 def build(
     settings: Settings, deps: OpsDeps, gate: Gatekeeper, metrics: OpsMetrics, fleet: Fleet
 ) -> web.Application:
-    state = ConsoleState(settings, deps, gate, metrics)
+    state = ConsoleState(settings.ops, settings.topics, settings.processing, deps, gate, metrics)
     state.fleet = fleet
-    state.sampler = Sampler(fleet, settings.ops_sample_interval_ms / 1000)
+    state.sampler = Sampler(fleet, settings.ops.ops_sample_interval_ms / 1000)
     app = web.Application(middlewares=[_headers, _guard])
     app[STATE] = state
     r = app.router
@@ -213,7 +223,7 @@ async def login(request: web.Request) -> web.StreamResponse:
         httponly=True,
         samesite="Strict",
         secure=secure,
-        max_age=state.settings.ops_token_ttl_s,
+        max_age=state.ops.ops_token_ttl_s,
     )
     response.set_cookie(
         CSRF_COOKIE,
@@ -222,7 +232,7 @@ async def login(request: web.Request) -> web.StreamResponse:
         httponly=False,
         samesite="Strict",
         secure=secure,
-        max_age=state.settings.ops_token_ttl_s,
+        max_age=state.ops.ops_token_ttl_s,
     )
     log.info("ops console: operator %s signed in", operator)
     return response
@@ -252,7 +262,7 @@ def _user_id(request: web.Request) -> int:
 async def user_view(request: web.Request) -> web.Response:
     state = _state(request)
     user_id = _user_id(request)
-    snap = await inspector.snapshot(state.deps, state.settings, user_id)
+    snap = await inspector.snapshot(state.deps, state.processing, user_id)
     diff = inspector.compare(snap)
     stored = snap.stored
     out: dict[str, Any] = {
@@ -272,16 +282,16 @@ async def _frames(state: ConsoleState, user_id: int) -> dict[str, Any]:
     bus = state.deps.bus
     if bus is None:
         return {"error": "no Kafka adapter configured"}
-    s = state.settings
+    topics = state.topics
     try:
         deltas, badges = await asyncio.gather(
-            bus.last_records(s.topic_session_delta, str(user_id), FRAMES_SHOWN),
-            bus.last_records(s.topic_badge, str(user_id), FRAMES_SHOWN),
+            bus.last_records(topics.topic_session_delta, str(user_id), FRAMES_SHOWN),
+            bus.last_records(topics.topic_badge, str(user_id), FRAMES_SHOWN),
         )
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
     return {
-        "scan_records": s.ops_scan_records,
+        "scan_records": state.ops.ops_scan_records,
         "session_delta": [_frame(r) for r in deltas],
         "badge": [_frame(r) for r in badges],
     }
@@ -331,7 +341,7 @@ async def _action(request: web.Request, action: str) -> web.Response:
     user_id = _user_id(request)
     operator = request[OPERATOR].name
     try:
-        result = await inspector.run_action(state.deps, state.settings, user_id, action)
+        result = await inspector.run_action(state.deps, state.processing, user_id, action)
     except inspector.ActionRefused as exc:
         state.metrics.actions.labels(action, exc.code).inc()
         log.warning("ops %s of user %d by %s refused: %s", action, user_id, operator, exc.message)
@@ -444,13 +454,13 @@ async def dead_letters_view(request: web.Request) -> web.Response:
     if bus is None:
         raise ApiError(503, "unavailable", "no Kafka adapter configured")
     try:
-        records = await bus.tail(state.settings.topic_dead_letter, limit, partition)
+        records = await bus.tail(state.topics.topic_dead_letter, limit, partition)
     except Exception as exc:  # Kafka away or the topic missing: the operator's answer, not a 500
         log.warning("ops console: reading the dead-letter topic failed: %s", exc)
         raise ApiError(
             503, "unavailable", f"the dead-letter topic cannot be read now: {type(exc).__name__}"
         ) from None
-    return _json({"topic": state.settings.topic_dead_letter, "items": [_dead_letter(r) for r in records]})
+    return _json({"topic": state.topics.topic_dead_letter, "items": [_dead_letter(r) for r in records]})
 
 
 def _dead_letter(record: TopicRecord) -> dict[str, Any]:

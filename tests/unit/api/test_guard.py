@@ -80,7 +80,7 @@ def test_bad_hardening_settings_are_refused(env: dict[str, str], fragment: str) 
 
 
 def test_the_previous_secret_never_shows_in_repr() -> None:
-    assert OLD not in repr(Settings(api_secret=NEW, api_secret_previous=OLD))
+    assert OLD not in repr(Settings.build(api_secret=NEW, api_secret_previous=OLD))
 
 
 # --------------------------------------------------------------------------- over HTTP
@@ -100,7 +100,7 @@ async def serve(settings: Settings) -> AsyncIterator[Served]:
     await store.write([flush(ME, mixed_rows(ME, 30), version=10, structure_version=1)])
     clock = ManualClock(T0)
     app = create_app(settings, Deps(projections=MemoryProjectionReader(store), clock_ms=clock))
-    client = TestClient(TestServer(app, **runner_args(settings)))
+    client = TestClient(TestServer(app, **runner_args(settings.api)))
     await client.start_server()
     try:
         yield Served(client, clock)
@@ -110,7 +110,7 @@ async def serve(settings: Settings) -> AsyncIterator[Served]:
 
 @pytest.fixture
 async def limited() -> AsyncIterator[Served]:
-    settings = Settings(
+    settings = Settings.build(
         api_secret=SECRET,
         api_fill_from_state="never",
         api_rate_limit_per_s=2,
@@ -124,7 +124,7 @@ async def limited() -> AsyncIterator[Served]:
 
 @pytest.fixture
 async def rotating() -> AsyncIterator[Served]:
-    settings = Settings(api_secret=NEW, api_secret_previous=SECRET, api_fill_from_state="never")
+    settings = Settings.build(api_secret=NEW, api_secret_previous=SECRET, api_fill_from_state="never")
     async for served in serve(settings):
         yield served
 
@@ -242,7 +242,7 @@ class _DownFleet:
 
 @pytest.mark.parametrize(("mode", "want"), [("open", 200), ("closed", 503)])
 async def test_a_store_outage_fails_the_rate_check_open_or_closed_and_counts_it(mode: str, want: int) -> None:
-    settings = Settings(
+    settings = Settings.build(
         api_secret=SECRET,
         api_fill_from_state="never",
         api_rate_limit_per_s=2,
@@ -273,7 +273,7 @@ async def test_a_store_outage_fails_the_rate_check_open_or_closed_and_counts_it(
 
 async def test_apps_over_one_store_share_the_bucket() -> None:
     """The in-memory fleet state is the store's, as Redis is every instance's."""
-    settings = Settings(
+    settings = Settings.build(
         api_secret=SECRET, api_fill_from_state="never", api_rate_limit_per_s=2, api_rate_limit_burst=3
     )
     store = InMemoryProjectionStore()

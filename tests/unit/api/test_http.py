@@ -3,7 +3,6 @@ pages, snapshots and revisions, auth, bad input (never a 500), the OpenAPI descr
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -156,7 +155,7 @@ async def test_new_messages_keep_the_revision_but_a_new_walk_sees_them(api: Api)
 async def test_snapshots_expire_after_the_ttl(api: Api) -> None:
     await api.store.write([flush(ME, [make_row(ME, n, act=n) for n in range(1, 5)], 10, 1)])
     _, first = await api.get("/v1/sessions", limit=2)
-    api.clock.now += SETTINGS.api_snapshot_ttl_ms - 1
+    api.clock.now += SETTINGS.api.api_snapshot_ttl_ms - 1
     _, same = await api.get("/v1/sessions", limit=2, cursor=first["next_cursor"])
     assert same["snapshot_revision"] == 1 and same["projection_complete"]
     api.clock.now += 1
@@ -340,7 +339,7 @@ async def test_malformed_stored_rows_are_left_out(api: Api) -> None:
 def test_the_api_refuses_to_start_without_a_secret() -> None:
     with pytest.raises(ApiConfigError, match="PROJECTOR_API_SECRET"):
         create_app(
-            dataclasses.replace(SETTINGS, api_secret=""),
+            SETTINGS.replace(api_secret=""),
             Deps(projections=MemoryProjectionReader(InMemoryProjectionStore())),
         )
 
@@ -394,7 +393,7 @@ async def test_responses_carry_server_timing(api: Api) -> None:
 
 
 async def test_a_list_beyond_the_snapshot_bound_is_cut_and_says_so() -> None:
-    settings = dataclasses.replace(SETTINGS, api_snapshot_max_rows=10)
+    settings = SETTINGS.replace(api_snapshot_max_rows=10)
     store = InMemoryProjectionStore()
     await store.write([flush(ME, [make_row(ME, n, act=n) for n in range(1, 16)], 1, 1)])
     app = create_app(settings, Deps(projections=MemoryProjectionReader(store), clock_ms=ManualClock(T0)))

@@ -47,7 +47,7 @@ def state_rows() -> list[dict[str, Any]]:
 async def badge_and_pages(
     store: InMemoryProjectionStore, filler: FilledFromState, fill: str, include_muted: bool = False
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    settings = Settings(api_secret=SECRET, api_fill_from_state=fill, include_muted=include_muted)
+    settings = Settings.build(api_secret=SECRET, api_fill_from_state=fill, include_muted=include_muted)
     app = create_app(
         settings, Deps(projections=MemoryProjectionReader(store), state=filler, clock_ms=lambda: NOW_S * 1000)
     )

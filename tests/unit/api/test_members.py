@@ -30,7 +30,7 @@ from app.settings import Settings
 from app.stores.memory_projection import InMemoryProjectionStore
 
 SECRET = "k" * 40
-SETTINGS = Settings(api_secret=SECRET, api_fill_from_state="never")
+SETTINGS = Settings.build(api_secret=SECRET, api_fill_from_state="never")
 T0 = 1_800_000_000_000
 G1 = str(uuid.UUID(int=1))
 G2 = str(uuid.UUID(int=2))

@@ -28,7 +28,7 @@ from tests.support.rows import flush, mixed_rows
 
 ME, OTHER = 42, 43
 INTERVAL_S = 300
-SETTINGS = Settings(
+SETTINGS = Settings.build(
     api_secret=SECRET,
     api_fill_from_state="never",
     api_rate_limit_per_s=0,

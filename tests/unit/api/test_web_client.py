@@ -67,9 +67,9 @@ def test_a_configured_path_without_a_build_is_refused(tmp_path: Path) -> None:
 
 def test_the_api_refuses_to_start_on_a_named_build_that_is_not_there(tmp_path: Path) -> None:
     from app.api.app import ApiConfigError, check_config
-    from app.settings import Settings
+    from app.settings import ApiSettings, Settings
 
-    settings = Settings(api_secret="s" * 32, api_web_sdk=str(tmp_path / "missing.tgz"))
+    settings = Settings.build(api_secret="s" * 32, api_web_sdk=str(tmp_path / "missing.tgz"))
     with pytest.raises(ApiConfigError, match="api_web_sdk"):
-        check_config(settings)
-    check_config(Settings(api_secret="s" * 32, api_web_sdk=str(_tgz(tmp_path / "sdk.tgz", PACKAGE))))
+        check_config(settings.api)
+    check_config(ApiSettings(api_secret="s" * 32, api_web_sdk=str(_tgz(tmp_path / "sdk.tgz", PACKAGE))))

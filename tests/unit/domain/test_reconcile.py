@@ -19,7 +19,7 @@ from app.domain.reconcile import (
     split_rows,
     wants_recount,
 )
-from app.settings import Settings
+from app.settings import ProcessingSettings, ReconcileSettings
 from app.worker.reconcile import MIN_MAX_AGE_S, ReconcileConfig
 
 U64 = 2**64 - 1
@@ -68,9 +68,17 @@ def test_a_request_older_than_the_bound_is_stale() -> None:
 
 def test_the_worker_keeps_requests_at_least_a_minute() -> None:
     assert (
-        ReconcileConfig.from_settings(Settings(reconcile_min_interval_s=1)).max_age_ms == MIN_MAX_AGE_S * 1000
+        ReconcileConfig.from_settings(
+            ReconcileSettings(reconcile_min_interval_s=1), ProcessingSettings()
+        ).max_age_ms
+        == MIN_MAX_AGE_S * 1000
     )
-    assert ReconcileConfig.from_settings(Settings(reconcile_min_interval_s=300)).max_age_ms == 300_000
+    assert (
+        ReconcileConfig.from_settings(
+            ReconcileSettings(reconcile_min_interval_s=300), ProcessingSettings()
+        ).max_age_ms
+        == 300_000
+    )
 
 
 @pytest.mark.parametrize(("ms", "s"), [(1, 1), (999, 1), (1000, 1), (1001, 2), (299_001, 300)])

@@ -31,7 +31,7 @@ from tests.support.api import SECRET
 from tests.support.rows import cid, flush, make_row
 
 ME = 11982011376358104761  # JS-unsafe: every id on the wire must be its exact decimal string
-SETTINGS = Settings(api_secret=SECRET, api_fill_from_state="never", api_snapshot_cache_rows=5000)
+SETTINGS = Settings.build(api_secret=SECRET, api_fill_from_state="never", api_snapshot_cache_rows=5000)
 NOW_S = 1_800_000_000
 
 

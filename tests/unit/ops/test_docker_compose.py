@@ -1,4 +1,4 @@
-"""docker/compose.yaml agrees with app/settings.py: every PROJECTOR_* variable is a real setting,
+"""docker/compose.yaml agrees with app/settings/: every PROJECTOR_* variable is a real setting,
 the values validate, and ports/topic names match the Settings defaults (and the local servers)."""
 
 from __future__ import annotations
@@ -60,18 +60,20 @@ def test_every_projector_variable_is_a_known_setting_and_valid(compose: dict[str
 def test_ports_and_topics_agree_with_settings_defaults(compose: dict[str, Any], role: str) -> None:
     s = Settings.from_env(_env(compose["services"][role]))
     # Same topic names and partitioning as the local stack: changelogs and consumers depend on them.
-    assert s.topics == DEFAULTS.topics
-    assert s.topic_partitions == DEFAULTS.topic_partitions
-    assert s.cassandra_keyspace == DEFAULTS.cassandra_keyspace
+    assert s.topics.names == DEFAULTS.topics.names
+    assert s.topics.topic_partitions == DEFAULTS.topics.topic_partitions
+    assert s.cassandra.cassandra_keyspace == DEFAULTS.cassandra.cassandra_keyspace
     # Same ports; only the host names differ (compose service names).
-    assert int(s.kafka_bootstrap.rpartition(":")[2]) == int(DEFAULTS.kafka_bootstrap.rpartition(":")[2])
-    assert s.kafka_bootstrap.rpartition(":")[0] == "kafka"
-    assert urlparse(s.redis_url).port == urlparse(DEFAULTS.redis_url).port
-    assert urlparse(s.redis_url).hostname == "redis"
-    assert s.cassandra_port == DEFAULTS.cassandra_port
-    assert s.cassandra_contact_points == ("cassandra",)
-    assert s.api_port == DEFAULTS.api_port
-    assert s.worker_web_port == DEFAULTS.worker_web_port
+    assert int(s.kafka.kafka_bootstrap.rpartition(":")[2]) == int(
+        DEFAULTS.kafka.kafka_bootstrap.rpartition(":")[2]
+    )
+    assert s.kafka.kafka_bootstrap.rpartition(":")[0] == "kafka"
+    assert urlparse(s.redis.redis_url).port == urlparse(DEFAULTS.redis.redis_url).port
+    assert urlparse(s.redis.redis_url).hostname == "redis"
+    assert s.cassandra.cassandra_port == DEFAULTS.cassandra.cassandra_port
+    assert s.cassandra.cassandra_contact_points == ("cassandra",)
+    assert s.api.api_port == DEFAULTS.api.api_port
+    assert s.worker.worker_web_port == DEFAULTS.worker.worker_web_port
 
 
 def test_kafka_listens_where_settings_point_and_never_auto_creates(compose: dict[str, Any]) -> None:
@@ -85,14 +87,14 @@ def test_published_ports_are_loopback_only_and_match_the_api(compose: dict[str, 
     for name, ports in published.items():
         for spec in ports:
             assert str(spec).startswith("127.0.0.1:"), f"{name} publishes {spec} beyond loopback"
-    assert published["api"] == [f"127.0.0.1:{DEFAULTS.api_port}:{DEFAULTS.api_port}"]
+    assert published["api"] == [f"127.0.0.1:{DEFAULTS.api.api_port}:{DEFAULTS.api.api_port}"]
 
 
 def test_the_api_secret_comes_from_the_host_never_from_the_file(compose: dict[str, Any]) -> None:
     raw = compose["services"]["api"]["environment"]["PROJECTOR_API_SECRET"]
     assert _REQUIRED_FROM_HOST.fullmatch(raw), raw
     settings = Settings.from_env(_env(compose["services"]["api"]))
-    assert settings.api_secret == HOST_VALUES["PROJECTOR_API_SECRET"]
+    assert settings.api.api_secret == HOST_VALUES["PROJECTOR_API_SECRET"]
     for role in ("bootstrap", "worker"):  # only the API needs the key
         assert "PROJECTOR_API_SECRET" not in _env(compose["services"][role])
 
@@ -100,8 +102,8 @@ def test_the_api_secret_comes_from_the_host_never_from_the_file(compose: dict[st
 def test_the_worker_serves_metrics_on_its_own_port(compose: dict[str, Any]) -> None:
     s = Settings.from_env(_env(compose["services"]["worker"]))
     # Not published to the host (scraped inside the compose network); distinct from faust's port.
-    assert s.worker_metrics_port > 0
-    assert s.worker_metrics_port not in (s.worker_web_port, s.api_port)
+    assert s.worker.worker_metrics_port > 0
+    assert s.worker.worker_metrics_port not in (s.worker.worker_web_port, s.api.api_port)
 
 
 def test_the_api_healthcheck_asks_readyz_on_the_api_port(compose: dict[str, Any]) -> None:
@@ -111,7 +113,7 @@ def test_the_api_healthcheck_asks_readyz_on_the_api_port(compose: dict[str, Any]
     settings = Settings.from_env(_env(api))
     command = " ".join(api["healthcheck"]["test"])
     assert api["healthcheck"]["test"][0] == "CMD"
-    assert f"http://127.0.0.1:{settings.api_port}{READYZ_PATH}" in command  # no token: a public route
+    assert f"http://127.0.0.1:{settings.api.api_port}{READYZ_PATH}" in command  # no token: a public route
 
 
 def test_the_worker_healthcheck_asks_readyz_on_the_worker_metrics_port(compose: dict[str, Any]) -> None:
@@ -122,8 +124,8 @@ def test_the_worker_healthcheck_asks_readyz_on_the_worker_metrics_port(compose: 
     command = " ".join(worker["healthcheck"]["test"])
     assert worker["healthcheck"]["test"][0] == "CMD"
     # Health rides on the metrics server: it needs that port (no token: public routes).
-    assert settings.worker_metrics_port > 0
-    assert f"http://127.0.0.1:{settings.worker_metrics_port}{READYZ_PATH}" in command
+    assert settings.worker.worker_metrics_port > 0
+    assert f"http://127.0.0.1:{settings.worker.worker_metrics_port}{READYZ_PATH}" in command
 
 
 def test_the_monitoring_profile_mounts_the_operator_kit(compose: dict[str, Any]) -> None:
@@ -140,6 +142,6 @@ def test_the_monitoring_profile_mounts_the_operator_kit(compose: dict[str, Any])
     api = Settings.from_env(_env(services["api"]))
     # The example scrape config reaches the compose services on their real ports.
     assert targets == {
-        "projector-worker": [f"worker:{worker.worker_metrics_port}"],
-        "projector-api": [f"api:{api.api_port}"],
+        "projector-worker": [f"worker:{worker.worker.worker_metrics_port}"],
+        "projector-api": [f"api:{api.api.api_port}"],
     }

@@ -119,4 +119,4 @@ def test_the_image_carries_the_packed_tgz_where_the_api_looks_for_the_pages_sdk(
     )
     assert env["PROJECTOR_API_WEB_SDK"] == in_image
     assert "PROJECTOR_API_WEB_SDK" in Settings.env_names()
-    assert Settings.from_env({"PROJECTOR_API_WEB_SDK": in_image}).api_web_sdk == in_image
+    assert Settings.from_env({"PROJECTOR_API_WEB_SDK": in_image}).api.api_web_sdk == in_image

@@ -21,7 +21,7 @@ def restore_gc() -> Iterator[None]:
 
 
 def test_the_defaults_raise_the_first_threshold_and_freeze(restore_gc: None) -> None:
-    policy = GcPolicy.from_settings(Settings.from_env({}))
+    policy = GcPolicy.from_settings(Settings.from_env({}).worker)
     assert policy == GcPolicy(threshold=50_000, freeze=True)
     policy.apply()
     assert gc.get_threshold() == (50_000, 10, 10)
@@ -31,7 +31,9 @@ def test_the_defaults_raise_the_first_threshold_and_freeze(restore_gc: None) -> 
 def test_zero_and_false_leave_python_s_collector_as_it_is(restore_gc: None) -> None:
     before = gc.get_threshold()
     policy = GcPolicy.from_settings(
-        Settings.from_env({"PROJECTOR_WORKER_GC_THRESHOLD": "0", "PROJECTOR_WORKER_GC_FREEZE": "false"})
+        Settings.from_env(
+            {"PROJECTOR_WORKER_GC_THRESHOLD": "0", "PROJECTOR_WORKER_GC_FREEZE": "false"}
+        ).worker
     )
     policy.apply()
     policy.settle("assignment")

@@ -70,8 +70,8 @@ def completion(
             "PROJECTOR_TABLE_STANDBY_REPLICAS": str(replicas),
         }
     )
-    app: Any = new_faust_app(settings)
-    topic = settings.topic_mailbox_tail
+    app: Any = new_faust_app(settings.kafka, settings.topics, settings.worker)
+    topic = settings.topics.topic_mailbox_tail
     actives = {TP(topic, 2), TP(topic, 0), TP("other", 3)}
     app.assignor.assigned_actives = lambda: actives  # the assignment
     core = PlacedPartitions({0: 40, 2: None})
@@ -92,7 +92,7 @@ def completion(
         core,
         standbys,
         log_start,
-        settings,
+        settings.topics,
         GcPolicy(threshold=0, freeze=True),
         monitor,
         on_overrun,

@@ -193,7 +193,7 @@ async def test_reconcile_is_accepted_then_says_when_to_ask_again() -> None:
     await server.start_server()
     try:
         async with SessionsClient(str(server.make_url("")), token()) as api:
-            interval = SETTINGS.reconcile_min_interval_s
+            interval = SETTINGS.reconcile.reconcile_min_interval_s
             assert await api.reconcile() == ReconcileAnswer(True, None, interval)
             assert await api.reconcile() == ReconcileAnswer(False, interval, None)
         assert [r.user_id for r in sent] == [ME]

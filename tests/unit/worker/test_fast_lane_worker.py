@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from app.domain.flush import UserFlush
-from app.settings import Settings
+from app.settings import ProcessingSettings, Settings, WorkerSettings
 from app.stores.memory_messages import InMemoryMessageStore
 from app.stores.memory_projection import InMemoryProjectionStore
 from app.stores.memory_tables import MemoryTables
@@ -31,7 +31,9 @@ def deltas(outbox: RecordingOutbox) -> list[tuple[int, int]]:
 
 def run(per_user_per_s: int) -> list[list[tuple[int, int]]]:
     """What the outbox holds after each step: the batch, just before the window's end, after it."""
-    settings = Settings(projection_compaction_window_ms=WINDOW_MS, fast_lane_per_user_per_s=per_user_per_s)
+    settings = Settings.build(
+        projection_compaction_window_ms=WINDOW_MS, fast_lane_per_user_per_s=per_user_per_s
+    )
     s = StreamBuilder()
     s.message(2, 1, conv=GROUP, member_count=40)  # user 2: a group, waits for the window
     s.message(1, 1, conv=DM, member_count=2)  # user 1: a direct message, at once
@@ -40,7 +42,7 @@ def run(per_user_per_s: int) -> list[list[tuple[int, int]]]:
     outbox = RecordingOutbox()
     store: InMemoryMessageStore = message_store_for(lines, 1)
     core = WorkerCore(
-        WorkerConfig.from_settings(settings),
+        WorkerConfig.from_settings(settings.processing, settings.worker),
         message_store=store,
         projection_store=InMemoryProjectionStore(),
         tables=MemoryTables(),
@@ -98,9 +100,9 @@ def test_the_fast_flushes_of_a_batch_go_to_the_store_in_one_write_until_a_user_r
     lines = s.close()
     store = CountingStore()
     outbox = RecordingOutbox()
-    settings = Settings(projection_compaction_window_ms=WINDOW_MS)
+    settings = Settings.build(projection_compaction_window_ms=WINDOW_MS)
     core = WorkerCore(
-        WorkerConfig.from_settings(settings),
+        WorkerConfig.from_settings(settings.processing, settings.worker),
         message_store=message_store_for(lines, 1),
         projection_store=store,
         tables=MemoryTables(),
@@ -126,7 +128,9 @@ def test_visible_before_durable_a_direct_message_is_written_before_its_persist(
     clock = ManualClock()
     outbox = RecordingOutbox()
     core = WorkerCore(
-        WorkerConfig.from_settings(Settings(projection_compaction_window_ms=WINDOW_MS)),
+        WorkerConfig.from_settings(
+            ProcessingSettings(projection_compaction_window_ms=WINDOW_MS), WorkerSettings()
+        ),
         message_store=message_store_for(lines, 1),
         projection_store=InMemoryProjectionStore(),
         tables=MemoryTables(),

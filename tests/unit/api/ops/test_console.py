@@ -5,7 +5,6 @@ chart library's integrity, and that app/api stays free of aiokafka."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import re
 import subprocess
@@ -38,7 +37,7 @@ from tests.support.paths import ROOT
 
 API_SECRET = "unit-test-secret-0123456789-abcdefghij"
 OPS_SECRET = "ops-unit-test-secret-0123456789-abcdef"
-SETTINGS = Settings(
+SETTINGS = Settings.build(
     api_secret=API_SECRET,
     ops_secret=OPS_SECRET,
     api_fill_from_state="never",
@@ -244,7 +243,7 @@ async def project_user(c: Console) -> None:
     """The worker's projection of USER as the recompute gives it (a correct store)."""
     from app.api.ops.inspector import recompute
 
-    fresh = recompute(OpsDeps(c.store, c.state, c.messages, c.members, _serving), SETTINGS, USER)
+    fresh = recompute(OpsDeps(c.store, c.state, c.messages, c.members, _serving), SETTINGS.processing, USER)
     assert fresh is not None
     await c.store.write([fresh])
 
@@ -561,17 +560,17 @@ def test_fleet_summary_reads_rebuilds_and_shows_a_partition_claimed_twice() -> N
 
 def test_settings_keep_the_operator_secret_apart() -> None:
     with pytest.raises(SettingsError, match="must differ from PROJECTOR_API_SECRET"):
-        Settings(api_secret=API_SECRET, ops_secret=API_SECRET)
+        Settings.build(api_secret=API_SECRET, ops_secret=API_SECRET)
     with pytest.raises(SettingsError, match="PROJECTOR_OPS_SECRET: 5 characters"):
-        Settings(ops_secret="short")
+        Settings.build(ops_secret="short")
     with pytest.raises(SettingsError, match="not an http"):
         Settings.from_env({"PROJECTOR_OPS_METRICS_URLS": "http://a:1/metrics,ftp://b"})
     s = Settings.from_env({"PROJECTOR_OPS_METRICS_URLS": "http://a:1/metrics, http://b:2/metrics"})
-    assert s.ops_metrics_urls == ("http://a:1/metrics", "http://b:2/metrics")
+    assert s.ops.ops_metrics_urls == ("http://a:1/metrics", "http://b:2/metrics")
     assert "ops-unit" not in repr(SETTINGS)  # never in logs
     # Without an operator secret the console is not served at all.
     app = create_app(
-        dataclasses.replace(SETTINGS, ops_secret=""),
+        SETTINGS.replace(ops_secret=""),
         Deps(projections=MemoryProjectionReader(InMemoryProjectionStore())),
     )
     assert not any(r.canonical.startswith("/ops") for r in app.router.resources())
