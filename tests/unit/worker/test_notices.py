@@ -162,7 +162,7 @@ def test_a_rebuild_sends_no_notice_and_kafka_routes_them_to_the_session_delta_to
         assert silent.notices_seen == 1
         sender = Sender()
         settings = Settings.from_env({"PROJECTOR_TOPIC_SESSION_DELTA": "sd"})
-        await KafkaOutbox(sender, settings).notices([(b"17", b"{}")])  # type: ignore[arg-type]
+        await KafkaOutbox(sender, settings.topics).notices([(b"17", b"{}")])  # type: ignore[arg-type]
         assert sender.sent == [("sd", [(b"17", b"{}")])]
 
     asyncio.run(run())
