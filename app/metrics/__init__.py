@@ -5,7 +5,7 @@ module of its own: the worker (:mod:`app.metrics.worker`), the API and its opera
 (:mod:`app.metrics.process`). Every metric is named once, in its process's module.
 
 ``GET /metrics`` serves the text exposition format (:mod:`app.metrics.exposition`): the API on
-its own port (no token, like /openapi.json), the worker on ``Settings.worker_metrics_port``
+its own port (no token, like /openapi.json), the worker on ``WorkerSettings.worker_metrics_port``
 (0 = off) with its own small aiohttp server, never faust's web server (which several workers per
 host cannot share).
 """

@@ -2,7 +2,7 @@
 :meth:`WorkerMetrics.sync` reads the deltas of :class:`app.worker.core.WorkerStats` (and the
 gates' pending counts and watermarks) and is called from the flush timer and on every scrape;
 only the flush and reconcile latency histograms are observed per event (a histogram cannot be
-rebuilt from a total). Served on ``Settings.worker_metrics_port`` (app/runtime/web.py)."""
+rebuilt from a total). Served on ``WorkerSettings.worker_metrics_port`` (app/runtime/web.py)."""
 
 from __future__ import annotations
 
