@@ -40,10 +40,10 @@ OWING_KEY = "owing"
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
-    """A partition's checkpoint as read from the changelog (`gate`: the whole decoded record,
+    """A partition's checkpoint as read from the changelog (`record`: the whole decoded record,
     which the processor restores its gate from; None when the partition has none)."""
 
-    gate: dict[str, Any] | None
+    record: dict[str, Any] | None
     next_offset: int | None
     unflushed: list[int]
     persists: int
@@ -51,11 +51,11 @@ class Checkpoint:
 
 
 def read_checkpoint(raw: bytes | None) -> Checkpoint:
-    gate = msgspec.msgpack.decode(raw) if raw else None
-    extras = gate or {}
+    record = msgspec.msgpack.decode(raw) if raw else None
+    extras = record or {}
     next_offset = extras.get(NEXT_OFFSET_KEY)
     return Checkpoint(
-        gate=gate,
+        record=record,
         next_offset=next_offset if isinstance(next_offset, int) else None,
         unflushed=sorted({int(u) for u in extras.get(UNFLUSHED_KEY, ())}),
         persists=int(extras.get(PERSISTS_KEY, 0)),
@@ -226,4 +226,4 @@ class Checkpointer:
             checkpoint[UNFLUSHED_KEY] = state.unflushed = listed
             checkpoint[OWING_KEY] = sorted(owing)
             state.owing_persisted = set(owing)
-            tables.put_gate(partition, msgspec.msgpack.encode(checkpoint), state.next_offset)
+            tables.put_checkpoint_record(partition, msgspec.msgpack.encode(checkpoint), state.next_offset)

@@ -194,12 +194,12 @@ class WorkerCore:
         next offset, the users with work no flush carried, the rows owing Cassandra writes), the
         waiting entries, and those users and rows; everything else on first touch."""
         tables = self.tables
-        checkpoint = read_checkpoint(tables.gate(partition))
+        checkpoint = read_checkpoint(tables.checkpoint_record(partition))
         processor = PartitionProcessor.restore_lazily(
             self.config.projector,
             self.message_store,
             TablesSource(tables, partition),
-            checkpoint.gate,
+            checkpoint.record,
             tables.pending(partition),
             checkpoint.unflushed,
             **self._processor_options(),
@@ -221,7 +221,7 @@ class WorkerCore:
                 mirror.restage(key, record[OWED_KEY])
         if state.owing and mirror is not None:
             mirror.kick()
-        if checkpoint.gate is not None:
+        if checkpoint.record is not None:
             log.info(
                 "restored partition %d: %d users with unflushed work, %d waiting, hi=%d, next offset %s",
                 partition,

@@ -29,7 +29,7 @@ def raw_record(topic: str, partition: int, offset: int, key: bytes | None, value
 # user's rows are one prefix, and users sort numerically), a conversation id as its 16 UUID
 # bytes. A table holds one partition per RocksDB database (and changelog partition), so the key
 # needs no partition.
-GATE_KEY = b"gate"
+CHECKPOINT_KEY = b"gate"  # the on-disk key (and RocksDB folder "gates"), kept from before the rename
 
 
 def user_key(user_id: int) -> bytes:
@@ -75,7 +75,7 @@ class StateTables(Protocol):
 
     def put_user(self, partition: int, user_id: int, blob: bytes) -> None: ...
 
-    def put_gate(self, partition: int, blob: bytes, next_offset: int | None = None) -> None:
+    def put_checkpoint_record(self, partition: int, blob: bytes, next_offset: int | None = None) -> None:
         """The partition's record (watermark lanes, flush bookkeeping) and the mailbox-tail offset
         below which every entry is in this state (None: not placed yet)."""
         ...
@@ -121,7 +121,7 @@ class StateTables(Protocol):
         """About how many rows the partition holds, cheaply (RocksDB's estimate of its keys)."""
         ...
 
-    def gate(self, partition: int) -> bytes | None: ...
+    def checkpoint_record(self, partition: int) -> bytes | None: ...
 
     def pending(self, partition: int) -> list[bytes]:
         """The waiting entries' raw records."""

@@ -216,7 +216,7 @@ class CheckpointedTables:
     def put_user(self, partition: int, user_id: int, blob: bytes) -> None:
         self._staging(partition).users[user_id] = blob
 
-    def put_gate(self, partition: int, blob: bytes, next_offset: int | None = None) -> None:
+    def put_checkpoint_record(self, partition: int, blob: bytes, next_offset: int | None = None) -> None:
         staged = self._staging(partition)
         staged.meta = blob
         if next_offset is not None:
@@ -321,7 +321,7 @@ class CheckpointedTables:
         store = self.stores.get(partition)
         return 0 if store is None else store.estimated_keys()
 
-    def gate(self, partition: int) -> bytes | None:
+    def checkpoint_record(self, partition: int) -> bytes | None:
         checkpoint = self._read_store(partition).position.checkpoint
         if checkpoint is None or not checkpoint.meta:
             return None
