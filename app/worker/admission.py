@@ -1,9 +1,8 @@
 """Admission: whether one fetch of one partition is applied, and from which record.
 
-The offset rule itself is app/worker/offsets.py (`admit`, `first_hole`). This adds what the
-worker remembers between two fetches: a hole is applied over only once a second read from the
-expected offset shows the same hole (`hole_seen`). Pure: the caller applies the verdict, counts
-it and logs it.
+The offset rule (app/worker/offsets.py) plus what a partition remembers between fetches: a hole
+seen once (`hole_seen`), applied over only when read again (docs/decisions/0008-hole-confirmation.md).
+Pure: the caller applies, counts and logs the verdict.
 """
 
 from __future__ import annotations

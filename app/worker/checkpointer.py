@@ -1,12 +1,9 @@
 """The checkpointer: a partition's hot state into the changelog tables, once per row.
 
-A persist writes every row and user record the processor changed since the last one, the waiting
-entries added or released, and the partition's CHECKPOINT: the processor's gate marks plus the
-worker's keys below (the next offset, the users with work no flush carried, the rows owing
-Cassandra writes, the persist number). The checkpoint is stored under the tables' gate key; its
-encoding is a contract with every changelog already written (`WatermarkGate.load` ignores the
-worker's keys). Once a persist's commit is acknowledged, its offsets are durable and the flushes
-queued before its snapshot are covered.
+A persist writes what changed since the last one, then the partition's checkpoint record (the
+processor's record plus the worker's keys below), whose encoding is a contract with every changelog
+already written. Once its commit is acknowledged its offsets are durable and the flushes queued
+before its snapshot are covered (docs/decisions/0001-one-atomic-checkpoint.md).
 """
 
 from __future__ import annotations
@@ -86,8 +83,7 @@ class Checkpointer:
         self._outbound = outbound
         self._mirror = mirror
         self.lock = asyncio.Lock()
-        # True: a persist releases the state lock while the changelog acknowledges it (batches go
-        # on meanwhile). False: it holds it, the intake waits.
+        # True: the commit runs outside the state lock (docs/decisions/0005-overlap-flushes-and-batches.md).
         self.commit_outside_state_lock = False
 
     async def persist(self, state: PartitionState, *, handing_over: bool = False) -> None:
@@ -107,19 +103,15 @@ class Checkpointer:
 
     async def _persist(self, state: PartitionState, handing_over: bool) -> None:
         async with self._state_lock:  # no batch is applied meanwhile: one consistent snapshot
-            # The events of the batches this persist makes durable go out first (raises while
-            # they cannot: nothing is written then, and a crash re-reads their records).
+            # Owed events go out first; raises while they cannot (decision 0010).
             await self._outbound.send_owed(state)
             mirror = self._mirror()
             owed: dict[tuple[int, str], dict[str, Any]] = {}
             if mirror is not None:
                 if handing_over:
-                    # The new owner restages what is owed from the records; a round of ours
-                    # landing after its newer writes would undo them (last write wins).
+                    # No round of ours may land after the new owner's writes (decision 0009).
                     await mirror.settle()
-                # Once the changelog holds these entries their re-reads are skipped, so what the
-                # mirror has not written yet (staged, or in a round not acknowledged) goes into
-                # the rows' records: a crash before it lands restages it.
+                # What the mirror has not written yet is owed in the rows' records (decision 0009).
                 owed = mirror.owed()
             changes = state.processor.changes_since_persist()
             # What the checkpoint in the changelog says now: a persist that fails leaves it so.
@@ -131,17 +123,15 @@ class Checkpointer:
                 if handing_over and state.owing and mirror is not None:
                     mirror.drop(state.owing)
                 covered = state.queued_flushes
-                # Created here, under the lock; it takes what was staged when it starts (at once,
-                # below: no other persist stages in between, they hold `self.lock`).
+                # Created under the lock: it takes what was staged (other persists wait on `self.lock`).
                 commit = self.tables.commit()
                 if not self.commit_outside_state_lock:
                     await commit
             except BaseException:
                 self._not_persisted(state, changes, persisted)
                 raise
-        # The broker's acknowledgement is awaited without the state lock: batches are applied
-        # meanwhile (their changes go to the next persist); only the offsets and the flushes this
-        # snapshot covers become durable / publishable once it is in.
+        # Batches applied meanwhile go to the next persist; only this snapshot's offsets and
+        # flushes become durable / publishable.
         if self.commit_outside_state_lock:
             try:
                 await commit
@@ -152,34 +142,27 @@ class Checkpointer:
             if offset is not None:
                 state.durable_offset = offset
             state.durable_flushes = max(state.durable_flushes, covered)
-            # Clean rows beyond the hot set's bound may leave memory now (the tables have them;
-            # rows changed since the snapshot are pinned by the processor's own change set).
+            # Clean rows beyond the hot set's bound may leave memory now (the tables have them).
             pinned = {batch.user_id for batches in state.unpublished for batch in batches}
             state.processor.evict(pinned)
 
     @staticmethod
     def _not_persisted(state: PartitionState, changes: Changes, persisted: _Persisted) -> None:
-        """A persist raised (the broker refused its records past the producer's timeouts, a
-        write failed): any part of it may be in the changelog, none is known to be. Its changes
-        go to the next persist with what changed since, and the checkpoint's lists are what the
-        changelog's checkpoint says (never past entries whose rows are not known written)."""
+        """A persist raised: any part of it may be in the changelog, none is known to be. Its
+        changes go to the next persist, and the lists go back to what the last checkpoint says."""
         state.unflushed, state.owing_persisted, state.persists = persisted
         state.processor.persist_failed(changes)
 
     def _owe(
         self, state: PartitionState, changes: Changes, owed: dict[tuple[int, str], dict[str, Any]]
     ) -> None:
-        """Which rows' records carry owed writes from this persist on. A row owes only what was
-        staged when it changed, so a newly owing row is written by this persist anyway, and an
-        untouched row that still owes keeps its record."""
+        """Which rows' records carry owed writes from this persist on (a newly owing row changed,
+        so this persist writes it; an untouched row still owing keeps its record)."""
         if not owed and not state.owing:
             return
-        # The writer serves every partition: this one's owing rows are those it changed since
-        # the last persist (a row is staged when a batch applies to it) or already owed (a row
-        # evicted while it still owes included).
+        # The writer serves every partition: this one's rows are those changed here or already owing.
         owing = {key for key in owed if key in changes.rows or key in state.owing}
-        # Rows no longer owing keep their record as it is: the checkpoint's list, not the record,
-        # says what a restore restages (a stale `mirror_owed` is never read), so no extra write.
+        # A row no longer owing keeps its record: the checkpoint's list says what a restore restages.
         state.owing = owing
         self.stats.state_owed_rows += len(owing & changes.rows)
 
@@ -200,9 +183,7 @@ class Checkpointer:
             if (user_id, conversation_id) in owing:
                 record[OWED_KEY] = owed[(user_id, conversation_id)]
             tables.put_row(partition, user_id, conversation_id, msgspec.msgpack.encode(record))
-        # A flush produced but not published yet must not look flushed in the changelog (a
-        # restored user would not be flushed again and the store would keep older rows): its
-        # record says the version before that flush.
+        # A flush not published yet must not look flushed: the record says the version before it.
         unpublished: dict[int, int] = {}
         for batches in state.unpublished:
             for batch in batches:

@@ -1,23 +1,10 @@
 """WorkerCore: the worker's I/O around the processing object, one per owned partition.
 
-The rules (decode → gate → apply → flush decisions) are `app.domain.processor.PartitionProcessor`,
-the object replay and a rebuild by replay run too. The core wires four parts around it:
-
-  (partition, [record]) → admission (app/worker/admission.py: the log is applied without a hole)
-  → processor.on_records(values, wall clock) → outbound records (app/worker/outbound.py: dead
-  letters, member notices) | Cassandra mirror changes to the state writer (app/worker/mirror.py)
-  | flushes queued → the publisher (app/worker/publisher.py: store writes and frames, in order)
-
-  the checkpointer (app/worker/checkpointer.py): hot state → changelog tables, once per row per
-  persist; at least once per window, before a flush is published unless flushes are visible
-  before durable, and when the partition is handed over.
-
-Offsets follow the checkpointer: only `durable_offsets()` (as of the last persist, which first
-completes the Cassandra mirror writes of what it persists) are committed, so a crash re-reads
-exactly what the changelog does not hold, and admission skips what it does.
-
-Locks: the state lock (a batch is applied, or a persist snapshots, one at a time), the
-checkpointer's (one persist at a time), the publisher's (one publication at a time).
+The rules are `app.domain.processor.PartitionProcessor` (replay runs the same object). Around it:
+(partition, [record]) → admission.py → processor → outbound.py (dead letters, notices) | mirror.py
+(Cassandra, owed in each persist) | queued flushes → publisher.py; checkpointer.py persists the hot
+state. Only `durable_offsets()` are committed, so a crash re-reads exactly what the changelog does
+not hold (docs/decisions/0001-one-atomic-checkpoint.md, 0009-mirror-owed-writes.md).
 """
 
 from __future__ import annotations
@@ -83,14 +70,11 @@ class _Forwarded(Generic[T]):
 
 
 class WorkerCore:
-    # The checkpointer's: True, a persist releases the state lock while the changelog
-    # acknowledges it (batches go on meanwhile). `PROJECTOR_WORKER_OVERLAP_FLUSHES` sets it.
+    # True: a persist commits outside the state lock (docs/decisions/0005-overlap-flushes-and-batches.md).
     commit_outside_state_lock = _Forwarded[bool]("checkpointer")
-    # The publisher's: True, a flush goes to the store and the frames without waiting for a
-    # persist (app/worker/publisher.py). `PROJECTOR_WORKER_VISIBLE_BEFORE_DURABLE` sets it.
+    # True: flushes are published before their persist (docs/decisions/0004-visible-before-durable.md).
     visible_before_durable = _Forwarded[bool]("publisher")
-    # None: a failing store write raises (rebuild, replay, tests). Set (the worker): the flush
-    # stays queued and is retried after the backoff.
+    # None: a failing store write raises. Set: the flush stays queued until the backoff allows.
     store_backoff = _Forwarded["Backoff | None"]("publisher")
     after_store_write = _Forwarded["Callable[[], None] | None"]("publisher")  # fault injection
     # Prometheus: counters are pulled from `stats`; only the flush latency is observed, per write.
@@ -123,8 +107,7 @@ class WorkerCore:
         self.stats = WorkerStats()
         self.mirror: MirrorPump | None = None
         self.state_writer = state_writer  # also makes the mirror (the property below)
-        # Held while a batch is applied and while a partition is persisted: a persist snapshots
-        # rows, offsets and the Cassandra mirror at one point between batches.
+        # Held while a batch is applied and while a persist snapshots (one point between batches).
         self._state_lock = asyncio.Lock()
         self.dead_letter_log = RateLimitedLog(log, config.dead_letter_log_per_s, "dead letters")
         self.outbound = OutboundRecords(outbox, self.stats, self._current_mirror, self.dead_letter_log)
@@ -146,10 +129,8 @@ class WorkerCore:
         self.store_backoff = store_backoff
         self.after_store_write = after_store_write
         self.metrics = metrics
-        # `background_publish` (the worker's runtime): a batch that produced flushes only wakes
-        # the flush scheduler (`publish_wanted`) instead of publishing them itself, so the intake
-        # reads the next window while the previous flush is written; it publishes itself only
-        # past `max_queued_flushes` queued in its partition (memory and lag stay bounded).
+        # `background_publish`: a batch's flushes wake the flush scheduler (`publish_wanted`); the
+        # batch publishes itself only past `max_queued_flushes` queued in its partition.
         self.background_publish = False
         self.max_queued_flushes = 4
         self.publish_wanted = asyncio.Event()
@@ -190,9 +171,8 @@ class WorkerCore:
         }
 
     def _restore(self, partition: int) -> PartitionState:
-        """A partition's processor over its changelog tables, read lazily: the checkpoint (its
-        next offset, the users with work no flush carried, the rows owing Cassandra writes), the
-        waiting entries, and those users and rows; everything else on first touch."""
+        """A partition's processor over its changelog tables: the checkpoint, the waiting entries
+        and the users and rows the checkpoint lists read now; everything else on first touch."""
         tables = self.tables
         checkpoint = read_checkpoint(tables.checkpoint_record(partition))
         processor = PartitionProcessor.restore_lazily(
@@ -208,8 +188,7 @@ class WorkerCore:
         processor.open_window_at(self.clock())
         state = PartitionState(partition, processor)
         state.next_offset = state.durable_offset = checkpoint.next_offset
-        # The checkpoint's lists go on as they were persisted: a user stays listed until a
-        # persist writes its record as flushed (a second crash before that must find it again).
+        # A user stays listed until a persist writes its record as flushed (crashes in a row).
         state.unflushed = checkpoint.unflushed
         state.persists = checkpoint.persists
         state.owing_persisted = set(checkpoint.owing)
@@ -236,8 +215,7 @@ class WorkerCore:
         """After a rebalance (tables recovered): bring every assigned partition back now, so work
         that was applied but never flushed is flushed even if no new record arrives."""
         async with self.checkpointer.lock:  # a commit of its own: never one that a persist staged
-            # Owned from here: each store caught up with its changelog and claimed (raises when
-            # its checkpoint names another input: the worker exits).
+            # Each store caught up and claimed (raises when its checkpoint names another input).
             await self.tables.acquire(partitions)
             for partition in partitions:
                 self.partition(partition)
@@ -280,11 +258,9 @@ class WorkerCore:
     async def on_batch(
         self, partition: int, records: Sequence[RawRecord], fetch_from: int | None, fetch_to: int
     ) -> Admission:
-        """Process one fetch of one partition, if admission takes it (app/worker/admission.py;
-        `fetch_from`/`fetch_to`: the consumer's position before and after the fetch). A GAP is
-        refused and changes nothing: the caller seeks back to `expected_offset(partition)`. Its
-        effects reach the changelog tables with the partition's next persist: until then its
-        offsets are not `durable_offsets()`, so a crash re-reads it."""
+        """Process one fetch of one partition if admission takes it (`fetch_from`/`fetch_to`: the
+        consumer's position around it). A GAP changes nothing: the caller seeks back to
+        `expected_offset(partition)`. Its offsets are durable with the partition's next persist."""
         async with self._state_lock:
             now = self.clock()
             state = self.partition(partition)
@@ -305,9 +281,7 @@ class WorkerCore:
                 )
                 return admission
             if verdict.confirmed_hole is not None:
-                # Offsets with no record for us (transaction markers, compaction, retention). A
-                # log written by plain producers has none, so each is said (an entry skipped here
-                # is never applied).
+                # Offsets with no record for us (a confirmed hole): counted and logged.
                 log.warning(
                     "partition %d: offsets from %d on hold no record (read twice from %d): "
                     "%d skipped up to %d",
@@ -387,9 +361,8 @@ class WorkerCore:
             log.info("partition %d: starting at offset %d", partition, offset)
 
     def retention_overrun(self, partition: int, log_start: int) -> None:
-        """mailbox-tail starts at `log_start`, past where the partition's state stands: the
-        entries between were deleted unread. Counted and said (an alert fires on the count); the
-        partition reads on from the log start, as nothing else can be read."""
+        """mailbox-tail starts at `log_start`, past the partition's state: the entries between were
+        deleted unread. Counted and logged; the partition reads on from the log start."""
         state = self.partition(partition)
         expected = state.next_offset
         if expected is None or log_start <= expected:

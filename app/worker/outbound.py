@@ -1,10 +1,5 @@
-"""Outbound records: a batch's dead letters and member notices.
-
-They are events, not state: no later flush restates them. So a send that raises keeps them owed
-with the partition, and the partition's next persist sends them first and fails while it cannot
-(its offsets never go durable past records whose events were not sent; a crash re-reads those
-records and produces the events again). At least once: a send that failed part way is sent whole
-again (a client reacts to a notice once; a dead letter names its record's offset).
+"""Outbound records: a batch's dead letters and member notices, owed with the partition until
+sent, at least once; the next persist sends them first (docs/decisions/0010-outbound-events-owed.md).
 """
 
 from __future__ import annotations
@@ -54,9 +49,8 @@ class OutboundRecords:
             state.owed_dead_letters += self._dead_letters(records, letters)
         if notices:
             mirror = self._mirror()
-            # A notice says "re-read the roster", which the Cassandra mirror writes: the member
-            # changes staged before it are written first. A failed round does not hold notices
-            # back (a notice is a hint to re-read, never a fact); those sent so are counted.
+            # The member changes staged before a notice are written first; a failed round does not
+            # hold notices back (those sent so are counted).
             if mirror is not None and not await mirror.drain():
                 self.stats.notices_ahead_of_roster += len(notices)
             state.owed_notices += [(str(n.user_id).encode(), orjson.dumps(n.frame())) for n in notices]
@@ -95,9 +89,7 @@ class OutboundRecords:
             record = records[index]
             kinds[letter.kind] = kinds.get(letter.kind, 0) + 1
             out.append((record.key, dead_letter_envelope(record, letter.reason)))
-            # The kind, not the reason: a reason may quote the record's content (user data stays
-            # out of the logs; the dead-letter topic has it). Capped per second; the count above
-            # and the topic get every one.
+            # The kind, not the reason (a reason may quote user data); capped per second.
             self.dead_letter_log.log(
                 "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, letter.kind
             )

@@ -24,11 +24,8 @@ def raw_record(topic: str, partition: int, offset: int, key: bytes | None, value
     return RawRecord(topic, partition, offset, key, value if value is not None else b"")
 
 
-# -- the changelog tables' layout -----------------------------------------------------------------
-# Keys are bytes in an order that is the state's order: a user id as 8 big-endian bytes (so a
-# user's rows are one prefix, and users sort numerically), a conversation id as its 16 UUID
-# bytes. A table holds one partition per RocksDB database (and changelog partition), so the key
-# needs no partition.
+# -- the changelog tables' layout: keys sort as the state (user id: 8 big-endian bytes, then the
+# conversation's 16 UUID bytes); one partition per store, so no partition in the key.
 CHECKPOINT_KEY = b"gate"  # the on-disk key (and RocksDB folder "gates"), kept from before the rename
 
 
@@ -45,8 +42,7 @@ def pending_key(user_id: int, mailbox_seq: int) -> bytes:
 
 
 def parse_row_key(key: bytes) -> tuple[int, str]:
-    # str(uuid.UUID(bytes=...)) spelled out: 3x cheaper, and every row read after a restart or an
-    # eviction parses its key (a user's 50 rows at its first touch).
+    # str(uuid.UUID(bytes=...)) spelled out: 3x cheaper, and every row read parses its key.
     h = key[8:24].hex()
     if len(h) != 32:
         raise ValueError(f"a row key has 24 bytes, not {len(key)}")
@@ -62,13 +58,12 @@ class StateTables(Protocol):
     Every call names its partition: writes go to that partition's store, reads read it."""
 
     async def acquire(self, partitions: Sequence[int]) -> None:
-        """These partitions are this worker's from now on: their state is read up to date and
-        claimed (no other writer's persist is accepted after it). Before any read of them."""
+        """These partitions are this worker's from now on: read up to date and claimed, before any
+        read of them."""
         ...
 
     def hand_over(self, partition: int) -> None:
-        """The partition's last persist here is done (or it is dropped): another worker writes
-        it next."""
+        """The partition's last persist here is done: another worker writes it next."""
         ...
 
     def put_row(self, partition: int, user_id: int, conversation_id: str, blob: bytes) -> None: ...
@@ -85,9 +80,8 @@ class StateTables(Protocol):
     def delete_pending(self, partition: int, user_id: int, mailbox_seq: int) -> None: ...
 
     async def commit(self) -> None:
-        """End of a persist: every write since the last commit is durable, and readable here.
-        Reads see a write only once it is committed. Atomic per partition: a commit that raises
-        left either all of a partition's writes durable or none of them."""
+        """End of a persist: every write since the last commit durable and readable (not before),
+        atomically per partition: a commit that raises left all of a partition's writes or none."""
         ...
 
     def get_users(self, partition: int, user_ids: Collection[int]) -> dict[int, bytes]:
@@ -109,8 +103,8 @@ class StateTables(Protocol):
     def rows_after(
         self, partition: int, after: tuple[int, str] | None, limit: int
     ) -> list[tuple[tuple[int, str], bytes]]:
-        """At most `limit` rows whose key is above `after`'s (None: from the first), in key
-        order. Safe to call from a worker thread (the unread audit's sweep reads off the loop)."""
+        """At most `limit` rows whose key is above `after`'s (None: from the first), in key order;
+        safe from a worker thread."""
         ...
 
     def row_key_bounds(self, partition: int) -> tuple[tuple[int, str], tuple[int, str]] | None:
@@ -178,7 +172,6 @@ class StateWriter(Protocol):
 
 
 class FlushObserver(Protocol):
-    """Told how long each flush took (the worker's Prometheus metrics); the counters are pulled
-    from the core's stats instead, so the core never depends on the metrics module."""
+    """Told how long each flush took; the counters are pulled from the core's stats instead."""
 
     def observe_flush(self, seconds: float) -> None: ...

@@ -1,20 +1,9 @@
 """The publisher: queued flushes to the projection store and the frames, in order.
 
-Each partition's flushes are published in the order the processor produced them: per write, each
-user's batch to the projection store atomically, then one SESSION_DELTA and one BADGE_UPDATE per
-user whose version the store took. One publisher at a time (`lock`) keeps each user's versions in
-order across partitions' publishers.
-
-Durable before visible (`visible_before_durable` False): a flush is written only once a completed
-persist covers it, and a publish persists the partition first. Visible before durable (True): a
-flush is written at once and the persist follows within a window. Sound because a flush's rows
-and badge are a function of the entries applied up to its version: after a crash the re-read
-reproduces the same version with the same values (the store refuses it as a repeat) or a newer
-one (docs/durability.md).
-
-A failing store (`store_backoff` set): a write that raises leaves its flush and the later ones
-queued (every persist records their users as not flushed), and none is tried again before the
-backoff allows. Without a backoff a failing write raises (rebuild, replay, tests).
+Each partition's flushes go out in the order produced: per write, each user's batch to the store
+atomically, then a SESSION_DELTA and a BADGE_UPDATE per user whose version the store took; one
+publication at a time (`lock`). When a flush may be written: docs/decisions/0004-visible-before-durable.md;
+a failing store holds flushes: docs/decisions/0012-store-outage-holds-flushes.md.
 """
 
 from __future__ import annotations
@@ -70,9 +59,8 @@ class Publisher:
         self.after_store_write: Callable[[], None] | None = None  # fault-injection hook (tests)
         # Only the flush latency histogram is observed here, once per write.
         self.metrics: FlushObserver | None = None
-        # Users a write found stored at a version older than their previous flush's: the store
-        # lost them (the projection repair writes them whole again). Collected only while
-        # `track_store_behind` (a repairer drains it; otherwise it would only grow).
+        # Users a write found stored older than their previous flush (the repair drains it while
+        # `track_store_behind`).
         self.store_behind: set[int] = set()
         self.track_store_behind = False
 
@@ -95,14 +83,12 @@ class Publisher:
             if state.unpublished:
                 flushed += await self.publish(state)
                 if self.visible_before_durable and not state.released and self._persist_due(state, now):
-                    # Publishing does not persist: the window's persist still comes, however busy
-                    # the fast lane keeps the publisher.
+                    # The window's persist still comes, however busy the fast lane keeps it.
                     await self._persist(state)
             elif self._persist_due(state, now):
                 await self._persist(state)
             elif state.owing and mirror is not None and mirror.caught_up:
-                # Its records still say "owed" and the mirror has written it all since: persisted
-                # so they (and the owed-rows gauge) stop saying so, and a restart restages nothing.
+                # The mirror caught up: persisted so the records (and the gauge) stop saying owed.
                 await self._persist(state)
         return flushed
 
@@ -140,9 +126,7 @@ class Publisher:
             if state.released:
                 return 0
             if not now and not state.unpublished:
-                # What the caller saw queued was published by the publisher it waited for: nothing
-                # is left to make durable before a store write (its offsets go durable with the
-                # next persist; persisting here would cost a changelog round trip per batch).
+                # Published by the publisher it waited for: its offsets go durable with the next persist.
                 return 0
             if not now and self._held(state):
                 await self._persist_held(state)
@@ -151,9 +135,8 @@ class Publisher:
             uncovered = state.durable_flushes < state.queued_flushes
             visible_first = self.visible_before_durable
             if not visible_first and not (failing and state.unpersisted_since is None and not uncovered):
-                # Persisted even with nothing queued: the caller asked for a flush, and a persist
-                # is what makes the offsets durable. (A retry after a failed write, with nothing
-                # changed since, has nothing to make durable: its flushes were persisted.)
+                # Persisted even with nothing queued: a persist makes the offsets durable (a retry
+                # with nothing changed since its failed write has nothing to persist).
                 await self._persist(state)
             published = 0
             while self._publishable(state):
@@ -170,8 +153,7 @@ class Publisher:
                 # Their records now say these versions are flushed (with the next persist).
                 state.processor.touch((), [batch.user_id for batch in batches], self.clock())
             if visible_first and now:
-                # A clean stop's or a test's flush: what it wrote is made durable at once (its
-                # records then say flushed, and the offsets can be committed).
+                # A clean stop's or a test's flush: what it wrote is persisted at once.
                 await self._persist(state)
             return published
 
@@ -190,11 +172,8 @@ class Publisher:
         return min(queued, state.durable_flushes - state.published_flushes)
 
     def next_write(self, state: PartitionState) -> tuple[int, list[UserFlush]]:
-        """The oldest queued flushes that go to the store in one write: the oldest, and after it
-        every next writable one while no user repeats (a flush naming a user already in the write
-        starts the next write). Each user's batch stays atomic and a user's versions reach the
-        store and the frames in order; the fast lane's one-flush-per-user queue (docs/contract.md
-        §10) costs one store round trip instead of one per flush."""
+        """The oldest queued flushes that share one store write: the oldest, then each next
+        writable one until a user repeats (docs/decisions/0017-flushes-grouped-per-store-write.md)."""
         queued = state.unpublished
         batches = list(queued[0])
         writable = self._writable(state)
