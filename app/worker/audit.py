@@ -100,10 +100,8 @@ _sweeps: weakref.WeakKeyDictionary[PartitionState, KeyRangeSampler] = weakref.We
 async def audit_tick(
     core: WorkerCore, config: AuditConfig, now_ms: int, *, rng: random.Random | None = None
 ) -> AuditReport:
-    """One audit round over `core`'s partitions at time `now_ms` (wall clock in the worker).
-
-    `rng` seeds the round's draw (a fresh `random.Random()` when not given; tests pass a seeded
-    one). The drift ratio gauge takes this round's share when it compared any row."""
+    """One audit round over `core`'s partitions at `now_ms`; `rng` draws the sample (default: a
+    fresh `random.Random()`). The drift ratio takes this round's share if it compared any row."""
     report = AuditReport()
     if not config.on:
         return report

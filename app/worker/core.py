@@ -212,8 +212,7 @@ class WorkerCore:
         return state
 
     async def restore_assigned(self, partitions: Sequence[int]) -> None:
-        """After a rebalance (tables recovered): bring every assigned partition back now, so work
-        that was applied but never flushed is flushed even if no new record arrives."""
+        """After a rebalance: restore every assigned partition now (its unflushed work flushes)."""
         async with self.checkpointer.lock:  # a commit of its own: never one that a persist staged
             # Each store caught up and claimed (raises when its checkpoint names another input).
             await self.tables.acquire(partitions)
@@ -222,8 +221,8 @@ class WorkerCore:
             await self.tables.commit()
 
     async def release(self, partitions: Sequence[int]) -> None:
-        """Partitions handed to another worker: persist their hot state (the new owner restores
-        it from the changelog) and forget them. Commit `durable_offsets()` afterwards."""
+        """Partitions handed to another worker: persisted, then released (decision 0018). Commit
+        `durable_offsets()` afterwards."""
         for partition in partitions:
             state = self.partitions.get(partition)
             if state is not None:
@@ -234,8 +233,7 @@ class WorkerCore:
             self.partitions.pop(partition, None)
 
     def drop(self, partitions: Sequence[int]) -> None:
-        """Partitions held without being owned (never handed over): nothing of them is persisted
-        or published any more, and they are forgotten."""
+        """Partitions held without being owned: forgotten without a persist."""
         for partition in partitions:
             state = self.partitions.pop(partition, None)
             if state is not None:
@@ -245,8 +243,7 @@ class WorkerCore:
     # -- records ------------------------------------------------------------------------------
 
     async def on_records(self, records: Sequence[RawRecord]) -> dict[int, Admission]:
-        """A batch of records of any partitions, read in offset order without holes (a file or a
-        plain consumer: rebuild by replay, tests); see `on_batch`."""
+        """Records of any partitions in offset order without holes (rebuild by replay, tests)."""
         by_partition: dict[int, list[RawRecord]] = {}
         for record in records:
             by_partition.setdefault(record.partition, []).append(record)
@@ -407,8 +404,7 @@ class WorkerCore:
 
     @property
     def flush_lock(self) -> asyncio.Lock:
-        """Held by every publication of flushes. The unread audit holds it to read, compare and
-        correct a user's stored projection while no flush writes it."""
+        """Held by every publication of flushes (and by the audit while it corrects a user)."""
         return self.publisher.lock
 
     def next_deadline(self) -> int | None:

@@ -117,8 +117,7 @@ class MirrorPump:
 
     @property
     def caught_up(self) -> bool:
-        """Every change staged so far is acknowledged by Cassandra (nothing staged since the
-        last round took its share, and that round wrote it)."""
+        """Every change staged so far is acknowledged by Cassandra."""
         current = self._current
         return not self._staged_since and (current is None or current.done())
 
@@ -150,8 +149,7 @@ class MirrorPump:
             await self._round()
 
     async def _round(self) -> bool:
-        """Write what is staged, after the round being written. False: it failed (the writer
-        keeps what it held: staged again, and owed)."""
+        """Write what is staged, after the round being written. False: it failed (still owed)."""
         await self.settle()
         if not self._staged_since:
             return True  # the round just written took everything (or nothing was staged)
@@ -201,13 +199,11 @@ class MirrorPump:
             await asyncio.wait([current])
 
     async def drain(self) -> bool:
-        """Write everything staged now (a clean stop, a backlog past its bound). False: the
-        round failed (what it held stays staged and owed)."""
+        """Write everything staged now (a clean stop, the backlog bound). False: the round failed."""
         return await self._round()
 
     async def close(self) -> None:
-        """Stop the rounds and the write in progress (after a drain nothing is lost; otherwise
-        what is owed is in the changelog, as after a crash)."""
+        """Stop the rounds and the write in progress (what is owed is in the changelog)."""
         self._closed = True  # a round cancelled here must not start the rounds again
         for task in (self._task, self._current):
             if task is not None and not task.done():

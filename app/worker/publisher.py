@@ -59,8 +59,7 @@ class Publisher:
         self.after_store_write: Callable[[], None] | None = None  # fault-injection hook (tests)
         # Only the flush latency histogram is observed here, once per write.
         self.metrics: FlushObserver | None = None
-        # Users a write found stored older than their previous flush (the repair drains it while
-        # `track_store_behind`).
+        # Users a write found stored older than their previous flush (drained by the repair).
         self.store_behind: set[int] = set()
         self.track_store_behind = False
 
@@ -98,8 +97,7 @@ class Publisher:
         return since is not None and now - since >= self.window_ms
 
     async def flush_all(self) -> int:
-        """Everything flushes now (a clean stop); the mirror writes what it owes first, so the
-        persist records nothing owed when Cassandra answers."""
+        """Everything flushes now (a clean stop), after the mirror wrote what it owes."""
         mirror = self._mirror()
         if mirror is not None:
             await mirror.drain()
@@ -119,9 +117,8 @@ class Publisher:
     # -- publishing ---------------------------------------------------------------------------
 
     async def publish(self, state: PartitionState, *, now: bool = False) -> int:
-        """Publish the partition's queued flushes in order (see the module). Returns how many user
-        batches went out. `now`: try the store once even within a backoff (a clean stop's last
-        chance), and with visible before durable, persist what was written at once."""
+        """Publish the partition's queued flushes in order; returns how many user batches went out.
+        `now`: try the store even within a backoff, and persist what was written at once."""
         async with self.lock:
             if state.released:
                 return 0
@@ -198,8 +195,7 @@ class Publisher:
         badges: list[tuple[bytes, bytes]] = []
         for batch, stored_before in zip(batches, previous, strict=True):
             if stored_before is None:
-                # The store already holds this version (a replay after a crash): the frames
-                # went out with the first write, or clients detect the gap and re-pull.
+                # The store holds this version already (a re-read after a crash): no frames again.
                 self.stats.refused_writes += 1
                 continue
             if self.track_store_behind and stored_before < batch.prev_projection_mailbox_seq:
@@ -236,8 +232,7 @@ class Publisher:
 
     @property
     def store_failing(self) -> bool:
-        """Flushes are held: a write failed and none has succeeded since. (A streak whose held
-        flushes all went to another worker with their partitions holds nothing: not failing.)"""
+        """Flushes are held: a write failed and none has succeeded since (and some are still ours)."""
         return self.store_backoff is not None and self.store_backoff.failing and self.held_flushes() > 0
 
     def held_flushes(self) -> int:
@@ -255,8 +250,7 @@ class Publisher:
         return backoff is not None and bool(state.unpublished) and not backoff.ready(self.clock())
 
     async def _persist_held(self, state: PartitionState) -> None:
-        """While flushes are held: persist at most once per window, like a partition that flushes
-        nothing (every persist writes the held users' records again, saying "not flushed")."""
+        """While flushes are held: persist at most once per window, like a partition that flushes nothing."""
         if self._persist_due(state, self.clock()):
             await self._persist(state)
 

@@ -188,8 +188,7 @@ class ReconcileRunner:
         return base
 
     async def _recount(self, rows: list[ConversationState], *, lost_entries: bool = False) -> None:
-        """The copies recounted in worker threads: slices of `_RECOUNT_SLICE` rows, at most
-        `_RECOUNT_PARALLEL` slices at once."""
+        """The copies recounted in worker threads, `_RECOUNT_PARALLEL` slices at once."""
         gate = asyncio.Semaphore(_RECOUNT_PARALLEL)
         store, limit = self.core.message_store, self.config.limit
 

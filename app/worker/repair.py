@@ -111,8 +111,7 @@ class ProjectionRepairer:
     # -- the loop (the worker's task) ------------------------------------------------------------
 
     async def run(self) -> None:
-        """Check, repair what needs it, wait `interval_ms`; forever. A failing store costs a
-        round, never the worker (the next round finds what is still to do)."""
+        """Check, repair, wait `interval_ms`; forever. A failing store costs a round, never the worker."""
         failing = False
         while True:
             try:
@@ -256,8 +255,7 @@ class ProjectionRepairer:
         return list(users)
 
     async def _chunk(self, state: PartitionState, chunk: list[int], report: RepairReport) -> bool:
-        """Repair these users of the partition (decision 0013); False (nothing done) while the
-        partition has flushes produced and not published."""
+        """Repair these users (decision 0013); False while the partition has unpublished flushes."""
         core = self.core
         async with core.flush_lock:
             if state.unpublished:

@@ -105,8 +105,7 @@ class RetentionReconciles:
         return await self.ask_users(partition)
 
     async def catch_up(self, partition: int) -> None:
-        """Until the partition applied mailbox-tail up to its end of now (or moved, or the wait
-        ran out: the reconciles go then anyway)."""
+        """Until the partition applied mailbox-tail up to its end of now, moved, or the wait ran out."""
         if self.input_end is None:
             return
         try:
