@@ -347,8 +347,8 @@ class WorkerCore:
         return self.partition(partition).next_offset
 
     def start_at(self, partition: int, offset: int) -> None:
-        """Place a partition that has no offset yet (a new partition, or state from before
-        offsets were recorded) at `offset`: where the consumer group left it, or the log start."""
+        """Place a partition that has no offset yet at `offset` (where the intake put the consumer:
+        the log start, docs/decisions/0003-input-position-from-the-checkpoint.md)."""
         state = self.partition(partition)
         if state.next_offset is None:
             state.next_offset = offset
