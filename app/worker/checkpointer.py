@@ -1,10 +1,7 @@
-"""The checkpointer: a partition's hot state into the changelog tables, once per row.
-
-A persist writes what changed since the last one, then the partition's checkpoint record (the
-processor's record plus the worker's keys below), whose encoding is a contract with every changelog
-already written. Once its commit is acknowledged its offsets are durable and the flushes queued
-before its snapshot are covered (docs/decisions/0001-one-atomic-checkpoint.md).
-"""
+"""The checkpointer: a partition's hot state into the changelog tables, once per row, then its
+checkpoint record (the processor's record plus the worker's keys below; its encoding is a contract
+with every changelog written). Once acknowledged, its offsets are durable and the flushes queued
+before its snapshot covered (docs/decisions/0001-one-atomic-checkpoint.md)."""
 
 from __future__ import annotations
 
@@ -25,10 +22,8 @@ from app.worker.state import PartitionState, WorkerStats
 OWED_KEY = "mirror_owed"
 # Key of the last flushed version inside a user's record (UserState.dump).
 FLUSHED_KEY = "flushed_seq"
-# The worker's keys inside a partition's checkpoint: the next offset; the users whose record says
-# work no flush has carried (restored at once, flushed again within a window); the persist
-# number; the rows whose record owes Cassandra writes (staged again at once). The lists are
-# small: what the last window touched.
+# The worker's keys in a partition's checkpoint: the next offset, the users with work no flush
+# carried, the persist number, the rows owing Cassandra writes (lists: what the last window touched).
 NEXT_OFFSET_KEY = "next_offset"
 UNFLUSHED_KEY = "unflushed"
 PERSISTS_KEY = "persists"
@@ -65,8 +60,7 @@ _Persisted = tuple[list[int], set[tuple[int, str]], int]
 
 
 class Checkpointer:
-    """Persists one partition at a time: each stages its records and commits them before the next
-    stages (the changelog, the local store and the durable offsets move in order)."""
+    """Persists one partition at a time (each stages and commits before the next stages)."""
 
     def __init__(
         self,
@@ -87,9 +81,8 @@ class Checkpointer:
         self.commit_outside_state_lock = False
 
     async def persist(self, state: PartitionState, *, handing_over: bool = False) -> None:
-        """Write what the partition's hot state changed to the changelog tables (once per row)
-        and hand the records to the producer; its offsets become durable. `handing_over`: the
-        partition goes to another worker, which takes over the Cassandra writes it still owes."""
+        """Persist what the partition's hot state changed; its offsets become durable.
+        `handing_over`: the new owner takes over the Cassandra writes still owed."""
         async with self.lock:
             if state.released:
                 return

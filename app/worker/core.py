@@ -380,8 +380,7 @@ class WorkerCore:
         state.processor.arrivals.start_mid_stream()
 
     def durable_offsets(self) -> dict[int, int]:
-        """Per partition, the offset up to which every record's effect is in the changelog
-        tables and that is not committed yet (see `offsets_committed`)."""
+        """Per partition, the persisted offset not committed yet (see `offsets_committed`)."""
         return {
             partition: state.durable_offset
             for partition, state in self.partitions.items()
@@ -404,7 +403,7 @@ class WorkerCore:
 
     @property
     def flush_lock(self) -> asyncio.Lock:
-        """Held by every publication of flushes (and by the audit while it corrects a user)."""
+        """Held by every publication of flushes, and by the audit and the repair while they write."""
         return self.publisher.lock
 
     def next_deadline(self) -> int | None:

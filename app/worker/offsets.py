@@ -1,10 +1,6 @@
 """Which records of a fetched batch may be applied: the log is applied without a hole, ever.
-
-`expected` is the next mailbox-tail offset the partition's state has not applied (persisted in its
-checkpoint); `fetch_from`/`fetch_to` are the consumer's positions around the fetch. Offsets are
-never assumed +1. The rule table and why a hole needs a second read:
-docs/decisions/0008-hole-confirmation.md.
-"""
+`expected`: the next offset the partition's state has not applied (in its checkpoint); offsets are
+never assumed +1 (the rules and why: docs/decisions/0008-hole-confirmation.md)."""
 
 from __future__ import annotations
 

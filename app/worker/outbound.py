@@ -43,8 +43,7 @@ class OutboundRecords:
         letters: Sequence[tuple[int, Any]],
         notices: Sequence[MemberNotice],
     ) -> None:
-        """Owe a batch's dead letters and member notices, then try to send everything owed; a
-        send that raises is counted and logged, and what it carried stays owed."""
+        """Owe a batch's events, then try to send all owed (a send that raises: counted, still owed)."""
         if letters:
             state.owed_dead_letters += self._dead_letters(records, letters)
         if notices:
@@ -69,9 +68,8 @@ class OutboundRecords:
             )
 
     async def send_owed(self, state: PartitionState) -> None:
-        """Send what the partition's applied batches owe; raises while it cannot. Member notices
-        go as their entries are applied, not with the flush: a crash before a persist covers them
-        re-reads the entries and sends them again; a duplicate entry, never applied, sends none."""
+        """Send what the partition's applied batches owe; raises while it cannot (a crash before
+        a persist re-reads the entries and sends again; a duplicate entry sends none)."""
         if state.owed_dead_letters:
             await self.outbox.dead_letters(state.owed_dead_letters)
             state.owed_dead_letters = []
@@ -97,9 +95,8 @@ class OutboundRecords:
 
 
 def dead_letter_envelope(record: RawRecord, reason: str) -> bytes:
-    """What goes to the dead-letter topic: why, and exactly where the record came from. A value
-    over MAX_RECORD_BYTES is cut (the envelope must fit the topic whatever the input topic
-    allowed; topic, partition and offset find the whole record)."""
+    """What goes to the dead-letter topic: why, and exactly where the record came from (a value
+    over MAX_RECORD_BYTES is cut: topic, partition and offset find the whole record)."""
     raw = record.value or b""
     cut = len(raw) > MAX_RECORD_BYTES
     if cut:

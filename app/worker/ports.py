@@ -19,8 +19,7 @@ class RawRecord(NamedTuple):
 
 
 def raw_record(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> RawRecord:
-    """A consumed record as the core takes it: a null value (a tombstone, or a producer that
-    sent none) becomes empty, which the decoder dead-letters with its reason."""
+    """A consumed record as the core takes it: a null value becomes empty (dead-lettered)."""
     return RawRecord(topic, partition, offset, key, value if value is not None else b"")
 
 
@@ -54,12 +53,10 @@ def parse_user_key(key: bytes) -> int:
 
 
 class StateTables(Protocol):
-    """The worker's state tables (the checkpointed changelog in production: tables/durable).
-    Every call names its partition: writes go to that partition's store, reads read it."""
+    """The worker's state tables (tables/durable in production); every call names its partition."""
 
     async def acquire(self, partitions: Sequence[int]) -> None:
-        """These partitions are this worker's from now on: read up to date and claimed, before any
-        read of them."""
+        """These partitions are this worker's from now on: caught up and claimed before any read."""
         ...
 
     def hand_over(self, partition: int) -> None:
@@ -132,8 +129,7 @@ class Outbox(Protocol):
     ) -> None: ...
 
     async def notices(self, notices: Sequence[tuple[bytes, bytes]]) -> None:
-        """MEMBER_NOTICE frames (key = user id): on the session-delta topic, so they stay in
-        order with the user's SESSION_DELTA frames (docs/contract.md §9)."""
+        """MEMBER_NOTICE frames (key = user id), in order with its SESSION_DELTA frames (§9)."""
         ...
 
 

@@ -1,10 +1,6 @@
-"""The publisher: queued flushes to the projection store and the frames, in order.
-
-Each partition's flushes go out in the order produced: per write, each user's batch to the store
-atomically, then a SESSION_DELTA and a BADGE_UPDATE per user whose version the store took; one
-publication at a time (`lock`). When a flush may be written: docs/decisions/0004-visible-before-durable.md;
-a failing store holds flushes: docs/decisions/0012-store-outage-holds-flushes.md.
-"""
+"""The publisher: queued flushes to the projection store (each user's batch atomically), then a
+SESSION_DELTA and a BADGE_UPDATE per user whose version the store took, in order, one publication at
+a time (docs/decisions/0004-visible-before-durable.md, 0012-store-outage-holds-flushes.md)."""
 
 from __future__ import annotations
 
@@ -67,8 +63,7 @@ class Publisher:
 
     async def flush_due(self, now: int) -> int:
         """Flush every partition whose window elapsed (or that holds too many dirty rows); persist
-        the hot state of the others at least once per window (pending entries, gate marks,
-        duplicates: changes that flush nothing still move the durable offset)."""
+        the others at least once per window (changes that flush nothing still move the offset)."""
         self._dead_letter_log.tick()
         flushed = 0
         for state in list(self.partitions.values()):
@@ -159,8 +154,7 @@ class Publisher:
         return self._writable(state) > 0
 
     def _writable(self, state: PartitionState) -> int:
-        """How many of the oldest queued flushes may be written now: every queued one when
-        flushes are visible before durable, else those a completed persist covers."""
+        """How many of the oldest queued flushes may be written now (decision 0004)."""
         if state.released:
             return 0
         queued = len(state.unpublished)

@@ -45,8 +45,7 @@ class RateLimitedLog:
         return True
 
     def tick(self) -> None:
-        """Between lines (a timer): the summary of an interval that ended, so the count of a
-        burst's last second does not wait for the next line."""
+        """From a timer: the summary of an interval that ended, without waiting for a next line."""
         if self.suppressed and self.clock() - self._interval_start >= 1.0:
             self.flush_summary()
 

@@ -12,8 +12,7 @@ from app.worker.ports import StateTables
 
 
 class TablesSource:
-    """The processor's `StateSource` over one partition of the changelog tables (records decoded
-    here: msgpack)."""
+    """The processor's `StateSource` over one partition of the changelog tables."""
 
     def __init__(self, tables: StateTables, partition: int) -> None:
         self.tables = tables
