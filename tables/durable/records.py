@@ -3,7 +3,8 @@
 A record is (key, value, headers): a kind byte then the state's key (app/worker/ports.py layouts);
 the ``persist`` header names the persist that wrote it (headers survive compaction); a data value is
 the state's blob or None (deleted), a checkpoint's a msgpack map (`CheckpointBody`). Decoding
-refuses, with a reason, anything this version did not write (docs/durability.md, "What is stored where").
+refuses, with a reason, anything this version did not write (docs/durability.md, "What is stored
+where").
 """
 
 from __future__ import annotations
