@@ -4,8 +4,9 @@ partition's log start offset).
 
 A persist is one producer batch (one produce request, one acknowledgement; idempotent, acks=all),
 or several batches of one append awaited together past `max_batch_bytes` (the topic's
-`max.message.bytes` must allow one): the checkpoint rule keeps it atomic either way. The topic id needs Metadata v10+, which aiokafka 0.14 lacks:
-`_MetadataRequestV10` declares it with aiokafka's public protocol types (no private member used).
+`max.message.bytes` must allow one): the checkpoint rule keeps it atomic either way. The topic id
+needs Metadata v10+, which aiokafka 0.14 lacks: `_MetadataRequestV10` declares it with aiokafka's
+public protocol types (no private member used).
 """
 
 from __future__ import annotations
