@@ -60,8 +60,7 @@ FetchPositions = dict[TP, tuple[int | None, int]]
 
 
 class BatchIntakeConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
-    """faust's consumer thread, telling where each fetch began and ended in the log (valid unless
-    a seek, each counted here, or a reassignment moved the consumer meanwhile: decision 0007)."""
+    """faust's consumer thread, telling where each fetch began and ended in the log (decision 0007)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -47,10 +47,9 @@ class MailboxIntake:
         # Owned partitions: set when a rebalance completes, cleared as soon as a revocation starts.
         self.assigned: set[int] = set()
         self.stale_batches = 0
-        # Per partition: where the last fetch ended, and batches on their way (`check_fetched`).
+        # Per partition: last fetch end, batches on their way, (state offset, since) when behind.
         self.fetched_to: dict[int, int] = {}
         self.in_flight: dict[int, int] = {}
-        # Per partition with a fetch ahead of its state: (the state's offset, since when).
         self.behind: dict[int, tuple[int, float]] = {}
         self.seeks = 0
         # Rebalances completed (0: not in the group yet, for readiness); `held`: fetching paused.

@@ -2,8 +2,7 @@
 of every owned partition's persisted rows, recounts the drawn ones from the MessageStore, and
 judges and repairs each user under the core's flush lock (`judge_user`). Reads block, so they run
 in a worker thread in short ticks (docs/decisions/0015-unread-audit-off-the-loop.md). A failing
-read or write costs that row or user this round, never the worker.
-"""
+read or write costs that row or user this round, never the worker."""
 
 from __future__ import annotations
 
@@ -169,8 +168,7 @@ async def sweep_round(
     room: int,
     report: AuditReport,
 ) -> list[ConversationState]:
-    """This round's ticks of the partition's sweep (each a bounded read in the worker thread),
-    then each tick's drawn rows as copies to recount (`_live_copies`, on the loop)."""
+    """This round's ticks of the partition's sweep (read in the worker thread), drawn rows copied."""
     sweep = _sweeps.get(state)
     if sweep is None:
         bounds = await asyncio.to_thread(residency.key_bounds)
@@ -237,8 +235,7 @@ async def _recount_and_judge(
 
 
 async def _bring_in(state: PartitionState, residency: Residency, user_id: int) -> None:
-    """The user and every row in memory before the verdict (read in the worker thread; if rows
-    were evicted meanwhile the verdict reads them on the loop)."""
+    """The user and every row in memory before the verdict (read in the worker thread)."""
     user = state.processor.users.get(user_id)
     if user is not None and user.complete:
         return

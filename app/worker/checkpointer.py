@@ -32,8 +32,7 @@ OWING_KEY = "owing"
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
-    """A partition's checkpoint as read from the changelog (`record`: the whole decoded record,
-    which the processor restores its gate from; None when the partition has none)."""
+    """A partition's checkpoint as read back (`record`: the whole decoded record, None: none)."""
 
     record: dict[str, Any] | None
     next_offset: int | None
@@ -123,8 +122,7 @@ class Checkpointer:
             except BaseException:
                 self._not_persisted(state, changes, persisted)
                 raise
-        # Batches applied meanwhile go to the next persist; only this snapshot's offsets and
-        # flushes become durable / publishable.
+        # Batches applied meanwhile go to the next persist; this snapshot's offsets go durable.
         if self.commit_outside_state_lock:
             try:
                 await commit

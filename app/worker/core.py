@@ -4,8 +4,7 @@ The rules are `app.domain.processor.PartitionProcessor` (replay runs the same ob
 (partition, [record]) → admission.py → processor → outbound.py (dead letters, notices) | mirror.py
 (Cassandra, owed in each persist) | queued flushes → publisher.py; checkpointer.py persists the hot
 state. Only `durable_offsets()` are committed, so a crash re-reads exactly what the changelog does
-not hold (docs/decisions/0001-one-atomic-checkpoint.md, 0009-mirror-owed-writes.md).
-"""
+not hold (docs/decisions/0001-one-atomic-checkpoint.md, 0009-mirror-owed-writes.md)."""
 
 from __future__ import annotations
 
@@ -221,8 +220,7 @@ class WorkerCore:
             await self.tables.commit()
 
     async def release(self, partitions: Sequence[int]) -> None:
-        """Partitions handed to another worker: persisted, then released (decision 0018). Commit
-        `durable_offsets()` afterwards."""
+        """Partitions handed to another worker: persisted, then released; commit offsets after."""
         for partition in partitions:
             state = self.partitions.get(partition)
             if state is not None:
@@ -358,8 +356,7 @@ class WorkerCore:
             log.info("partition %d: starting at offset %d", partition, offset)
 
     def retention_overrun(self, partition: int, log_start: int) -> None:
-        """mailbox-tail starts at `log_start`, past the partition's state: the entries between were
-        deleted unread. Counted and logged; the partition reads on from the log start."""
+        """The log starts past the partition's state (entries deleted unread): counted, read on."""
         state = self.partition(partition)
         expected = state.next_offset
         if expected is None or log_start <= expected:

@@ -1,8 +1,7 @@
 """The Cassandra mirror beside the projection: UserConversationState, group members and member
 statistics written in spaced rounds, one at a time, by one background task, never on the flush
 path. What is not acknowledged yet is owed in the changelog and restaged after a crash
-(docs/decisions/0009-mirror-owed-writes.md). Past `backlog_rows` staged changes the intake waits.
-"""
+(docs/decisions/0009-mirror-owed-writes.md). Past `backlog_rows` staged changes the intake waits."""
 
 from __future__ import annotations
 

@@ -26,8 +26,7 @@ class Admission:
 
 
 def admit(expected: int | None, offsets: Sequence[int], fetch_from: int | None, fetch_to: int) -> Admission:
-    """The verdict on one batch (`offsets` ascending, maybe empty). `expected` None: the
-    partition is not placed yet (kept total: the intake places every partition first)."""
+    """The verdict on one batch (`offsets` ascending, maybe empty; `expected` None: not placed)."""
     if expected is None:
         return Admission(Verdict.APPLY, 0, fetch_to)
     if fetch_to <= expected:

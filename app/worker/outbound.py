@@ -1,6 +1,5 @@
 """Outbound records: a batch's dead letters and member notices, owed with the partition until
-sent, at least once; the next persist sends them first (docs/decisions/0010-outbound-events-owed.md).
-"""
+sent, at least once; the next persist sends them first (docs/decisions/0010-outbound-events-owed.md)."""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ class OutboundRecords:
             state.owed_dead_letters += self._dead_letters(records, letters)
         if notices:
             mirror = self._mirror()
-            # The member changes staged before a notice are written first; a failed round does not
-            # hold notices back (those sent so are counted).
+            # Member changes staged before a notice are written first (a failed round: sent anyway).
             if mirror is not None and not await mirror.drain():
                 self.stats.notices_ahead_of_roster += len(notices)
             state.owed_notices += [(str(n.user_id).encode(), orjson.dumps(n.frame())) for n in notices]

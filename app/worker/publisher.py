@@ -127,8 +127,7 @@ class Publisher:
             uncovered = state.durable_flushes < state.queued_flushes
             visible_first = self.visible_before_durable
             if not visible_first and not (failing and state.unpersisted_since is None and not uncovered):
-                # Persisted even with nothing queued: a persist makes the offsets durable (a retry
-                # with nothing changed since its failed write has nothing to persist).
+                # A persist makes the offsets durable (not needed by a retry with nothing changed).
                 await self._persist(state)
             published = 0
             while self._publishable(state):

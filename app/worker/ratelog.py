@@ -1,6 +1,5 @@
 """Log lines capped per second, the rest summed up ("N more ... suppressed"); only the lines are
-capped, the caller still counts and sends every record (docs/decisions/0011-dead-letter-log-rate-limit.md).
-"""
+capped, the caller still counts and sends every record (docs/decisions/0011-dead-letter-log-rate-limit.md)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 co-partitioned with mailbox-tail so the owner of the user's state gets them, handled one at a time
 by `ReconcileRunner.run`: every row copied, recounted in worker threads, then judged and repaired
 like the unread audit (app/worker/audit.judge_user). Handled offsets are committed by the commit
-timer; a reconcile is idempotent (docs/decisions/0016-reconcile-on-request-in-the-owner.md).
-"""
+timer; a reconcile is idempotent (docs/decisions/0016-reconcile-on-request-in-the-owner.md)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 left by a repair that died, the servers' run ids changed, a flush that found its user behind)
 writes its partitions' projection again from its own state, chunk by chunk under the flush lock,
 as correction frames that restate versions (docs/decisions/0013-projection-repair.md; the Redis
-side is app/stores/redis_restore.py).
-"""
+side is app/stores/redis_restore.py)."""
 
 from __future__ import annotations
 

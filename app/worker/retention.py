@@ -1,8 +1,7 @@
 """After a retention overrun (docs/contract.md §3.9; rules in app/domain/retention.py): the
 projection epoch bumped once per overrun, then, once the partition read on to the end it had at the
 overrun, a reconcile asked of every user of the partition the worker knows, in acknowledged chunks
-(docs/decisions/0014-retention-overrun-epoch.md, which also names the known gap).
-"""
+(docs/decisions/0014-retention-overrun-epoch.md, which also names the known gap)."""
 
 from __future__ import annotations
 

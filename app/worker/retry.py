@@ -1,7 +1,6 @@
 """When to try a failing dependency again: exponential backoff over a failure streak, logged
 once when it starts and once when it ends (docs/decisions/0012-store-outage-holds-flushes.md).
-No I/O and no clock of its own: the caller passes the time.
-"""
+No I/O and no clock of its own: the caller passes the time."""
 
 from __future__ import annotations
 

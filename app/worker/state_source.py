@@ -1,5 +1,4 @@
-"""The processing object's `StateSource` (app/domain/residency.py) over one partition of the
-worker's `StateTables` port: records decoded here (msgpack)."""
+"""The processor's `StateSource` (app/domain/residency.py) over a `StateTables` partition (msgpack)."""
 
 from __future__ import annotations
 
