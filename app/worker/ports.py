@@ -100,7 +100,8 @@ class StateTables(Protocol):
     def rows_after(
         self, partition: int, after: tuple[int, str] | None, limit: int
     ) -> list[tuple[tuple[int, str], bytes]]:
-        """At most `limit` rows above `after` (None: from the first) in key order (from a worker thread too)."""
+        """At most `limit` rows above `after` (None: from the first), in key order; callable from a
+        worker thread."""
         ...
 
     def row_key_bounds(self, partition: int) -> tuple[tuple[int, str], tuple[int, str]] | None:
