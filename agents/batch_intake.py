@@ -1,6 +1,7 @@
 """Batch topics from faust's consumer to their sinks one fetch at a time: each fetch of one
-partition becomes one `RecordBatch` saying where the fetch began and ended in the log (why, and how
-none is lost: docs/decisions/0006-fetch-batches-not-records.md, 0007, 0003)."""
+partition becomes one `RecordBatch` saying where the fetch began and ended in the log. Why, and how
+none is lost: docs/decisions/0006-fetch-batches-not-records.md, 0007-no-batch-vanishes.md and
+0003-input-position-from-the-checkpoint.md."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ class BatchSink(Protocol):
         ...
 
 
-# How long the broker may hold a fetch that found no new data (faust's 1.5 s: decision 0006).
+# How long the broker may hold a fetch that found no new data (faust's 1.5 s:
+# docs/decisions/0006-fetch-batches-not-records.md).
 FETCH_MAX_WAIT_MS = 100
 
 
@@ -60,7 +62,8 @@ FetchPositions = dict[TP, tuple[int | None, int]]
 
 
 class BatchIntakeConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
-    """faust's consumer thread, telling where each fetch began and ended in the log (decision 0007)."""
+    """faust's consumer thread, telling where each fetch began and ended in the log
+    (docs/decisions/0007-no-batch-vanishes.md)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -113,7 +116,8 @@ class BatchIntakeConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         for tp, wanted in offsets.items():
             offset = wanted
             if offset is None:
-                # No checkpoint: empty state starts at the log start (decision 0003).
+                # No checkpoint: empty state starts at the log start
+                # (docs/decisions/0003-input-position-from-the-checkpoint.md).
                 offset = (await consumer.beginning_offsets([tp]))[tp]
             self.seeks += 1
             consumer.seek(tp, offset)
@@ -236,7 +240,8 @@ class BatchIntakeConsumer(aiokafka_driver.Consumer):
                 if wanted:
                     sink.placed(await self.place(topic, wanted))
         except IllegalStateError as exc:
-            # A rebalance took a partition away mid-seek: the next assignment seeks again (0003).
+            # A rebalance took a partition away mid-seek: the next assignment seeks again
+            # (docs/decisions/0003-input-position-from-the-checkpoint.md).
             self.log.info("seek interrupted by a rebalance (%s): the next assignment seeks again", exc)
 
     async def place(self, topic: str, offsets: Mapping[int, int | None]) -> dict[int, int]:
@@ -251,7 +256,8 @@ class BatchIntakeTransport(aiokafka_driver.Transport):
 
 
 class BatchChannel(faust.Channel[RecordBatch]):
-    """An in-memory channel whose queue `flow_control.resume()` never clears (decision 0007)."""
+    """An in-memory channel whose queue `flow_control.resume()` never clears
+    (docs/decisions/0007-no-batch-vanishes.md)."""
 
     @property
     def queue(self) -> Any:

@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("projector.audit")
 
-# Rows read from the persisted state per tick: short, the loop waits for it (decision 0015).
+# Rows read from the persisted state per tick: short, the loop waits for it
+# (docs/decisions/0015-unread-audit-off-the-loop.md).
 _READ_SLICE = 100
 # Rows recounted per hop to the worker thread (one range read each).
 _RECOUNT_SLICE = 64

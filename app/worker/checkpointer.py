@@ -95,15 +95,18 @@ class Checkpointer:
 
     async def _persist(self, state: PartitionState, handing_over: bool) -> None:
         async with self._state_lock:  # no batch is applied meanwhile: one consistent snapshot
-            # Owed events go out first; raises while they cannot (decision 0010).
+            # Owed events go out first; raises while they cannot
+            # (docs/decisions/0010-outbound-events-owed.md).
             await self._outbound.send_owed(state)
             mirror = self._mirror()
             owed: dict[tuple[int, str], dict[str, Any]] = {}
             if mirror is not None:
                 if handing_over:
-                    # No round of ours may land after the new owner's writes (decision 0009).
+                    # No round of ours may land after the new owner's writes
+                    # (docs/decisions/0009-mirror-owed-writes.md).
                     await mirror.settle()
-                # What the mirror has not written yet is owed in the rows' records (decision 0009).
+                # What the mirror has not written yet is owed in the rows' records
+                # (docs/decisions/0009-mirror-owed-writes.md).
                 owed = mirror.owed()
             changes = state.processor.changes_since_persist()
             # What the checkpoint in the changelog says now: a persist that fails leaves it so.

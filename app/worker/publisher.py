@@ -153,7 +153,8 @@ class Publisher:
         return self._writable(state) > 0
 
     def _writable(self, state: PartitionState) -> int:
-        """How many of the oldest queued flushes may be written now (decision 0004)."""
+        """How many of the oldest queued flushes may be written now
+        (docs/decisions/0004-visible-before-durable.md)."""
         if state.released:
             return 0
         queued = len(state.unpublished)

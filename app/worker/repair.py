@@ -254,7 +254,8 @@ class ProjectionRepairer:
         return list(users)
 
     async def _chunk(self, state: PartitionState, chunk: list[int], report: RepairReport) -> bool:
-        """Repair these users (decision 0013); False while the partition has unpublished flushes."""
+        """Repair these users (docs/decisions/0013-projection-repair.md); False while the partition has
+        unpublished flushes."""
         core = self.core
         async with core.flush_lock:
             if state.unpublished:

@@ -27,7 +27,8 @@ class WorkerStats(ProcessingStats):
     frames: int = 0
     notices: int = 0  # MEMBER_NOTICE frames produced (app/domain/notices.py)
     notices_ahead_of_roster: int = 0  # of them, sent while the mirror's roster write failed
-    # Sends of dead letters / member notices that raised (kept owed: decision 0010).
+    # Sends of dead letters / member notices that raised (kept owed:
+    # docs/decisions/0010-outbound-events-owed.md).
     outbound_send_failures: int = 0
     state_writes: int = 0
     state_write_failures: int = 0
@@ -91,7 +92,8 @@ class PartitionState:
         self.queued_flushes = 0
         self.published_flushes = 0
         self.durable_flushes = 0
-        # Handed to another worker: nothing of it is persisted or published any more (decision 0018).
+        # Handed to another worker: nothing of it is persisted or published any more
+        # (docs/decisions/0018-hand-over-on-revocation.md).
         self.released = False
         # The next mailbox-tail offset this state has not applied (in the checkpoint; None: not placed).
         self.next_offset: int | None = None
