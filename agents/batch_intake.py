@@ -62,8 +62,7 @@ FetchPositions = dict[TP, tuple[int | None, int]]
 
 
 class BatchIntakeConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
-    """faust's consumer thread, telling where each fetch began and ended in the log
-    (docs/decisions/0007-no-batch-vanishes.md)."""
+    """faust's consumer thread: where a fetch began and ended (docs/decisions/0007-no-batch-vanishes.md)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -116,8 +115,7 @@ class BatchIntakeConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         for tp, wanted in offsets.items():
             offset = wanted
             if offset is None:
-                # No checkpoint: empty state starts at the log start
-                # (docs/decisions/0003-input-position-from-the-checkpoint.md).
+                # No checkpoint: the log start (docs/decisions/0003-input-position-from-the-checkpoint.md).
                 offset = (await consumer.beginning_offsets([tp]))[tp]
             self.seeks += 1
             consumer.seek(tp, offset)
@@ -240,8 +238,7 @@ class BatchIntakeConsumer(aiokafka_driver.Consumer):
                 if wanted:
                     sink.placed(await self.place(topic, wanted))
         except IllegalStateError as exc:
-            # A rebalance took a partition away mid-seek: the next assignment seeks again
-            # (docs/decisions/0003-input-position-from-the-checkpoint.md).
+            # A rebalance took a partition away mid-seek: the next assignment seeks again.
             self.log.info("seek interrupted by a rebalance (%s): the next assignment seeks again", exc)
 
     async def place(self, topic: str, offsets: Mapping[int, int | None]) -> dict[int, int]:
@@ -256,8 +253,7 @@ class BatchIntakeTransport(aiokafka_driver.Transport):
 
 
 class BatchChannel(faust.Channel[RecordBatch]):
-    """An in-memory channel whose queue `flow_control.resume()` never clears
-    (docs/decisions/0007-no-batch-vanishes.md)."""
+    """A channel `flow_control.resume()` never clears (docs/decisions/0007-no-batch-vanishes.md)."""
 
     @property
     def queue(self) -> Any:

@@ -40,8 +40,7 @@ class MailboxIntake:
         self.core = core
         self.topic = topic
         self.channel: Any = None  # set by register_agent
-        # Held while a batch is processed: a revocation waits for it
-        # (docs/decisions/0018-hand-over-on-revocation.md).
+        # Held per batch; a revocation waits (docs/decisions/0018-hand-over-on-revocation.md).
         self.lock = asyncio.Lock()
         # Commits run on their own timer, never inside a batch (a commit waits for a fetch).
         self.commit_lock = asyncio.Lock()
@@ -155,8 +154,7 @@ class MailboxIntake:
             self.assignments += 1
 
     def hold(self, held: bool) -> None:
-        """Pause fetching the owned partitions while `held`, at every flush-scheduler tick
-        (docs/decisions/0012-store-outage-holds-flushes.md)."""
+        """Pause fetching while `held` (docs/decisions/0012-store-outage-holds-flushes.md)."""
         if not held and not self.held:
             return
         consumer: Any = self.app.consumer
@@ -176,8 +174,7 @@ class MailboxIntake:
             log.info("intake resumed: partitions %s", sorted(self.assigned))
 
     async def revoke(self, partitions: Sequence[int]) -> None:
-        """Before the partitions go: persisted once and committed
-        (docs/decisions/0018-hand-over-on-revocation.md)."""
+        """Persisted once, committed, released (docs/decisions/0018-hand-over-on-revocation.md)."""
         self.assigned.difference_update(partitions)  # batches still queued for them are dropped
         async with self.lock:
             # Again: an assignment that held the lock meanwhile may have named them.
