@@ -1,32 +1,7 @@
-"""Mailbox-tail records from faust's consumer to the mailbox agent one fetch at a time.
-
-faust-streaming 0.15's fetch loop hands every record to the conductor inside `wait_first`
-(four tasks and an `asyncio.wait` per record), then through a channel queue, a stream and
-`take_events`. Measured here: ~100 µs of CPU per record, 5-10k records/s, about a fifth of what
-the same consumer fetches; removing only the per-record `wait_first` still left ~35 µs.
-
-What stays faust's: the consumer (its aiokafka driver, fetcher thread, group membership,
-rebalances), the agent (supervised, iterating a faust channel). faust has no tables here: the
-state, its changelog and the input position are the worker's own (tables/durable). For the
-topics registered in `ProjectorApp.batch_sinks` (the only ones the worker consumes): each fetch's
-records of one partition become ONE `RecordBatch` sent to the agent's in-memory channel, so
-faust's per-event machinery runs once per fetch instead of once per record.
-
-The private faust/aiokafka members the worker relies on are all used in this module, and each
-is pinned by tests/unit/agents/test_private_members.py (signature and the behaviour relied on).
-
-Batch topics are never acked to faust, so faust never commits their offsets: the worker commits
-them itself, for lag monitoring only, once a batch's effects are in a checkpoint; where a
-partition is read from comes from its checkpoint (`BatchSink.placements`), never from the group.
-
-No batch may vanish on its way (issue 11: a range of entries was lost after a restart). Each batch
-carries where its fetch began and ended in the log (the consumer's positions before and after,
-read in the consumer's thread around the fetch), so the worker can tell a batch that continues
-its state from one that does not (app/worker/offsets.py); the channel to the agent is never
-emptied behind the intake's back (faust's own channels are: see `BatchChannel`); and every place
-that puts the consumer somewhere (faust's seek to the committed offsets after a rebalance) is
-followed by putting the batch partitions where their checkpoint says (`BatchSink.placements`).
-"""
+"""Batch topics from faust's consumer to their sinks one fetch at a time: each fetch of one
+partition becomes one `RecordBatch` saying where the fetch began and ended in the log. Why, and how
+none is lost: docs/decisions/0006-fetch-batches-not-records.md, 0007-no-batch-vanishes.md and
+0003-input-position-from-the-checkpoint.md."""
 
 from __future__ import annotations
 
@@ -47,11 +22,8 @@ log = logging.getLogger("projector.worker")
 
 
 class RecordBatch(NamedTuple):
-    """One fetch's records of one partition, in offset order, and the consumer generation
-    (group assignment) they were fetched under: a batch of an older generation is stale.
-    `fetch_from`/`fetch_to`: the consumer's position before and after the fetch (`fetch_from`
-    None when a seek or a reassignment during the fetch makes it unknown). `records` may be
-    empty: the fetch only moved the position past offsets that hold no record."""
+    """One fetch's records of one partition in offset order (maybe none), the generation they were
+    fetched under, and the consumer's position before (None: unknown) and after the fetch."""
 
     generation: int
     partition: int
@@ -68,14 +40,11 @@ class BatchSink(Protocol):
         ...
 
     def fetched(self, partition: int, fetch_to: int) -> None:
-        """A fetch of the partition ended at `fetch_to` and its batch is NOT delivered (the
-        intake's check that nothing fetched went missing; `deliver` says it for the others)."""
+        """A fetch of the partition ended at `fetch_to` and its batch is NOT delivered."""
         ...
 
     def placements(self, partitions: Iterable[int]) -> dict[int, int | None]:
-        """After the consumer was put at the group's committed offsets: where each of these
-        partitions that the sink owns must be read from (None: the committed offset, else the
-        log start)."""
+        """Where each of these partitions the sink owns is read from (None: the log start)."""
         ...
 
     def placed(self, offsets: Mapping[int, int]) -> None:
@@ -83,10 +52,8 @@ class BatchSink(Protocol):
         ...
 
 
-# How long the broker may hold a fetch that found no new data. faust hard-codes 1.5 s; measured
-# here, with records arriving every few ms, fetches still sat out the whole wait now and then
-# (getmany returned nothing for 1 s, then 1.5 s of records at once: p50 latency 1.2 s at a
-# 100 ms window). Kafka's own consumer default is 500 ms; an idle worker makes 10 requests/s.
+# How long the broker may hold a fetch that found no new data (faust's 1.5 s:
+# docs/decisions/0006-fetch-batches-not-records.md).
 FETCH_MAX_WAIT_MS = 100
 
 
@@ -95,14 +62,7 @@ FetchPositions = dict[TP, tuple[int | None, int]]
 
 
 class BatchIntakeConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
-    """faust's consumer thread, telling where each fetch began and ended in the log.
-
-    aiokafka returns a partition's records only from its current position (a buffered fetch for
-    another position is dropped) and moves the position past what it returns, including offsets
-    that hold no record for a consumer (transaction markers, aborted or compacted records). So
-    the position read just before the fetch and just after it bound exactly the stretch of log
-    the fetch covered, provided nothing moved the consumer meanwhile: every seek passes through
-    this class and is counted, and a reassignment replaces the partitions' state objects."""
+    """faust's consumer thread: where a fetch began and ended (docs/decisions/0007-no-batch-vanishes.md)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -124,9 +84,7 @@ class BatchIntakeConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         seeks = self.seeks
         assignment = consumer._subscription.subscription
         assignment = assignment.assignment if assignment is not None else None
-        # A copy, taken in one C call: faust's event-loop thread pauses and resumes partitions
-        # in this very set while this thread iterates it ("Set changed size during iteration"
-        # stopped a worker's fetcher in a crash run).
+        # A copy in one C call: faust's event-loop thread changes this set meanwhile.
         partitions = tuple(active_partitions or ())
         before = _positions(assignment, partitions)
         records = await super()._fetch_records(
@@ -148,8 +106,7 @@ class BatchIntakeConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         return records
 
     async def place(self, offsets: Mapping[TP, int | None]) -> dict[TP, int]:
-        """Seek each partition to its offset (None: the group's committed offset, else the log
-        start); returns where each was put."""
+        """Seek each partition to its offset (None: the log start); returns where each was put."""
         result: dict[TP, int] = await self.call_thread(self._place, self._ensure_consumer(), offsets)
         return result
 
@@ -158,18 +115,14 @@ class BatchIntakeConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         for tp, wanted in offsets.items():
             offset = wanted
             if offset is None:
-                # No checkpoint: the partition's state is empty, so it starts at the log start
-                # (a committed group offset says nothing about state that is not there).
+                # No checkpoint: the log start (docs/decisions/0003-input-position-from-the-checkpoint.md).
                 offset = (await consumer.beginning_offsets([tp]))[tp]
             self.seeks += 1
             consumer.seek(tp, offset)
             placed[tp] = offset
         return placed
 
-    # Counted before AND after: faust runs some seeks from the event loop's thread (a direct
-    # `seek`) or hands them to this thread to run later (`seek_to_committed`), so a fetch may
-    # read the count between the first increment and the seek itself. The second increment
-    # catches most of those; the worker core's hole confirmation (app/worker/offsets.py) the rest.
+    # Counted before AND after: faust seeks from either thread; hole confirmation catches the rest.
     def seek(self, partition: TP, offset: int) -> None:
         self.seeks += 1
         super().seek(partition, offset)
@@ -227,8 +180,7 @@ class BatchIntakeConsumer(aiokafka_driver.Consumer):
                 if self.should_stop:
                     break
                 if not self.flow_active:
-                    # Fetched while the flow was stopped (a rebalance): faust's rule is to drop
-                    # them and go back to the committed offsets.
+                    # Fetched while the flow was stopped: dropped, back to the committed offsets.
                     if records:
                         await self.perform_seek()
                     continue
@@ -271,19 +223,14 @@ class BatchIntakeConsumer(aiokafka_driver.Consumer):
         fetch_to: int,
         generation: int,
     ) -> None:
-        # Like faust per message: a flow stopped while the agent's channel is full abandons the
-        # batch. Nothing is lost by it: the partition's next batch does not continue its state
-        # (refused and read again), and the intake notices a fetch that never arrived.
+        # Abandoned when the flow stops (as faust does): refused as a gap next, or noticed missing.
         await self.wait_first(
             sink.deliver(RecordBatch(generation, tp.partition, records, fetch_from, fetch_to)),
             self.suspend_flow.wait(),
         )
 
     async def perform_seek(self) -> None:
-        """faust's seek to the committed offsets (after every rebalance, and when a fetch came
-        in while the flow was stopped), then each owned batch partition put where its state
-        stands in the log: the committed offset may be behind it (or, for a new partition,
-        absent)."""
+        """faust's seek to the committed offsets, then batch partitions where their checkpoint says."""
         try:
             await super().perform_seek()
             for topic, sink in cast(ProjectorApp, self.app).batch_sinks.items():
@@ -291,16 +238,11 @@ class BatchIntakeConsumer(aiokafka_driver.Consumer):
                 if wanted:
                     sink.placed(await self.place(topic, wanted))
         except IllegalStateError as exc:
-            # A rebalance took a partition away while the seek awaited its committed offset
-            # (aiokafka's seek_to_committed reads the assignment, awaits, then seeks): it stopped
-            # the worker in issue 18's 20-kill run. The new assignment gets its own recovery and
-            # seek; until then nothing is applied from a position the state did not choose (the
-            # intake takes a batch only where the partition's state continues).
+            # A rebalance took a partition away mid-seek: the next assignment seeks again.
             self.log.info("seek interrupted by a rebalance (%s): the next assignment seeks again", exc)
 
     async def place(self, topic: str, offsets: Mapping[int, int | None]) -> dict[int, int]:
-        """Put batch partitions at these offsets (None: the committed offset, else the log
-        start); returns where each was put."""
+        """Put batch partitions at these offsets; returns where each was put."""
         thread = cast(BatchIntakeConsumerThread, self._thread)
         placed = await thread.place({TP(topic, p): offset for p, offset in offsets.items()})
         return {tp.partition: offset for tp, offset in placed.items()}
@@ -311,15 +253,7 @@ class BatchIntakeTransport(aiokafka_driver.Transport):
 
 
 class BatchChannel(faust.Channel[RecordBatch]):
-    """An in-memory channel whose queue is never emptied by faust.
-
-    faust's channels are cleared on EVERY `app.flow_control.resume()`, and faust calls it after
-    the seek that ends a rebalance's recovery: a batch fetched between that seek and the clear
-    was silently dropped while the consumer's position was already past it. The next batch was
-    applied and its offsets committed: the dropped range was lost for good (issue 11), or, when
-    no later batch came, the worker waited forever with entries unapplied. A stale batch in this
-    channel is harmless: the intake drops it (older generation, partition not owned) or the offset
-    rule does (already applied, or a gap read again)."""
+    """A channel `flow_control.resume()` never clears (docs/decisions/0007-no-batch-vanishes.md)."""
 
     @property
     def queue(self) -> Any:
@@ -334,8 +268,7 @@ class ProjectorApp(faust.App):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.batch_sinks: dict[str, BatchSink] = {}
-        # Run on a clean stop while the consumer still works (faust closes it before its own
-        # shutdown signal): the place to persist hot state and commit.
+        # Run on a clean stop while the consumer still works: persist hot state and commit.
         self.before_consumer_stop: list[Callable[[], Awaitable[None]]] = []
         super().__init__(*args, **kwargs)
 
@@ -360,8 +293,7 @@ class ProjectorApp(faust.App):
 
 
 async def commit_offsets(app: faust.App, offsets: dict[int, int], topic: str) -> bool:
-    """Commit batch-topic offsets through faust's consumer (it flushes the producer first, so
-    every changelog record sent before is delivered, and it skips partitions no longer ours)."""
+    """Commit batch-topic offsets through faust's consumer (it flushes the producer first)."""
     if not offsets:
         return False
     consumer: Any = app.consumer
@@ -369,8 +301,6 @@ async def commit_offsets(app: faust.App, offsets: dict[int, int], topic: str) ->
 
 
 def raw_producer(app: faust.App) -> Any:
-    """The aiokafka producer under faust's (its driver starts it on first use): the worker's
-    frames go out through it in whole batches (app/kafka/batches.py), without faust's per-record
-    send path."""
+    """The aiokafka producer under faust's: frames go out through it in whole batches."""
     producer: Any = app.producer
     return producer._ensure_producer()

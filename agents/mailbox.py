@@ -1,14 +1,5 @@
-"""The mailbox-tail agent: one fetch batch of raw records at a time into the worker core.
-
-The consumer (`agents.batch_intake`) sends each fetch's records of a partition as one
-`RecordBatch` to an in-memory channel; this agent iterates it. No business branching here:
-decode, gating, state and flushing live in `app.worker.core` and the pure core under it.
-
-What the intake does own is the promise that the log is applied without a hole: a batch the core
-refuses (it does not continue the partition's state in the log: app/worker/offsets.py) makes the
-consumer read again from where the state stands, and so does a fetch that never reached the core
-(`check_fetched`, on the commit timer), whatever lost it.
-"""
+"""The mailbox-tail agent: one fetch batch at a time into the worker core (no business branching);
+a refused batch or a lost fetch is read again (docs/decisions/0007-no-batch-vanishes.md)."""
 
 from __future__ import annotations
 
@@ -27,19 +18,15 @@ from app.worker.offsets import Verdict
 
 log = logging.getLogger("projector.worker")
 
-# A partition whose state has not moved for this long while a fetch ended ahead of it and batches
-# were counted on their way: they are taken for lost (a batch normally reaches the core in ms).
+# A state not moving this long with a fetch ahead of it and batches on their way: taken for lost.
 STALLED_S = 15.0
 
-# Batches waiting for the agent: enough to overlap fetching with processing, few enough that a
-# rebalance leaves little stale work queued (it is dropped by the ownership checks or the offset rule).
+# Batches waiting for the agent: fetching overlaps processing, a rebalance leaves little queued.
 CHANNEL_BATCHES = 4
 
 
 class MailboxIntake:
-    """Between the consumer and the core: one batch at a time, stale batches dropped, the log
-    applied without holes, offsets committed only once a batch's effects are durable in the
-    changelog tables."""
+    """One batch at a time, stale ones dropped, offsets committed once in a checkpoint."""
 
     def __init__(
         self,
@@ -53,26 +40,19 @@ class MailboxIntake:
         self.core = core
         self.topic = topic
         self.channel: Any = None  # set by register_agent
-        # Held while a batch is processed: a revocation waits for it, so no changelog record of a
-        # partition is written after another worker may own it.
+        # Held per batch; a revocation waits (docs/decisions/0018-hand-over-on-revocation.md).
         self.lock = asyncio.Lock()
-        # Commits run on their own timer, never inside a batch: faust's consumer thread serves a
-        # commit after its fetch in progress, which waits up to a second for records.
+        # Commits run on their own timer, never inside a batch (a commit waits for a fetch).
         self.commit_lock = asyncio.Lock()
-        # The mailbox-tail partitions this worker owns: set when a rebalance completes (before
-        # faust resumes fetching), cleared for the revoked ones as soon as a revocation starts.
+        # Owned partitions: set when a rebalance completes, cleared as soon as a revocation starts.
         self.assigned: set[int] = set()
         self.stale_batches = 0
-        # Per partition: where the consumer's last fetch ended, and batches handed to the channel
-        # and not processed yet. A fetch that ended past the state's offset while nothing is on
-        # its way to the core went missing (`check_fetched`).
+        # Per partition: last fetch end, batches on their way, (state offset, since) when behind.
         self.fetched_to: dict[int, int] = {}
         self.in_flight: dict[int, int] = {}
-        # Per partition with a fetch ahead of its state: (the state's offset, since when).
         self.behind: dict[int, tuple[int, float]] = {}
         self.seeks = 0
-        # Rebalances completed (`assign`): none yet = the worker has not joined its group (the
-        # readiness check "assignment"). `held`: fetching paused while the store fails (`hold`).
+        # Rebalances completed (0: not in the group yet, for readiness); `held`: fetching paused.
         self.assignments = 0
         self.held = False
 
@@ -93,9 +73,7 @@ class MailboxIntake:
             raise
 
     def placements(self, partitions: Iterable[int]) -> dict[int, int | None]:
-        """After faust put the consumer at the committed offsets: every partition this intake
-        owns goes where its state stands (a new one: where the group left it, else the log
-        start, which the consumer looks up)."""
+        """Where each owned partition is read from (None: no checkpoint, the log start)."""
         return {p: self.core.expected_offset(p) for p in sorted(self.assigned.intersection(partitions))}
 
     def placed(self, offsets: Mapping[int, int]) -> None:
@@ -111,10 +89,7 @@ class MailboxIntake:
             async with self.lock:
                 stale = batch.generation != self.app.consumer_generation_id
                 if stale or batch.partition not in self.assigned:
-                    # Fetched under an older assignment, or queued before a revocation: the
-                    # partition is another worker's now (it reads from the committed offset) or
-                    # was re-assigned (the seek reads it again). Applying it would write a
-                    # partition we do not own.
+                    # An older assignment's batch, or one queued before a revocation: not ours.
                     self.stale_batches += 1
                     return
                 admission = await self.core.on_batch(
@@ -135,13 +110,7 @@ class MailboxIntake:
         self.placed(await consumer.place(self.topic, {partition: offset}))
 
     async def check_fetched(self) -> None:
-        """A fetch that ended past where the state stands while no batch of that partition is on
-        its way to the core never arrived (dropped somewhere between the consumer and the agent):
-        read it again. Without this, a lost LAST batch would leave its entries unapplied until
-        more records came — forever, at the end of a stream. "On its way" is a count kept by
-        `deliver` and `process`; should a batch vanish after `deliver` counted it (a queue emptied
-        behind our back), the partition's state not moving for STALLED_S with a fetch ahead of
-        it counts as lost too."""
+        """A fetch ahead of the state with nothing on its way (or stalled STALLED_S) is read again."""
         if not getattr(self.app.consumer, "flow_active", False):
             return  # a rebalance is under way: its seek places every partition again
         async with self.lock:
@@ -171,15 +140,12 @@ class MailboxIntake:
                 await self._read_again(partition)
 
     async def assign(self, partitions: Sequence[int]) -> None:
-        """A rebalance completed: these partitions are ours; their state is restored now, so
-        work applied but never flushed is flushed even if no new record arrives."""
+        """A rebalance completed: these partitions are ours, restored now."""
         async with self.lock:
             self.assigned = set(partitions)
             for partition in partitions:
                 self.fetched_to.pop(partition, None)
-            # A partition the core still holds but this assignment does not name was never
-            # handed over here: its state must not be persisted (another worker writes its
-            # changelog now, and reads again what this one did not persist).
+            # Held but not named: another worker writes it now, so dropped without a persist.
             stale = sorted(set(self.core.partitions) - self.assigned)
             if stale:
                 log.warning("partitions %s held but not assigned: dropped without a persist", stale)
@@ -188,12 +154,7 @@ class MailboxIntake:
             self.assignments += 1
 
     def hold(self, held: bool) -> None:
-        """While the projection store fails and the held flushes reached their bound
-        (app/worker/retry.py, PROJECTOR_WORKER_HELD_ROWS_MAX): no fetching of the owned
-        partitions, more records would only grow them; the records wait in Kafka instead, the
-        consumer stays in its group (it still polls). Called at every tick of the flush
-        scheduler: a rebalance's recovery resumes every partition, and the next tick pauses them
-        again."""
+        """Pause fetching while `held` (docs/decisions/0012-store-outage-holds-flushes.md)."""
         if not held and not self.held:
             return
         consumer: Any = self.app.consumer
@@ -213,31 +174,26 @@ class MailboxIntake:
             log.info("intake resumed: partitions %s", sorted(self.assigned))
 
     async def revoke(self, partitions: Sequence[int]) -> None:
-        """Before the partitions go: their hot state persisted and its offsets committed, so
-        the new owner restores it instead of reading it again."""
+        """Persisted once, committed, released (docs/decisions/0018-hand-over-on-revocation.md)."""
         self.assigned.difference_update(partitions)  # batches still queued for them are dropped
         async with self.lock:
-            # Again under the lock: an assignment that held it meanwhile may have named them.
+            # Again: an assignment that held the lock meanwhile may have named them.
             self.assigned.difference_update(partitions)
             await self.core.release(partitions)
             await self.commit()
             self.core.forget(partitions)
         if partitions:
-            # The other end of "restored partition N": between the two lines no other worker may
-            # write the partition's changelog (the crash runs' logs are read for overlaps).
+            # The other end of "restored partition N" (crash runs check no two owners overlap).
             log.info("released partitions %s: persisted, offsets committed", sorted(partitions))
 
     async def stop(self) -> None:
-        """A clean stop: the batch in progress finished, everything flushed (hot state persisted
-        first) and its offsets committed, so a restart reads nothing again."""
+        """A clean stop: the batch in progress finished, everything flushed and committed."""
         async with self.lock:
             await self.core.flush_all()
             await self.commit()
 
     async def commit(self) -> None:
-        """Commit the offsets the core reports durable (its changelog records are handed to the
-        producer; faust's commit flushes the producer before committing). From the commit
-        timer and on revocation; serialized, so a committed offset only moves forward."""
+        """Commit the offsets the core reports durable; serialized, so they only move forward."""
         async with self.commit_lock:
             offsets = self.core.durable_offsets()
             if not offsets:

@@ -1,13 +1,5 @@
-"""The reconcile-request intake: fetches of topic reconcile-request into the worker's
-`ReconcileRunner` (app/worker/reconcile.py). No business branching here.
-
-The topic is a batch topic of the worker's consumer (agents/batch_intake.py) like mailbox-tail,
-with mailbox-tail's partition count and key: faust's assignor co-partitions topics of equal
-partition count that the same members subscribe to, so partition p of both is this worker's or
-neither is. Unlike mailbox-tail nothing is checkpointed: the consumer reads from the group's
-committed offset (the log start the first time; requests older than the interval are dropped
-unread), and the commit timer commits what the runner handled.
-"""
+"""Topic reconcile-request's fetches into the worker's `ReconcileRunner`; read from the group's
+committed offset, nothing checkpointed (docs/decisions/0016-reconcile-on-request-in-the-owner.md)."""
 
 from __future__ import annotations
 

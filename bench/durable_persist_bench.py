@@ -35,7 +35,7 @@ from pathlib import Path
 from aiokafka.admin import AIOKafkaAdminClient
 from rocksdict import Options, Rdict, WriteBatch
 
-from app.worker.ports import GATE_KEY, pending_key, row_key, user_key
+from app.worker.ports import CHECKPOINT_KEY, pending_key, row_key, user_key
 from tables.durable.checkpointer import Checkpointer, PersistBatch
 from tables.durable.kafka import KafkaChangelog, ensure_changelog_topic, input_identity
 from tables.durable.records import WireRecord
@@ -74,7 +74,7 @@ def four_steps(batch: PersistBatch) -> list[list[WireRecord]]:
     rows = [WireRecord(row_key(u, c), v, none) for (u, c), v in batch.rows.items()]
     rows += [WireRecord(pending_key(u, s), v, none) for (u, s), v in batch.waiting.items()]
     users = [WireRecord(user_key(u), v, none) for u, v in batch.users.items()]
-    gate = [WireRecord(GATE_KEY, batch.meta, none)]
+    gate = [WireRecord(CHECKPOINT_KEY, batch.meta, none)]
     return [intent, rows, users, gate]
 
 

@@ -64,7 +64,7 @@ def stage(tables: CheckpointedTables, first_row: int, rows: int, offset: int) ->
         tables.put_row(0, user, conversation(index), os.urandom(ROW_BYTES))
         if index % ROWS_PER_USER == 0:
             tables.put_user(0, user, os.urandom(USER_BYTES))
-    tables.put_gate(0, os.urandom(300), offset)
+    tables.put_checkpoint_record(0, os.urandom(300), offset)
 
 
 async def take_over(tables: CheckpointedTables, first_row: int) -> Takeover:

@@ -193,7 +193,7 @@ def generate_state(
 
     from app.domain.badge import full_recompute
     from app.domain.conversation import _PLAIN_FIELDS, ConversationState
-    from app.worker.ports import GATE_KEY, row_key, user_key
+    from app.worker.ports import CHECKPOINT_KEY, row_key, user_key
 
     if folder.exists():
         shutil.rmtree(folder)
@@ -251,7 +251,7 @@ def generate_state(
     rows_db.close()
     users_db.close()
     gates_db = Rdict(str(folder / "gates-0"), rocks_options())
-    gates_db[GATE_KEY] = encode({"marks": [STATE_SEQ], "hi": STATE_SEQ, "next_offset": 0})
+    gates_db[CHECKPOINT_KEY] = encode({"marks": [STATE_SEQ], "hi": STATE_SEQ, "next_offset": 0})
     gates_db.close()
     rows_bytes = folder_bytes(folder / "rows-0")
     return {

@@ -12,7 +12,7 @@ import random
 from collections.abc import Collection, Iterator, Sequence
 
 from app.worker.ports import (
-    GATE_KEY,
+    CHECKPOINT_KEY,
     parse_row_key,
     pending_key,
     row_key,
@@ -47,9 +47,9 @@ class MemoryTables:
     def put_user(self, partition: int, user_id: int, blob: bytes) -> None:
         self._staged.append((partition, "users", user_key(user_id), blob))
 
-    def put_gate(self, partition: int, blob: bytes, next_offset: int | None = None) -> None:
-        # The gate record carries the offset itself (the core writes both).
-        self._staged.append((partition, "gates", GATE_KEY, blob))
+    def put_checkpoint_record(self, partition: int, blob: bytes, next_offset: int | None = None) -> None:
+        # The checkpoint record carries the offset itself (the core writes both).
+        self._staged.append((partition, "checkpoints", CHECKPOINT_KEY, blob))
 
     def put_pending(self, partition: int, user_id: int, mailbox_seq: int, raw: bytes) -> None:
         self._staged.append((partition, "pending", pending_key(user_id, mailbox_seq), raw))
@@ -128,8 +128,8 @@ class MemoryTables:
     def estimated_rows(self, partition: int) -> int:
         return len(self._table(partition, "rows"))
 
-    def gate(self, partition: int) -> bytes | None:
-        return self._table(partition, "gates").get(GATE_KEY)
+    def checkpoint_record(self, partition: int) -> bytes | None:
+        return self._table(partition, "checkpoints").get(CHECKPOINT_KEY)
 
     def pending(self, partition: int) -> list[bytes]:
         table = self._table(partition, "pending")

@@ -17,7 +17,7 @@ from typing import Any
 
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteBufferManager
 
-from app.worker.ports import GATE_KEY, parse_row_key, pending_key, row_key, user_key
+from app.worker.ports import CHECKPOINT_KEY, parse_row_key, pending_key, row_key, user_key
 
 _ROW_KEY_BYTES = 24
 # The memtable of each database (RocksDB's default is 64 MiB, and one more fills while one is
@@ -96,9 +96,9 @@ class RocksTables:
     def put_user(self, partition: int, user_id: int, blob: bytes) -> None:
         self._staged.append(("users", partition, user_key(user_id), blob))
 
-    def put_gate(self, partition: int, blob: bytes, next_offset: int | None = None) -> None:
-        # The gate record carries the offset itself (the core writes both).
-        self._staged.append(("gates", partition, GATE_KEY, blob))
+    def put_checkpoint_record(self, partition: int, blob: bytes, next_offset: int | None = None) -> None:
+        # The checkpoint record carries the offset itself (the core writes both).
+        self._staged.append(("gates", partition, CHECKPOINT_KEY, blob))
 
     def put_pending(self, partition: int, user_id: int, mailbox_seq: int, raw: bytes) -> None:
         self._staged.append(("pending", partition, pending_key(user_id, mailbox_seq), raw))
@@ -192,8 +192,8 @@ class RocksTables:
         for key, value in self._db("users", partition).items():
             yield int.from_bytes(key, "big"), value
 
-    def gate(self, partition: int) -> bytes | None:
-        value: bytes | None = self._db("gates", partition).get(GATE_KEY)
+    def checkpoint_record(self, partition: int) -> bytes | None:
+        value: bytes | None = self._db("gates", partition).get(CHECKPOINT_KEY)
         return value
 
     def pending(self, partition: int) -> list[bytes]:

@@ -1,10 +1,6 @@
-"""Admission: whether one fetch of one partition is applied, and from which record.
-
-The offset rule itself is app/worker/offsets.py (`admit`, `first_hole`). This adds what the
-worker remembers between two fetches: a hole is applied over only once a second read from the
-expected offset shows the same hole (`hole_seen`). Pure: the caller applies the verdict, counts
-it and logs it.
-"""
+"""Admission: whether one fetch of one partition is applied, and from which record: the offset
+rule (offsets.py) plus a hole seen once (`hole_seen`), applied over only when read again
+(docs/decisions/0008-hole-confirmation.md). Pure: the caller applies, counts and logs the verdict."""
 
 from __future__ import annotations
 
@@ -17,8 +13,7 @@ from app.worker.offsets import Admission, Verdict, admit, first_hole
 @dataclass(frozen=True, slots=True)
 class FetchVerdict:
     admission: Admission
-    # What the partition remembers after this fetch: (expected offset, first hole offset) of a
-    # hole seen once and not confirmed yet.
+    # (expected offset, first hole offset) of a hole seen once and not confirmed yet.
     hole_seen: tuple[int, int] | None
     # A hole seen for the first time: the fetch is refused (GAP) and read again from `expected`.
     unconfirmed_hole: int | None = None
@@ -38,8 +33,7 @@ def admit_fetch(
     fetch_from: int | None,
     fetch_to: int,
 ) -> FetchVerdict:
-    """The verdict on one fetch (`offsets` ascending) of a partition whose state expects
-    `expected` next and that saw `hole_seen` before."""
+    """The verdict on one fetch (`offsets` ascending), given `expected` and `hole_seen`."""
     admission = admit(expected, offsets, fetch_from, fetch_to)
     if admission.verdict is not Verdict.APPLY or expected is None:
         keep = hole_seen if admission.verdict is not Verdict.APPLY else None

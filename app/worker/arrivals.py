@@ -1,7 +1,5 @@
-"""The worker's log of the arrival reconciliation (docs/contract.md §9, app/domain/arrivals.py):
-one line when a lane of an owned partition starts missing entries (or misses a different
-number), one when nothing is missing any more. The metric (projector_entries_missing) is pulled
-by app/metrics/worker.py; this only says it in the log, once per change, not per check."""
+"""The arrival reconciliation's log (docs/contract.md §9): one line when a lane of an owned
+partition starts (or changes) missing entries, one when nothing is missing any more."""
 
 from __future__ import annotations
 
@@ -19,8 +17,7 @@ class MissingLog:
         self.reported: dict[tuple[int, int], int] = {}
 
     def check(self, core: WorkerCore) -> None:
-        """Compare every owned partition's lanes with what was last logged (cheap: a few list
-        reads per partition; called from the worker's flush timer)."""
+        """Compare every owned partition's lanes with what was last logged (the flush timer)."""
         seen: set[tuple[int, int]] = set()
         for partition, state in list(core.partitions.items()):
             ledger = state.processor.arrivals

@@ -1,33 +1,8 @@
-"""The unread audit in the worker (issue 7): a periodic round over the rows this worker holds.
-
-One round (`audit_tick`), per owned partition:
-
-  its persisted rows (the partition's RocksDB store), read by a sweep in key order that goes on
-  where the last round stopped (app/domain/audit.KeyRangeSampler): `round_budget` rows a round,
-  at most `_READ_SLICE` rows per tick, each tick read, decoded and drawn in a worker thread
-  (RocksDB reads block; the event loop only waits for the answer)
-  → the drawn rows (unread > 0 at `sample_rate`, at 0 unread at `zero_sample_rate`, idle for
-    `idle_ms`, at most `max_rows` a round): the live row where it is in memory (copied on the
-    loop), else the persisted copy; rows waiting for a flush are left out
-  → recounted from the MessageStore in a worker thread (the port is synchronous: one bounded
-    range read per row, never on the event loop)
-  → per user: the user and all its rows read into memory if they are not (in the worker thread;
-    the verdict recomputes the badge from all of them), then under the core's flush lock (no
-    flush writes the user meanwhile) the stored rows and meta read, `audit_user` judges,
-    corrects the state where it drifted (joins the partition's hot state: persisted before an
-    in-place correction, else within a window) and names the repair of the store:
-      CORRECT    → ProjectionStore.correct (only while the store still holds the version it was
-                   compared at), then correction frames: SESSION_DELTA with the corrected rows,
-                   BADGE_UPDATE if the stored badge was off (docs/contract.md §3.4, "Unread
-                   audit")
-      REFLUSH_*  → the rows are marked dirty: the user's next flush writes them at a newer
-                   version, with ordinary frames
-  → WorkerStats: rounds, audited rows, drifted rows corrected, the round's drift ratio (pulled
-    into Prometheus by WorkerMetrics.sync).
-
-A failing read or write (Cassandra, Redis, the changelog) costs that row or user this round,
-never the worker: later rounds sample again.
-"""
+"""The unread audit in the worker (docs/contract.md §3.4): each round (`audit_tick`) sweeps a share
+of every owned partition's persisted rows, recounts the drawn ones from the MessageStore, and
+judges and repairs each user under the core's flush lock (`judge_user`). Reads block, so they run
+in a worker thread in short ticks (docs/decisions/0015-unread-audit-off-the-loop.md). A failing
+read or write costs that row or user this round, never the worker."""
 
 from __future__ import annotations
 
@@ -65,11 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("projector.audit")
 
-# Rows read from the persisted state per tick (one hop to the worker thread). The thread holds
-# the GIL while it reads and decodes, and a thread gives it up to a waiting one only every
-# `sys.getswitchinterval()` (5 ms): the loop waits for a tick to end, so the tick is kept short
-# (100 rows: ~0.8 ms, p99 1.5 ms at 10M rows; 500 rows put the loop's lag p99 at ~16 ms,
-# bench/audit_bench.py).
+# Rows read from the persisted state per tick: short, the loop waits for it
+# (docs/decisions/0015-unread-audit-off-the-loop.md).
 _READ_SLICE = 100
 # Rows recounted per hop to the worker thread (one range read each).
 _RECOUNT_SLICE = 64
@@ -128,10 +100,8 @@ _sweeps: weakref.WeakKeyDictionary[PartitionState, KeyRangeSampler] = weakref.We
 async def audit_tick(
     core: WorkerCore, config: AuditConfig, now_ms: int, *, rng: random.Random | None = None
 ) -> AuditReport:
-    """One audit round over `core`'s partitions at time `now_ms` (wall clock in the worker).
-
-    `rng` seeds the round's draw (a fresh `random.Random()` when not given; tests pass a seeded
-    one). The drift ratio gauge takes this round's share when it compared any row."""
+    """One audit round over `core`'s partitions at `now_ms`; `rng` draws the sample (default: a
+    fresh `random.Random()`). The drift ratio takes this round's share if it compared any row."""
     report = AuditReport()
     if not config.on:
         return report
@@ -199,10 +169,7 @@ async def sweep_round(
     room: int,
     report: AuditReport,
 ) -> list[ConversationState]:
-    """This round's ticks of the partition's sweep, each a bounded read in the worker thread,
-    then the tick's drawn rows as copies to recount (`_live_copies`, on the loop: at most a
-    tick's worth). The part of a round that reads the state (bench/audit_bench.py times it on the
-    event loop)."""
+    """This round's ticks of the partition's sweep (read in the worker thread), drawn rows copied."""
     sweep = _sweeps.get(state)
     if sweep is None:
         bounds = await asyncio.to_thread(residency.key_bounds)
@@ -227,10 +194,8 @@ async def sweep_round(
 def _live_copies(
     state: PartitionState, drawn_rows: Sequence[ConversationState], policy: AuditPolicy, now_ms: int
 ) -> list[ConversationState]:
-    """On the loop: the rows to recount, as copies. A row in memory is copied from the live one
-    (it may be ahead of its persisted copy: it is kept only if still auditable), a row not in
-    memory is its persisted copy. Rows waiting for a flush are left out (their stored copy is
-    legitimately behind)."""
+    """On the loop: the rows to recount, as copies (the live row if in memory and still auditable,
+    else the persisted copy); rows waiting for a flush are left out (their store copy lags)."""
     processor = state.processor
     chosen: list[ConversationState] = []
     for row in drawn_rows:
@@ -271,9 +236,7 @@ async def _recount_and_judge(
 
 
 async def _bring_in(state: PartitionState, residency: Residency, user_id: int) -> None:
-    """The user in memory with every row before the verdict (it recomputes the badge from all of
-    them), read in the worker thread; if rows were evicted meanwhile the read is dropped and the
-    verdict reads the user on the loop (`judge_user`'s `complete`)."""
+    """The user and every row in memory before the verdict (read in the worker thread)."""
     user = state.processor.users.get(user_id)
     if user is not None and user.complete:
         return
@@ -308,8 +271,7 @@ async def _judge(
     rows: dict[str, ConversationState],
     report: AuditReport,
 ) -> None:
-    # `complete`: a user (or rows) not in memory is read into it first; the badge is recomputed
-    # from every row of the user.
+    # `complete`: the user's rows not in memory are read in first (the badge uses every row).
     judged = await judge_user(core, state, user_id, rows, "unread audit", complete=True)
     report.audited += judged.audited
     report.drifted += judged.drifted
@@ -346,10 +308,8 @@ async def judge_user(
     *,
     complete: bool = False,
 ) -> Judgement:
-    """Judge one user's recounted rows (copies) against the state and the stored projection, and
-    repair (app/domain/audit.audit_user): under the core's flush lock, so no flush writes the user
-    meanwhile. The unread audit (sampled rows) and the reconcile on request (every row: `complete`
-    reads the user's rows the state holds on disk back into memory first) share it."""
+    """Judge one user's recounted rows against the state and the stored projection and repair
+    (app/domain/audit.audit_user), under the core's flush lock. Shared by the audit and reconcile."""
     processor = state.processor
     store = core.projection_store
     judged = Judgement()
@@ -391,8 +351,7 @@ async def judge_user(
         if verdict.state_drifted or verdict.state_badge_drifted:
             processor.touch([(user_id, cid) for cid in verdict.state_drifted], [user_id], core.clock())
             if verdict.repair is Repair.CORRECT:
-                # Durable before visible, as a flush: the corrected state reaches the changelog
-                # before the store shows it (otherwise a persist within a window does it).
+                # The corrected state is persisted before the store shows it.
                 try:
                     await core.persist(state)
                 except Exception as exc:

@@ -1,13 +1,7 @@
-"""The checkpointer: a partition's hot state into the changelog tables, once per row.
-
-A persist writes every row and user record the processor changed since the last one, the waiting
-entries added or released, and the partition's CHECKPOINT: the processor's gate marks plus the
-worker's keys below (the next offset, the users with work no flush carried, the rows owing
-Cassandra writes, the persist number). The checkpoint is stored under the tables' gate key; its
-encoding is a contract with every changelog already written (`WatermarkGate.load` ignores the
-worker's keys). Once a persist's commit is acknowledged, its offsets are durable and the flushes
-queued before its snapshot are covered.
-"""
+"""The checkpointer: a partition's hot state into the changelog tables, once per row, then its
+checkpoint record (the processor's record plus the worker's keys below; its encoding is a contract
+with every changelog written). Once acknowledged, its offsets are durable and the flushes queued
+before its snapshot covered (docs/decisions/0001-one-atomic-checkpoint.md)."""
 
 from __future__ import annotations
 
@@ -28,10 +22,8 @@ from app.worker.state import PartitionState, WorkerStats
 OWED_KEY = "mirror_owed"
 # Key of the last flushed version inside a user's record (UserState.dump).
 FLUSHED_KEY = "flushed_seq"
-# The worker's keys inside a partition's checkpoint: the next offset; the users whose record says
-# work no flush has carried (restored at once, flushed again within a window); the persist
-# number; the rows whose record owes Cassandra writes (staged again at once). The lists are
-# small: what the last window touched.
+# The worker's keys in a partition's checkpoint: the next offset, the users with work no flush
+# carried, the persist number, the rows owing Cassandra writes (lists: what the last window touched).
 NEXT_OFFSET_KEY = "next_offset"
 UNFLUSHED_KEY = "unflushed"
 PERSISTS_KEY = "persists"
@@ -40,10 +32,9 @@ OWING_KEY = "owing"
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
-    """A partition's checkpoint as read from the changelog (`gate`: the whole decoded record,
-    which the processor restores its gate from; None when the partition has none)."""
+    """A partition's checkpoint as read back (`record`: the whole decoded record, None: none)."""
 
-    gate: dict[str, Any] | None
+    record: dict[str, Any] | None
     next_offset: int | None
     unflushed: list[int]
     persists: int
@@ -51,11 +42,11 @@ class Checkpoint:
 
 
 def read_checkpoint(raw: bytes | None) -> Checkpoint:
-    gate = msgspec.msgpack.decode(raw) if raw else None
-    extras = gate or {}
+    record = msgspec.msgpack.decode(raw) if raw else None
+    extras = record or {}
     next_offset = extras.get(NEXT_OFFSET_KEY)
     return Checkpoint(
-        gate=gate,
+        record=record,
         next_offset=next_offset if isinstance(next_offset, int) else None,
         unflushed=sorted({int(u) for u in extras.get(UNFLUSHED_KEY, ())}),
         persists=int(extras.get(PERSISTS_KEY, 0)),
@@ -68,8 +59,7 @@ _Persisted = tuple[list[int], set[tuple[int, str]], int]
 
 
 class Checkpointer:
-    """Persists one partition at a time: each stages its records and commits them before the next
-    stages (the changelog, the local store and the durable offsets move in order)."""
+    """Persists one partition at a time (each stages and commits before the next stages)."""
 
     def __init__(
         self,
@@ -86,14 +76,12 @@ class Checkpointer:
         self._outbound = outbound
         self._mirror = mirror
         self.lock = asyncio.Lock()
-        # True: a persist releases the state lock while the changelog acknowledges it (batches go
-        # on meanwhile). False: it holds it, the intake waits.
+        # True: the commit runs outside the state lock (docs/decisions/0005-overlap-flushes-and-batches.md).
         self.commit_outside_state_lock = False
 
     async def persist(self, state: PartitionState, *, handing_over: bool = False) -> None:
-        """Write what the partition's hot state changed to the changelog tables (once per row)
-        and hand the records to the producer; its offsets become durable. `handing_over`: the
-        partition goes to another worker, which takes over the Cassandra writes it still owes."""
+        """Persist what the partition's hot state changed; its offsets become durable.
+        `handing_over`: the new owner takes over the Cassandra writes still owed."""
         async with self.lock:
             if state.released:
                 return
@@ -107,19 +95,18 @@ class Checkpointer:
 
     async def _persist(self, state: PartitionState, handing_over: bool) -> None:
         async with self._state_lock:  # no batch is applied meanwhile: one consistent snapshot
-            # The events of the batches this persist makes durable go out first (raises while
-            # they cannot: nothing is written then, and a crash re-reads their records).
+            # Owed events go out first; raises while they cannot
+            # (docs/decisions/0010-outbound-events-owed.md).
             await self._outbound.send_owed(state)
             mirror = self._mirror()
             owed: dict[tuple[int, str], dict[str, Any]] = {}
             if mirror is not None:
                 if handing_over:
-                    # The new owner restages what is owed from the records; a round of ours
-                    # landing after its newer writes would undo them (last write wins).
+                    # No round of ours may land after the new owner's writes
+                    # (docs/decisions/0009-mirror-owed-writes.md).
                     await mirror.settle()
-                # Once the changelog holds these entries their re-reads are skipped, so what the
-                # mirror has not written yet (staged, or in a round not acknowledged) goes into
-                # the rows' records: a crash before it lands restages it.
+                # What the mirror has not written yet is owed in the rows' records
+                # (docs/decisions/0009-mirror-owed-writes.md).
                 owed = mirror.owed()
             changes = state.processor.changes_since_persist()
             # What the checkpoint in the changelog says now: a persist that fails leaves it so.
@@ -131,17 +118,14 @@ class Checkpointer:
                 if handing_over and state.owing and mirror is not None:
                     mirror.drop(state.owing)
                 covered = state.queued_flushes
-                # Created here, under the lock; it takes what was staged when it starts (at once,
-                # below: no other persist stages in between, they hold `self.lock`).
+                # Created under the lock: it takes what was staged (other persists wait on `self.lock`).
                 commit = self.tables.commit()
                 if not self.commit_outside_state_lock:
                     await commit
             except BaseException:
                 self._not_persisted(state, changes, persisted)
                 raise
-        # The broker's acknowledgement is awaited without the state lock: batches are applied
-        # meanwhile (their changes go to the next persist); only the offsets and the flushes this
-        # snapshot covers become durable / publishable once it is in.
+        # Batches applied meanwhile go to the next persist; this snapshot's offsets go durable.
         if self.commit_outside_state_lock:
             try:
                 await commit
@@ -152,34 +136,27 @@ class Checkpointer:
             if offset is not None:
                 state.durable_offset = offset
             state.durable_flushes = max(state.durable_flushes, covered)
-            # Clean rows beyond the hot set's bound may leave memory now (the tables have them;
-            # rows changed since the snapshot are pinned by the processor's own change set).
+            # Clean rows beyond the hot set's bound may leave memory now (the tables have them).
             pinned = {batch.user_id for batches in state.unpublished for batch in batches}
             state.processor.evict(pinned)
 
     @staticmethod
     def _not_persisted(state: PartitionState, changes: Changes, persisted: _Persisted) -> None:
-        """A persist raised (the broker refused its records past the producer's timeouts, a
-        write failed): any part of it may be in the changelog, none is known to be. Its changes
-        go to the next persist with what changed since, and the checkpoint's lists are what the
-        changelog's checkpoint says (never past entries whose rows are not known written)."""
+        """A persist raised: any part of it may be in the changelog, none is known to be. Its
+        changes go to the next persist, and the lists go back to what the last checkpoint says."""
         state.unflushed, state.owing_persisted, state.persists = persisted
         state.processor.persist_failed(changes)
 
     def _owe(
         self, state: PartitionState, changes: Changes, owed: dict[tuple[int, str], dict[str, Any]]
     ) -> None:
-        """Which rows' records carry owed writes from this persist on. A row owes only what was
-        staged when it changed, so a newly owing row is written by this persist anyway, and an
-        untouched row that still owes keeps its record."""
+        """Which rows' records carry owed writes from this persist on (a newly owing row changed,
+        so this persist writes it; an untouched row still owing keeps its record)."""
         if not owed and not state.owing:
             return
-        # The writer serves every partition: this one's owing rows are those it changed since
-        # the last persist (a row is staged when a batch applies to it) or already owed (a row
-        # evicted while it still owes included).
+        # The writer serves every partition: this one's rows are those changed here or already owing.
         owing = {key for key in owed if key in changes.rows or key in state.owing}
-        # Rows no longer owing keep their record as it is: the checkpoint's list, not the record,
-        # says what a restore restages (a stale `mirror_owed` is never read), so no extra write.
+        # A row no longer owing keeps its record: the checkpoint's list says what a restore restages.
         state.owing = owing
         self.stats.state_owed_rows += len(owing & changes.rows)
 
@@ -200,9 +177,7 @@ class Checkpointer:
             if (user_id, conversation_id) in owing:
                 record[OWED_KEY] = owed[(user_id, conversation_id)]
             tables.put_row(partition, user_id, conversation_id, msgspec.msgpack.encode(record))
-        # A flush produced but not published yet must not look flushed in the changelog (a
-        # restored user would not be flushed again and the store would keep older rows): its
-        # record says the version before that flush.
+        # A flush not published yet must not look flushed: the record says the version before it.
         unpublished: dict[int, int] = {}
         for batches in state.unpublished:
             for batch in batches:
@@ -226,4 +201,4 @@ class Checkpointer:
             checkpoint[UNFLUSHED_KEY] = state.unflushed = listed
             checkpoint[OWING_KEY] = sorted(owing)
             state.owing_persisted = set(owing)
-            tables.put_gate(partition, msgspec.msgpack.encode(checkpoint), state.next_offset)
+            tables.put_checkpoint_record(partition, msgspec.msgpack.encode(checkpoint), state.next_offset)

@@ -1,24 +1,10 @@
 """WorkerCore: the worker's I/O around the processing object, one per owned partition.
 
-The rules (decode → gate → apply → flush decisions) are `app.domain.processor.PartitionProcessor`,
-the object replay and a rebuild by replay run too. The core wires four parts around it:
-
-  (partition, [record]) → admission (app/worker/admission.py: the log is applied without a hole)
-  → processor.on_records(values, wall clock) → outbound records (app/worker/outbound.py: dead
-  letters, member notices) | Cassandra mirror changes to the state writer (app/worker/mirror.py)
-  | flushes queued → the publisher (app/worker/publisher.py: store writes and frames, in order)
-
-  the checkpointer (app/worker/checkpointer.py): hot state → changelog tables, once per row per
-  persist; at least once per window, before a flush is published unless flushes are visible
-  before durable, and when the partition is handed over.
-
-Offsets follow the checkpointer: only `durable_offsets()` (as of the last persist, which first
-completes the Cassandra mirror writes of what it persists) are committed, so a crash re-reads
-exactly what the changelog does not hold, and admission skips what it does.
-
-Locks: the state lock (a batch is applied, or a persist snapshots, one at a time), the
-checkpointer's (one persist at a time), the publisher's (one publication at a time).
-"""
+The rules are `app.domain.processor.PartitionProcessor` (replay runs the same object). Around it:
+(partition, [record]) → admission.py → processor → outbound.py (dead letters, notices) | mirror.py
+(Cassandra, owed in each persist) | queued flushes → publisher.py; checkpointer.py persists the hot
+state. Only `durable_offsets()` are committed, so a crash re-reads exactly what the changelog does
+not hold (docs/decisions/0001-one-atomic-checkpoint.md, 0009-mirror-owed-writes.md)."""
 
 from __future__ import annotations
 
@@ -83,14 +69,11 @@ class _Forwarded(Generic[T]):
 
 
 class WorkerCore:
-    # The checkpointer's: True, a persist releases the state lock while the changelog
-    # acknowledges it (batches go on meanwhile). `PROJECTOR_WORKER_OVERLAP_FLUSHES` sets it.
+    # True: a persist commits outside the state lock (docs/decisions/0005-overlap-flushes-and-batches.md).
     commit_outside_state_lock = _Forwarded[bool]("checkpointer")
-    # The publisher's: True, a flush goes to the store and the frames without waiting for a
-    # persist (app/worker/publisher.py). `PROJECTOR_WORKER_VISIBLE_BEFORE_DURABLE` sets it.
+    # True: flushes are published before their persist (docs/decisions/0004-visible-before-durable.md).
     visible_before_durable = _Forwarded[bool]("publisher")
-    # None: a failing store write raises (rebuild, replay, tests). Set (the worker): the flush
-    # stays queued and is retried after the backoff.
+    # None: a failing store write raises. Set: the flush stays queued until the backoff allows.
     store_backoff = _Forwarded["Backoff | None"]("publisher")
     after_store_write = _Forwarded["Callable[[], None] | None"]("publisher")  # fault injection
     # Prometheus: counters are pulled from `stats`; only the flush latency is observed, per write.
@@ -123,8 +106,7 @@ class WorkerCore:
         self.stats = WorkerStats()
         self.mirror: MirrorPump | None = None
         self.state_writer = state_writer  # also makes the mirror (the property below)
-        # Held while a batch is applied and while a partition is persisted: a persist snapshots
-        # rows, offsets and the Cassandra mirror at one point between batches.
+        # Held while a batch is applied and while a persist snapshots (one point between batches).
         self._state_lock = asyncio.Lock()
         self.dead_letter_log = RateLimitedLog(log, config.dead_letter_log_per_s, "dead letters")
         self.outbound = OutboundRecords(outbox, self.stats, self._current_mirror, self.dead_letter_log)
@@ -146,10 +128,8 @@ class WorkerCore:
         self.store_backoff = store_backoff
         self.after_store_write = after_store_write
         self.metrics = metrics
-        # `background_publish` (the worker's runtime): a batch that produced flushes only wakes
-        # the flush scheduler (`publish_wanted`) instead of publishing them itself, so the intake
-        # reads the next window while the previous flush is written; it publishes itself only
-        # past `max_queued_flushes` queued in its partition (memory and lag stay bounded).
+        # `background_publish`: a batch's flushes wake the flush scheduler (`publish_wanted`); the
+        # batch publishes itself only past `max_queued_flushes` queued in its partition.
         self.background_publish = False
         self.max_queued_flushes = 4
         self.publish_wanted = asyncio.Event()
@@ -190,16 +170,15 @@ class WorkerCore:
         }
 
     def _restore(self, partition: int) -> PartitionState:
-        """A partition's processor over its changelog tables, read lazily: the checkpoint (its
-        next offset, the users with work no flush carried, the rows owing Cassandra writes), the
-        waiting entries, and those users and rows; everything else on first touch."""
+        """A partition's processor over its changelog tables: the checkpoint, the waiting entries
+        and the users and rows the checkpoint lists read now; everything else on first touch."""
         tables = self.tables
-        checkpoint = read_checkpoint(tables.gate(partition))
+        checkpoint = read_checkpoint(tables.checkpoint_record(partition))
         processor = PartitionProcessor.restore_lazily(
             self.config.projector,
             self.message_store,
             TablesSource(tables, partition),
-            checkpoint.gate,
+            checkpoint.record,
             tables.pending(partition),
             checkpoint.unflushed,
             **self._processor_options(),
@@ -208,8 +187,7 @@ class WorkerCore:
         processor.open_window_at(self.clock())
         state = PartitionState(partition, processor)
         state.next_offset = state.durable_offset = checkpoint.next_offset
-        # The checkpoint's lists go on as they were persisted: a user stays listed until a
-        # persist writes its record as flushed (a second crash before that must find it again).
+        # A user stays listed until a persist writes its record as flushed (crashes in a row).
         state.unflushed = checkpoint.unflushed
         state.persists = checkpoint.persists
         state.owing_persisted = set(checkpoint.owing)
@@ -221,7 +199,7 @@ class WorkerCore:
                 mirror.restage(key, record[OWED_KEY])
         if state.owing and mirror is not None:
             mirror.kick()
-        if checkpoint.gate is not None:
+        if checkpoint.record is not None:
             log.info(
                 "restored partition %d: %d users with unflushed work, %d waiting, hi=%d, next offset %s",
                 partition,
@@ -233,19 +211,16 @@ class WorkerCore:
         return state
 
     async def restore_assigned(self, partitions: Sequence[int]) -> None:
-        """After a rebalance (tables recovered): bring every assigned partition back now, so work
-        that was applied but never flushed is flushed even if no new record arrives."""
+        """After a rebalance: restore every assigned partition now (its unflushed work flushes)."""
         async with self.checkpointer.lock:  # a commit of its own: never one that a persist staged
-            # Owned from here: each store caught up with its changelog and claimed (raises when
-            # its checkpoint names another input: the worker exits).
+            # Each store caught up and claimed (raises when its checkpoint names another input).
             await self.tables.acquire(partitions)
             for partition in partitions:
                 self.partition(partition)
             await self.tables.commit()
 
     async def release(self, partitions: Sequence[int]) -> None:
-        """Partitions handed to another worker: persist their hot state (the new owner restores
-        it from the changelog) and forget them. Commit `durable_offsets()` afterwards."""
+        """Partitions handed to another worker: persisted, then released; commit offsets after."""
         for partition in partitions:
             state = self.partitions.get(partition)
             if state is not None:
@@ -256,8 +231,7 @@ class WorkerCore:
             self.partitions.pop(partition, None)
 
     def drop(self, partitions: Sequence[int]) -> None:
-        """Partitions held without being owned (never handed over): nothing of them is persisted
-        or published any more, and they are forgotten."""
+        """Partitions held without being owned: forgotten without a persist."""
         for partition in partitions:
             state = self.partitions.pop(partition, None)
             if state is not None:
@@ -267,8 +241,7 @@ class WorkerCore:
     # -- records ------------------------------------------------------------------------------
 
     async def on_records(self, records: Sequence[RawRecord]) -> dict[int, Admission]:
-        """A batch of records of any partitions, read in offset order without holes (a file or a
-        plain consumer: rebuild by replay, tests); see `on_batch`."""
+        """Records of any partitions in offset order without holes (rebuild by replay, tests)."""
         by_partition: dict[int, list[RawRecord]] = {}
         for record in records:
             by_partition.setdefault(record.partition, []).append(record)
@@ -280,11 +253,9 @@ class WorkerCore:
     async def on_batch(
         self, partition: int, records: Sequence[RawRecord], fetch_from: int | None, fetch_to: int
     ) -> Admission:
-        """Process one fetch of one partition, if admission takes it (app/worker/admission.py;
-        `fetch_from`/`fetch_to`: the consumer's position before and after the fetch). A GAP is
-        refused and changes nothing: the caller seeks back to `expected_offset(partition)`. Its
-        effects reach the changelog tables with the partition's next persist: until then its
-        offsets are not `durable_offsets()`, so a crash re-reads it."""
+        """Process one fetch of one partition if admission takes it (`fetch_from`/`fetch_to`: the
+        consumer's position around it). A GAP changes nothing: the caller seeks back to
+        `expected_offset(partition)`. Its offsets are durable with the partition's next persist."""
         async with self._state_lock:
             now = self.clock()
             state = self.partition(partition)
@@ -305,9 +276,7 @@ class WorkerCore:
                 )
                 return admission
             if verdict.confirmed_hole is not None:
-                # Offsets with no record for us (transaction markers, compaction, retention). A
-                # log written by plain producers has none, so each is said (an entry skipped here
-                # is never applied).
+                # Offsets with no record for us (a confirmed hole): counted and logged.
                 log.warning(
                     "partition %d: offsets from %d on hold no record (read twice from %d): "
                     "%d skipped up to %d",
@@ -376,8 +345,8 @@ class WorkerCore:
         return self.partition(partition).next_offset
 
     def start_at(self, partition: int, offset: int) -> None:
-        """Place a partition that has no offset yet (a new partition, or state from before
-        offsets were recorded) at `offset`: where the consumer group left it, or the log start."""
+        """Place a partition that has no offset yet at `offset` (where the intake put the consumer:
+        the log start, docs/decisions/0003-input-position-from-the-checkpoint.md)."""
         state = self.partition(partition)
         if state.next_offset is None:
             state.next_offset = offset
@@ -387,9 +356,7 @@ class WorkerCore:
             log.info("partition %d: starting at offset %d", partition, offset)
 
     def retention_overrun(self, partition: int, log_start: int) -> None:
-        """mailbox-tail starts at `log_start`, past where the partition's state stands: the
-        entries between were deleted unread. Counted and said (an alert fires on the count); the
-        partition reads on from the log start, as nothing else can be read."""
+        """The log starts past the partition's state (entries deleted unread): counted, read on."""
         state = self.partition(partition)
         expected = state.next_offset
         if expected is None or log_start <= expected:
@@ -410,8 +377,7 @@ class WorkerCore:
         state.processor.arrivals.start_mid_stream()
 
     def durable_offsets(self) -> dict[int, int]:
-        """Per partition, the offset up to which every record's effect is in the changelog
-        tables and that is not committed yet (see `offsets_committed`)."""
+        """Per partition, the persisted offset not committed yet (see `offsets_committed`)."""
         return {
             partition: state.durable_offset
             for partition, state in self.partitions.items()
@@ -434,8 +400,7 @@ class WorkerCore:
 
     @property
     def flush_lock(self) -> asyncio.Lock:
-        """Held by every publication of flushes. The unread audit holds it to read, compare and
-        correct a user's stored projection while no flush writes it."""
+        """Held by every publication of flushes, and by the audit and the repair while they write."""
         return self.publisher.lock
 
     def next_deadline(self) -> int | None:

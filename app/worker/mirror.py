@@ -1,22 +1,7 @@
 """The Cassandra mirror beside the projection: UserConversationState, group members and member
-statistics written in rounds by one background task, never on the flush path.
-
-Why it can stay off the flush path: a persist records in the changelog what the mirror still
-owes (staged or in a round not yet acknowledged: `StateWriter.owed`), with the rows it
-describes. A crash before the round lands restores those rows' owed writes and stages them
-again (app/worker/core.py, `_restore`); the entries themselves are never re-applied. So neither
-a persist nor a flush waits for Cassandra, and a failing Cassandra only delays the mirror.
-
-Rounds are spaced (`spacing_s` between starts): repeated writes to one key within that time
-merge into one statement (a member's statistics after each of their messages, a read position
-moving). One round writes at a time (Cassandra keeps the last write by client timestamp: two
-overlapping rounds could land an older value after a newer one). Past `backlog_rows` changes
-staged since the current round took its share, the intake waits for the mirror (memory bound).
-A failed round (whoever ran it: the rounds' task, or a drain for a member notice or the backlog
-bound) is retried by the rounds' task after a backoff; a round that failed sends nothing more
-once it is reported failed (app/stores/cassandra_exec.py), so its values can never land after
-the retry's newer ones.
-"""
+statistics written in spaced rounds, one at a time, by one background task, never on the flush
+path. What is not acknowledged yet is owed in the changelog and restaged after a crash
+(docs/decisions/0009-mirror-owed-writes.md). Past `backlog_rows` staged changes the intake waits."""
 
 from __future__ import annotations
 
@@ -33,8 +18,7 @@ log = logging.getLogger("projector.worker")
 
 # Cassandra's bigint (CQL has no unsigned type): a larger valid u64 cannot be mirrored.
 CQL_BIGINT_MAX = 2**63 - 1
-# A first appearance is written with timestamp 2^50 - seq (app/stores/cassandra_state.py): a seq
-# at or above 2^50 cannot keep "lowest wins", so it is not sent as a first appearance.
+# A first appearance is written at timestamp 2^50 - seq: a larger seq is not sent as one.
 FIRST_SEEN_LIMIT = 2**50
 # Time between the starts of two rounds (s): writes to one key within it merge.
 SPACING_S = 0.1
@@ -72,8 +56,7 @@ class MirrorPump:
         self._task: asyncio.Task[None] | None = None  # the rounds
         self._current: asyncio.Task[bool] | None = None  # the round being written: one at a time
         self._failing_since_round = 0  # failed rounds in the current streak
-        # Loop time before which the rounds' task starts no round: the spacing after a round
-        # that wrote, the backoff after one that failed (set when the round ends, whoever ran it).
+        # Loop time before which no round starts: the spacing after a write, else the backoff.
         self._not_before = 0.0
         self._started = 0.0  # loop time the current round started
         self._closed = False
@@ -93,8 +76,7 @@ class MirrorPump:
                 if all(not isinstance(v, int) or v <= CQL_BIGINT_MAX for v in fields.values()):
                     writer.stage(change.user_id, change.conversation_id, fields)
                 else:
-                    # Valid u64 values above Cassandra's bigint cannot be mirrored; the projection
-                    # (changelog tables, Redis) still has them.
+                    # Valid u64 values above Cassandra's bigint: not mirrored (the projection has them).
                     self.stats.state_unmirrorable += 1
             elif isinstance(change, MemberChange):
                 writer.stage_member(
@@ -134,8 +116,7 @@ class MirrorPump:
 
     @property
     def caught_up(self) -> bool:
-        """Every change staged so far is acknowledged by Cassandra (nothing staged since the
-        last round took its share, and that round wrote it)."""
+        """Every change staged so far is acknowledged by Cassandra."""
         current = self._current
         return not self._staged_since and (current is None or current.done())
 
@@ -167,8 +148,7 @@ class MirrorPump:
             await self._round()
 
     async def _round(self) -> bool:
-        """Write what is staged, after the round being written. False: it failed (the writer
-        keeps what it held: staged again, and owed)."""
+        """Write what is staged, after the round being written. False: it failed (still owed)."""
         await self.settle()
         if not self._staged_since:
             return True  # the round just written took everything (or nothing was staged)
@@ -185,12 +165,8 @@ class MirrorPump:
         if not write.cancelled() and write.result():
             self._not_before = self._started + self.spacing_s
             return
-        # A failed or cancelled round leaves its share staged in the writer: the next round
-        # must take it (even a cancel before the write started, as at a loop's shutdown), after
-        # the backoff. The rounds' task is told here, not by whoever awaited the round: a drain's
-        # round (a member notice, the backlog bound) runs outside it, and the task may have
-        # ended meanwhile, having found nothing staged while that round held it all; without
-        # this kick the share waited for the next stage, i.e. forever at the end of a stream.
+        # A failed or cancelled round left its share staged: the next round takes it after the
+        # backoff. A failure kicks the rounds' task here (a drain's round runs outside it).
         self._staged_since = max(self._staged_since, 1)
         failed = max(self._failing_since_round, 1)
         self._not_before = loop.time() + min(self.retry_max_s, 0.5 * 2 ** min(failed - 1, 10))
@@ -222,13 +198,11 @@ class MirrorPump:
             await asyncio.wait([current])
 
     async def drain(self) -> bool:
-        """Write everything staged now (a clean stop, a backlog past its bound). False: the
-        round failed (what it held stays staged and owed)."""
+        """Write everything staged now (a clean stop, the backlog bound). False: the round failed."""
         return await self._round()
 
     async def close(self) -> None:
-        """Stop the rounds and the write in progress (after a drain nothing is lost; otherwise
-        what is owed is in the changelog, as after a crash)."""
+        """Stop the rounds and the write in progress (what is owed is in the changelog)."""
         self._closed = True  # a round cancelled here must not start the rounds again
         for task in (self._task, self._current):
             if task is not None and not task.done():

@@ -1,11 +1,5 @@
-"""Outbound records: a batch's dead letters and member notices.
-
-They are events, not state: no later flush restates them. So a send that raises keeps them owed
-with the partition, and the partition's next persist sends them first and fails while it cannot
-(its offsets never go durable past records whose events were not sent; a crash re-reads those
-records and produces the events again). At least once: a send that failed part way is sent whole
-again (a client reacts to a notice once; a dead letter names its record's offset).
-"""
+"""Outbound records: a batch's dead letters and member notices, owed with the partition until
+sent, at least once; the next persist sends them first (docs/decisions/0010-outbound-events-owed.md)."""
 
 from __future__ import annotations
 
@@ -48,15 +42,12 @@ class OutboundRecords:
         letters: Sequence[tuple[int, Any]],
         notices: Sequence[MemberNotice],
     ) -> None:
-        """Owe a batch's dead letters and member notices, then try to send everything owed; a
-        send that raises is counted and logged, and what it carried stays owed."""
+        """Owe a batch's events, then try to send all owed (a send that raises: counted, still owed)."""
         if letters:
             state.owed_dead_letters += self._dead_letters(records, letters)
         if notices:
             mirror = self._mirror()
-            # A notice says "re-read the roster", which the Cassandra mirror writes: the member
-            # changes staged before it are written first. A failed round does not hold notices
-            # back (a notice is a hint to re-read, never a fact); those sent so are counted.
+            # Member changes staged before a notice are written first (a failed round: sent anyway).
             if mirror is not None and not await mirror.drain():
                 self.stats.notices_ahead_of_roster += len(notices)
             state.owed_notices += [(str(n.user_id).encode(), orjson.dumps(n.frame())) for n in notices]
@@ -75,9 +66,8 @@ class OutboundRecords:
             )
 
     async def send_owed(self, state: PartitionState) -> None:
-        """Send what the partition's applied batches owe; raises while it cannot. Member notices
-        go as their entries are applied, not with the flush: a crash before a persist covers them
-        re-reads the entries and sends them again; a duplicate entry, never applied, sends none."""
+        """Send what the partition's applied batches owe; raises while it cannot (a crash before
+        a persist re-reads the entries and sends again; a duplicate entry sends none)."""
         if state.owed_dead_letters:
             await self.outbox.dead_letters(state.owed_dead_letters)
             state.owed_dead_letters = []
@@ -95,9 +85,7 @@ class OutboundRecords:
             record = records[index]
             kinds[letter.kind] = kinds.get(letter.kind, 0) + 1
             out.append((record.key, dead_letter_envelope(record, letter.reason)))
-            # The kind, not the reason: a reason may quote the record's content (user data stays
-            # out of the logs; the dead-letter topic has it). Capped per second; the count above
-            # and the topic get every one.
+            # The kind, not the reason (a reason may quote user data); capped per second.
             self.dead_letter_log.log(
                 "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, letter.kind
             )
@@ -105,9 +93,8 @@ class OutboundRecords:
 
 
 def dead_letter_envelope(record: RawRecord, reason: str) -> bytes:
-    """What goes to the dead-letter topic: why, and exactly where the record came from. A value
-    over MAX_RECORD_BYTES is cut (the envelope must fit the topic whatever the input topic
-    allowed; topic, partition and offset find the whole record)."""
+    """What goes to the dead-letter topic: why, and exactly where the record came from (a value
+    over MAX_RECORD_BYTES is cut: topic, partition and offset find the whole record)."""
     raw = record.value or b""
     cut = len(raw) > MAX_RECORD_BYTES
     if cut:

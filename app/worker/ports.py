@@ -19,17 +19,13 @@ class RawRecord(NamedTuple):
 
 
 def raw_record(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> RawRecord:
-    """A consumed record as the core takes it: a null value (a tombstone, or a producer that
-    sent none) becomes empty, which the decoder dead-letters with its reason."""
+    """A consumed record as the core takes it: a null value becomes empty (dead-lettered)."""
     return RawRecord(topic, partition, offset, key, value if value is not None else b"")
 
 
-# -- the changelog tables' layout -----------------------------------------------------------------
-# Keys are bytes in an order that is the state's order: a user id as 8 big-endian bytes (so a
-# user's rows are one prefix, and users sort numerically), a conversation id as its 16 UUID
-# bytes. A table holds one partition per RocksDB database (and changelog partition), so the key
-# needs no partition.
-GATE_KEY = b"gate"
+# -- the changelog tables' layout: keys sort as the state (user id: 8 big-endian bytes, then the
+# conversation's 16 UUID bytes); one partition per store, so no partition in the key.
+CHECKPOINT_KEY = b"gate"  # the on-disk key (and RocksDB folder "gates"), kept from before the rename
 
 
 def user_key(user_id: int) -> bytes:
@@ -45,8 +41,7 @@ def pending_key(user_id: int, mailbox_seq: int) -> bytes:
 
 
 def parse_row_key(key: bytes) -> tuple[int, str]:
-    # str(uuid.UUID(bytes=...)) spelled out: 3x cheaper, and every row read after a restart or an
-    # eviction parses its key (a user's 50 rows at its first touch).
+    # str(uuid.UUID(bytes=...)) spelled out: 3x cheaper, and every row read parses its key.
     h = key[8:24].hex()
     if len(h) != 32:
         raise ValueError(f"a row key has 24 bytes, not {len(key)}")
@@ -58,24 +53,21 @@ def parse_user_key(key: bytes) -> int:
 
 
 class StateTables(Protocol):
-    """The worker's state tables (the checkpointed changelog in production: tables/durable).
-    Every call names its partition: writes go to that partition's store, reads read it."""
+    """The worker's state tables (tables/durable in production); every call names its partition."""
 
     async def acquire(self, partitions: Sequence[int]) -> None:
-        """These partitions are this worker's from now on: their state is read up to date and
-        claimed (no other writer's persist is accepted after it). Before any read of them."""
+        """These partitions are this worker's from now on: caught up and claimed before any read."""
         ...
 
     def hand_over(self, partition: int) -> None:
-        """The partition's last persist here is done (or it is dropped): another worker writes
-        it next."""
+        """The partition's last persist here is done: another worker writes it next."""
         ...
 
     def put_row(self, partition: int, user_id: int, conversation_id: str, blob: bytes) -> None: ...
 
     def put_user(self, partition: int, user_id: int, blob: bytes) -> None: ...
 
-    def put_gate(self, partition: int, blob: bytes, next_offset: int | None = None) -> None:
+    def put_checkpoint_record(self, partition: int, blob: bytes, next_offset: int | None = None) -> None:
         """The partition's record (watermark lanes, flush bookkeeping) and the mailbox-tail offset
         below which every entry is in this state (None: not placed yet)."""
         ...
@@ -85,9 +77,8 @@ class StateTables(Protocol):
     def delete_pending(self, partition: int, user_id: int, mailbox_seq: int) -> None: ...
 
     async def commit(self) -> None:
-        """End of a persist: every write since the last commit is durable, and readable here.
-        Reads see a write only once it is committed. Atomic per partition: a commit that raises
-        left either all of a partition's writes durable or none of them."""
+        """End of a persist: every write since the last commit durable and readable (not before),
+        atomically per partition: a commit that raises left all of a partition's writes or none."""
         ...
 
     def get_users(self, partition: int, user_ids: Collection[int]) -> dict[int, bytes]:
@@ -109,8 +100,8 @@ class StateTables(Protocol):
     def rows_after(
         self, partition: int, after: tuple[int, str] | None, limit: int
     ) -> list[tuple[tuple[int, str], bytes]]:
-        """At most `limit` rows whose key is above `after`'s (None: from the first), in key
-        order. Safe to call from a worker thread (the unread audit's sweep reads off the loop)."""
+        """At most `limit` rows above `after` (None: from the first), in key order; callable from a
+        worker thread."""
         ...
 
     def row_key_bounds(self, partition: int) -> tuple[tuple[int, str], tuple[int, str]] | None:
@@ -121,7 +112,7 @@ class StateTables(Protocol):
         """About how many rows the partition holds, cheaply (RocksDB's estimate of its keys)."""
         ...
 
-    def gate(self, partition: int) -> bytes | None: ...
+    def checkpoint_record(self, partition: int) -> bytes | None: ...
 
     def pending(self, partition: int) -> list[bytes]:
         """The waiting entries' raw records."""
@@ -138,8 +129,7 @@ class Outbox(Protocol):
     ) -> None: ...
 
     async def notices(self, notices: Sequence[tuple[bytes, bytes]]) -> None:
-        """MEMBER_NOTICE frames (key = user id): on the session-delta topic, so they stay in
-        order with the user's SESSION_DELTA frames (docs/contract.md §9)."""
+        """MEMBER_NOTICE frames (key = user id), in order with its SESSION_DELTA frames (§9)."""
         ...
 
 
@@ -178,7 +168,6 @@ class StateWriter(Protocol):
 
 
 class FlushObserver(Protocol):
-    """Told how long each flush took (the worker's Prometheus metrics); the counters are pulled
-    from the core's stats instead, so the core never depends on the metrics module."""
+    """Told how long each flush took; the counters are pulled from the core's stats instead."""
 
     def observe_flush(self, seconds: float) -> None: ...

@@ -1,21 +1,6 @@
-"""The publisher: queued flushes to the projection store and the frames, in order.
-
-Each partition's flushes are published in the order the processor produced them: per write, each
-user's batch to the projection store atomically, then one SESSION_DELTA and one BADGE_UPDATE per
-user whose version the store took. One publisher at a time (`lock`) keeps each user's versions in
-order across partitions' publishers.
-
-Durable before visible (`visible_before_durable` False): a flush is written only once a completed
-persist covers it, and a publish persists the partition first. Visible before durable (True): a
-flush is written at once and the persist follows within a window. Sound because a flush's rows
-and badge are a function of the entries applied up to its version: after a crash the re-read
-reproduces the same version with the same values (the store refuses it as a repeat) or a newer
-one (docs/durability.md).
-
-A failing store (`store_backoff` set): a write that raises leaves its flush and the later ones
-queued (every persist records their users as not flushed), and none is tried again before the
-backoff allows. Without a backoff a failing write raises (rebuild, replay, tests).
-"""
+"""The publisher: queued flushes to the projection store (each user's batch atomically), then a
+SESSION_DELTA and a BADGE_UPDATE per user whose version the store took, in order, one publication at
+a time (docs/decisions/0004-visible-before-durable.md, 0012-store-outage-holds-flushes.md)."""
 
 from __future__ import annotations
 
@@ -70,9 +55,7 @@ class Publisher:
         self.after_store_write: Callable[[], None] | None = None  # fault-injection hook (tests)
         # Only the flush latency histogram is observed here, once per write.
         self.metrics: FlushObserver | None = None
-        # Users a write found stored at a version older than their previous flush's: the store
-        # lost them (the projection repair writes them whole again). Collected only while
-        # `track_store_behind` (a repairer drains it; otherwise it would only grow).
+        # Users a write found stored older than their previous flush (drained by the repair).
         self.store_behind: set[int] = set()
         self.track_store_behind = False
 
@@ -80,8 +63,7 @@ class Publisher:
 
     async def flush_due(self, now: int) -> int:
         """Flush every partition whose window elapsed (or that holds too many dirty rows); persist
-        the hot state of the others at least once per window (pending entries, gate marks,
-        duplicates: changes that flush nothing still move the durable offset)."""
+        the others at least once per window (changes that flush nothing still move the offset)."""
         self._dead_letter_log.tick()
         flushed = 0
         for state in list(self.partitions.values()):
@@ -95,14 +77,12 @@ class Publisher:
             if state.unpublished:
                 flushed += await self.publish(state)
                 if self.visible_before_durable and not state.released and self._persist_due(state, now):
-                    # Publishing does not persist: the window's persist still comes, however busy
-                    # the fast lane keeps the publisher.
+                    # The window's persist still comes, however busy the fast lane keeps it.
                     await self._persist(state)
             elif self._persist_due(state, now):
                 await self._persist(state)
             elif state.owing and mirror is not None and mirror.caught_up:
-                # Its records still say "owed" and the mirror has written it all since: persisted
-                # so they (and the owed-rows gauge) stop saying so, and a restart restages nothing.
+                # The mirror caught up: persisted so the records (and the gauge) stop saying owed.
                 await self._persist(state)
         return flushed
 
@@ -112,8 +92,7 @@ class Publisher:
         return since is not None and now - since >= self.window_ms
 
     async def flush_all(self) -> int:
-        """Everything flushes now (a clean stop); the mirror writes what it owes first, so the
-        persist records nothing owed when Cassandra answers."""
+        """Everything flushes now (a clean stop), after the mirror wrote what it owes."""
         mirror = self._mirror()
         if mirror is not None:
             await mirror.drain()
@@ -133,16 +112,13 @@ class Publisher:
     # -- publishing ---------------------------------------------------------------------------
 
     async def publish(self, state: PartitionState, *, now: bool = False) -> int:
-        """Publish the partition's queued flushes in order (see the module). Returns how many user
-        batches went out. `now`: try the store once even within a backoff (a clean stop's last
-        chance), and with visible before durable, persist what was written at once."""
+        """Publish the partition's queued flushes in order; returns how many user batches went out.
+        `now`: try the store even within a backoff, and persist what was written at once."""
         async with self.lock:
             if state.released:
                 return 0
             if not now and not state.unpublished:
-                # What the caller saw queued was published by the publisher it waited for: nothing
-                # is left to make durable before a store write (its offsets go durable with the
-                # next persist; persisting here would cost a changelog round trip per batch).
+                # Published by the publisher it waited for: its offsets go durable with the next persist.
                 return 0
             if not now and self._held(state):
                 await self._persist_held(state)
@@ -151,9 +127,7 @@ class Publisher:
             uncovered = state.durable_flushes < state.queued_flushes
             visible_first = self.visible_before_durable
             if not visible_first and not (failing and state.unpersisted_since is None and not uncovered):
-                # Persisted even with nothing queued: the caller asked for a flush, and a persist
-                # is what makes the offsets durable. (A retry after a failed write, with nothing
-                # changed since, has nothing to make durable: its flushes were persisted.)
+                # A persist makes the offsets durable (not needed by a retry with nothing changed).
                 await self._persist(state)
             published = 0
             while self._publishable(state):
@@ -170,8 +144,7 @@ class Publisher:
                 # Their records now say these versions are flushed (with the next persist).
                 state.processor.touch((), [batch.user_id for batch in batches], self.clock())
             if visible_first and now:
-                # A clean stop's or a test's flush: what it wrote is made durable at once (its
-                # records then say flushed, and the offsets can be committed).
+                # A clean stop's or a test's flush: what it wrote is persisted at once.
                 await self._persist(state)
             return published
 
@@ -180,8 +153,8 @@ class Publisher:
         return self._writable(state) > 0
 
     def _writable(self, state: PartitionState) -> int:
-        """How many of the oldest queued flushes may be written now: every queued one when
-        flushes are visible before durable, else those a completed persist covers."""
+        """How many of the oldest queued flushes may be written now
+        (docs/decisions/0004-visible-before-durable.md)."""
         if state.released:
             return 0
         queued = len(state.unpublished)
@@ -190,11 +163,8 @@ class Publisher:
         return min(queued, state.durable_flushes - state.published_flushes)
 
     def next_write(self, state: PartitionState) -> tuple[int, list[UserFlush]]:
-        """The oldest queued flushes that go to the store in one write: the oldest, and after it
-        every next writable one while no user repeats (a flush naming a user already in the write
-        starts the next write). Each user's batch stays atomic and a user's versions reach the
-        store and the frames in order; the fast lane's one-flush-per-user queue (docs/contract.md
-        §10) costs one store round trip instead of one per flush."""
+        """The oldest queued flushes that share one store write: the oldest, then each next
+        writable one until a user repeats (docs/decisions/0017-flushes-grouped-per-store-write.md)."""
         queued = state.unpublished
         batches = list(queued[0])
         writable = self._writable(state)
@@ -219,8 +189,7 @@ class Publisher:
         badges: list[tuple[bytes, bytes]] = []
         for batch, stored_before in zip(batches, previous, strict=True):
             if stored_before is None:
-                # The store already holds this version (a replay after a crash): the frames
-                # went out with the first write, or clients detect the gap and re-pull.
+                # The store holds this version already (a re-read after a crash): no frames again.
                 self.stats.refused_writes += 1
                 continue
             if self.track_store_behind and stored_before < batch.prev_projection_mailbox_seq:
@@ -257,8 +226,7 @@ class Publisher:
 
     @property
     def store_failing(self) -> bool:
-        """Flushes are held: a write failed and none has succeeded since. (A streak whose held
-        flushes all went to another worker with their partitions holds nothing: not failing.)"""
+        """Flushes are held: a write failed and none has succeeded since (and some are still ours)."""
         return self.store_backoff is not None and self.store_backoff.failing and self.held_flushes() > 0
 
     def held_flushes(self) -> int:
@@ -276,8 +244,7 @@ class Publisher:
         return backoff is not None and bool(state.unpublished) and not backoff.ready(self.clock())
 
     async def _persist_held(self, state: PartitionState) -> None:
-        """While flushes are held: persist at most once per window, like a partition that flushes
-        nothing (every persist writes the held users' records again, saying "not flushed")."""
+        """While flushes are held: persist at most once per window, like a partition that flushes nothing."""
         if self._persist_due(state, self.clock()):
             await self._persist(state)
 

@@ -1,11 +1,5 @@
-"""Log lines capped per second, the rest summed up (issue 14, item 6).
-
-A burst of bad records (a producer gone wrong) dead-letters thousands of records a second; one
-log line each cost 5% of the worker's main thread in issue 14's profile and floods the logs with
-lines that say nothing new. Every dead letter is still counted (the metrics) and still sent to
-its topic; only the lines are capped: at most `per_second` lines in each one-second interval,
-and the first line after an interval that suppressed some says how many ("N more ... suppressed").
-"""
+"""Log lines capped per second, the rest summed up ("N more ... suppressed"); only the lines are
+capped, the caller still counts and sends every record (docs/decisions/0011-dead-letter-log-rate-limit.md)."""
 
 from __future__ import annotations
 
@@ -50,8 +44,7 @@ class RateLimitedLog:
         return True
 
     def tick(self) -> None:
-        """Between lines (a timer): the summary of an interval that ended, so the count of a
-        burst's last second does not wait for the next line."""
+        """From a timer: the summary of an interval that ended, without waiting for a next line."""
         if self.suppressed and self.clock() - self._interval_start >= 1.0:
             self.flush_summary()
 

@@ -1,31 +1,8 @@
-"""Reconcile on request in the worker (docs/contract.md §10, "Reconcile on request").
-
-The requests come on topic reconcile-request (app/api/reconcile.py sends them), keyed by user with
-mailbox-tail's partition count: faust's assignor gives partition p of both topics to the same
-worker, so the request reaches the worker that owns the user's state. The intake
-(agents/reconcile.py) hands each fetch's records to `ReconcileRunner.offer`; one task (`run`)
-handles them one at a time:
-
-  record → decoded (`app.domain.reconcile`), dropped when older than the interval or when the
-  partition is not owned here (any more)
-  → the user's state, every row (the ones evicted from memory read back from the changelog
-    tables): copies taken on the loop
-  → the copies with an unread window one bounded read covers recounted from the MessageStore in a
-    worker thread (the audit's `recount`)
-  → under the core's flush lock, between flushes (no flush writes the user meanwhile; entries
-    applied meanwhile make their rows dirty, which are then left to their own flush): the stored
-    rows read, `audit_user` judges (the unread audit's verdict, over every row) and the audit's
-    repair runs (app/worker/audit.judge_user): rows that differ corrected in place at the stored
-    version and missing rows filled by ONE atomic `ProjectionStore.correct`, the badge recomputed
-    in full, correction frames (SESSION_DELTA with the rows, BADGE_UPDATE when the stored badge
-    was off); a user with a flush due anyway gets them through that flush.
-  → WorkerStats: outcome, rows compared / recounted / corrected / filled (Prometheus via
-    WorkerMetrics.sync), the time it took (`observe`).
-
-Offsets: the handled records' offsets are committed by the worker's commit timer (`handled`);
-a request lost to a crash before its commit is handled again by whoever owns the partition then
-(a reconcile is idempotent), one dropped because the partition moved is read by the new owner.
-"""
+"""Reconcile on request in the worker (docs/contract.md §10): requests on topic reconcile-request,
+co-partitioned with mailbox-tail so the owner of the user's state gets them, handled one at a time
+by `ReconcileRunner.run`: every row copied, recounted in worker threads, then judged and repaired
+like the unread audit (app/worker/audit.judge_user). Handled offsets are committed by the commit
+timer; a reconcile is idempotent (docs/decisions/0016-reconcile-on-request-in-the-owner.md)."""
 
 from __future__ import annotations
 
@@ -60,11 +37,9 @@ log = logging.getLogger("projector.reconcile")
 
 # A request is dropped as stale after the interval, and not before this (seconds).
 MIN_MAX_AGE_S = 60
-# Requests queued for the runner at most (beyond: dropped and counted as failed). Requests are
-# bounded per user by the API's interval, so only a burst of distinct users fills it.
+# Requests queued for the runner at most (beyond: dropped and counted as failed).
 QUEUE_MAX = 10_000
-# Rows recounted per hop to a worker thread, and such hops in flight at once (the default
-# executor's threads; the Cassandra session is shared and thread-safe).
+# Rows recounted per hop to a worker thread, and such hops in flight at once.
 _RECOUNT_SLICE = 64
 _RECOUNT_PARALLEL = 4
 
@@ -76,8 +51,7 @@ class ReconcileConfig:
 
     @classmethod
     def from_settings(cls, reconcile: ReconcileSettings, processing: ProcessingSettings) -> ReconcileConfig:
-        # The interval, but never under a minute: a request queued behind a long reconcile, or
-        # stamped by an API host whose clock runs a little ahead, is not dropped for it.
+        # The interval, never under a minute (queued requests, API hosts' clocks a little ahead).
         max_age_ms = max(reconcile.reconcile_min_interval_s, MIN_MAX_AGE_S) * 1000
         return cls(max_age_ms=max_age_ms, limit=processing.unread_precise_limit)
 
@@ -169,8 +143,7 @@ class ReconcileRunner:
         if not self.owned(partition) or state is None or state.released:
             return ReconcileResult(user_id, Outcome.NOT_OWNED)
         projector = state.processor.projector
-        # Every row of the user (evicted ones read back), copied on the loop: no await until the
-        # copies exist, so no batch changes them half-way.
+        # Every row of the user (evicted ones read back), copied with no await in between.
         user = projector.user(user_id)
         if user is None:
             return ReconcileResult(user_id, Outcome.UNKNOWN_USER)
@@ -214,9 +187,7 @@ class ReconcileRunner:
         return base
 
     async def _recount(self, rows: list[ConversationState], *, lost_entries: bool = False) -> None:
-        """The copies recounted in worker threads: slices of `_RECOUNT_SLICE` rows, at most
-        `_RECOUNT_PARALLEL` slices at once (each row is one bounded MessageStore read, ~1 ms on a
-        local Cassandra: one after the other, a 5,000-row user took seconds)."""
+        """The copies recounted in worker threads, `_RECOUNT_PARALLEL` slices at once."""
         gate = asyncio.Semaphore(_RECOUNT_PARALLEL)
         store, limit = self.core.message_store, self.config.limit
 

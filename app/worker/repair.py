@@ -1,54 +1,8 @@
-"""The projection repair (issue 18): a worker finds that the projection store lost data (all of
-it, or some) and writes the projection of its partitions again from its own state, without
-anyone running a command.
-
-Detection, every `interval_ms` (`check`; the Redis side is app/stores/redis_restore.py):
-
-* the partition's markers in the store are gone (FLUSHALL, a restart without persistence, a
-  failover to an empty replica, the namespace deleted) or say a repair that is not ours did not
-  finish (it died): the whole partition;
-* the set of the store servers' run ids changed (a restart, also one WITH persistence whose
-  snapshot is older than the last flushes; a failover): every owned partition;
-* flushes that found their user stored at a version older than the user's previous flush
-  (`WorkerCore.store_behind`): those users.
-
-A whole-partition repair sets the partition's markers to ``restoring:<token>`` first, then goes
-through every user of the partition in chunks of `chunk_users`, in user id order: the users
-come from the changelog tables' keys (read in slices, values not read: the state may be far
-bigger than memory; every user a flush published is there within a window of that flush — a user
-flushed visible before durable and not persisted yet is caught by its next flush finding the
-store behind, the third detection), each user from memory if resident (newer than the tables),
-else read from the tables without joining the hot set. One chunk:
-
-  under the core's flush lock (no flush writes meanwhile; the partition's queued flushes go
-  first: a chunk waits while the partition has unpublished ones)
-  → the store's version and row count per user (one round trip)
-  → per user app/domain/restore.need: INTACT and AHEAD are left; RESTATE users are written whole
-    at their flushed version (one round trip; RESTORE_SCRIPT writes over an equal version too)
-    and get correction frames; REFLUSH users have every row marked dirty (their next flush,
-    within one window, writes them whole at a newer version with ordinary frames)
-  → the lock is released: batches and flushes go on between chunks.
-
-At the end the markers are set to ``done:<token>``, each only if it still says ours: one that
-vanished meanwhile means the store lost data again during the repair, and the partition is
-repaired again. A crash mid-repair leaves ``restoring:<token>`` (or nothing): the next owner
-repairs the partition. A flush racing a repair is serialized by the flush lock; a user written
-by a flush after the loss (some rows, at a new version) is made whole by its chunk (or by a later
-user repair: that flush found the store behind).
-
-What clients see: a repaired user's rows and badge as correction frames restating its version
-(never a new version, never an older one): a client holding that version overwrites with equal
-values; one that pulled an emptied or partial list during the loss gets every row. Metrics:
-projector_projection_restores_total (repairs, of a partition or of some users, that had to
-write something) and the users/rows counters (app/metrics/worker.py); a WARNING line per repair
-that wrote anything ("projection store lost data (<reason>): repaired partition ..."), INFO lines
-for checks that found nothing lost (markers are also absent the first time a store is seen).
-
-"Restore" is the changelog → state direction (app/worker/core.py); this module re-writes the
-projection store. The word survives only where it is a format or a contract: the markers
-(``restoring:``/``done:``), the store port's `restore` write, the stats' fields, the metric
-names and the PROJECTOR_* settings.
-"""
+"""The projection repair: a worker that finds the projection store lost data (markers gone or
+left by a repair that died, the servers' run ids changed, a flush that found its user behind)
+writes its partitions' projection again from its own state, chunk by chunk under the flush lock,
+as correction frames that restate versions (docs/decisions/0013-projection-repair.md; the Redis
+side is app/stores/redis_restore.py)."""
 
 from __future__ import annotations
 
@@ -144,8 +98,7 @@ class ProjectionRepairer:
         core.track_store_behind = True  # `check` drains what the flushes find
         self.target = target
         self.config = config
-        # Our markers' tokens: this process, then a count (a marker left by a dead process never
-        # looks like ours).
+        # Our markers' tokens: this process, then a count (a dead process's never looks like ours).
         self._tokens = (f"{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count(1))
         self.identity: frozenset[str] | None = None
         self.jobs: dict[int, _Job] = {}
@@ -157,8 +110,7 @@ class ProjectionRepairer:
     # -- the loop (the worker's task) ------------------------------------------------------------
 
     async def run(self) -> None:
-        """Check, repair what needs it, wait `interval_ms`; forever. A failing store costs a
-        round, never the worker (the next round finds what is still to do)."""
+        """Check, repair, wait `interval_ms`; forever. A failing store costs a round, never the worker."""
         failing = False
         while True:
             try:
@@ -240,8 +192,7 @@ class ProjectionRepairer:
             marker = RESTORING + token
             await self.target.set_markers(partition, marker)
             self.marking[partition] = marker
-            # INFO only: markers are also absent the first time any worker sees a store (a new
-            # deployment); whether data was lost shows at the end (something had to be written).
+            # INFO: markers are also absent the first time a store is seen; a loss shows at the end.
             log.info("checking partition %d against the projection store: %s", partition, job.reason)
         try:
             users = await self._users_of(state) if job.users is None else sorted(job.users)
@@ -303,8 +254,8 @@ class ProjectionRepairer:
         return list(users)
 
     async def _chunk(self, state: PartitionState, chunk: list[int], report: RepairReport) -> bool:
-        """Restore these users of the partition (see the module docstring); False (nothing done)
-        while the partition has flushes produced and not published."""
+        """Repair these users (docs/decisions/0013-projection-repair.md); False while the partition has
+        unpublished flushes."""
         core = self.core
         async with core.flush_lock:
             if state.unpublished:
@@ -331,8 +282,7 @@ class ProjectionRepairer:
         now = core.clock()
         include_muted = core.config.include_muted
         for user_id, (stored_version, stored_rows) in zip(chunk, stored, strict=True):
-            # Memory first (newer than the tables); what is not in memory is read, not kept: the
-            # hot set stays within its bound however big the partition.
+            # Memory first (newer than the tables); the rest is read, not kept (the hot set's bound).
             user = projector.users.get(user_id)
             held: dict[str, ConversationState] = {}
             if user is None:
@@ -362,8 +312,7 @@ class ProjectionRepairer:
                     report.reflushed += 1
             else:
                 if stored_version == user.flushed_seq:
-                    # A flush wrote part of the user at this version after the loss: a
-                    # reader holding that part must see the list move (app/domain/restore).
+                    # Part of the user was flushed at this version after the loss (app/domain/restore).
                     live = projector.user(user_id)
                     if live is not None:
                         live.structure_version += 1

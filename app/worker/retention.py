@@ -1,25 +1,7 @@
-"""After a retention overrun (docs/contract.md §3.9; app/domain/retention.py for the rules): the
-projection epoch bumped once per overrun, and a reconcile asked of every user of the partition the
-worker knows, so users with an open stream are corrected without a login.
-
-  RebalanceCompletion (app/runtime/worker.py) finds the log start past the checkpoint
-  → `RetentionReconciles.overrun(partition, checkpoint_next)` (awaited there: one script call)
-  → the epoch bumped (`EpochBump`: app/stores/redis_epoch.bump_epoch, idempotent per overrun)
-  → a task (off the intake): first the partition reads on to mailbox-tail's end as it was at the
-    overrun (`input_end`; at most `CATCH_UP_MAX_S`), so the entries kept after the deleted ones are
-    applied and a row's unread window reaches over the deleted messages; then the partition's
-    users, read from the state tables' row keys in pages in a worker thread, with the ones
-    resident in memory; then reconcile requests (trigger
-    "retention", keyed by the user, on topic reconcile-request) in chunks of `REQUEST_CHUNK`, the
-    next chunk once the previous is acknowledged and the reconcile runner's backlog is under one
-    chunk (the runner handles them in order, app/worker/reconcile.py). Stops when the partition
-    is not owned any more (its new owner finds the same overrun only if the checkpoint had not
-    moved: then it asks again; a reconcile is idempotent).
-  → counted (`RetentionCounts`: WorkerMetrics.watch_retention).
-
-Known gap (seed 000 §1): a conversation that first appeared in the deleted entries and had no
-message afterwards is in no state the reconcile reads, so it stays missing.
-"""
+"""After a retention overrun (docs/contract.md §3.9; rules in app/domain/retention.py): the
+projection epoch bumped once per overrun, then, once the partition read on to the end it had at the
+overrun, a reconcile asked of every user of the partition the worker knows, in acknowledged chunks
+(docs/decisions/0014-retention-overrun-epoch.md, which also names the known gap)."""
 
 from __future__ import annotations
 
@@ -122,8 +104,7 @@ class RetentionReconciles:
         return await self.ask_users(partition)
 
     async def catch_up(self, partition: int) -> None:
-        """Until the partition applied mailbox-tail up to its end of now (or moved, or the wait
-        ran out: the reconciles go then anyway)."""
+        """Until the partition applied mailbox-tail up to its end of now, moved, or the wait ran out."""
         if self.input_end is None:
             return
         try:

@@ -1,11 +1,6 @@
-"""When to try a failing dependency again: exponential backoff over a failure streak.
-
-The worker's projection-store writes use it (`WorkerCore(store_backoff=...)`): a flush whose
-store write raised stays queued (its users' changelog records keep saying "not flushed"), no
-write is attempted before `retry_at_ms`, and the first attempt that succeeds ends the streak.
-A streak is what gets logged (once when it starts, once when it ends) and exported, never each
-attempt. No I/O and no clock of its own: the caller passes the time.
-"""
+"""When to try a failing dependency again: exponential backoff over a failure streak, logged
+once when it starts and once when it ends (docs/decisions/0012-store-outage-holds-flushes.md).
+No I/O and no clock of its own: the caller passes the time."""
 
 from __future__ import annotations
 

@@ -22,8 +22,7 @@ def wall_clock_ms() -> int:
 
 @dataclass(slots=True)
 class WorkerStats(ProcessingStats):
-    """The processing counts (shared by every partition's processor: partitions come and go, the
-    totals must not) and the worker's own I/O counts."""
+    """The processing counts (shared by every partition's processor) and the worker's I/O counts."""
 
     flushes: int = 0
     projection_writes: int = 0
@@ -31,25 +30,20 @@ class WorkerStats(ProcessingStats):
     frames: int = 0
     notices: int = 0  # MEMBER_NOTICE frames produced (app/domain/notices.py)
     notices_ahead_of_roster: int = 0  # of them, sent while the mirror's roster write failed
-    # Sends of a batch's dead letters / member notices that raised (kept and sent again before
-    # the partition's next persist, which waits for them).
+    # Sends of dead letters / member notices that raised (kept owed:
+    # docs/decisions/0010-outbound-events-owed.md).
     outbound_send_failures: int = 0
     state_writes: int = 0
     state_write_failures: int = 0
     state_unmirrorable: int = 0
-    # Rows persisted while their mirror write was still owed (Cassandra failing), and owed
-    # writes staged again from the changelog after a restart.
+    # Rows persisted with mirror writes owed, and owed writes restaged after a restart.
     state_owed_rows: int = 0
     state_restaged_rows: int = 0
-    # The intake's offset rule (app/worker/offsets.py): batches refused because they did not start
-    # where the partition's state stands in the log (never applied: read again after a seek back),
-    # records skipped because the state already holds them (re-reads), and offsets the broker
-    # reported as holding no record (transaction markers, compaction, retention).
+    # The offset rule (app/worker/offsets.py): gaps refused, re-read records skipped, hole offsets.
     intake_gaps_refused: int = 0
     intake_records_skipped: int = 0
     intake_hole_offsets: int = 0
-    # mailbox-tail's log start found past a partition's checkpoint (entries deleted unread: the
-    # retention overran the worker), and the offsets lost so.
+    # Log starts found past a partition's checkpoint (retention overran it), and the offsets lost.
     retention_overruns: int = 0
     retention_lost_offsets: int = 0
     # Projection-store writes that raised while a store backoff was set (the flush stayed queued).
@@ -61,8 +55,7 @@ class WorkerStats(ProcessingStats):
     audit_drifted_rows: int = 0
     audit_corrected_rows: int = 0
     audit_drift_ratio: float = 0.0
-    # Reconcile on request (app/worker/reconcile.py): requests by outcome, rows compared /
-    # recounted from the MessageStore / corrected in place / filled, badges corrected.
+    # Reconcile on request (app/worker/reconcile.py): requests by outcome, rows and badges.
     reconcile_outcomes: dict[str, int] = field(default_factory=dict)
     reconcile_rows_compared: int = 0
     reconcile_rows_recounted: int = 0
@@ -71,8 +64,7 @@ class WorkerStats(ProcessingStats):
     reconcile_badges_corrected: int = 0
     # Dead letters by kind (app.domain.entries.DEAD_LETTER_KINDS): the metrics' reason label.
     dead_letter_kinds: dict[str, int] = field(default_factory=dict)
-    # The projection repair (app/worker/repair.py): partitions repaired, users checked against
-    # the store, users written again (and their rows), users handed to their next flush whole.
+    # The projection repair (app/worker/repair.py): repairs, users checked / restated / reflushed.
     projection_restores: int = 0
     restore_checked_users: int = 0
     restored_users: int = 0
@@ -89,41 +81,30 @@ class PartitionState:
     def __init__(self, partition: int, processor: PartitionProcessor) -> None:
         self.partition = partition
         self.processor = processor
-        # Rows whose changelog record carries Cassandra writes still owed (app/worker/checkpointer.py),
-        # and the same as the partition's checkpoint last listed them.
+        # Rows whose changelog record carries owed Cassandra writes, now and as last persisted.
         self.owing: set[tuple[int, str]] = set()
         self.owing_persisted: set[tuple[int, str]] = set()
         # The users the checkpoint lists as having work no flush carried (Checkpointer._write_tables).
         self.unflushed: list[int] = []
         # Persists of this partition so far (kept in the checkpoint).
         self.persists = 0
-        # Flushes the processor produced and nobody published yet, in the order produced: a
-        # user's versions must reach the store and the frames in order.
+        # Flushes produced and not published yet, in the order produced (a user's versions in order).
         self.unpublished: list[list[UserFlush]] = []
-        # Flushes queued in this partition's life, and how many of them were published; a flush
-        # may be published once a persist that snapshotted the state after it was produced has
-        # completed (`durable_flushes`): a persist's changelog commit runs without the state
-        # lock, so batches applied meanwhile may queue flushes that no completed persist covers.
+        # Flushes queued in this partition's life, published, and covered by a completed persist
+        # (durable before visible publishes only those: docs/decisions/0004-visible-before-durable.md).
         self.queued_flushes = 0
         self.published_flushes = 0
         self.durable_flushes = 0
-        # Handed to another worker (`WorkerCore.release`): nothing of it is persisted or
-        # published any more (a flush or persist queued behind the hand-over must not write the
-        # changelog another worker owns; the hand-over's persist recorded its users' unflushed
-        # work, the new owner flushes it).
+        # Handed to another worker: nothing of it is persisted or published any more
+        # (docs/decisions/0018-hand-over-on-revocation.md).
         self.released = False
-        # The next mailbox-tail offset this state has not applied (app/worker/offsets.py): every
-        # record below it is in the state, none at or above it. Persisted in the checkpoint, so
-        # it is restored with the state it describes; None until the intake places a partition
-        # that has no state yet.
+        # The next mailbox-tail offset this state has not applied (in the checkpoint; None: not placed).
         self.next_offset: int | None = None
         self.durable_offset: int | None = None  # next_offset as of the last persist
         self.committed_offset: int | None = None
         # (expected offset, first skipped offset) of a hole seen once and not confirmed yet.
         self.hole_seen: tuple[int, int] | None = None
-        # Dead letters and member notices of applied batches whose send raised: events, not
-        # state, so no later flush restates them; the next persist sends them first and fails
-        # while it cannot (a crash then re-reads their records and produces them again).
+        # Dead letters and member notices whose send raised: the next persist sends them first.
         self.owed_dead_letters: list[tuple[bytes | None, bytes]] = []
         self.owed_notices: list[tuple[bytes, bytes]] = []
 

@@ -1,5 +1,4 @@
-"""The processing object's `StateSource` (app/domain/residency.py) over one partition of the
-worker's `StateTables` port: records decoded here (msgpack)."""
+"""The processor's `StateSource` (app/domain/residency.py) over a `StateTables` partition (msgpack)."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ from app.worker.ports import StateTables
 
 
 class TablesSource:
-    """The processor's `StateSource` over one partition of the changelog tables (records decoded
-    here: msgpack)."""
+    """The processor's `StateSource` over one partition of the changelog tables."""
 
     def __init__(self, tables: StateTables, partition: int) -> None:
         self.tables = tables

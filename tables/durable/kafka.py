@@ -2,14 +2,11 @@
 lookups the input checks need (cluster id, mailbox-tail's topic id and partition count, a
 partition's log start offset).
 
-A persist is sent as one producer batch (`create_batch` / `send_batch`: one produce request,
-one acknowledgement), by an idempotent producer with acks=all. A persist larger than one batch
-(`max_batch_bytes`, which the changelog topic's `max.message.bytes` must allow) goes as several
-batches of the same append, awaited together; the checkpoint rule keeps it atomic either way.
-
-The topic id needs Metadata v10+, which aiokafka 0.14 does not define: `_MetadataRequestV10`
-below declares it with aiokafka's public protocol types and is sent with the client's public
-`send`. No private member of aiokafka is used.
+A persist is one producer batch (one produce request, one acknowledgement; idempotent, acks=all),
+or several batches of one append awaited together past `max_batch_bytes` (the topic's
+`max.message.bytes` must allow one): the checkpoint rule keeps it atomic either way. The topic id
+needs Metadata v10+, which aiokafka 0.14 lacks: `_MetadataRequestV10` declares it with aiokafka's
+public protocol types (no private member used).
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """The changelog's record format: typed, validated, versioned.
 
-A changelog record is (key, value, headers). The key starts with one byte naming its kind; the
-rest of the key is the state's own key (app/worker/ports.py layouts). Every record carries, in the
-``persist`` header, the id of the persist that wrote it, so a reader can tell which checkpoint it
-belongs to. A data record's value is the state's blob, or None (a tombstone: the key is deleted).
-The checkpoint's value is a msgpack map (`CheckpointBody`). Headers survive compaction, so a
-tombstone keeps its persist id.
-
-Decoding refuses, with a reason, anything this version did not write: an unknown kind, a key of
-the wrong length, a missing or malformed header, a checkpoint that does not validate.
+A record is (key, value, headers): a kind byte then the state's key (app/worker/ports.py layouts);
+the ``persist`` header names the persist that wrote it (headers survive compaction); a data value is
+the state's blob or None (deleted), a checkpoint's a msgpack map (`CheckpointBody`). Decoding
+refuses, with a reason, anything this version did not write (docs/durability.md, "What is stored
+where").
 """
 
 from __future__ import annotations

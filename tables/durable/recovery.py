@@ -131,9 +131,8 @@ class ChangelogReader:
                 head,
             )
             return
-        # Records of other persists before this checkpoint are never applied (their persist is
-        # torn or refused: every later checkpoint must name this one); their keys stay torn, in
-        # the store, until an accepted persist writes them again.
+        # Other persists' records before this checkpoint are never applied (every later checkpoint
+        # must name this one); their keys stay torn until an accepted persist writes them again.
         kept = {id(r) for r in accepted} | {id(r) for r in newer}
         torn = self._torn | {r.key for r in self._waiting if id(r) not in kept}
         self.store.apply(accepted, checkpoint, offset + 1, self._highest_epoch, torn)

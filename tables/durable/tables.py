@@ -1,11 +1,7 @@
 """The worker's state tables on the durable layer: `app.worker.ports.StateTables` over one
-`PartitionStore` + `Checkpointer` per owned mailbox-tail partition, and a `ChangelogReader` per
-standby partition (docs/durability.md).
-
-A commit is one persist per partition written since the last commit: its rows, users and waiting
-entries, the input next offset and the worker's partition record (the checkpoint's `meta`), as
-one append ending with the checkpoint. So a commit is atomic per partition: a restart finds the
-state after a whole prefix of persists, never a mix.
+`PartitionStore` + `Checkpointer` per owned partition and a `ChangelogReader` per standby. A commit
+is one persist per partition written to (its checkpoint record is the checkpoint's `meta`), atomic
+per partition (docs/decisions/0001-one-atomic-checkpoint.md, docs/durability.md).
 """
 
 from __future__ import annotations
@@ -66,11 +62,9 @@ class _Staged:
 
 
 class CheckpointedTables:
-    """`StateTables` whose commit is one checkpointed persist per partition.
-
-    `identity`: looked up once per assignment (the live input: cluster id, mailbox-tail topic id
-    and partition count); `input_start(partition)`: where a partition with no checkpoint starts
-    in mailbox-tail (its log start)."""
+    """`StateTables` whose commit is one checkpointed persist per partition. `identity`: the live
+    input, looked up once per assignment; `input_start(partition)`: where a partition with no
+    checkpoint starts in mailbox-tail (its log start)."""
 
     def __init__(
         self,
@@ -216,7 +210,7 @@ class CheckpointedTables:
     def put_user(self, partition: int, user_id: int, blob: bytes) -> None:
         self._staging(partition).users[user_id] = blob
 
-    def put_gate(self, partition: int, blob: bytes, next_offset: int | None = None) -> None:
+    def put_checkpoint_record(self, partition: int, blob: bytes, next_offset: int | None = None) -> None:
         staged = self._staging(partition)
         staged.meta = blob
         if next_offset is not None:
@@ -321,7 +315,7 @@ class CheckpointedTables:
         store = self.stores.get(partition)
         return 0 if store is None else store.estimated_keys()
 
-    def gate(self, partition: int) -> bytes | None:
+    def checkpoint_record(self, partition: int) -> bytes | None:
         checkpoint = self._read_store(partition).position.checkpoint
         if checkpoint is None or not checkpoint.meta:
             return None

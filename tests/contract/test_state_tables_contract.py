@@ -12,8 +12,8 @@ What the worker relies on: writes are staged and `commit` makes them visible, al
 call names its partition and a partition holds exactly what was committed to it; a key written
 again holds the last value (in a commit and across commits), a deleted pending entry is gone;
 the reads (multi-gets of users and rows, a user's rows by prefix, every row key in key order, the
-gate, the pending entries) return what exists and nothing else, whatever the ids (u64 user ids
-in numeric order, a user id whose bytes spell the store's own bookkeeping). With a changelog
+checkpoint record, the pending entries) return what exists and nothing else, whatever the ids (u64
+user ids in numeric order, a user id whose bytes spell the store's own bookkeeping). With a changelog
 (durable): once `commit` returns the changelog's accepted chain (tests/support/durable.chain_states,
 the independent model) holds every write, and a store lost with its machine comes back from the
 changelog as it was.
@@ -54,7 +54,7 @@ class Held(NamedTuple):
 
     rows: dict[tuple[int, str], bytes]
     users: dict[int, bytes]
-    gate: bytes | None
+    checkpoint_record: bytes | None
     pending: list[bytes]  # sorted: the port promises no order
 
 
@@ -63,12 +63,15 @@ EMPTY = Held({}, {}, None, [])
 
 def held(tables: StateTables, partition: int, user_ids: list[int]) -> Held:
     """The partition's state through the port: every row (by its keys), the given users (the
-    port has no scan of users), the gate, the pending entries."""
+    port has no scan of users), the checkpoint record, the pending entries."""
     keys = list(tables.row_keys(partition))
     rows = tables.get_rows(partition, keys)
     assert set(rows) == set(keys), "row_keys named a row get_rows does not find"
     return Held(
-        rows, tables.get_users(partition, user_ids), tables.gate(partition), sorted(tables.pending(partition))
+        rows,
+        tables.get_users(partition, user_ids),
+        tables.checkpoint_record(partition),
+        sorted(tables.pending(partition)),
     )
 
 
@@ -99,11 +102,11 @@ async def changelog_view(changelog: Changelog, partition: int) -> Held:
     for record in records:
         if record.key == CHECKPOINT_KEY and record.value is not None:
             checkpoint = decode(record.key, record.value, record.headers)
-    gate = checkpoint.meta if isinstance(checkpoint, Checkpoint) and checkpoint.meta else None
+    checkpoint_record = checkpoint.meta if isinstance(checkpoint, Checkpoint) and checkpoint.meta else None
     return Held(
         {parse_row_key(k[1:]): v for k, v in state.items() if k[:1] == b"r"},
         {parse_user_key(k[1:]): v for k, v in state.items() if k[:1] == b"u"},
-        gate,
+        checkpoint_record,
         sorted(v for k, v in state.items() if k[:1] == b"w"),
     )
 
@@ -175,7 +178,7 @@ def write_some(tables: StateTables) -> None:
     tables.put_row(0, 8, CONV_A, b"row 0/8/a")
     tables.put_user(0, 7, b"user 0/7")
     tables.put_user(0, 8, b"user 0/8")
-    tables.put_gate(0, b"gate 0")
+    tables.put_checkpoint_record(0, b"checkpoint 0")
     tables.put_pending(0, 7, 11, b"pending 0/7/11")
     tables.put_pending(0, 7, 12, b"pending 0/7/12")
     tables.put_row(1, 9, CONV_A, b"row 1/9/a")
@@ -187,7 +190,7 @@ WRITTEN = {
     0: Held(
         {(7, CONV_A): b"row 0/7/a", (7, CONV_B): b"row 0/7/b", (8, CONV_A): b"row 0/8/a"},
         {7: b"user 0/7", 8: b"user 0/8"},
-        b"gate 0",
+        b"checkpoint 0",
         [b"pending 0/7/11", b"pending 0/7/12"],
     ),
     1: Held({(9, CONV_A): b"row 1/9/a"}, {BIG_USER: b"user 1/max"}, None, [b"pending 1/max/max"]),
@@ -223,18 +226,18 @@ async def test_the_same_key_again_holds_the_last_value(tables: StateTables) -> N
         tables.put_row(0, 7, CONV_A, value)
     tables.put_user(0, 7, b"user v1")
     tables.put_user(0, 7, b"user v2")
-    tables.put_gate(0, b"gate v1")
-    tables.put_gate(0, b"gate v2")
+    tables.put_checkpoint_record(0, b"checkpoint v1")
+    tables.put_checkpoint_record(0, b"checkpoint v2")
     tables.put_pending(0, 7, 11, b"pending v1")
     await tables.commit()
     tables.put_pending(0, 7, 11, b"pending v2")  # across commits
     tables.put_user(0, 7, b"user v3")
-    tables.put_gate(1, b"gate 1")  # another partition's gate is another record
+    tables.put_checkpoint_record(1, b"checkpoint 1")  # another partition's checkpoint is another record
     await tables.commit()
     assert held(tables, 0, [7]) == Held(
-        {(7, CONV_A): b"row v3"}, {7: b"user v3"}, b"gate v2", [b"pending v2"]
+        {(7, CONV_A): b"row v3"}, {7: b"user v3"}, b"checkpoint v2", [b"pending v2"]
     )
-    assert tables.gate(1) == b"gate 1"
+    assert tables.checkpoint_record(1) == b"checkpoint 1"
 
 
 async def test_a_deleted_pending_entry_is_gone_and_only_it(tables: StateTables) -> None:
@@ -289,7 +292,7 @@ async def test_row_keys_are_every_row_in_key_order_and_only_rows(tables: StateTa
         tables.put_row(1, user, CONV_A, b"a")
         tables.put_user(1, user, b"u")
         tables.put_pending(1, user, 5, b"p")
-    tables.put_gate(1, b"gate")
+    tables.put_checkpoint_record(1, b"checkpoint")
     await tables.commit()
     # Users in numeric order (big-endian keys), then conversations by their UUID bytes.
     assert list(tables.row_keys(1)) == [(user, cid) for user in sorted(users) for cid in (CONV_A, CONV_B)]
@@ -308,7 +311,7 @@ async def test_rows_after_reads_bounded_ranges_in_key_order_and_the_bounds_are_t
             tables.put_row(1, user, cid, f"{user}/{cid[:2]}".encode())
         tables.put_user(1, user, b"u")
         tables.put_pending(1, user, 5, b"p")
-    tables.put_gate(1, b"gate")
+    tables.put_checkpoint_record(1, b"checkpoint")
     await tables.commit()
     every = [(user, cid) for user in sorted(users) for cid in (CONV_A, CONV_B, CONV_C)]
     walked: list[tuple[int, str]] = []
@@ -347,7 +350,7 @@ async def test_reads_show_only_what_was_written_after_commits_of_every_table(tab
     assert sorted(tables.pending(0)) == [b"lookalike", b"pending 0/7/11", b"pending 0/7/12"]
     assert held(tables, 1, USERS) == WRITTEN[1]
     assert tables.get_users(0, [FAUST_LOOKALIKE_USER]) == {FAUST_LOOKALIKE_USER: b"lookalike user"}
-    assert tables.gate(1) is None
+    assert tables.checkpoint_record(1) is None
 
 
 # -- with a changelog (durable) ------------------------------------------------------------------
@@ -385,10 +388,12 @@ async def test_a_store_lost_with_its_machine_comes_back_from_the_changelog(
         await first.commit()
         first.delete_pending(0, 7, 11)
         first.put_row(0, 7, CONV_A, b"row 0/7/a v2")
-        first.put_gate(1, b"gate 1")
+        first.put_checkpoint_record(1, b"checkpoint 1")
         await first.commit()
         before = {p: held(first, p, USERS) for p in range(PARTITIONS)}
-        assert before[0].rows[(7, CONV_A)] == b"row 0/7/a v2" and before[1].gate == b"gate 1"
+        assert (
+            before[0].rows[(7, CONV_A)] == b"row 0/7/a v2" and before[1].checkpoint_record == b"checkpoint 1"
+        )
     finally:
         first.close()
 

@@ -35,9 +35,9 @@ def _plant() -> None:
     if PLANT == "range-ahead":
         import msgspec
 
-        put_gate = CheckpointedTables.put_gate
+        put_checkpoint_record = CheckpointedTables.put_checkpoint_record
 
-        def put_gate_ahead(
+        def put_checkpoint_record_ahead(
             self: CheckpointedTables, partition: int, blob: bytes, next_offset: int | None = None
         ) -> None:
             # The worker's partition record repeats the next offset (app/worker/core.py): both move.
@@ -45,9 +45,9 @@ def _plant() -> None:
             if isinstance(record.get("next_offset"), int):
                 record["next_offset"] += RANGE_AHEAD
             ahead = None if next_offset is None else next_offset + RANGE_AHEAD
-            put_gate(self, partition, msgspec.msgpack.encode(record), ahead)
+            put_checkpoint_record(self, partition, msgspec.msgpack.encode(record), ahead)
 
-        CheckpointedTables.put_gate = put_gate_ahead  # type: ignore[method-assign]
+        CheckpointedTables.put_checkpoint_record = put_checkpoint_record_ahead  # type: ignore[method-assign]
     elif PLANT == "changelog-gaps":
         import zlib
         from collections.abc import Sequence

@@ -123,8 +123,8 @@ def test_once_the_mirror_caught_up_the_changelog_and_the_gauge_stop_saying_owed(
         await core.mirror.close()
 
     asyncio.run(run())
-    gate = msgspec.msgpack.decode(cast(bytes, tables.gate(0)))
-    assert gate["owing"] == []
+    checkpoint_record = msgspec.msgpack.decode(cast(bytes, tables.checkpoint_record(0)))
+    assert checkpoint_record["owing"] == []
     # A restart finds nothing to restage.
     rewriter = MirrorWriter(cassandra)
     restarted = core_with_writer(config, tables, rewriter)

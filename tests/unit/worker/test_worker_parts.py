@@ -77,16 +77,19 @@ async def test_the_checkpoint_reads_back_what_a_persist_wrote() -> None:
     core.start_at(0, 40)
     state = core.partition(0)
     await core.persist(state)
-    checkpoint = read_checkpoint(tables.gate(0))
+    checkpoint = read_checkpoint(tables.checkpoint_record(0))
     assert checkpoint.next_offset == 40 and checkpoint.persists == 1
     assert checkpoint.unflushed == [] and checkpoint.owing == []
-    assert checkpoint.gate is not None and msgspec.msgpack.decode(tables.gate(0) or b"") == checkpoint.gate
+    assert (
+        checkpoint.record is not None
+        and msgspec.msgpack.decode(tables.checkpoint_record(0) or b"") == checkpoint.record
+    )
     assert state.durable_offset == 40
 
 
 def test_no_checkpoint_reads_as_a_partition_not_placed() -> None:
     checkpoint = read_checkpoint(None)
-    assert checkpoint.gate is None and checkpoint.next_offset is None and checkpoint.persists == 0
+    assert checkpoint.record is None and checkpoint.next_offset is None and checkpoint.persists == 0
 
 
 class _FailingOutbox(RecordingOutbox):
