@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from collections.abc import Mapping, Sequence
 from io import BytesIO
 from typing import Any, ClassVar
@@ -317,22 +318,39 @@ class InputLookupFailed(Exception):
     """The input's identity could not be read (the topic is missing, the broker too old)."""
 
 
+# Metadata errors that mean "not yet" for a topic that was just created: the broker answering
+# may not have it in its metadata cache yet (UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE).
+_NOT_YET_DESCRIBED = frozenset({3, 5})
+_DESCRIBE_SETTLE_S = 10.0
+
+
 async def input_identity(
-    bootstrap_servers: str, topic: str, security: Mapping[str, Any] | None = None
+    bootstrap_servers: str,
+    topic: str,
+    security: Mapping[str, Any] | None = None,
+    settle_s: float = _DESCRIBE_SETTLE_S,
 ) -> InputIdentity:
-    """The cluster id, `topic`'s topic id (Kafka's base64 form) and partition count, live."""
+    """The cluster id, `topic`'s topic id (Kafka's base64 form) and partition count, live.
+    A topic a broker does not know yet is asked again for up to `settle_s` seconds, then
+    refused as missing."""
     client = AIOKafkaClient(**dict(security or {}), bootstrap_servers=bootstrap_servers)
     await client.bootstrap()
+    deadline = time.monotonic() + settle_s
     try:
-        response: Any = await client.send(client.get_random_node(), _MetadataRequestV10([topic]))
-    except (KafkaError, NotImplementedError) as exc:
-        raise InputLookupFailed(f"metadata of {topic!r}: {exc!r}") from None
+        while True:
+            try:
+                response: Any = await client.send(client.get_random_node(), _MetadataRequestV10([topic]))
+            except (KafkaError, NotImplementedError) as exc:
+                raise InputLookupFailed(f"metadata of {topic!r}: {exc!r}") from None
+            described = [t for t in response.topics if t[1] == topic]
+            code = described[0][0] if described else "missing"
+            if code == 0:
+                break
+            if code not in _NOT_YET_DESCRIBED or time.monotonic() >= deadline:
+                raise InputLookupFailed(f"topic {topic!r} not described (error {code})")
+            await asyncio.sleep(0.2)
     finally:
         await client.close()
-    described = [t for t in response.topics if t[1] == topic]
-    if not described or described[0][0] != 0:
-        code = described[0][0] if described else "missing"
-        raise InputLookupFailed(f"topic {topic!r} not described (error {code})")
     _, _, topic_id, _, partitions, *_ = described[0]
     if response.cluster_id is None:
         raise InputLookupFailed("the cluster has no id")

@@ -24,18 +24,6 @@ from tables.durable.store import PartitionStore
 from tests.support.private_kafka import PrivateKafka
 
 
-async def created_identity(bootstrap: str, topic: str) -> InputIdentity:
-    """`input_identity` of a topic just created: the broker answers create_topics before every
-    node's metadata describes it (UNKNOWN_TOPIC_OR_PARTITION meanwhile), so it is asked again."""
-    deadline = asyncio.get_running_loop().time() + 60
-    while True:
-        try:
-            return await input_identity(bootstrap, topic)
-        except InputLookupFailed:
-            assert asyncio.get_running_loop().time() < deadline, f"{topic} not described in 60 s"
-            await asyncio.sleep(0.5)
-
-
 async def _checkpoint_on(identity: InputIdentity, path: Path, input_next_offset: int) -> Checkpoint:
     """A worker's checkpoint of partition 0 of the input `identity` names, read back from its store."""
     store = PartitionStore.open(path)
@@ -72,6 +60,18 @@ async def admin(servers: Settings) -> AsyncIterator[AIOKafkaAdminClient]:
     await client.close()
 
 
+async def test_a_topic_just_created_is_described_and_a_missing_one_refused(
+    servers: Settings, make_topic: Callable[..., Awaitable[str]], unique_name: Callable[..., str]
+) -> None:
+    """A broker may answer a metadata request before it knows a topic created a moment ago
+    (UNKNOWN_TOPIC_OR_PARTITION): the lookup asks again; a topic that never comes is refused."""
+    for _ in range(3):
+        topic = await make_topic("fresh", partitions=3)
+        assert (await input_identity(servers.kafka.kafka_bootstrap, topic)).partition_count == 3
+    with pytest.raises(InputLookupFailed, match="not described"):
+        await input_identity(servers.kafka.kafka_bootstrap, unique_name("never"), settle_s=0.5)
+
+
 async def test_a_recreated_mailbox_tail_is_refused_in_one_line(
     servers: Settings, make_topic: Callable[..., Awaitable[str]], admin: AIOKafkaAdminClient, tmp_path: Path
 ) -> None:
@@ -92,7 +92,7 @@ async def test_a_recreated_mailbox_tail_is_refused_in_one_line(
         except KafkaError:
             assert asyncio.get_running_loop().time() < deadline, f"{topic} not recreated in 60 s"
             await asyncio.sleep(0.5)
-    after = await created_identity(servers.kafka.kafka_bootstrap, topic)
+    after = await input_identity(servers.kafka.kafka_bootstrap, topic)
     assert after.cluster_id == before.cluster_id and after.topic_id != before.topic_id
 
     with pytest.raises(InputMismatch) as refused:
@@ -118,7 +118,7 @@ async def test_a_checkpoint_of_another_cluster_is_refused_in_one_line(
             await admin.create_topics([NewTopic(topic, 2, 1)])  # the same name, on another cluster
         finally:
             await admin.close()
-        other = await created_identity(broker.bootstrap, topic)
+        other = await input_identity(broker.bootstrap, topic)
     finally:
         await asyncio.to_thread(broker.stop)
     assert other.cluster_id != shared.cluster_id
