@@ -42,8 +42,8 @@ from app.domain.unread import derive_from_hand, prune_to_base, recompute, settle
 # What a row holds in memory besides its seq sets and head ids (`footprint`): the object (31
 # slots), its conversation id (a UUID's 36 characters), the ints above 256 it boxes (version,
 # changed_at) and its entry in the user's rows dict. Measured by RSS over 200,000 rows read back
-# from records: ~360 + 85 + ~40 bytes.
-ROW_BYTES = 490
+# from records: ~360 + 85 + ~40 bytes, rounded up to whole 16-byte units (residency.py).
+ROW_BYTES = 496
 
 
 class RowFacts(NamedTuple):
@@ -65,7 +65,7 @@ class ConversationState:
         "base",
         "changed_at",
         "conversation_id",
-        "counted_bytes",
+        "counted_size",
         "counting",
         "deleted_before",
         "dirty",
@@ -138,8 +138,9 @@ class ConversationState:
         # every entry instead of a set lookup. Never persisted (a restart loses the dirty set).
         self.dirty = False
         # The footprint (`footprint()`) the hot set counted for this row when it last measured
-        # it (app/domain/residency.py's byte bound; 0 while none is kept). Never persisted.
-        self.counted_bytes = 0
+        # it, in app/domain/residency.py's FOOTPRINT_UNITs (its byte bound; 0 while none is
+        # kept). Never persisted.
+        self.counted_size = 0
 
     # -- derived values ---------------------------------------------------------------------
 

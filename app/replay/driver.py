@@ -48,7 +48,7 @@ DEFAULT_HOT_ROWS = 100_000
 
 def default_hot_bytes(hot_rows: int) -> int:
     """The hot set's byte bound that goes with `hot_rows`: as many bytes as that many rows hold
-    without messages (~490 each, `ROW_BYTES`). Rows holding messages are bigger (~700 with one
+    without messages (~500 each, `ROW_BYTES`). Rows holding messages are bigger (~700 with one
     or two), so fewer of them stay: the hot set's memory stays what it was before the log's
     messages began, however long the log (issue 33, item 4)."""
     return hot_rows * ROW_BYTES

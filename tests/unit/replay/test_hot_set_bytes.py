@@ -5,6 +5,7 @@ bound after every persist, and change nothing in the outputs."""
 
 from __future__ import annotations
 
+import math
 import uuid
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import orjson
 import pytest
 
 from app.domain.conversation import ROW_BYTES
-from app.domain.residency import Residency
+from app.domain.residency import FOOTPRINT_UNIT, Residency
 from app.replay import Replayer, ReplayOptions
 
 T0_MS = 1767225600000
@@ -64,13 +65,15 @@ def joins_then_messages() -> list[bytes]:
 
 
 def footprints(residency: Residency) -> int:
-    """The resident rows' footprints counted from scratch (what the running count must equal)."""
+    """The resident rows' footprints counted from scratch, each rounded up to whole units (what
+    the running count must equal)."""
     total = 0
     for user in residency.projector.users.values():
         for row in user.rows.values():
-            total += row.footprint()
+            size = row.footprint()
             stats = residency.member_stats.get((user.user_id, row.conversation_id))
-            total += stats.footprint() if stats is not None else 0
+            size += stats.footprint() if stats is not None else 0
+            total += math.ceil(size / FOOTPRINT_UNIT) * FOOTPRINT_UNIT
     return total
 
 
@@ -112,7 +115,9 @@ def test_the_hot_set_stays_under_its_byte_bound_while_its_rows_grow_messages(tmp
 
 
 @pytest.mark.parametrize("hot_bytes", [1, 60_000])
-def test_an_explicit_byte_bound_holds_and_replays_exactly_as_in_memory(tmp_path: Path, hot_bytes: int) -> None:
+def test_an_explicit_byte_bound_holds_and_replays_exactly_as_in_memory(
+    tmp_path: Path, hot_bytes: int
+) -> None:
     """The running count equals the rows' footprints after every persist. 1 byte: every clean
     row leaves after every persist; 60,000: the byte bound binds long before the row bound."""
     lines = joins_then_messages()
