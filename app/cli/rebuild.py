@@ -228,10 +228,15 @@ class RebuildRefused(Exception):
 
 
 def worker_config(settings: Settings, hot_rows: int | None = None) -> Any:
+    """The worker's configuration for a rebuild by replay: its hot set bounded in rows (`hot_rows`
+    or the setting) and, as `projector replay`'s, in the bytes that many rows without messages
+    take (only a `--state-dir` rebuild keeps a hot set at all)."""
+    from app.replay.driver import default_hot_bytes
     from app.worker.core import WorkerConfig
 
     config = WorkerConfig.from_settings(settings.processing, settings.worker)
-    return dataclasses.replace(config, hot_rows=hot_rows) if hot_rows is not None else config
+    rows = hot_rows if hot_rows is not None else config.hot_rows
+    return dataclasses.replace(config, hot_rows=rows, hot_bytes=default_hot_bytes(rows))
 
 
 async def _run(settings: Settings, args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from typing import IO, Any
 import orjson
 
 from app.cli.args import int_in, non_negative_int, positive_int, scratch_folder_problem
+from app.domain.conversation import ROW_BYTES
 from app.domain.fast_lane import (
     FAST_LANE_MAX_MEMBERS,
     FAST_LANE_MAX_MEMBERS_MAX,
@@ -90,6 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_HOT_ROWS,
         metavar="N",
         help=f"with --state-dir: rows kept in memory at most (default {DEFAULT_HOT_ROWS})",
+    )
+    parser.add_argument(
+        "--hot-mib",
+        type=positive_int,
+        metavar="MIB",
+        help="with --state-dir: MiB of rows kept in memory at most, estimated per row (default: what "
+        f"--hot-rows rows without messages take, {ROW_BYTES} bytes each)",
     )
 
 
@@ -174,7 +182,10 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
                 deltas.write(orjson.dumps(frame, option=orjson.OPT_APPEND_NEWLINE))
 
             state_dir = Path(args.state_dir) if args.state_dir else None
-            replayer = Replayer(options, write_frame, state_dir=state_dir, hot_rows=args.hot_rows)
+            hot_bytes = args.hot_mib << 20 if args.hot_mib is not None else None
+            replayer = Replayer(
+                options, write_frame, state_dir=state_dir, hot_rows=args.hot_rows, hot_bytes=hot_bytes
+            )
             lines = done = 0
             try:
                 for chunk in _chunks(source):

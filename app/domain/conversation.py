@@ -39,6 +39,12 @@ from app.domain.record_fields import (
 )
 from app.domain.unread import derive_from_hand, prune_to_base, recompute, settle
 
+# What a row holds in memory besides its seq sets and head ids (`footprint`): the object (31
+# slots), its conversation id (a UUID's 36 characters), the ints above 256 it boxes (version,
+# changed_at) and its entry in the user's rows dict. Measured by RSS over 200,000 rows read back
+# from records: ~360 + 85 + ~40 bytes, rounded up to whole 16-byte units (residency.py).
+ROW_BYTES = 496
+
 
 class RowFacts(NamedTuple):
     """A row's fields the unread audit selects on (`ConversationState.audit_facts`); the same
@@ -59,6 +65,7 @@ class ConversationState:
         "base",
         "changed_at",
         "conversation_id",
+        "counted_size",
         "counting",
         "deleted_before",
         "dirty",
@@ -130,6 +137,10 @@ class ConversationState:
         # In the projector's dirty set (app/domain/flush.py) since its last flush: a flag read on
         # every entry instead of a set lookup. Never persisted (a restart loses the dirty set).
         self.dirty = False
+        # The footprint (`footprint()`) the hot set counted for this row when it last measured
+        # it, in app/domain/residency.py's FOOTPRINT_UNITs (its byte bound; 0 while none is
+        # kept). Never persisted.
+        self.counted_size = 0
 
     # -- derived values ---------------------------------------------------------------------
 
@@ -153,6 +164,15 @@ class ConversationState:
 
     def set_head_ids(self, message_id: str | None, activity_id: str | None) -> None:
         self.head_ids = pack_head_ids(message_id, activity_id)
+
+    def footprint(self) -> int:
+        """About how many bytes the row holds in memory: its object with its conversation id and
+        boxed fields, its seq sets, its head ids (shared by a fan-out's rows until they are read
+        back, counted for each). The hot set's byte bound adds these up (app/domain/residency.py)."""
+        size = ROW_BYTES + seqs.footprint(self.received) + seqs.footprint(self.counting)
+        size += seqs.footprint(self.mentioning) + seqs.footprint(self.recalled)
+        ids = self.head_ids
+        return size if ids is None else size + sys.getsizeof(ids)
 
     @property
     def latest(self) -> int:

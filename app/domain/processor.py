@@ -187,7 +187,10 @@ class PartitionProcessor:
     * `mirror`: applied entries yield the Cassandra mirror's changes (the worker);
     * `member_stats`: keep the member directory's per-(user, conversation) statistics (the
       worker; persisted inside the rows' changelog records);
-    * `track_changes`: keep what changed since the last persist (the worker's changelog)."""
+    * `track_changes`: keep what changed since the last persist (the worker's changelog);
+    * `source`: persisted state behind the processor: memory holds a hot set of at most
+      `hot_rows` rows and, when `hot_bytes` is set, about that many bytes of them
+      (app/domain/residency.py)."""
 
     def __init__(
         self,
@@ -202,6 +205,7 @@ class PartitionProcessor:
         track_changes: bool = False,
         source: StateSource | None = None,
         hot_rows: int = 0,
+        hot_bytes: int | None = None,
     ) -> None:
         self.config = config
         self.lanes = lanes
@@ -229,7 +233,9 @@ class PartitionProcessor:
         )
         # With persisted state behind it, memory holds a bounded hot set (app/domain/residency.py).
         self.residency = (
-            Residency(self.projector, source, self.member_stats, hot_rows) if source is not None else None
+            Residency(self.projector, source, self.member_stats, hot_rows, hot_bytes)
+            if source is not None
+            else None
         )
 
     # -- input ----------------------------------------------------------------------------------
@@ -549,6 +555,9 @@ class PartitionProcessor:
         """What changed since the last call (and reset): the rows, users, gate and pending
         entries the changelog tables must be written with."""
         changes, self.changes = self.changes, Changes()
+        if self.residency is not None:
+            # The rows a change can have grown: the hot set's byte count follows them.
+            self.residency.recount(changes.rows)
         return changes
 
     def persist_failed(self, changes: Changes) -> None:

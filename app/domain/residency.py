@@ -8,12 +8,20 @@ of a user's rows (`complete`). After each persist the driver may `evict`: clean 
 changed since the persist, nothing waiting for a flush) leave memory, least recently changed
 first, until the resident rows are back under the bound; a user goes with its last row.
 
+The bound is in rows (`hot_rows`) and, optionally, in bytes (`hot_bytes`): a row grows as it
+holds messages (its seq sets, its head ids, its member statistics: about 500 bytes without, 700
+with one or two), so a bound in rows alone lets the hot set's memory grow with the log. Each
+resident row carries the footprint counted for it (`ConversationState.counted_size`), counted
+when it comes into memory and again when its change is taken for a persist (`recount`): the
+total follows the rows without a pass over them.
+
 Pure: the source is a port; time is not read here.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Collection, Iterable, Iterator
 from typing import Any, NamedTuple, Protocol
 
@@ -24,6 +32,10 @@ from app.domain.projector import Projector, UserState
 # The changelog record of a row: {"s": ConversationState.dump(), "m": MemberStats.dump()?, ...}
 ROW_STATE_KEY = "s"
 MEMBER_STATS_KEY = "m"
+# A row's counted footprint is kept in units of 16 bytes (pymalloc's granule): a count below
+# 4 KiB is then an int Python keeps cached (<= 256), so the count costs a row no allocation (a
+# boxed int per row was ~3 MiB per 100,000 rows).
+FOOTPRINT_UNIT = 16
 # Evicting brings the resident rows down to this share of the bound, so that eviction rounds are
 # rare (a round looks at every resident row once).
 EVICT_TO = 0.8
@@ -66,7 +78,7 @@ class ReadUser(NamedTuple):
 
 class Residency:
     """The projector's `StateLoader` over a `StateSource`, with a bounded number of rows in
-    memory (`hot_rows`)."""
+    memory (`hot_rows`) and, when `hot_bytes` is set, a bounded estimate of their bytes."""
 
     def __init__(
         self,
@@ -74,12 +86,21 @@ class Residency:
         source: StateSource,
         member_stats: dict[tuple[int, str], MemberStats],
         hot_rows: int,
+        hot_bytes: int | None = None,
     ) -> None:
         self.projector = projector
         self.source = source
         self.member_stats = member_stats
         self.hot_rows = hot_rows
+        # None: no byte bound, and no footprint counted (nothing spent on it per row).
+        self.hot_bytes = hot_bytes
         self.resident_rows = sum(len(user.rows) for user in projector.users.values())
+        # The resident rows' counted footprints, in bytes (0 without a byte bound).
+        self.resident_bytes = 0
+        if hot_bytes is not None:
+            for user in projector.users.values():
+                for row in user.rows.values():
+                    self._count(user.user_id, row)
         # Users read after a restore take part in a reconcile: their next flush recomputes the
         # badge in full (a restart is a reconcile trigger, seed §3.4), which reads all their rows.
         self.reconcile_on_load = False
@@ -108,6 +129,20 @@ class Residency:
     def created(self, user: UserState, row: ConversationState | None) -> None:
         if row is not None:
             self.resident_rows += 1
+            if self.hot_bytes is not None:
+                self._count(user.user_id, row)
+
+    def recount(self, keys: Iterable[tuple[int, str]]) -> None:
+        """Count again the footprint of these rows (changed since the last persist: the rows a
+        change can have grown), those in memory; nothing without a byte bound."""
+        if self.hot_bytes is None:
+            return
+        users = self.projector.users
+        for user_id, conversation_id in keys:
+            user = users.get(user_id)
+            row = user.rows.get(conversation_id) if user is not None else None
+            if row is not None:
+                self._count(user_id, row)
 
     # -- batches ------------------------------------------------------------------------------
 
@@ -133,14 +168,16 @@ class Residency:
                     self._adopt_row(user, conversation_id, record)
 
     def evict(self, pinned_rows: Collection[tuple[int, str]], pinned_users: Collection[int]) -> int:
-        """Drop clean rows (not in `pinned_rows`, not waiting for a flush) until the resident rows
-        are under the bound, least recently changed first; users left without rows go too
-        (unless pinned or waiting for a flush). Returns how many rows left memory."""
-        if self.resident_rows <= self.hot_rows:
+        """When the resident rows (or their bytes) are over the bound: drop clean rows (not in
+        `pinned_rows`, not waiting for a flush), least recently changed first, until both are at
+        most EVICT_TO of their bound; users left without rows go too (unless pinned or waiting
+        for a flush). Returns how many rows left memory."""
+        if not self._over():
             return 0
         projector = self.projector
         dirty = projector.dirty.rows
-        target = int(self.hot_rows * EVICT_TO)
+        target_rows = int(self.hot_rows * EVICT_TO)
+        target_bytes = int(self.hot_bytes * EVICT_TO) if self.hot_bytes is not None else None
 
         def candidates() -> Iterator[tuple[int, int, str]]:
             for user_id, user in projector.users.items():
@@ -152,22 +189,49 @@ class Residency:
                     ) not in pinned_rows:
                         yield row.changed_at, user_id, conversation_id
 
-        chosen = heapq.nsmallest(self.resident_rows - target, candidates())
+        evicted = 0
         touched: set[int] = set()
-        for _, user_id, conversation_id in chosen:
-            user = projector.users[user_id]
-            del user.rows[conversation_id]
-            user.complete = False
-            self.member_stats.pop((user_id, conversation_id), None)
-            touched.add(user_id)
-        self.resident_rows -= len(chosen)
-        if chosen:
+        # One round picks as many of the coldest rows as the targets take at the resident rows'
+        # mean footprint; another round follows only if colder rows than the mean were too small
+        # to bring the hot set under its bound.
+        while self._over():
+            chosen = heapq.nsmallest(self._rows_to_drop(target_rows, target_bytes), candidates())
+            for _, user_id, conversation_id in chosen:
+                if self.resident_rows <= target_rows and (
+                    target_bytes is None or self.resident_bytes <= target_bytes
+                ):
+                    break
+                user = projector.users[user_id]
+                row = user.rows.pop(conversation_id)
+                self.resident_rows -= 1
+                self.resident_bytes -= row.counted_size * FOOTPRINT_UNIT
+                user.complete = False
+                self.member_stats.pop((user_id, conversation_id), None)
+                touched.add(user_id)
+                evicted += 1
+            if not chosen:
+                break  # nothing left to drop: every resident row is pinned or waiting
+        if evicted:
             self.evictions += 1
         for user_id in touched:
             user = projector.users[user_id]
             if not user.rows and user_id not in pinned_users and user_id not in dirty:
                 del projector.users[user_id]
-        return len(chosen)
+        return evicted
+
+    def _over(self) -> bool:
+        return self.resident_rows > self.hot_rows or (
+            self.hot_bytes is not None and self.resident_bytes > self.hot_bytes
+        )
+
+    def _rows_to_drop(self, target_rows: int, target_bytes: int | None) -> int:
+        """How many rows leaving would bring the hot set to its targets, the bytes counted at
+        the resident rows' mean footprint."""
+        rows = self.resident_rows - target_rows
+        if target_bytes is not None and self.resident_bytes > target_bytes and self.resident_rows:
+            mean = self.resident_bytes / self.resident_rows
+            rows = max(rows, math.ceil((self.resident_bytes - target_bytes) / mean))
+        return max(rows, 1)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -216,6 +280,8 @@ class Residency:
                         self.member_stats[(user.user_id, row.conversation_id)] = MemberStats.load(stats)
                     self.resident_rows += 1
                     self.reads += 1
+                    if self.hot_bytes is not None:
+                        self._count(user.user_id, row)
             user.complete = True
         return user
 
@@ -239,4 +305,16 @@ class Residency:
         if stats is not None:
             self.member_stats[(user.user_id, row.conversation_id)] = MemberStats.load(stats)
         self.resident_rows += 1
+        if self.hot_bytes is not None:
+            self._count(user.user_id, row)
         return row
+
+    def _count(self, user_id: int, row: ConversationState) -> None:
+        """Count the row's footprint (with its member statistics) in place of its last count."""
+        size = row.footprint()
+        stats = self.member_stats.get((user_id, row.conversation_id))
+        if stats is not None:
+            size += stats.footprint()
+        units = -(-size // FOOTPRINT_UNIT)
+        self.resident_bytes += (units - row.counted_size) * FOOTPRINT_UNIT
+        row.counted_size = units

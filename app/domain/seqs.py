@@ -246,6 +246,23 @@ def copy(seqs: Seqs) -> Seqs:
     return seqs.copy()
 
 
+# C heap a roaring set holds besides its containers' data (pyroaring 1.2, measured by RSS over
+# 200,000 sets of one seq: ~190 bytes for a 32-bit BitMap, ~430 for a BitMap64).
+BITMAP_BYTES: Final = 190
+BITMAP64_BYTES: Final = 430
+
+
+def footprint(seqs: Seqs) -> int:
+    """About how many bytes the set holds in memory (the hot set's byte bound adds them up,
+    app/domain/residency.py): the bytes object's size, or a roaring set's own heap plus its
+    containers' data (pyroaring's sys.getsizeof: the serialized size)."""
+    if seqs is None:
+        return 0
+    if isinstance(seqs, bytes):
+        return sys.getsizeof(seqs)
+    return (BITMAP_BYTES if type(seqs) is _BITMAP else BITMAP64_BYTES) + sys.getsizeof(seqs)
+
+
 def dump(seqs: Seqs) -> bytes | None:
     """Tagged bytes (None for an empty set): an array's raw seqs, or roaring's portable format."""
     if not seqs:

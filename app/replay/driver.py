@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from app.domain.conversation import ConversationState
+from app.domain.conversation import ROW_BYTES, ConversationState
 from app.domain.fast_lane import (
     FAST_LANE_MAX_MEMBERS,
     FAST_LANE_MAX_MEMBERS_MAX,
@@ -44,6 +44,14 @@ Frame = dict[str, Any]
 # Rows kept in memory by a replay with a state folder (600-800 bytes each: README "Sizing a
 # worker's state"). A chunk of input touches a few thousand rows: more would only hold memory.
 DEFAULT_HOT_ROWS = 100_000
+
+
+def default_hot_bytes(hot_rows: int) -> int:
+    """The hot set's byte bound that goes with `hot_rows`: as many bytes as that many rows hold
+    without messages (~500 each, `ROW_BYTES`). Rows holding messages are bigger (~700 with one
+    or two), so fewer of them stay: the hot set's memory stays what it was before the log's
+    messages began, however long the log (issue 33, item 4)."""
+    return hot_rows * ROW_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,13 +150,16 @@ class Replayer:
         *,
         state_dir: Path | None = None,
         hot_rows: int = DEFAULT_HOT_ROWS,
+        hot_bytes: int | None = None,
     ) -> None:
         self.options = options
         self.stats = ReplayStats()
         self.processing = ProcessingStats()
         # With a state folder the rows and users live in RocksDB there and memory holds a bounded
-        # hot set (the worker's own mechanism: app/domain/residency.py), persisted after every
-        # chunk of input; the messages learned live there too (only the chunk's in memory).
+        # hot set (the worker's own mechanism: app/domain/residency.py) of at most `hot_rows`
+        # rows and about `hot_bytes` bytes (None: `default_hot_bytes(hot_rows)`), persisted
+        # after every chunk of input; the messages learned live there too (only the chunk's in
+        # memory).
         self.tables = RocksTables(state_dir) if state_dir is not None else None
         self.rocks_store = (
             RocksMessageStore(
@@ -161,6 +172,7 @@ class Replayer:
             self.rocks_store if self.rocks_store is not None else InMemoryMessageStore()
         )
         self.hot_rows = hot_rows
+        self.hot_bytes = default_hot_bytes(hot_rows) if hot_bytes is None else hot_bytes
         self.processor = self._processor(lambda config, store, **kw: PartitionProcessor(config, store, **kw))
         self.on_frame = on_frame
         self.dead_letter_reasons: list[str] = []
@@ -185,6 +197,7 @@ class Replayer:
             extra = {
                 "source": TablesSource(self.tables, 0),
                 "hot_rows": self.hot_rows,
+                "hot_bytes": self.hot_bytes,
                 "track_changes": True,
             }
         return make(

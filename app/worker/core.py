@@ -167,6 +167,7 @@ class WorkerCore:
             "member_stats": True,
             "track_changes": True,
             "hot_rows": self.config.hot_rows,
+            "hot_bytes": self.config.hot_bytes,
         }
 
     def _restore(self, partition: int) -> PartitionState:

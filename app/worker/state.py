@@ -124,6 +124,9 @@ class WorkerConfig:
     projector: ProjectorConfig
     # Rows kept in memory per partition at most (the rest is read from the tables on demand).
     hot_rows: int = 500_000
+    # And their estimated bytes at most (app/domain/residency.py; None: no byte bound, as the
+    # live worker runs; `rebuild --by-replay --state-dir` sets it as replay does).
+    hot_bytes: int | None = None
     # Time between the starts of two Cassandra mirror rounds (writes to one key within it merge).
     mirror_spacing_ms: int = 100
     # Dead-letter log lines per second at most (app/worker/ratelog.py); every one is counted.

@@ -79,6 +79,7 @@ def make_core(
     window_ms: int = 100,
     max_dirty_rows: int = 100_000,
     hot_rows: int = 500_000,
+    hot_bytes: int | None = None,
 ) -> WorkerCore:
     config = WorkerConfig(
         lanes=lanes,
@@ -86,6 +87,7 @@ def make_core(
             window_ms=window_ms, max_dirty_rows=max_dirty_rows, include_muted=False, unread_precise_limit=200
         ),
         hot_rows=hot_rows,
+        hot_bytes=hot_bytes,
     )
     return WorkerCore(
         config, message_store=store, projection_store=projections, tables=tables, outbox=outbox, clock=clock
@@ -145,7 +147,7 @@ class StreamRig:
     """One stream's worker run against its replay: the expected outputs, the ports that survive
     a crash (tables, stores, outbox, clock) and a fresh core over them (a restart)."""
 
-    def __init__(self, stream: Any, seed: int, hot_rows: int = 500_000) -> None:
+    def __init__(self, stream: Any, seed: int, hot_rows: int = 500_000, hot_bytes: int | None = None) -> None:
         from app.replay import ReplayOptions, run_replay
 
         self.lanes: int = stream.lanes
@@ -159,6 +161,7 @@ class StreamRig:
         self.clock = ManualClock()
         self.records = records(self.lines)
         self.hot_rows = hot_rows
+        self.hot_bytes = hot_bytes
 
     def new_core(self) -> WorkerCore:
         return make_core(
@@ -169,6 +172,7 @@ class StreamRig:
             self.outbox,
             self.clock,
             hot_rows=self.hot_rows,
+            hot_bytes=self.hot_bytes,
         )
 
     def reread_from(self, durable: int | None) -> list[RawRecord]:

@@ -77,6 +77,7 @@ def small_stream() -> list[bytes]:
     max_dirty_rows=st.sampled_from((2, 100_000)),
     include_muted=st.booleans(),
     state_dir=st.sampled_from((None, 1, 4)),
+    hot_mib=st.sampled_from((None, 1)),
 )
 def test_output_files_equal_run_replay(
     tmp_path: Path,
@@ -85,9 +86,11 @@ def test_output_files_equal_run_replay(
     max_dirty_rows: int,
     include_muted: bool,
     state_dir: int | None,
+    hot_mib: int | None,
 ) -> None:
     """The files equal run_replay's — in memory, and with the state in a RocksDB folder and a hot
-    set of 1 or 4 rows (every chunk persists and evicts; the outputs are read back from it)."""
+    set of 1 or 4 rows (every chunk persists and evicts; the outputs are read back from it), its
+    byte bound the default or 1 MiB."""
     lines = stream.lines()
     src = tmp_path / f"in-{id(stream)}.jsonl"
     src.write_bytes(b"".join(lines))
@@ -101,6 +104,8 @@ def test_output_files_equal_run_replay(
         # earlier example's state is refused (it would be read as this run's state).
         state = tmp_path / f"state-{uuid.uuid4().hex}"
         args += ["--state-dir", str(state), "--hot-rows", str(state_dir)]
+        if hot_mib is not None:
+            args += ["--hot-mib", str(hot_mib)]
     proc = projector(*args)
     assert proc.returncode == 0, proc.stderr.decode()
     opts = ReplayOptions(
@@ -158,6 +163,7 @@ def _assert_clear_failure(proc: subprocess.CompletedProcess[bytes], *needles: st
         ["--max-dirty-rows"],
         ["--fast-lane-per-user-per-s", "1001"],
         ["--fast-lane-max-members", "-1"],
+        ["--hot-mib", "0"],
     ],
 )
 def test_unknown_or_bad_option_exits_2_with_a_message(tmp_path: Path, extra: list[str]) -> None:

@@ -54,11 +54,15 @@ async def feed(
     seed=st.integers(0, 2**32 - 1),
     crash=st.booleans(),
     hot_rows=st.sampled_from([500_000, 500_000, 1, 3]),
+    hot_bytes=st.sampled_from([None, None, 3000]),
 )
-def test_worker_projection_equals_replay(stream: Stream, seed: int, crash: bool, hot_rows: int) -> None:
+def test_worker_projection_equals_replay(
+    stream: Stream, seed: int, crash: bool, hot_rows: int, hot_bytes: int | None
+) -> None:
     """Whatever the batching, the flush timing, a crash between batches — and a hot set of a
-    handful of rows, so that every persist evicts and every batch reads the state back."""
-    rig = StreamRig(stream, seed, hot_rows)
+    handful of rows, or of a few rows' bytes (member statistics counted), so that every persist
+    evicts and every batch reads the state back."""
+    rig = StreamRig(stream, seed, hot_rows, hot_bytes)
     rnd, clock, recs = rig.rnd, rig.clock, rig.records
     expected, projections, outbox = rig.expected, rig.projections, rig.outbox
 
