@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from app.domain.badge import badge_fields
 from app.domain.conversation import ConversationState
 from app.domain.fast_lane import (
     FAST_LANE_MAX_MEMBERS,
@@ -374,17 +375,7 @@ class Replayer:
 
 def _badge_output(user: UserState) -> dict[str, Any]:
     """A user's line of badges.jsonl."""
-    return {
-        "user_id": user.user_id,
-        "total_unread": user.total_unread,
-        "total_mention": user.total_mention,
-        "muted_unread": user.muted_unread,
-        "archived_unread": user.archived_unread,
-        "archived_mention": user.archived_mention,
-        "badge_mode": user.badge_mode,
-        "include_muted": user.include_muted,
-        "projection_mailbox_seq": user.projection_mailbox_seq,
-    }
+    return {"user_id": user.user_id, **badge_fields(user.badge, user.projection_mailbox_seq)}
 
 
 class _Rescan:
