@@ -212,6 +212,29 @@ for i = first, last, slice do
   redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + slice - 1, last)))
 end"""
 
+# WRITE_SCRIPT's and RESTORE_SCRIPT's version gate: `stored` (the stored version, '0' when none)
+# and `incoming`; the script returns false (refused, nothing written) when the stored version is
+# newer, or with `equal_refused` as new.
+def _version_gate_lua(equal_refused: bool) -> str:
+    comparison = "<=" if equal_refused else "<"
+    return f"""local stored = redis.call('HGET', KEYS[2], 'version')
+local incoming = ARGV[1]
+if stored then
+  if #incoming < #stored or (#incoming == #stored and incoming {comparison} stored) then
+    return false
+  end
+else
+  stored = '0'
+end"""
+
+
+# WRITE_SCRIPT's and RESTORE_SCRIPT's meta write (their ARGV layout), the version last.
+_HSET_META_LUA = """redis.call('HSET', KEYS[2], 'structure_version', ARGV[2], 'total_unread', ARGV[3],
+  'total_mention', ARGV[4], 'muted_unread', ARGV[5], 'archived_unread', ARGV[7],
+  'archived_mention', ARGV[8], 'conversations_mode', ARGV[9], 'include_muted', ARGV[10],
+  'version', incoming)"""
+
+
 # KEYS: rows, meta[, writes (only when counting)]. ARGV: version, structure_version, total_unread,
 # total_mention, muted_unread, count_writes ('1'/'0'), then EXTRA_FIELDS' four values, then
 # conversation_id, row JSON, ...
@@ -222,15 +245,7 @@ end"""
 #
 # The meta (version last) is written only after every row (_HSET_ROWS_LUA).
 WRITE_SCRIPT = f"""
-local stored = redis.call('HGET', KEYS[2], 'version')
-local incoming = ARGV[1]
-if stored then
-  if #incoming < #stored or (#incoming == #stored and incoming <= stored) then
-    return false
-  end
-else
-  stored = '0'
-end
+{_version_gate_lua(equal_refused=True)}
 local first = 11
 local last = #ARGV
 {_HSET_ROWS_LUA}
@@ -239,10 +254,7 @@ if ARGV[6] == '1' then
     redis.call('HINCRBY', KEYS[3], ARGV[i], 1)
   end
 end
-redis.call('HSET', KEYS[2], 'structure_version', ARGV[2], 'total_unread', ARGV[3],
-  'total_mention', ARGV[4], 'muted_unread', ARGV[5], 'archived_unread', ARGV[7],
-  'archived_mention', ARGV[8], 'conversations_mode', ARGV[9], 'include_muted', ARGV[10],
-  'version', incoming)
+{_HSET_META_LUA}
 return stored
 """
 
@@ -254,22 +266,11 @@ return stored
 # the restore then writes every row at V (the same values: V is what the state holds), which the
 # flush path's "newer only" rule would refuse.
 RESTORE_SCRIPT = f"""
-local stored = redis.call('HGET', KEYS[2], 'version')
-local incoming = ARGV[1]
-if stored then
-  if #incoming < #stored or (#incoming == #stored and incoming < stored) then
-    return false
-  end
-else
-  stored = '0'
-end
+{_version_gate_lua(equal_refused=False)}
 local first = 11
 local last = #ARGV
 {_HSET_ROWS_LUA}
-redis.call('HSET', KEYS[2], 'structure_version', ARGV[2], 'total_unread', ARGV[3],
-  'total_mention', ARGV[4], 'muted_unread', ARGV[5], 'archived_unread', ARGV[7],
-  'archived_mention', ARGV[8], 'conversations_mode', ARGV[9], 'include_muted', ARGV[10],
-  'version', incoming)
+{_HSET_META_LUA}
 redis.call('HINCRBY', KEYS[2], 'corrections', 1)
 return stored
 """
