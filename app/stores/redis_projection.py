@@ -515,38 +515,43 @@ class RedisProjectionStore:
     async def inventory(self, user_ids: Sequence[int]) -> list[tuple[int, int]]:
         """Per user, the stored version (0: none) and how many rows the store holds: whether a
         user's projection is whole, without reading it (one pipelined round trip per slice)."""
-        out: list[tuple[int, int]] = []
-        step = max(1, self.max_fields_per_trip // 2)
-        for start in range(0, len(user_ids), step):
-            chunk = user_ids[start : start + step]
 
-            async def read(chunk: Sequence[int] = chunk) -> list[Any]:
-                pipe = self.client.pipeline(transaction=False)
-                for user_id in chunk:
-                    pipe.hget(self.meta_key(user_id), "version")
-                    pipe.hlen(self.rows_key(user_id))
-                return list(await pipe.execute())
+        def queue(pipe: Any, user_id: int) -> None:
+            pipe.hget(self.meta_key(user_id), "version")
+            pipe.hlen(self.rows_key(user_id))
 
-            replies = await self._guard("inventory", read)
-            for version, rows in zip(replies[::2], replies[1::2], strict=True):
-                out.append((0 if version is None else int(_text(version)), int(rows)))
-        return out
+        replies = await self._per_user_reads("inventory", user_ids, 2, queue)
+        return [
+            (0 if version is None else int(_text(version)), int(rows))
+            for version, rows in zip(replies[::2], replies[1::2], strict=True)
+        ]
 
     async def versions(self, user_ids: Sequence[int]) -> list[int]:
-        out: list[int] = []
-        step = self.max_fields_per_trip  # one HGET reads one field
+        def queue(pipe: Any, user_id: int) -> None:
+            pipe.hget(self.meta_key(user_id), "version")
+
+        replies = await self._per_user_reads("versions", user_ids, 1, queue)
+        return [0 if reply is None else int(_text(reply)) for reply in replies]
+
+    async def _per_user_reads(
+        self, what: str, user_ids: Sequence[int], fields_per_user: int, queue: Callable[[Any, int], None]
+    ) -> list[Any]:
+        """The replies of the commands `queue` adds to a pipeline per user (`fields_per_user`
+        fields each), in order: one pipelined round trip per slice of at most
+        max_fields_per_trip fields, each under the store's guard as `what`."""
+        replies: list[Any] = []
+        step = max(1, self.max_fields_per_trip // fields_per_user)
         for start in range(0, len(user_ids), step):
             chunk = user_ids[start : start + step]
 
             async def read(chunk: Sequence[int] = chunk) -> list[Any]:
                 pipe = self.client.pipeline(transaction=False)
                 for user_id in chunk:
-                    pipe.hget(self.meta_key(user_id), "version")
+                    queue(pipe, user_id)
                 return list(await pipe.execute())
 
-            replies = await self._guard("versions", read)
-            out.extend(0 if reply is None else int(_text(reply)) for reply in replies)
-        return out
+            replies.extend(await self._guard(what, read))
+        return replies
 
     async def load(self, user_id: int) -> StoredProjection:
         raw_rows, meta = await self.read_user(user_id)
