@@ -502,6 +502,29 @@ async def test_redis_reads_versions_and_inventory_over_several_trips_in_order(
     assert await store.inventory(users) == [written.get(u, (0, 0)) for u in users]
 
 
+@redis_only
+async def test_the_apis_reader_takes_the_badge_preferences_and_folder_totals_from_the_meta(
+    make_redis_store: MakeRedisStore,
+) -> None:
+    from app.api.sources import RedisProjectionReader, StoreMeta
+
+    store = make_redis_store()
+    badge = Badge(3, 1, 2, 5, 4, "conversations", True)
+    await store.write([flush(7, 6, [conv(1)], badge, structure_version=2)])
+    meta = await RedisProjectionReader(store).meta(7)
+    assert meta == StoreMeta(
+        version=6,
+        structure_version=2,
+        total_unread=3,
+        total_mention=1,
+        muted_unread=2,
+        archived_unread=5,
+        archived_mention=4,
+        badge_mode="conversations",
+        include_muted=True,
+    )
+
+
 def _encoded(batch: UserFlush) -> Any:
     from app.stores.projection_codec import encode_batches
 
