@@ -55,7 +55,9 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _bool(text: str) -> bool:
+def parse_bool(text: str) -> bool:
+    """A boolean word (true/false, 1/0, yes/no, on/off; any case): the URL's options and the
+    PROJECTOR_* settings read booleans alike. ValueError otherwise."""
     low = text.strip().lower()
     if low in _TRUE:
         return True
@@ -76,7 +78,7 @@ OPTIONS: Mapping[str, Callable[[str], object]] = MappingProxyType(
     {
         "socket_timeout": _positive_float,
         "socket_connect_timeout": _positive_float,
-        "socket_keepalive": _bool,
+        "socket_keepalive": parse_bool,
         "health_check_interval": _non_negative_int,
         "max_connections": _positive_int,
         "client_name": str,
@@ -84,7 +86,7 @@ OPTIONS: Mapping[str, Callable[[str], object]] = MappingProxyType(
         "ssl_ca_certs": str,
         "ssl_certfile": str,
         "ssl_keyfile": str,
-        "ssl_check_hostname": _bool,
+        "ssl_check_hostname": parse_bool,
     }
 )
 _TLS_ONLY = frozenset(name for name in OPTIONS if name.startswith("ssl_"))

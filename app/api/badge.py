@@ -8,21 +8,13 @@ from typing import Any, Final
 from aiohttp import web
 
 from app.api.http import ApiContext, Route, context, current_user, query
-from app.domain.badge import Badge, from_rows
+from app.domain.badge import Badge, badge_fields, badge_of, from_rows
 
 
 async def read_badge(ctx: ApiContext, user_id: int) -> tuple[Badge, int]:
     """The user's badge and the store version it is as of (also the live stream's hello)."""
     meta = await ctx.deps.projections.meta(user_id)  # one HMGET
-    badge = Badge(
-        meta.total_unread,
-        meta.total_mention,
-        meta.muted_unread,
-        meta.archived_unread,
-        meta.archived_mention,
-        meta.badge_mode,
-        meta.include_muted,
-    )
+    badge = badge_of(meta)
     filler = ctx.lists.state
     if meta.version == 0 and filler is not None:
         # Nothing stored for the user (projection lost, or not flushed yet): a login pull's rows
@@ -41,18 +33,7 @@ async def get_badge(request: web.Request) -> web.Response:
     user_id = current_user(request)
     query(request, frozenset())  # no parameters: an unexpected one is a client bug worth a 400
     badge, version = await read_badge(ctx, user_id)
-    return web.json_response(
-        {
-            "total_unread": badge.total_unread,
-            "total_mention": badge.total_mention,
-            "muted_unread": badge.muted_unread,
-            "archived_unread": badge.archived_unread,
-            "archived_mention": badge.archived_mention,
-            "badge_mode": badge.badge_mode,
-            "include_muted": badge.include_muted,
-            "projection_mailbox_seq": version,
-        }
-    )
+    return web.json_response(badge_fields(badge, version))
 
 
 def routes(ctx: ApiContext) -> list[Route]:

@@ -24,8 +24,10 @@ from app.api.fleet import FleetState, memory_fleet
 from app.domain.projection_store import StoredProjection
 from app.domain.rebuild import Head, row_from_state
 from app.stores.memory_projection import InMemoryProjectionStore
+from app.stores.projection_codec import extra_fields
 from app.stores.redis_fleet import RedisFleetState, live_meta
 from app.stores.redis_projection import (
+    EXTRA_FIELDS,
     SERVED_FIELDS,
     SERVING_RECHECK_S,
     ProjectionStoreError,
@@ -175,10 +177,7 @@ def _meta(user_id: int, raw: list[Any], live: str | None = None) -> StoreMeta:
         muted_unread=by_name["muted_unread"],
         corrections=by_name["corrections"],
         live=live,
-        archived_unread=by_name["archived_unread"],
-        archived_mention=by_name["archived_mention"],
-        badge_mode="conversations" if by_name["conversations_mode"] else "messages",
-        include_muted=bool(by_name["include_muted"]),
+        **extra_fields([by_name[name] for name in EXTRA_FIELDS]),
     )
 
 

@@ -38,6 +38,7 @@ from aiohttp import web
 from app.api.badge import read_badge
 from app.api.http import ApiContext, ApiError, Route, bad_request, context, current_user, or_empty, query
 from app.api.tokens import TokenError, TokenSigner
+from app.domain.badge import badge_fields
 from app.domain.wire_ids import U64_MAX, U64_PATTERN, id_text
 from app.gateway.hub import REPULL, TooManyConnections, encode_event
 from app.gateway.service import Gateway
@@ -176,16 +177,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
             "reason": start.reason,
             "resumed_from": last_event_id,
             "projection_mailbox_seq": version,
-            "badge": {
-                "total_unread": badge.total_unread,
-                "total_mention": badge.total_mention,
-                "muted_unread": badge.muted_unread,
-                "archived_unread": badge.archived_unread,
-                "archived_mention": badge.archived_mention,
-                "badge_mode": badge.badge_mode,
-                "include_muted": badge.include_muted,
-                "projection_mailbox_seq": version,
-            },
+            "badge": badge_fields(badge, version),
             "replayed": start.replayed,
             "heartbeat_ms": round(gateway.heartbeat_s * 1000),
         }

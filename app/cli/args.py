@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 
 def non_negative_int(text: str) -> int:
@@ -70,3 +72,18 @@ def scratch_folder_problem(path: Path) -> str | None:
     if any(path.iterdir()):
         return "not empty (a scratch folder for this run only: remove it or name a new one)"
     return None
+
+
+def add_progress_argument(parser: argparse.ArgumentParser) -> None:
+    """`--progress {auto,always,never}` (default auto); read it with `progress_shown`."""
+    parser.add_argument(
+        "--progress",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="progress on stderr (auto: only when stderr is a terminal)",
+    )
+
+
+def progress_shown(choice: str, stream: IO[str] | None = None) -> bool:
+    """Whether `--progress choice` shows progress on `stream` (default stderr): auto = a terminal."""
+    return choice == "always" or (choice == "auto" and (stream or sys.stderr).isatty())

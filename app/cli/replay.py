@@ -13,7 +13,14 @@ from typing import IO, Any
 
 import orjson
 
-from app.cli.args import int_in, non_negative_int, positive_int, scratch_folder_problem
+from app.cli.args import (
+    add_progress_argument,
+    int_in,
+    non_negative_int,
+    positive_int,
+    progress_shown,
+    scratch_folder_problem,
+)
 from app.domain.conversation import ROW_BYTES
 from app.domain.fast_lane import (
     FAST_LANE_MAX_MEMBERS,
@@ -73,12 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="messages",
         help="the badge mode of users who sent no badge_preferences entry (docs/contract.md §10)",
     )
-    parser.add_argument(
-        "--progress",
-        choices=("auto", "always", "never"),
-        default="auto",
-        help="progress on stderr (auto: only when stderr is a terminal)",
-    )
+    add_progress_argument(parser)
     parser.add_argument(
         "--state-dir",
         metavar="DIR",
@@ -173,7 +175,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             total = os.fstat(source.fileno()).st_size
         except OSError:
             total = None
-    show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
+    show = progress_shown(args.progress)
     progress = _Progress(total, show)
     try:
         with source, open(out / "deltas.jsonl", "wb") as deltas:

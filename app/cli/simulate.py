@@ -12,7 +12,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import IO
 
-from app.cli.args import non_negative_float, non_negative_int, probability
+from app.cli.args import (
+    add_progress_argument,
+    non_negative_float,
+    non_negative_int,
+    probability,
+    progress_shown,
+)
 from app.settings import Settings
 from app.simulate.drive import Report, SimulateError, simulate
 from app.simulate.workload import Mix, SimParams
@@ -143,12 +149,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-kafka", action="store_true", help="do not produce to Kafka (only --out; needs --out)"
     )
-    parser.add_argument(
-        "--progress",
-        choices=("auto", "always", "never"),
-        default="auto",
-        help="progress on stderr (auto: only when stderr is a terminal)",
-    )
+    add_progress_argument(parser)
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
@@ -185,7 +186,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     _quiet_driver_logs()
-    show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
+    show = progress_shown(args.progress)
     try:
         out: IO[bytes] | None = open(args.out, "wb") if args.out else None  # noqa: SIM115
     except OSError as exc:

@@ -51,7 +51,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from app.domain import seqs
-from app.domain.badge import Badge, full_recompute
+from app.domain.badge import badge_of, full_recompute
 from app.domain.conversation import ConversationState
 from app.domain.flush import Correction
 from app.domain.ports import MessageStore
@@ -396,18 +396,6 @@ class UserAudit:
     reflush: tuple[str, ...] = ()  # rows to mark dirty (REFLUSH_*)
 
 
-def stored_badge(stored: StoredRows) -> Badge:
-    return Badge(
-        stored.total_unread,
-        stored.total_mention,
-        stored.muted_unread,
-        stored.archived_unread,
-        stored.archived_mention,
-        stored.badge_mode,
-        stored.include_muted,
-    )
-
-
 def audit_user(
     user: UserState,
     recounted: Mapping[str, ConversationState],
@@ -461,7 +449,7 @@ def audit_user(
         # The user's next flush is due anyway (its window is open): it carries the drifted rows
         # and the full badge, at a newer version than any client holds.
         return replace(judged, repair=Repair.REFLUSH_ROWS if stale else Repair.NONE, reflush=tuple(stale))
-    badge_off = stored_badge(stored) != user.badge
+    badge_off = badge_of(stored) != user.badge
     if not stale and not badge_off:
         return judged  # a state that drifted alone: the store (and the clients) had it right
     correction = Correction(

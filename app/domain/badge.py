@@ -11,7 +11,7 @@ active archived row)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, Protocol
 
 from app.domain.conversation import ConversationState
 
@@ -53,6 +53,55 @@ class Badge(NamedTuple):
 
 
 ZERO = Badge()
+
+
+class StoredBadge(Protocol):
+    """The badge's seven fields as a stored record carries them (the projection store's meta,
+    StoredRows, StoredProjection)."""
+
+    @property
+    def total_unread(self) -> int: ...
+    @property
+    def total_mention(self) -> int: ...
+    @property
+    def muted_unread(self) -> int: ...
+    @property
+    def archived_unread(self) -> int: ...
+    @property
+    def archived_mention(self) -> int: ...
+    @property
+    def badge_mode(self) -> str: ...
+    @property
+    def include_muted(self) -> bool: ...
+
+
+def badge_of(stored: StoredBadge) -> Badge:
+    """The badge a stored record holds."""
+    return Badge(
+        stored.total_unread,
+        stored.total_mention,
+        stored.muted_unread,
+        stored.archived_unread,
+        stored.archived_mention,
+        stored.badge_mode,
+        stored.include_muted,
+    )
+
+
+def badge_fields(badge: Badge, version: int) -> dict[str, Any]:
+    """The badge as the contract spells it (docs/contract.md §3.8, §10), as of the projection
+    version `version`: GET /v1/badge's body, the stream's hello, a BADGE_UPDATE frame's fields.
+    The keys' order is part of the output (replay's deltas.jsonl is compared byte for byte)."""
+    return {
+        "total_unread": badge.total_unread,
+        "total_mention": badge.total_mention,
+        "muted_unread": badge.muted_unread,
+        "archived_unread": badge.archived_unread,
+        "archived_mention": badge.archived_mention,
+        "badge_mode": badge.badge_mode,
+        "include_muted": badge.include_muted,
+        "projection_mailbox_seq": version,
+    }
 
 # What a row's contribution depends on: (unread, mention, membership, archived, muted, marked).
 RowKey = tuple[int, int, str, bool, bool, bool]

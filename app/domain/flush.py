@@ -8,7 +8,7 @@ from typing import Any
 
 from pyroaring import BitMap64
 
-from app.domain.badge import Badge
+from app.domain.badge import Badge, badge_fields
 
 
 class FlushPolicy:
@@ -157,14 +157,7 @@ def badge_update_frame(user_id: int, badge: Badge, *, version: int, prev_version
     return {
         "type": "BADGE_UPDATE",
         "user_id": user_id,
-        "total_unread": badge.total_unread,
-        "total_mention": badge.total_mention,
-        "muted_unread": badge.muted_unread,
-        "archived_unread": badge.archived_unread,
-        "archived_mention": badge.archived_mention,
-        "badge_mode": badge.badge_mode,
-        "include_muted": badge.include_muted,
-        "projection_mailbox_seq": version,
+        **badge_fields(badge, version),
         "prev_projection_mailbox_seq": prev_version,
     }
 

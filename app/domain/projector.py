@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-from app.domain.badge import BADGE_MODES, MESSAGES, ZERO, Badge, full_recompute, moved, row_key
+from app.domain.badge import BADGE_MODES, MESSAGES, ZERO, Badge, badge_of, full_recompute, moved, row_key
 from app.domain.conversation import STRUCTURAL_ENTRIES, ConversationState
 from app.domain.entries import (
     BadgePreferencesEntry,
@@ -137,15 +137,7 @@ class UserState:
 
     @property
     def badge(self) -> Badge:
-        return Badge(
-            self.total_unread,
-            self.total_mention,
-            self.muted_unread,
-            self.archived_unread,
-            self.archived_mention,
-            self.badge_mode,
-            self.include_muted,
-        )
+        return badge_of(self)
 
     @badge.setter
     def badge(self, badge: Badge) -> None:

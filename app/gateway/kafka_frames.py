@@ -18,7 +18,6 @@ aiokafka lives here and in push.py only; app/api never imports it (import-linter
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from aiokafka.partitioner import murmur2
 
 from app.connections import kafka_client_options, kafka_security_options, quiet_logger
 from app.gateway.hub import FrameHub
+from app.gateway.read_loop import stop_read_loop
 from app.kafka.refusal import kafka_unreachable
 from app.settings import KafkaSettings, TopicSettings
 
@@ -193,11 +193,5 @@ class KafkaFrameSource:
         self.hub.publish(frame, expected_user=user_id)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        await stop_read_loop(self._task, self._consumer)
+        self._task = self._consumer = None

@@ -29,7 +29,6 @@ badge on the icon.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -43,6 +42,7 @@ from aiokafka.errors import KafkaError
 from app.connections import kafka_client_options
 from app.domain.wire_ids import id_text
 from app.gateway.kafka_frames import GatewayStartError
+from app.gateway.read_loop import stop_read_loop
 from app.settings import KafkaSettings, TopicSettings
 
 log = logging.getLogger("projector.gateway.push")
@@ -269,14 +269,8 @@ class PushProducer:
         self.stats.sent += len(sent)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        await stop_read_loop(self._task, self._consumer)
+        self._task = self._consumer = None
         if self._producer is not None:
             await self._producer.stop()
             self._producer = None

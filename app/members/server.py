@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from app.members.model import (
     CONVERSATION_DISABLED,
@@ -30,6 +30,7 @@ from app.members.remarks import RemarkStore
 from app.members.source import MemberAccessDenied, ProfileSource
 
 log = logging.getLogger("projector.members.server")
+_T = TypeVar("_T")
 
 STATS_BUDGET_S = 2.0
 REMARKS_BUDGET_S = 2.0
@@ -233,13 +234,8 @@ class MemberService:
     ) -> dict[int, str] | None:
         """The caller's remarks on the members found, or None when they are late or failed (the
         answer then says "not included" and clients keep theirs: a failure never clears one)."""
-        try:
-            remarks = await asyncio.wait_for(task, self.remarks_budget_s)
-        except TimeoutError:
-            log.info("member remarks over the %.1fs budget: not included", self.remarks_budget_s)
-            return None
-        except Exception as exc:  # a store failure: identities still go out
-            log.warning("member remarks failed: %s: %s", type(exc).__name__, exc)
+        remarks = await _within_budget(task, self.remarks_budget_s, "member remarks", "not included")
+        if remarks is None:
             return None
         return {u: remarks[u] for u in found if u in remarks}
 
@@ -247,15 +243,9 @@ class MemberService:
         self, task: asyncio.Future[dict[int, tuple[int, int]]], found: set[int]
     ) -> dict[int, tuple[int, int]] | None:
         """The statistics, or None when they are late or failed: identities are never held
-        back for them. A cancellation of *this request* is not caught: it stays a
-        cancellation, never a success without statistics."""
-        try:
-            stats = await asyncio.wait_for(task, self.stats_budget_s)
-        except TimeoutError:
-            log.info("member statistics over the %.1fs budget: dropped", self.stats_budget_s)
-            return None
-        except Exception as exc:  # a store failure: identities still go out
-            log.warning("member statistics failed: %s: %s", type(exc).__name__, exc)
+        back for them."""
+        stats = await _within_budget(task, self.stats_budget_s, "member statistics", "dropped")
+        if stats is None:
             return None
         # Only two non-negative safe integers are known statistics; anything else is left out
         # (unknown), never turned into a zero.
@@ -390,3 +380,17 @@ class InMemoryMemberReader:
 
     async def message_sender(self, conversation_id: str, conversation_seq: int) -> int | None:
         return self.senders.get((conversation_id, conversation_seq))
+
+
+async def _within_budget(task: asyncio.Future[_T], budget_s: float, what: str, when_late: str) -> _T | None:
+    """`task`'s result, or None when it takes more than `budget_s` or fails (logged as `what`,
+    the identities going out without it). A cancellation of *this request* is not caught: it
+    stays a cancellation, never a success without the part."""
+    try:
+        return await asyncio.wait_for(task, budget_s)
+    except TimeoutError:
+        log.info("%s over the %.1fs budget: %s", what, budget_s, when_late)
+        return None
+    except Exception as exc:  # a store failure: identities still go out
+        log.warning("%s failed: %s: %s", what, type(exc).__name__, exc)
+        return None

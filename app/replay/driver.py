@@ -15,20 +15,15 @@ from typing import Any
 
 import msgspec
 
+from app.domain.badge import badge_fields
 from app.domain.conversation import ROW_BYTES, ConversationState
 from app.domain.fast_lane import (
     FAST_LANE_MAX_MEMBERS,
-    FAST_LANE_MAX_MEMBERS_MAX,
-    FAST_LANE_MAX_MEMBERS_MIN,
     FAST_LANE_PER_USER_PER_S,
-    FAST_LANE_PER_USER_PER_S_MAX,
-    FAST_LANE_PER_USER_PER_S_MIN,
 )
 from app.domain.flush import UserFlush
 from app.domain.processor import PartitionProcessor, ProcessingStats, Snapshot
 from app.domain.projector import (
-    MAX_DIRTY_ROWS_MIN,
-    WINDOW_MS_MIN,
     Projector,
     ProjectorConfig,
     UserState,
@@ -66,23 +61,20 @@ class ReplayOptions:
     fast_lane_per_user_per_s: int = FAST_LANE_PER_USER_PER_S
 
     def __post_init__(self) -> None:
-        if self.badge_mode not in ("messages", "conversations"):
-            raise ValueError("--badge-mode must be messages or conversations")
         if self.lanes < 1:
             raise ValueError("--lanes must be at least 1")
-        if self.window_ms < WINDOW_MS_MIN:
-            raise ValueError(f"--window-ms must be >= {WINDOW_MS_MIN}")
-        if self.max_dirty_rows < MAX_DIRTY_ROWS_MIN:
-            raise ValueError(f"--max-dirty-rows must be >= {MAX_DIRTY_ROWS_MIN}")
-        if not FAST_LANE_MAX_MEMBERS_MIN <= self.fast_lane_max_members <= FAST_LANE_MAX_MEMBERS_MAX:
-            raise ValueError(
-                f"--fast-lane-max-members must be in {FAST_LANE_MAX_MEMBERS_MIN}..{FAST_LANE_MAX_MEMBERS_MAX}"
-            )
-        if not FAST_LANE_PER_USER_PER_S_MIN <= self.fast_lane_per_user_per_s <= FAST_LANE_PER_USER_PER_S_MAX:
-            raise ValueError(
-                "--fast-lane-per-user-per-s must be in"
-                f" {FAST_LANE_PER_USER_PER_S_MIN}..{FAST_LANE_PER_USER_PER_S_MAX}"
-            )
+        self.projector_config()  # the processing options' bounds are the worker's (ValueError)
+
+    def projector_config(self) -> ProjectorConfig:
+        """The processing configuration these options name (the rest: the worker's defaults)."""
+        return ProjectorConfig(
+            window_ms=self.window_ms,
+            max_dirty_rows=self.max_dirty_rows,
+            include_muted=self.include_muted,
+            badge_mode=self.badge_mode,
+            fast_lane_max_members=self.fast_lane_max_members,
+            fast_lane_per_user_per_s=self.fast_lane_per_user_per_s,
+        )
 
 
 @dataclass(slots=True)
@@ -184,14 +176,7 @@ class Replayer:
 
     def _processor(self, make: Callable[..., PartitionProcessor]) -> PartitionProcessor:
         options = self.options
-        config = ProjectorConfig(
-            window_ms=options.window_ms,
-            max_dirty_rows=options.max_dirty_rows,
-            include_muted=options.include_muted,
-            badge_mode=options.badge_mode,
-            fast_lane_max_members=options.fast_lane_max_members,
-            fast_lane_per_user_per_s=options.fast_lane_per_user_per_s,
-        )
+        config = options.projector_config()
         extra: dict[str, Any] = {}
         if self.tables is not None:
             extra = {
@@ -387,17 +372,7 @@ class Replayer:
 
 def _badge_output(user: UserState) -> dict[str, Any]:
     """A user's line of badges.jsonl."""
-    return {
-        "user_id": user.user_id,
-        "total_unread": user.total_unread,
-        "total_mention": user.total_mention,
-        "muted_unread": user.muted_unread,
-        "archived_unread": user.archived_unread,
-        "archived_mention": user.archived_mention,
-        "badge_mode": user.badge_mode,
-        "include_muted": user.include_muted,
-        "projection_mailbox_seq": user.projection_mailbox_seq,
-    }
+    return {"user_id": user.user_id, **badge_fields(user.badge, user.projection_mailbox_seq)}
 
 
 class _Rescan:

@@ -15,10 +15,10 @@ import typing
 from collections.abc import Iterable
 from typing import Any
 
+from app.redis_url import parse_bool
+
 ENV_PREFIX = "PROJECTOR_"
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
 # Kafka's legal topic characters; the length bound leaves room for the changelog topic's suffix.
 TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 
@@ -110,12 +110,7 @@ def with_env_names(problems: list[str], fields: frozenset[str]) -> list[str]:
 def parse(hint: Any, text: str) -> Any:
     """Turn one environment string into the field's type (ValueError with a reason otherwise)."""
     if hint is bool:
-        low = text.strip().lower()
-        if low in _TRUE:
-            return True
-        if low in _FALSE:
-            return False
-        raise ValueError("expected a boolean (true/false, 1/0, yes/no, on/off)")
+        return parse_bool(text)
     if hint is int:
         try:
             return int(text.strip(), 10)

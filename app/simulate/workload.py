@@ -263,18 +263,17 @@ class Workload:
             self._burst(batch, conversation, min(rng.randint(2, 3), left))
         else:
             self._message(batch, conversation)
-        if rng.random() < mix.recall:
-            self._recall(batch)
-        if rng.random() < mix.read:
-            self._read(batch)
-        if rng.random() < mix.toggle:
-            self._toggle(batch)
-        if rng.random() < mix.clear:
-            self._clear(batch)
-        if rng.random() < mix.churn:
-            self._churn(batch)
-        if rng.random() < mix.dirty:
-            self._dirty(batch)
+        # One draw per kind, in this order (the order is part of a seed's traffic).
+        for share, add in (
+            (mix.recall, self._recall),
+            (mix.read, self._read),
+            (mix.toggle, self._toggle),
+            (mix.clear, self._clear),
+            (mix.churn, self._churn),
+            (mix.dirty, self._dirty),
+        ):
+            if rng.random() < share:
+                add(batch)
         if not self._preferences_sent:
             self._badge_preferences(batch)
         if self.marking_users and self._prefs_rng.random() < mix.mark_unread:

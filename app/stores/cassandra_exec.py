@@ -62,6 +62,27 @@ def checked_keyspace(keyspace: str) -> str:
     return keyspace
 
 
+def prepare_statement(session: Any, keyspace: str, what: str, template: str, **parts: str) -> Any:
+    """`template` prepared at LOCAL_QUORUM, its {ks} the keyspace (checked_keyspace's) and each
+    {name} the text `parts` gives (column lists from app/stores/schema.py): nothing else is spliced
+    in, every value is a bind marker. A keyspace or table that is not there: StoreError naming
+    `what` ("state", "member", ...) and the bootstrap."""
+    from cassandra import ConsistencyLevel
+
+    cql = template.replace("{ks}", keyspace)
+    for name, text in parts.items():
+        cql = cql.replace("{" + name + "}", text)
+    try:
+        statement = session.prepare(cql)
+    except Exception as exc:  # InvalidRequest: keyspace or table missing
+        raise StoreError(
+            f"cannot prepare {what} statements in keyspace {keyspace!r} ({exc}); "
+            "has `projector bootstrap` run?"
+        ) from None
+    statement.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+    return statement
+
+
 # (partition key, prepared statement, bound parameters)
 Write = tuple[Hashable, Any, Sequence[Any]]
 _Rows = list[tuple[Any, Sequence[Any]]]  # (prepared statement, bound parameters)

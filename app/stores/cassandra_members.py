@@ -31,7 +31,7 @@ from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from app.members.model import BaseMember
-from app.stores.cassandra_exec import StoreError, checked_keyspace
+from app.stores.cassandra_exec import StoreError, checked_keyspace, prepare_statement
 from app.stores.schema import check_user_id
 
 _CQL_BIGINT_MAX = 2**63 - 1
@@ -46,24 +46,14 @@ class CassandraMemberReader:
     """:class:`~app.members.server.MemberReader` on Cassandra."""
 
     def __init__(self, session: Any, keyspace: str, *, read_concurrency: int = READ_CONCURRENCY) -> None:
-        from cassandra import ConsistencyLevel
 
         self.session = session
         self.keyspace = ks = checked_keyspace(keyspace)
         self.read_concurrency = read_concurrency
 
         def prepare(cql: str) -> Any:
-            # Only the checked keyspace is spliced in; every value is a bind marker.
-            try:
-                statement = session.prepare(cql.replace("{ks}", ks).replace("{cols}", _MEMBER_COLUMNS))
-            except Exception as exc:  # InvalidRequest: keyspace or table missing
-                raise StoreError(
-                    f"cannot prepare member statements in keyspace {ks!r} ({exc}); "
-                    "has `projector bootstrap` run?"
-                ) from None
             # The worker writes at LOCAL_QUORUM: reading at LOCAL_QUORUM sees its flushed rows.
-            statement.consistency_level = ConsistencyLevel.LOCAL_QUORUM
-            return statement
+            return prepare_statement(session, ks, "member", cql, cols=_MEMBER_COLUMNS)
 
         self._member = prepare(
             "SELECT {cols} FROM {ks}.group_members WHERE conversation_id = ? AND user_id = ?"

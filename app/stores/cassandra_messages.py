@@ -38,7 +38,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from app.domain.ports import StoredMessage
-from app.stores.cassandra_exec import StoreError, Write, checked_keyspace, execute_all, group_by_partition
+from app.stores.cassandra_exec import (
+    StoreError,
+    Write,
+    checked_keyspace,
+    execute_all,
+    group_by_partition,
+    prepare_statement,
+)
 from app.stores.schema import activity_from_blob, activity_to_blob, check_user_id
 
 
@@ -71,24 +78,13 @@ class CassandraMessageStore:
     """MessageStore port (sync reads) plus the writer methods, over one driver session."""
 
     def __init__(self, session: Any, keyspace: str) -> None:
-        from cassandra import ConsistencyLevel
 
         self.session = session
         self.keyspace = keyspace
         ks = checked_keyspace(keyspace)
 
         def prepare(template: str) -> Any:
-            # The keyspace is spliced in (CQL cannot bind it); checked_keyspace made it a plain
-            # identifier, so nothing else can get in.
-            try:
-                statement = session.prepare(template.replace("{ks}", ks).replace("{columns}", _COLUMNS))
-            except Exception as exc:  # e.g. InvalidRequest: keyspace or table missing
-                raise StoreError(
-                    f"cannot prepare MessageStore statements in keyspace {ks!r} ({exc}); "
-                    "has `projector bootstrap` run?"
-                ) from None
-            statement.consistency_level = ConsistencyLevel.LOCAL_QUORUM
-            return statement
+            return prepare_statement(session, ks, "MessageStore", template, columns=_COLUMNS)
 
         self._range = prepare(
             "SELECT {columns} FROM {ks}.messages"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from app.members.model import BY_IDS_MAX, Profile
-from app.stores.cassandra_exec import StoreError, checked_keyspace, one_page
+from app.stores.cassandra_exec import checked_keyspace, one_page, prepare_statement
 from app.stores.schema import check_user_id
 
 MAX_NAME_CHARS: Final = 256
@@ -47,7 +47,6 @@ class CassandraProfileStore:
     """Batch reads (the :class:`ProfileSource` port) and writes of ``member_profiles``."""
 
     def __init__(self, session: Any, keyspace: str) -> None:
-        from cassandra import ConsistencyLevel
 
         self.session = session
         ks = checked_keyspace(keyspace)
@@ -57,16 +56,8 @@ class CassandraProfileStore:
             "INSERT INTO {ks}.member_profiles (user_id, display_name, avatar_url, updated_at)"
             " VALUES (?, ?, ?, ?)"
         )
-        try:
-            self._read = session.prepare(read.replace("{ks}", ks))
-            self._write = session.prepare(write.replace("{ks}", ks))
-        except Exception as exc:  # InvalidRequest: the table is missing
-            raise StoreError(
-                f"cannot prepare profile statements in keyspace {ks!r} ({exc}); "
-                "has `projector bootstrap` run?"
-            ) from None
-        self._read.consistency_level = ConsistencyLevel.LOCAL_QUORUM
-        self._write.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+        self._read = prepare_statement(session, ks, "profile", read)
+        self._write = prepare_statement(session, ks, "profile", write)
 
     async def profiles(self, user_ids: Sequence[int]) -> dict[int, Profile]:
         ids = sorted({check_user_id(u) for u in user_ids})

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.members.remarks import InvalidRemark, check_remark, check_targets
-from app.stores.cassandra_exec import StoreError, checked_keyspace, one_page
+from app.stores.cassandra_exec import checked_keyspace, one_page, prepare_statement
 from app.stores.schema import check_user_id
 
 
@@ -21,7 +21,6 @@ class CassandraRemarkStore:
     """The :class:`~app.members.remarks.RemarkStore` port over ``member_remarks``."""
 
     def __init__(self, session: Any, keyspace: str) -> None:
-        from cassandra import ConsistencyLevel
 
         self.session = session
         ks = checked_keyspace(keyspace)
@@ -33,14 +32,7 @@ class CassandraRemarkStore:
             " VALUES (?, ?, ?, ?)",
             "clear": "DELETE FROM {ks}.member_remarks WHERE viewer_id = ? AND target_user_id = ?",
         }
-        try:
-            prepared = {name: session.prepare(cql.replace("{ks}", ks)) for name, cql in statements.items()}
-        except Exception as exc:  # InvalidRequest: the table is missing
-            raise StoreError(
-                f"cannot prepare remark statements in keyspace {ks!r} ({exc}); has `projector bootstrap` run?"
-            ) from None
-        for statement in prepared.values():
-            statement.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+        prepared = {name: prepare_statement(session, ks, "remark", cql) for name, cql in statements.items()}
         self._read, self._write, self._clear = prepared["read"], prepared["write"], prepared["clear"]
 
     async def remarks(self, viewer_id: int, target_ids: Sequence[int]) -> dict[int, str]:

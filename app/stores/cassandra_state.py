@@ -50,6 +50,7 @@ from app.stores.cassandra_exec import (
     execute_all,
     execute_all_async,
     group_by_partition,
+    prepare_statement,
     replica_sets,
 )
 from app.stores.schema import GROUP_MEMBERS, USER_CONVERSATION_STATE, check_user_id
@@ -160,7 +161,6 @@ class UserConversationStateWriter(StateStaging):
         concurrency: int = CONCURRENCY,
         batch_partitions: int = BATCH_PARTITIONS,
     ) -> None:
-        from cassandra import ConsistencyLevel
 
         self.session = session
         self.keyspace = ks = checked_keyspace(keyspace)
@@ -174,20 +174,7 @@ class UserConversationStateWriter(StateStaging):
         self._in_flight: _Staged | None = None
 
         def prepare(template: str, **parts: str) -> Any:
-            # Only the keyspace (an identifier, checked) and column lists taken from schema.py are
-            # spliced into the text; every value is a bind marker.
-            cql = template.replace("{ks}", ks)
-            for name, text in parts.items():
-                cql = cql.replace("{" + name + "}", text)
-            try:
-                statement = session.prepare(cql)
-            except Exception as exc:  # InvalidRequest: keyspace or table missing
-                raise StoreError(
-                    f"cannot prepare state statements in keyspace {ks!r} ({exc}); "
-                    "has `projector bootstrap` run?"
-                ) from None
-            statement.consistency_level = ConsistencyLevel.LOCAL_QUORUM
-            return statement
+            return prepare_statement(session, ks, "state", template, **parts)
 
         state_columns = ", ".join(("user_id", "conversation_id", *STATE_FIELDS))
         marks = ", ".join("?" * (2 + len(STATE_FIELDS)))

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from app.domain.projection_store import StoredProjection, StoredRows
 from app.stores.projection_codec import (
+    EncodedBatch,
+    EncodedCorrection,
     decode_rows,
     encode_batches,
     encode_corrections,
@@ -42,6 +44,14 @@ class _UserRecord:
     rows: dict[str, bytes] = field(default_factory=dict)
     writes: dict[str, int] = field(default_factory=dict)
 
+    def take(self, written: EncodedBatch | EncodedCorrection) -> None:
+        """A write's rows and badge (its version is the caller's to move: a correction keeps it)."""
+        self.rows.update(written.rows)
+        self.total_unread = written.total_unread
+        self.total_mention = written.total_mention
+        self.muted_unread = written.muted_unread
+        self.extra = written.extra
+
 
 class InMemoryProjectionStore:
     """The projection store in a dict: same refusal rule, same layout semantics, no I/O."""
@@ -56,25 +66,7 @@ class InMemoryProjectionStore:
     async def restore(self, batches: Sequence[UserFlush]) -> list[int | None]:
         """`write`, as the projection repair writes (RESTORE_SCRIPT): a batch at the stored
         version is written too, only an older one refused; writes are not counted."""
-        results: list[int | None] = []
-        for batch in encode_batches(batches):
-            record = self._users.get(batch.user_id)
-            previous = record.version if record is not None else 0
-            if batch.version < previous:
-                results.append(None)
-                continue
-            if record is None:
-                record = self._users[batch.user_id] = _UserRecord()
-            record.rows.update(batch.rows)
-            record.version = batch.version
-            record.structure_version = batch.structure_version
-            record.total_unread = batch.total_unread
-            record.total_mention = batch.total_mention
-            record.muted_unread = batch.muted_unread
-            record.extra = batch.extra
-            record.corrections += 1
-            results.append(previous)
-        return results
+        return self._write(batches, restoring=True)
 
     def corrections(self, user_id: int) -> int:
         """How many times the user's rows were rewritten without a new version (correct, restore)."""
@@ -128,27 +120,30 @@ class InMemoryProjectionStore:
                 user.rows.pop(conversation_id, None)
 
     async def write(self, batches: Sequence[UserFlush]) -> list[int | None]:
+        return self._write(batches, restoring=False)
+
+    def _write(self, batches: Sequence[UserFlush], *, restoring: bool) -> list[int | None]:
+        """WRITE_SCRIPT, or with `restoring` RESTORE_SCRIPT: per batch the version stored before
+        it, or None when refused (nothing changes)."""
         results: list[int | None] = []
         # In call order: a user appearing twice is written, then compared, in that order.
         for batch in encode_batches(batches):
             record = self._users.get(batch.user_id)
             previous = record.version if record is not None else 0
-            if batch.version <= previous:
-                results.append(None)  # stored version is not older: refused, nothing changes
+            if batch.version < previous or (batch.version == previous and not restoring):
+                results.append(None)  # the stored version is newer (or as new): refused
                 continue
             if record is None:
                 # Created only when written (versions are >= 1, so a first write always is).
                 record = self._users[batch.user_id] = _UserRecord()
-            record.rows.update(batch.rows)
-            if self.count_writes:
-                for conversation_id, _ in batch.rows:
-                    record.writes[conversation_id] = record.writes.get(conversation_id, 0) + 1
+            record.take(batch)
             record.version = batch.version
             record.structure_version = batch.structure_version
-            record.total_unread = batch.total_unread
-            record.total_mention = batch.total_mention
-            record.muted_unread = batch.muted_unread
-            record.extra = batch.extra
+            if restoring:
+                record.corrections += 1
+            elif self.count_writes:
+                for conversation_id, _ in batch.rows:
+                    record.writes[conversation_id] = record.writes.get(conversation_id, 0) + 1
             results.append(previous)
         return results
 
@@ -198,11 +193,7 @@ class InMemoryProjectionStore:
                 results.append(False)  # the store moved on (or never held it): nothing changes
                 continue
             # Not counted in `writes`: that hook measures the flush path's compaction (J-1).
-            record.rows.update(correction.rows)
-            record.total_unread = correction.total_unread
-            record.total_mention = correction.total_mention
-            record.muted_unread = correction.muted_unread
-            record.extra = correction.extra
+            record.take(correction)
             record.corrections += 1
             results.append(True)
         return results

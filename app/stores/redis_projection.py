@@ -212,6 +212,29 @@ for i = first, last, slice do
   redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + slice - 1, last)))
 end"""
 
+# WRITE_SCRIPT's and RESTORE_SCRIPT's version gate: `stored` (the stored version, '0' when none)
+# and `incoming`; the script returns false (refused, nothing written) when the stored version is
+# newer, or with `equal_refused` as new.
+def _version_gate_lua(equal_refused: bool) -> str:
+    comparison = "<=" if equal_refused else "<"
+    return f"""local stored = redis.call('HGET', KEYS[2], 'version')
+local incoming = ARGV[1]
+if stored then
+  if #incoming < #stored or (#incoming == #stored and incoming {comparison} stored) then
+    return false
+  end
+else
+  stored = '0'
+end"""
+
+
+# WRITE_SCRIPT's and RESTORE_SCRIPT's meta write (their ARGV layout), the version last.
+_HSET_META_LUA = """redis.call('HSET', KEYS[2], 'structure_version', ARGV[2], 'total_unread', ARGV[3],
+  'total_mention', ARGV[4], 'muted_unread', ARGV[5], 'archived_unread', ARGV[7],
+  'archived_mention', ARGV[8], 'conversations_mode', ARGV[9], 'include_muted', ARGV[10],
+  'version', incoming)"""
+
+
 # KEYS: rows, meta[, writes (only when counting)]. ARGV: version, structure_version, total_unread,
 # total_mention, muted_unread, count_writes ('1'/'0'), then EXTRA_FIELDS' four values, then
 # conversation_id, row JSON, ...
@@ -222,15 +245,7 @@ end"""
 #
 # The meta (version last) is written only after every row (_HSET_ROWS_LUA).
 WRITE_SCRIPT = f"""
-local stored = redis.call('HGET', KEYS[2], 'version')
-local incoming = ARGV[1]
-if stored then
-  if #incoming < #stored or (#incoming == #stored and incoming <= stored) then
-    return false
-  end
-else
-  stored = '0'
-end
+{_version_gate_lua(equal_refused=True)}
 local first = 11
 local last = #ARGV
 {_HSET_ROWS_LUA}
@@ -239,10 +254,7 @@ if ARGV[6] == '1' then
     redis.call('HINCRBY', KEYS[3], ARGV[i], 1)
   end
 end
-redis.call('HSET', KEYS[2], 'structure_version', ARGV[2], 'total_unread', ARGV[3],
-  'total_mention', ARGV[4], 'muted_unread', ARGV[5], 'archived_unread', ARGV[7],
-  'archived_mention', ARGV[8], 'conversations_mode', ARGV[9], 'include_muted', ARGV[10],
-  'version', incoming)
+{_HSET_META_LUA}
 return stored
 """
 
@@ -254,22 +266,11 @@ return stored
 # the restore then writes every row at V (the same values: V is what the state holds), which the
 # flush path's "newer only" rule would refuse.
 RESTORE_SCRIPT = f"""
-local stored = redis.call('HGET', KEYS[2], 'version')
-local incoming = ARGV[1]
-if stored then
-  if #incoming < #stored or (#incoming == #stored and incoming < stored) then
-    return false
-  end
-else
-  stored = '0'
-end
+{_version_gate_lua(equal_refused=False)}
 local first = 11
 local last = #ARGV
 {_HSET_ROWS_LUA}
-redis.call('HSET', KEYS[2], 'structure_version', ARGV[2], 'total_unread', ARGV[3],
-  'total_mention', ARGV[4], 'muted_unread', ARGV[5], 'archived_unread', ARGV[7],
-  'archived_mention', ARGV[8], 'conversations_mode', ARGV[9], 'include_muted', ARGV[10],
-  'version', incoming)
+{_HSET_META_LUA}
 redis.call('HINCRBY', KEYS[2], 'corrections', 1)
 return stored
 """
@@ -514,38 +515,43 @@ class RedisProjectionStore:
     async def inventory(self, user_ids: Sequence[int]) -> list[tuple[int, int]]:
         """Per user, the stored version (0: none) and how many rows the store holds: whether a
         user's projection is whole, without reading it (one pipelined round trip per slice)."""
-        out: list[tuple[int, int]] = []
-        step = max(1, self.max_fields_per_trip // 2)
-        for start in range(0, len(user_ids), step):
-            chunk = user_ids[start : start + step]
 
-            async def read(chunk: Sequence[int] = chunk) -> list[Any]:
-                pipe = self.client.pipeline(transaction=False)
-                for user_id in chunk:
-                    pipe.hget(self.meta_key(user_id), "version")
-                    pipe.hlen(self.rows_key(user_id))
-                return list(await pipe.execute())
+        def queue(pipe: Any, user_id: int) -> None:
+            pipe.hget(self.meta_key(user_id), "version")
+            pipe.hlen(self.rows_key(user_id))
 
-            replies = await self._guard("inventory", read)
-            for version, rows in zip(replies[::2], replies[1::2], strict=True):
-                out.append((0 if version is None else int(_text(version)), int(rows)))
-        return out
+        replies = await self._per_user_reads("inventory", user_ids, 2, queue)
+        return [
+            (0 if version is None else int(_text(version)), int(rows))
+            for version, rows in zip(replies[::2], replies[1::2], strict=True)
+        ]
 
     async def versions(self, user_ids: Sequence[int]) -> list[int]:
-        out: list[int] = []
-        step = self.max_fields_per_trip  # one HGET reads one field
+        def queue(pipe: Any, user_id: int) -> None:
+            pipe.hget(self.meta_key(user_id), "version")
+
+        replies = await self._per_user_reads("versions", user_ids, 1, queue)
+        return [0 if reply is None else int(_text(reply)) for reply in replies]
+
+    async def _per_user_reads(
+        self, what: str, user_ids: Sequence[int], fields_per_user: int, queue: Callable[[Any, int], None]
+    ) -> list[Any]:
+        """The replies of the commands `queue` adds to a pipeline per user (`fields_per_user`
+        fields each), in order: one pipelined round trip per slice of at most
+        max_fields_per_trip fields, each under the store's guard as `what`."""
+        replies: list[Any] = []
+        step = max(1, self.max_fields_per_trip // fields_per_user)
         for start in range(0, len(user_ids), step):
             chunk = user_ids[start : start + step]
 
             async def read(chunk: Sequence[int] = chunk) -> list[Any]:
                 pipe = self.client.pipeline(transaction=False)
                 for user_id in chunk:
-                    pipe.hget(self.meta_key(user_id), "version")
+                    queue(pipe, user_id)
                 return list(await pipe.execute())
 
-            replies = await self._guard("versions", read)
-            out.extend(0 if reply is None else int(_text(reply)) for reply in replies)
-        return out
+            replies.extend(await self._guard(what, read))
+        return replies
 
     async def load(self, user_id: int) -> StoredProjection:
         raw_rows, meta = await self.read_user(user_id)

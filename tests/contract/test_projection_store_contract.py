@@ -489,6 +489,42 @@ async def test_redis_splits_trips_by_field_budget_without_splitting_a_user(
     assert await store.write(batches) == [0, 0, 0]
 
 
+@redis_only
+async def test_redis_reads_versions_and_inventory_over_several_trips_in_order(
+    make_redis_store: MakeRedisStore,
+) -> None:
+    # 3 fields a trip: versions read 3 users a trip, the inventory (2 fields each) 1 user a trip.
+    store = make_redis_store(max_fields_per_trip=3)
+    users = [5, 1, 9, 2, 8, 3, 7]
+    written = {1: (4, 2), 2: (6, 1), 3: (2, 3), 7: (9, 1)}  # user -> (version, rows)
+    await store.write([flush(u, v, [conv(n) for n in range(rows)]) for u, (v, rows) in written.items()])
+    assert await store.versions(users) == [written.get(u, (0, 0))[0] for u in users]
+    assert await store.inventory(users) == [written.get(u, (0, 0)) for u in users]
+
+
+@redis_only
+async def test_the_apis_reader_takes_the_badge_preferences_and_folder_totals_from_the_meta(
+    make_redis_store: MakeRedisStore,
+) -> None:
+    from app.api.sources import RedisProjectionReader, StoreMeta
+
+    store = make_redis_store()
+    badge = Badge(3, 1, 2, 5, 4, "conversations", True)
+    await store.write([flush(7, 6, [conv(1)], badge, structure_version=2)])
+    meta = await RedisProjectionReader(store).meta(7)
+    assert meta == StoreMeta(
+        version=6,
+        structure_version=2,
+        total_unread=3,
+        total_mention=1,
+        muted_unread=2,
+        archived_unread=5,
+        archived_mention=4,
+        badge_mode="conversations",
+        include_muted=True,
+    )
+
+
 def _encoded(batch: UserFlush) -> Any:
     from app.stores.projection_codec import encode_batches
 

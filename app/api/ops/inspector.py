@@ -35,7 +35,7 @@ from typing import Any, Final
 
 import orjson
 
-from app.domain.badge import Badge, from_rows
+from app.domain.badge import Badge, badge_of, from_rows
 from app.domain.flush import Correction, UserFlush
 from app.domain.projection_store import StoredProjection
 from app.rebuild.diff import BADGE_FIELDS
@@ -179,15 +179,6 @@ def correction_for(snap: Snapshot, action: str, include_muted: bool) -> tuple[Co
         badge = from_rows(after.values(), stored.include_muted, stored.badge_mode)
     else:
         badge = from_rows(after.values(), include_muted)
-    stored_badge = Badge(
-        stored.total_unread,
-        stored.total_mention,
-        stored.muted_unread,
-        stored.archived_unread,
-        stored.archived_mention,
-        stored.badge_mode,
-        stored.include_muted,
-    )
     correction = Correction(
         user_id=stored.user_id,
         version=stored.projection_mailbox_seq,
@@ -195,7 +186,7 @@ def correction_for(snap: Snapshot, action: str, include_muted: bool) -> tuple[Co
         badge=badge,
         driving_event_id=f"ops-{action}",
     )
-    return correction, badge != stored_badge
+    return correction, badge != badge_of(stored)
 
 
 def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
