@@ -1,9 +1,12 @@
 """Per-user in-memory snapshots and the pages cut from them (docs/contract.md §5, seed §6.1-6.3).
 
 A snapshot is one user's list, both folders, in order, as of one load (one Redis round trip:
-rows and meta together). Rows are held as the JSON bytes the store returned (with the user id
-turned into a string, as clients get it): a warm page is a slice and a join, and ~1 KB per row
-instead of a dict of 21 fields.
+rows and meta together). Rows are held as the JSON bytes the store returned, and a row's
+served form (the user id turned into a string, as clients get it) is made the first time a page
+serves it and held beside: a warm page is a slice and a join, ~1 KB per row instead of a dict of
+21 fields, and a cold load converts the 50 rows it serves, not all 5,000 (issue 32). A reload
+places each row whose stored bytes the user's newest snapshot holds (the same bytes are the same
+order fields) without parsing it.
 
 Lifecycle, and why:
 
@@ -88,12 +91,18 @@ class FolderSnapshot:
     a cursor's position is rebuilt from the key of a page's last row."""
 
     keys: list[SortKey]  # precomputed: a page is one bisect
-    # Each row as JSON. None: not read yet (a snapshot adopted from the fleet's record reads the
-    # rows of a page when it serves that page: SessionLists._fill).
-    payloads: list[bytes | None]
+    # Each row's JSON as the store holds it. None: not read yet (a snapshot adopted from the
+    # fleet's record reads the rows of a page when it serves that page: SessionLists._fill).
+    stored: list[bytes | None]
+    # Each row's JSON as served (row_json_to_client of its stored form), made by
+    # SessionLists._fill for the rows of the pages served so far; None: not served yet.
+    served: list[bytes | None] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "served", [None] * len(self.stored))
 
     def __len__(self) -> int:
-        return len(self.payloads)
+        return len(self.stored)
 
     def after(self, position: Position | None) -> int:
         """Index of the first row strictly after ``position`` (0: the first page)."""
@@ -129,7 +138,7 @@ class Page:
     @property
     def items(self) -> list[bytes]:
         # Filled by SessionLists.page before a Page is handed out (no None in the range).
-        return cast("list[bytes]", self.snapshot.folders[self.folder].payloads[self.start : self.end])
+        return cast("list[bytes]", self.snapshot.folders[self.folder].served[self.start : self.end])
 
     @property
     def has_more(self) -> bool:
@@ -307,29 +316,37 @@ class SessionLists:
                 self.hits += 1
         if live is None:
             live = await self._load(user_id)
+            # Every row of a snapshot built here is read: this makes the page's served form
+            # without a store read, so it cannot fail.
+            await self._fill(live, folder, 0, min(limit, len(live.folders[folder])))
         return Page(live, folder, 0, min(limit, len(live.folders[folder])), cursor is None)
 
     async def _fill(self, snapshot: Snapshot, folder: Folder, start: int, end: int) -> bool:
-        """Reads the rows of a page an adopted snapshot has not read yet (one round trip); False
-        when the store lacks one of them (the frozen order cannot be served without a gap)."""
-        payloads = snapshot.folders[folder].payloads
-        missing = [i for i in range(start, end) if payloads[i] is None]
+        """Makes the served form of the rows ``start:end`` of a folder, reading first those an
+        adopted snapshot has not read yet (one round trip); False when the store lacks one of
+        them (the frozen order cannot be served without a gap)."""
+        listing = snapshot.folders[folder]
+        served, stored = listing.served, listing.stored
+        missing = [i for i in range(start, end) if served[i] is None]
         if not missing:
             return True
-        keys = snapshot.folders[folder].keys
-        wanted = [str(uuid.UUID(bytes=keys[i][4])) for i in missing]
-        rows, meta = await self.projections.some_rows(snapshot.user_id, wanted)
-        if meta.structure_version != snapshot.structure_version:
-            return False  # a pin, archive, ... since the request's first read: the walk restarts
-        if any(row is None for row in rows):
-            log.warning(
-                "user %d: snapshot %d names rows the store lacks: not served (the walk restarts)",
-                snapshot.user_id,
-                snapshot.revision,
-            )
-            return False
-        for i, row in zip(missing, rows, strict=True):
-            payloads[i] = row_json_to_client(bytes(cast(bytes, row)), snapshot.user_id)
+        unread = [i for i in missing if stored[i] is None]
+        if unread:
+            wanted = [str(uuid.UUID(bytes=listing.keys[i][4])) for i in unread]
+            rows, meta = await self.projections.some_rows(snapshot.user_id, wanted)
+            if meta.structure_version != snapshot.structure_version:
+                return False  # a pin, archive, ... since the request's first read: the walk restarts
+            if any(row is None for row in rows):
+                log.warning(
+                    "user %d: snapshot %d names rows the store lacks: not served (the walk restarts)",
+                    snapshot.user_id,
+                    snapshot.revision,
+                )
+                return False
+            for i, row in zip(unread, rows, strict=True):
+                stored[i] = bytes(cast(bytes, row))
+        for i in missing:
+            served[i] = row_json_to_client(cast(bytes, stored[i]), snapshot.user_id)
         return True
 
     async def _load(self, user_id: int) -> Snapshot:
@@ -360,43 +377,41 @@ class SessionLists:
         if not task.cancelled():
             task.exception()  # retrieved here, so a failure nobody waits for any more is not logged as lost
 
-    def _placed(self, user_id: int) -> dict[bytes, tuple[Placed, bytes]]:
-        """Where the user's newest held snapshot put each row it has read, by the row's bytes:
-        a reload after a few rows changed places the unchanged ones without parsing them (the
-        same bytes are the same order fields, so the same key and folder), and holds the bytes
-        object the older revision holds (one copy for both)."""
+    def _placed(self, user_id: int) -> dict[bytes, Placed]:
+        """Where the user's newest held snapshot put each row it has read, by the row's stored
+        bytes: a reload after a few rows changed places the unchanged ones without parsing them
+        (the same bytes are the same order fields, so the same key and folder)."""
         held = self.cache.held(user_id)
         if not held:
             return {}
         newest = held[-1]
         return {
-            payload: (Placed(folder, index, key), payload)
+            stored: Placed(folder, index, key)
             for folder, listing in newest.folders.items()
-            for index, (key, payload) in enumerate(zip(listing.keys, listing.payloads, strict=True))
-            if payload is not None
+            for index, (key, stored) in enumerate(zip(listing.keys, listing.stored, strict=True))
+            if stored is not None
         }
 
     async def _items(
-        self, user_id: int, fill: bool | None, placed: dict[bytes, tuple[Placed, bytes]] | None = None
+        self, user_id: int, fill: bool | None, placed: dict[bytes, Placed] | None = None
     ) -> tuple[StoreMeta, list[tuple[OrderFields | Placed, bytes]], bool]:
-        """The user's rows as (order fields or known place, JSON held as served), with the fill
-        from state when `fill` says (None: as the fill mode says for this load)."""
+        """The user's rows as (order fields or known place, JSON as stored), with the fill from
+        state when `fill` says (None: as the fill mode says for this load)."""
         loaded: LoadedRows = await self.projections.load_rows(user_id)  # rows + meta, one round trip
         meta = loaded.meta
         items: list[tuple[OrderFields | Placed, bytes]] = []
         unreadable = 0
+        known = placed or {}
         for data in loaded.rows:
-            # Held (and served) as clients get it: the u64 user id as a string (docs/contract.md §9).
-            payload = row_json_to_client(data, user_id)
-            if placed and (known_place := placed.get(payload)) is not None:
-                items.append(known_place)
+            if (known_place := known.get(data)) is not None:
+                items.append((known_place, data))
                 continue
             try:
                 fields = _ORDER_DECODER.decode(data)
             except msgspec.DecodeError:  # not a JSON object: one bad row must not hide the list
                 unreadable += 1
                 continue
-            items.append((fields, payload))
+            items.append((fields, data))
         if unreadable:
             log.error("user %d: %d unreadable rows left out", user_id, unreadable)
         if fill is None:
@@ -408,6 +423,7 @@ class SessionLists:
                 for how, _ in items
             }
             extra = await self.state.rows(user_id, {c for c in known if isinstance(c, str)})
+            # Held in the served form already (converting it again changes nothing).
             items.extend((RowFields.of(row), held_json(row_to_client(row))) for row in extra)
             filled = bool(extra)
         return meta, items, filled
