@@ -68,8 +68,8 @@ from app.api.cursor import Cursor
 from app.api.sources import LoadedRows, ProjectionReader, StateFiller, StoreMeta
 from app.domain.listing import (
     Folder,
+    Ordered,
     OrderFields,
-    Placed,
     Position,
     RowError,
     RowFields,
@@ -377,34 +377,35 @@ class SessionLists:
         if not task.cancelled():
             task.exception()  # retrieved here, so a failure nobody waits for any more is not logged as lost
 
-    def _placed(self, user_id: int) -> dict[bytes, Placed]:
-        """Where the user's newest held snapshot put each row it has read, by the row's stored
-        bytes: a reload after a few rows changed places the unchanged ones without parsing them
-        (the same bytes are the same order fields, so the same key and folder)."""
+    def _earlier(self, user_id: int, rows: list[bytes]) -> dict[Folder, Ordered[bytes]]:
+        """The rows the user's newest held snapshot placed that are among ``rows`` (the same
+        stored bytes are the same order fields, so the same key and folder), in its order: a
+        reload after a few rows changed neither parses nor sorts the others again, and holds the
+        bytes objects the older revision holds (one copy for both)."""
         held = self.cache.held(user_id)
         if not held:
             return {}
-        newest = held[-1]
+        present = set(rows)
         return {
-            stored: Placed(folder, index, key)
-            for folder, listing in newest.folders.items()
-            for index, (key, stored) in enumerate(zip(listing.keys, listing.stored, strict=True))
-            if stored is not None
+            folder: Ordered(cast("list[bytes]", listing.stored), listing.keys).kept(present)
+            for folder, listing in held[-1].folders.items()
         }
 
     async def _items(
-        self, user_id: int, fill: bool | None, placed: dict[bytes, Placed] | None = None
-    ) -> tuple[StoreMeta, list[tuple[OrderFields | Placed, bytes]], bool]:
-        """The user's rows as (order fields or known place, JSON as stored), with the fill from
-        state when `fill` says (None: as the fill mode says for this load)."""
+        self, user_id: int, fill: bool | None, reuse: bool = False
+    ) -> tuple[StoreMeta, list[tuple[OrderFields, bytes]], dict[Folder, Ordered[bytes]], bool]:
+        """The user's rows as (order fields, JSON as stored), with the fill from state when
+        `fill` says (None: as the fill mode says for this load). With `reuse`, the rows the
+        user's newest held snapshot placed unchanged are returned apart, in their order (for
+        :func:`arrange`'s ``earlier``), not in the list."""
         loaded: LoadedRows = await self.projections.load_rows(user_id)  # rows + meta, one round trip
         meta = loaded.meta
-        items: list[tuple[OrderFields | Placed, bytes]] = []
+        earlier = self._earlier(user_id, loaded.rows) if reuse else {}
+        unchanged = {row for listing in earlier.values() for row in listing.rows}
+        items: list[tuple[OrderFields, bytes]] = []
         unreadable = 0
-        known = placed or {}
         for data in loaded.rows:
-            if (known_place := known.get(data)) is not None:
-                items.append((known_place, data))
+            if data in unchanged:
                 continue
             try:
                 fields = _ORDER_DECODER.decode(data)
@@ -415,22 +416,20 @@ class SessionLists:
         if unreadable:
             log.error("user %d: %d unreadable rows left out", user_id, unreadable)
         if fill is None:
-            fill = self.fill_mode == "always" or (meta.version == 0 and not items)
+            fill = self.fill_mode == "always" or (meta.version == 0 and not items and not unchanged)
         filled = False
         if self.state is not None and fill:
-            known = {
-                str(uuid.UUID(bytes=how.key[4])) if isinstance(how, Placed) else how.conversation_id
-                for how, _ in items
-            }
-            extra = await self.state.rows(user_id, {c for c in known if isinstance(c, str)})
+            known = {str(uuid.UUID(bytes=key[4])) for listing in earlier.values() for key in listing.keys}
+            known.update(c for fields, _ in items if isinstance(c := fields.conversation_id, str))
+            extra = await self.state.rows(user_id, known)
             # Held in the served form already (converting it again changes nothing).
             items.extend((RowFields.of(row), held_json(row_to_client(row))) for row in extra)
             filled = bool(extra)
-        return meta, items, filled
+        return meta, items, earlier, filled
 
     async def _build(self, user_id: int) -> Snapshot:
-        meta, items, filled = await self._items(user_id, None, self._placed(user_id))
-        folders, dropped, bad = arrange(items, self.max_rows)
+        meta, items, earlier, filled = await self._items(user_id, None, reuse=True)
+        folders, dropped, bad = arrange(items, self.max_rows, earlier)
         if bad:
             log.error("user %d: rows left out; %s", user_id, "; ".join(bad[:5]))
         if dropped:
@@ -488,11 +487,9 @@ class SessionLists:
                 for folder, keys in ((Folder.MAIN, record.main), (Folder.ARCHIVED, record.archived))
             }
             return self._adopted(user_id, revision, snapshot_id, record, lazy)
-        _, items, _ = await self._items(user_id, record.filled_from_state)
+        _, items, _, _ = await self._items(user_id, record.filled_from_state)
         by_conversation: dict[bytes, bytes] = {}
         for fields, payload in items:
-            if isinstance(fields, Placed):  # not asked for: every item was parsed
-                continue
             try:
                 by_conversation[position_from(fields).conversation_id] = payload
             except RowError:

@@ -24,8 +24,9 @@ import enum
 import re
 import uuid
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
+from itertools import compress
 from operator import itemgetter
 from typing import Final, Generic, NamedTuple, Protocol, TypeVar
 
@@ -204,14 +205,11 @@ class Ordered(Generic[T]):
     def head(self, count: int) -> Ordered[T]:
         return Ordered(self.rows[:count], self.keys[:count])
 
-
-class Placed(NamedTuple):
-    """Where an earlier arrangement put an item that is unchanged since: its folder, its index
-    there and its key (what :func:`arrange` would compute again)."""
-
-    folder: Folder
-    at: int
-    key: SortKey
+    def kept(self, wanted: Container[object]) -> Ordered[T]:
+        """The items that are in ``wanted``, in order, with their keys (a reload: the rows of an
+        earlier arrangement that are unchanged since)."""
+        mask = [row in wanted for row in self.rows]
+        return Ordered(list(compress(self.rows, mask)), list(compress(self.keys, mask)))
 
 
 def order(rows: Iterable[Row]) -> Ordered[Row]:
@@ -226,28 +224,33 @@ def _ordered(pairs: list[tuple[SortKey, T]]) -> Ordered[T]:
     return Ordered(rows=[item for _, item in pairs], keys=[key for key, _ in pairs])
 
 
+# At most this many new items are inserted one by one into an earlier arrangement (a bisect and
+# a list insert each); more are sorted in with it.
+_INSERTED_ONE_BY_ONE: Final = 64
+
+
 def arrange(
-    items: Iterable[tuple[OrderFields | Placed, T]], max_rows: int | None = None
+    items: Iterable[tuple[OrderFields, T]],
+    max_rows: int | None = None,
+    earlier: Mapping[Folder, Ordered[T]] | None = None,
 ) -> tuple[dict[Folder, Ordered[T]], int, list[str]]:
     """Listed items split by folder, each in list order; unlisted ones are left out.
 
-    Each item comes with its row's :class:`OrderFields`, or with its :class:`Placed` when an
-    earlier arrangement of the same row bytes is known (a reload after a few rows changed: the
-    unchanged ones are neither parsed nor compared more than once); what is kept per row (the
-    row itself, its stored bytes) is the caller's. ``max_rows`` bounds the rows kept over both
+    Each item comes with its row's :class:`OrderFields`; what is kept per row (the row itself,
+    its stored bytes) is the caller's. ``earlier``: per folder, items already in list order
+    with their keys, as an earlier arrangement put them (a reload after a few rows changed: the
+    unchanged rows, :meth:`Ordered.kept`, are neither parsed nor compared again); ``items`` are
+    then the others, and the result is what arranging them all from scratch gives (an earlier
+    item sorts before a new one with an equal key). ``max_rows`` bounds the rows kept over both
     folders together (the seed's max_conversations_per_user): the *last* rows in order are
     dropped, main folder kept first. A row whose ordering fields are malformed is left out
     rather than failing the whole list. Returns the folders, how many listed rows were dropped,
     and what was wrong with each malformed row.
     """
     fresh: dict[Folder, list[tuple[SortKey, T]]] = {folder: [] for folder in Folder}
-    placed: dict[Folder, list[tuple[int, SortKey, T]]] = {folder: [] for folder in Folder}
     main, archived = fresh[Folder.MAIN], fresh[Folder.ARCHIVED]
     bad: list[str] = []
     for fields, item in items:
-        if isinstance(fields, Placed):
-            placed[fields.folder].append((fields.at, fields.key, item))
-            continue
         if fields.listed is False:
             continue
         try:
@@ -258,9 +261,8 @@ def arrange(
         (archived if fields.archived is True else main).append((key, item))
     folders = {}
     for folder in Folder:
-        earlier = placed[folder]
-        earlier.sort(key=itemgetter(0))  # ints, and mostly a run already
-        folders[folder] = _ordered([(key, item) for _, key, item in earlier] + fresh[folder])
+        before = (earlier or {}).get(folder)
+        folders[folder] = _ordered(fresh[folder]) if before is None else _merged(before, fresh[folder])
     dropped = 0
     if max_rows is not None:
         budget = max_rows
@@ -271,6 +273,19 @@ def arrange(
                 folders[folder] = held.head(budget)
             budget -= len(folders[folder])
     return folders, dropped, bad
+
+
+def _merged(before: Ordered[T], new: list[tuple[SortKey, T]]) -> Ordered[T]:
+    """``before`` (in order) with ``new`` items placed among them, each after equal keys."""
+    if len(new) > _INSERTED_ONE_BY_ONE:
+        return _ordered(list(zip(before.keys, before.rows, strict=True)) + new)
+    keys, rows = list(before.keys), list(before.rows)
+    new.sort(key=itemgetter(0))
+    for key, item in new:
+        at = bisect_right(keys, key)
+        keys.insert(at, key)
+        rows.insert(at, item)
+    return Ordered(rows=rows, keys=keys)
 
 
 def build_folders(
