@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 import app.api.snapshots as snapshots
 from app.api.fleet import MemoryFleetState
 from app.api.snapshots import SessionLists, Snapshot, SnapshotCache
@@ -178,3 +181,77 @@ def test_held_rows_are_exact_size_copies() -> None:
         tracemalloc.stop()
     assert held[7] == orjson.dumps(rows[7])
     assert per_row < 2 * len(held[7]) + 200, per_row  # not orjson's ~8 KB write buffer per row
+
+
+_CHANGES = st.lists(
+    st.tuples(
+        st.integers(1, 30),
+        st.sampled_from(
+            ["message", "read", "pin", "unpin", "archive", "unarchive", "delete", "revive", "new"]
+        ),
+        st.integers(0, 3),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    first=st.lists(st.tuples(st.integers(0, 5), st.booleans(), st.booleans()), min_size=30, max_size=30),
+    changes=_CHANGES,
+    max_rows=st.sampled_from([5000, 25, 10]),
+    served=st.integers(1, 30),
+)
+def test_a_reload_serves_what_a_build_from_scratch_serves(
+    first: list[tuple[int, bool, bool]], changes: list[tuple[int, str, int]], max_rows: int, served: int
+) -> None:
+    """A reload after some rows changed places the unchanged ones as the snapshot it holds put
+    them (the same bytes objects: one copy for both revisions) and serves, page for page, the
+    bytes a build from scratch serves (J-5: the order of a fresh walk)."""
+
+    async def run() -> None:
+        user = 7
+        rows = {
+            n: make_row(user, n, act=n * 7 % 40 or None, pin_rank=pin or None, archived=arch, listed=listed)
+            for n, (pin, arch, listed) in enumerate(first, start=1)
+        }
+        store = InMemoryProjectionStore()
+        await store.write([flush(user, list(rows.values()), 1, 1)])
+        held = SessionLists(
+            MemoryProjectionReader(store), SnapshotCache(10_000, 10_000, Clock()), max_rows=max_rows
+        )
+        earlier = (await held.page(user, Folder.MAIN, served, None)).snapshot
+        for n, kind, value in changes:
+            row = dict(rows.get(n) or make_row(user, n + 100, act=value + 50))
+            if kind in ("message", "revive", "new"):
+                row.update(last_activity_id=f"{value + 1_000:032x}", listed=True)
+            elif kind == "read":
+                row["unread_count"] = value
+            elif kind in ("pin", "unpin"):
+                row["pin_rank"] = value if kind == "pin" else None
+            elif kind in ("archive", "unarchive"):
+                row["archived"] = kind == "archive"
+            else:
+                row["listed"] = False
+            rows[n if kind != "new" else n + 100] = row
+        await store.write([flush(user, list(rows.values()), 2, 2)])
+
+        reloaded = (await held.page(user, Folder.MAIN, served, None)).snapshot
+        scratch_lists = SessionLists(
+            MemoryProjectionReader(store), SnapshotCache(10_000, 10_000, Clock()), max_rows=max_rows
+        )
+        scratch = (await scratch_lists.page(user, Folder.MAIN, served, None)).snapshot
+        assert reloaded.revision == earlier.revision + 1 and reloaded.version == scratch.version == 2
+        assert reloaded.dropped == scratch.dropped
+        for folder in Folder:
+            again, fresh = reloaded.folders[folder], scratch.folders[folder]
+            assert again.keys == fresh.keys
+            for lists, snapshot in ((held, reloaded), (scratch_lists, scratch)):
+                assert await lists._fill(snapshot, folder, 0, len(snapshot.folders[folder]))
+            assert again.served == fresh.served
+            before = [b for listing in earlier.folders.values() for b in listing.stored if b is not None]
+            same_objects = {id(b) for b in before}
+            unchanged = set(before)
+            assert all(id(b) in same_objects for b in again.stored if b in unchanged)
+
+    asyncio.run(run())
