@@ -7,7 +7,8 @@ keyspace). Then, against 127.0.0.1 only, in bounded loops:
 * warm page: cursor pages (limit 50) of a live snapshot: one HMGET of meta + a slice of held rows;
 * cold first page: a page without cursor right after the user's projection changed (a one-row
   flush moves the version), so the server reloads the whole snapshot: HGETALL of 5,000 rows,
-  decode, order, encode;
+  the changed ones decoded and sorted in among the unchanged ones the held snapshot placed, the
+  frozen record published, the page's rows converted to the served form;
 * throughput: warm pages from `--concurrency` concurrent requests for `--seconds` (or at most
   `--max-requests`);
 * adopted page (issue 32): a second `projector api` on the same store is given the cursor of
