@@ -1,12 +1,12 @@
 """Per-user in-memory snapshots and the pages cut from them (docs/contract.md §5, seed §6.1-6.3).
 
 A snapshot is one user's list, both folders, in order, as of one load (one Redis round trip:
-rows and meta together). Rows are held as the JSON bytes the store returned, and a row's
-served form (the user id turned into a string, as clients get it) is made the first time a page
-serves it and held beside: a warm page is a slice and a join, ~1 KB per row instead of a dict of
-21 fields, and a cold load converts the 50 rows it serves, not all 5,000 (issue 32). A reload
-places each row whose stored bytes the user's newest snapshot holds (the same bytes are the same
-order fields) without parsing it.
+rows and meta together). Rows are held as the JSON bytes the store returned (~1 KB per row
+instead of a dict of 21 fields), and a page makes the served form of its rows (the user id
+turned into a string, as clients get it; ~1 µs a row): a warm page is a slice, 50 conversions
+and a join, and a cold load converts the rows it serves, not all 5,000 (issue 32). A reload
+keeps each row whose stored bytes the user's newest snapshot holds (the same bytes are the same
+order fields) where that snapshot put it, without parsing it.
 
 Lifecycle, and why:
 
@@ -94,12 +94,6 @@ class FolderSnapshot:
     # Each row's JSON as the store holds it. None: not read yet (a snapshot adopted from the
     # fleet's record reads the rows of a page when it serves that page: SessionLists._fill).
     stored: list[bytes | None]
-    # Each row's JSON as served (row_json_to_client of its stored form), made by
-    # SessionLists._fill for the rows of the pages served so far; None: not served yet.
-    served: list[bytes | None] = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "served", [None] * len(self.stored))
 
     def __len__(self) -> int:
         return len(self.stored)
@@ -137,8 +131,10 @@ class Page:
 
     @property
     def items(self) -> list[bytes]:
-        # Filled by SessionLists.page before a Page is handed out (no None in the range).
-        return cast("list[bytes]", self.snapshot.folders[self.folder].served[self.start : self.end])
+        """The page's rows as served: the u64 user id as a string (docs/contract.md §9)."""
+        # Read by SessionLists.page before a Page is handed out (no None in the range).
+        rows = cast("list[bytes]", self.snapshot.folders[self.folder].stored[self.start : self.end])
+        return [row_json_to_client(row, self.snapshot.user_id) for row in rows]
 
     @property
     def has_more(self) -> bool:
@@ -315,38 +311,30 @@ class SessionLists:
             elif held_here:
                 self.hits += 1
         if live is None:
-            live = await self._load(user_id)
-            # Every row of a snapshot built here is read: this makes the page's served form
-            # without a store read, so it cannot fail.
-            await self._fill(live, folder, 0, min(limit, len(live.folders[folder])))
+            live = await self._load(user_id)  # every row read: nothing to fill
         return Page(live, folder, 0, min(limit, len(live.folders[folder])), cursor is None)
 
     async def _fill(self, snapshot: Snapshot, folder: Folder, start: int, end: int) -> bool:
-        """Makes the served form of the rows ``start:end`` of a folder, reading first those an
-        adopted snapshot has not read yet (one round trip); False when the store lacks one of
-        them (the frozen order cannot be served without a gap)."""
+        """Reads the rows of a page an adopted snapshot has not read yet (one round trip); False
+        when the store lacks one of them (the frozen order cannot be served without a gap)."""
         listing = snapshot.folders[folder]
-        served, stored = listing.served, listing.stored
-        missing = [i for i in range(start, end) if served[i] is None]
-        if not missing:
+        stored = listing.stored
+        unread = [i for i in range(start, end) if stored[i] is None]
+        if not unread:
             return True
-        unread = [i for i in missing if stored[i] is None]
-        if unread:
-            wanted = [str(uuid.UUID(bytes=listing.keys[i][4])) for i in unread]
-            rows, meta = await self.projections.some_rows(snapshot.user_id, wanted)
-            if meta.structure_version != snapshot.structure_version:
-                return False  # a pin, archive, ... since the request's first read: the walk restarts
-            if any(row is None for row in rows):
-                log.warning(
-                    "user %d: snapshot %d names rows the store lacks: not served (the walk restarts)",
-                    snapshot.user_id,
-                    snapshot.revision,
-                )
-                return False
-            for i, row in zip(unread, rows, strict=True):
-                stored[i] = bytes(cast(bytes, row))
-        for i in missing:
-            served[i] = row_json_to_client(cast(bytes, stored[i]), snapshot.user_id)
+        wanted = [str(uuid.UUID(bytes=listing.keys[i][4])) for i in unread]
+        rows, meta = await self.projections.some_rows(snapshot.user_id, wanted)
+        if meta.structure_version != snapshot.structure_version:
+            return False  # a pin, archive, ... since the request's first read: the walk restarts
+        if any(row is None for row in rows):
+            log.warning(
+                "user %d: snapshot %d names rows the store lacks: not served (the walk restarts)",
+                snapshot.user_id,
+                snapshot.revision,
+            )
+            return False
+        for i, row in zip(unread, rows, strict=True):
+            stored[i] = bytes(cast(bytes, row))
         return True
 
     async def _load(self, user_id: int) -> Snapshot:
